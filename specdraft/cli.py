@@ -1,0 +1,84 @@
+"""specdraft command line: distill-data | train | export | eval. New knobs go into recipe dataclasses, not flags.
+
+    specdraft distill-data RECIPE [key=value ...]
+    specdraft train RECIPE [key=value ...]
+    specdraft export RUN_DIR --format hf|speculators --out DIR
+    specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import List, Optional
+
+from specdraft.errors import SpecdraftError
+
+
+def _distill(args) -> dict:
+    from data_gen.distill import run_distill
+    from specdraft.config import load_recipe
+
+    return run_distill(load_recipe(args.recipe, args.overrides))
+
+
+def _train(args) -> dict:
+    from specdraft.config import load_recipe
+    from specdraft.train.trainer import run_train
+
+    return run_train(load_recipe(args.recipe, args.overrides))
+
+
+def _export(args) -> dict:
+    from specdraft.export import export_draft
+
+    return {"export": str(export_draft(args.run_dir, args.format, args.out, args.dtype)), "format": args.format}
+
+
+def _eval(args) -> dict:
+    from specdraft.eval.run import run_eval
+
+    report = run_eval(args.path, args.out, args.overrides)
+    rates = " ".join(f"{r:.2f}" for r in report["acceptance_by_position"])
+    print(f"tau={report['tau']:.3f} lossless={report['lossless']} acceptance_by_position=[{rates}]")
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func, helptext in (("distill-data", _distill, "regenerate answers with the target"),
+                                 ("train", _train, "train a draft on distilled data")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("recipe")
+        cmd.add_argument("overrides", nargs="*", help="recipe overrides, key=value (e.g. train.max_steps=10)")
+        cmd.set_defaults(func=func)
+    export = sub.add_parser("export", help="write a checkpoint a serving engine loads")
+    export.add_argument("run_dir")
+    export.add_argument("--format", default="hf", help="hf (SGLang), speculators (vLLM)")
+    export.add_argument("--out", required=True)
+    export.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    export.set_defaults(func=_export)
+    evaluate = sub.add_parser("eval", help="acceptance length against the real target, checked lossless")
+    evaluate.add_argument("path", help="a training run directory or an export directory")
+    evaluate.add_argument("--out", default=None, help="where eval.json and eval.png go (default: PATH)")
+    evaluate.add_argument("overrides", nargs="*", help="recipe overrides, e.g. eval.max_prompts=10")
+    evaluate.set_defaults(func=_eval)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.func(args)
+    except SpecdraftError as err:
+        print(f"specdraft: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

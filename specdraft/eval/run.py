@@ -1,0 +1,99 @@
+"""Evaluate a draft: τ (tokens per draft-verify cycle, bonus included) and acceptance by position at T=0,
+against the target's own greedy output token for token. Writes eval.json and eval.png."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+from tqdm import tqdm
+
+from specdraft.data.sources import load_conversations
+from specdraft.drafts import load_draft
+from specdraft.errors import SpecdraftError
+from specdraft.eval.chain import acceptance_by_position, chain_generate
+from specdraft.eval.plot import plot_acceptance
+from specdraft.io import resolve_file, write_json
+from specdraft.target import load_target
+
+log = logging.getLogger(__name__)
+
+
+def eval_prompts(tokenizer, prompts_path: str, max_prompts: Optional[int]) -> List[torch.Tensor]:
+    """The first user turn of each conversation, chat template applied -> [1, P] id tensors."""
+    conversations = load_conversations([str(resolve_file(prompts_path, "eval.prompts file"))], max_prompts)
+    prompts = []
+    for conversation in conversations:
+        first_user = next((m for m in conversation.messages if m["role"] == "user"), None)
+        if first_user is None:
+            continue
+        encoded = tokenizer.apply_chat_template([first_user], add_generation_prompt=True, return_dict=True)
+        prompts.append(torch.tensor([encoded["input_ids"]]))
+    if not prompts:
+        raise SpecdraftError(f"no prompts with a user turn in {prompts_path}")
+    return prompts
+
+
+def _eos_ids(target) -> List[int]:
+    eos = target.model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    ids.add(target.tokenizer.eos_token_id)
+    return sorted(i for i in ids if i is not None)
+
+
+def _greedy(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List[int]) -> List[int]:
+    out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
+                                max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                                pad_token_id=target.tokenizer.pad_token_id)
+    return out[0, prompt_ids.shape[1]:].tolist()
+
+
+def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
+    loaded = load_draft(path, overrides)
+    cfg = loaded.recipe.eval
+    target = load_target(loaded.recipe.target, device="cpu", dtype=cfg.dtype)
+    if target.info.vocab_size != loaded.target.vocab_size:
+        raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
+                             f"{target.info.vocab_size}")
+    draft = loaded.draft.to(dtype=target.model.dtype)
+    layers = loaded.spec.feature_layers(loaded.method_cfg, target.info)
+    eos_ids = _eos_ids(target)
+    prompts = eval_prompts(target.tokenizer, cfg.prompts, cfg.max_prompts)
+    accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
+    for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
+        started = time.perf_counter()
+        result = chain_generate(target.model, lambda state, k: loaded.spec.propose(draft, state, k), layers,
+                                prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens, eos_ids)
+        spec_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        reference = _greedy(target, prompt_ids, cfg.max_new_tokens, eos_ids)
+        greedy_seconds += time.perf_counter() - started
+        lossless_count += result.tokens == reference
+        accepted += result.accepted
+        new_tokens += len(result.tokens)
+    report = _report(loaded, cfg, accepted, lossless_count, len(prompts), new_tokens, spec_seconds, greedy_seconds)
+    out = Path(out_dir or path)
+    write_json(out / "eval.json", report)
+    plot_acceptance(report, out / "eval.png")
+    return report
+
+
+def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec_seconds, greedy_seconds) -> dict:
+    cycles = max(1, len(accepted))
+    return {
+        "tau": sum(a + 1 for a in accepted) / cycles,
+        "acceptance_by_position": acceptance_by_position(accepted, cfg.num_draft_tokens),
+        "lossless": lossless_count == num_prompts,
+        "lossless_prompts": lossless_count,
+        "prompts": num_prompts,
+        "cycles": len(accepted),
+        "new_tokens": new_tokens,
+        "seconds_speculative": spec_seconds,
+        "seconds_greedy_hf": greedy_seconds,
+        "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
+                     "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
+                     "method": loaded.recipe.method_name, "target": loaded.recipe.target.path,
+                     "draft": str(loaded.source)},
+    }

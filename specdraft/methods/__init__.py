@@ -1,0 +1,12 @@
+"""The method registry: one explicit entry per method module, no import-time side effects."""
+from specdraft.errors import choices_error
+from specdraft.methods import eagle3
+from specdraft.methods.base import MethodSpec
+
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (eagle3.SPEC,)}
+
+
+def get_method(name: str) -> MethodSpec:
+    if name not in METHODS:
+        raise choices_error("method", name, sorted(METHODS))
+    return METHODS[name]

@@ -1,0 +1,132 @@
+"""What every method gives the generic trainer, exporter and evaluator: a `MethodSpec` of plain functions.
+
+The Lightning module, the CLI, the exporter, the evaluator and the data stage only call these hooks; none of
+them branches on a method's name. A new method that needs something else from them adds a hook here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """Geometry of the frozen target, read from its own config (never from a recipe)."""
+
+    name_or_path: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    architectures: Tuple[str, ...] = ()
+    rope_scaling: Optional[Dict[str, Any]] = None
+    bos_token_id: Optional[int] = None
+    eos_token_id: Optional[int] = None
+
+    @classmethod
+    def from_hf_config(cls, config, name_or_path: str) -> "TargetInfo":
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        rope = getattr(text, "rope_parameters", None) or {}
+        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", 10000.0))
+        rope_scaling = getattr(text, "rope_scaling", None) or rope
+        if (rope_scaling or {}).get("rope_type", "default") == "default":
+            rope_scaling = None
+        heads = text.num_attention_heads
+        eos = text.eos_token_id[0] if isinstance(text.eos_token_id, list) else text.eos_token_id
+        return cls(
+            name_or_path=name_or_path, model_type=text.model_type, hidden_size=text.hidden_size,
+            num_layers=text.num_hidden_layers, num_heads=heads,
+            num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
+            rms_norm_eps=float(text.rms_norm_eps), rope_theta=float(rope_theta),
+            max_position_embeddings=text.max_position_embeddings,
+            architectures=tuple(getattr(config, "architectures", None) or ()),
+            rope_scaling=dict(rope_scaling) if rope_scaling else None,
+            bos_token_id=text.bos_token_id, eos_token_id=eos,
+        )
+
+
+@dataclass
+class DraftContext:
+    """What a draft is built from besides its own config."""
+
+    target: TargetInfo
+    token_counts: Optional[torch.Tensor] = None
+    """[V] int64: how often each target token is an answer token in the training data (None when loading)."""
+
+
+@dataclass
+class TargetFeatures:
+    """The frozen target's outputs that drafts train on, for one batch."""
+
+    hidden_states: Dict[int, torch.Tensor]
+    """Index i -> input of decoder layer i, [B, T, H] (index 0 is the token embeddings, L the final pre-norm state)."""
+    logits: Optional[torch.Tensor] = None
+    """[B, T, V] the target's next-token logits (training only)."""
+
+
+@dataclass
+class DraftBatch:
+    """One training batch: token ids, masks, and the target's features for them."""
+
+    input_ids: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T] 1 on assistant tokens
+    attention_mask: torch.Tensor  # [B, T] 1 on real tokens, 0 on padding
+    features: Optional[TargetFeatures] = None
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    metrics: Dict[str, torch.Tensor] = field(default_factory=dict)
+    """Scalars to log; `acc@k` (per draft position) and `tau_sim` are aggregated by validation."""
+
+
+@dataclass
+class ChainState:
+    """What a chain drafter sees at the start of a draft-verify cycle (batch 1)."""
+
+    tokens: torch.Tensor  # [1, n + 1] every token so far, the newest (not yet seen by the target) last
+    features: TargetFeatures  # hidden_states over the first n tokens: [1, n, H] each
+    embed: Callable[[torch.Tensor], torch.Tensor]  # target embedding: [1, k] ids -> [1, k, H]
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One on-disk layout a serving engine loads: `write(draft, cfg, target, target_ref)` -> (config, tensors)."""
+
+    write: Callable[..., Tuple[Dict[str, Any], Dict[str, torch.Tensor]]]
+    required_keys: Callable[[Any, TargetInfo], List[str]]
+    """Weight names that must be present; the exporter fails loudly if one is missing."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    config: type
+    """The method's config dataclass (the recipe's `method` section)."""
+    build: Callable[[Any, DraftContext], nn.Module]
+    """(cfg, ctx) -> the trainable draft module."""
+    loss: Callable[[nn.Module, DraftBatch, Any], LossOutput]
+    """(draft, batch with features, cfg) -> loss and metrics (acc@k, tau_sim)."""
+    feature_layers: Callable[[Any, TargetInfo], List[int]]
+    """(cfg, target) -> hidden-state indices the draft reads (see TargetFeatures.hidden_states)."""
+    propose: Callable[[nn.Module, ChainState, int], torch.Tensor]
+    """(draft, state, k) -> [k] greedy chain of drafted target-vocabulary token ids."""
+    exports: Dict[str, ExportFormat]
+    """Export formats by name (`hf`, `speculators`, ...)."""
+    from_export: Callable[[Dict[str, Any], Dict[str, torch.Tensor], TargetInfo], Tuple[Any, nn.Module]]
+    """(config.json, tensors, target) of an `hf` export -> (cfg, draft) ready for evaluation."""
+    param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
+    """Optimizer groups; default: every parameter that requires grad."""

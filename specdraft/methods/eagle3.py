@@ -1,0 +1,352 @@
+"""EAGLE-3 draft head (Li et al., "EAGLE-3: Scaling up Inference Acceleration of LLMs via Training-Time Test",
+arXiv:2503.01840), with a frequency-ranked draft vocabulary (FR-Spec, arXiv:2502.14856).
+
+The head fuses three target hidden states (low, mid, high) with `fc`, runs one decoder layer whose attention
+input is [embedding of the next token ; hidden state] (2H wide), and predicts the token after next over a draft
+vocabulary of the most frequent answer tokens.
+
+Feature layers: `feature_layers` are indices into the target's hidden-state stack, where index i is the *input*
+of decoder layer i (index 0 = token embeddings). EAGLE's convention is the inputs of layers 2, L/2 and L-3
+(for SmolLM2, L=30: 2, 15, 27). SGLang and vLLM name the same states by the layer that *outputs* them, so the
+exports write `eagle_aux_hidden_state_layer_ids = [i - 1 for i in feature_layers]`.
+
+Training-time test (TTT), columns t = 0..T-1 of a sequence x:
+  step 0: hidden = fc(target features at t), token x[t+1]  -> predicts x[t+2]
+  step j: hidden = step j-1's output at t,  token x[t+1+j] -> predicts x[t+2+j]
+Step j at column t stands for sequence position t + j, so its rotary position is t + j, and it attends to the
+step-0 keys of columns <= t plus the keys that steps 1..j wrote at column t: exactly what the draft sees at
+inference after drafting j tokens. The loss at step j is the soft cross-entropy against the target's
+distribution over the draft vocabulary at position t+1+j, weighted by `step_loss_decay ** j`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.errors import SpecdraftError
+from specdraft.layers import RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin
+from specdraft.methods.base import (ChainState, DraftBatch, DraftContext, ExportFormat, LossOutput, MethodSpec,
+                                    TargetInfo)
+
+KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
+
+
+@dataclass
+class Eagle3Config:
+    ttt_steps: int = 7
+    """Draft steps unrolled per training example (training-time test)."""
+    step_loss_decay: float = 0.8
+    """Weight of step j's loss is step_loss_decay ** j."""
+    draft_vocab_size: int = 32000
+    """Size of the frequency-ranked draft vocabulary (capped at the target's vocabulary)."""
+    feature_layers: Optional[List[int]] = None
+    """Hidden-state indices to fuse (input of layer i); None picks (2, L // 2, L - 3)."""
+    intermediate_size: Optional[int] = None
+    """Draft MLP width; None takes the target's."""
+    init_std: float = 0.02
+    """Standard deviation of the initial linear weights."""
+
+    def __post_init__(self):
+        if self.ttt_steps < 1:
+            raise SpecdraftError(f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if not 0.0 < self.step_loss_decay <= 1.0:
+            raise SpecdraftError(f"method.step_loss_decay must be in (0, 1], got {self.step_loss_decay}")
+
+
+def eagle3_feature_layers(cfg: Eagle3Config, target: TargetInfo) -> List[int]:
+    layers = cfg.feature_layers or [2, target.num_layers // 2, target.num_layers - 3]
+    bad = [i for i in layers if not 0 < i < target.num_layers]
+    if bad:
+        raise SpecdraftError(f"method.feature_layers {bad} out of range; valid: 1..{target.num_layers - 1}")
+    return list(layers)
+
+
+def build_draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:
+    """[V] counts -> [size] target ids of the most frequent tokens, ascending (ties: lower id first)."""
+    order = torch.sort(-token_counts.to(torch.int64), stable=True).indices
+    return torch.sort(order[:size]).values
+
+
+class Eagle3Attention(nn.Module):
+    """GQA attention over [embedding ; hidden] (2H wide) with the TTT key layout (see module docstring)."""
+
+    def __init__(self, target: TargetInfo):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = target.num_heads, target.num_kv_heads, target.head_dim
+        self.rope_theta = target.rope_theta
+        width = 2 * target.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, target.hidden_size, bias=False)
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, T, heads*D] -> [B, heads, T, D]
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, query_cols: torch.Tensor,
+                cache: List[KV]) -> Tuple[torch.Tensor, KV]:
+        """x [B, Tq, 2H]; positions [Tq] rotary positions; query_cols [Tq] TTT columns of the queries.
+
+        cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column); cache[1:] hold later
+        steps' keys aligned with the queries (attended on the diagonal). Returns [B, Tq, H] and this step's KV.
+        """
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
+        q = apply_rope(self._split(self.q_proj(x), self.heads), cos, sin)  # [B, h, Tq, D]
+        k = apply_rope(self._split(self.k_proj(x), self.kv_heads), cos, sin)  # [B, kvh, Tq, D]
+        v = self._split(self.v_proj(x), self.kv_heads)
+        new_kv = (k, v)
+        layers = cache + [new_kv]  # the first call of a chain writes the step-0 keys
+        groups = self.heads // self.kv_heads
+        scale = 1.0 / math.sqrt(self.head_dim)
+        k0, v0 = (repeat_kv(t, groups) for t in layers[0])  # [B, h, T0, D]
+        scores = [torch.matmul(q, k0.transpose(-1, -2)) * scale]  # [B, h, Tq, T0]
+        causal = torch.arange(k0.shape[2], device=x.device)[None, :] <= query_cols[:, None]  # [Tq, T0]
+        scores[0] = scores[0].masked_fill(~causal, float("-inf"))
+        diag_values = []
+        for k_j, v_j in layers[1:]:
+            scores.append((q * repeat_kv(k_j, groups)).sum(-1, keepdim=True) * scale)  # [B, h, Tq, 1]
+            diag_values.append(repeat_kv(v_j, groups))
+        probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+        out = torch.matmul(probs[..., : k0.shape[2]], v0)  # [B, h, Tq, D]
+        for j, v_j in enumerate(diag_values):
+            out = out + probs[..., k0.shape[2] + j, None] * v_j
+        out = out.transpose(1, 2).reshape(*x.shape[:2], -1)
+        return self.o_proj(out), new_kv
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """`midlayer`: attention over [norm(embedding) ; norm(hidden)], residual on the hidden state, SwiGLU MLP."""
+
+    def __init__(self, target: TargetInfo, intermediate_size: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(target.hidden_size, target.rms_norm_eps)
+        self.hidden_norm = RMSNorm(target.hidden_size, target.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(target.hidden_size, target.rms_norm_eps)
+        self.self_attn = Eagle3Attention(target)
+        self.mlp = SwiGLU(target.hidden_size, intermediate_size)
+
+    def forward(self, hidden, embeds, positions, query_cols, cache):  # [B, T, H] x2 -> [B, T, H], KV
+        attn_in = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        attn_out, new_kv = self.self_attn(attn_in, positions, query_cols, cache)
+        hidden = hidden + attn_out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), new_kv
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: Eagle3Config, ctx: DraftContext):
+        super().__init__()
+        target = ctx.target
+        self.feature_layers = eagle3_feature_layers(cfg, target)
+        vocab = min(cfg.draft_vocab_size, target.vocab_size)
+        hidden = target.hidden_size
+        self.fc = nn.Linear(len(self.feature_layers) * hidden, hidden, bias=False)
+        self.midlayer = Eagle3DecoderLayer(target, cfg.intermediate_size or target.intermediate_size)
+        self.norm = RMSNorm(hidden, target.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        counts = ctx.token_counts if ctx.token_counts is not None else torch.zeros(target.vocab_size)
+        draft_ids = build_draft_vocab(counts, vocab)  # [Vd] target ids
+        self.register_buffer("d2t", draft_ids - torch.arange(vocab), persistent=True)  # offsets, as SGLang reads
+        t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+        t2d[draft_ids] = True
+        self.register_buffer("t2d", t2d, persistent=True)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=cfg.init_std)
+
+    def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
+        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def step(self, hidden, embeds, positions, query_cols, cache):
+        """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV."""
+        return self.midlayer(hidden, embeds, positions, query_cols, cache)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, Vd]
+        return self.lm_head(self.norm(hidden))
+
+
+def _shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[:, t] <- x[:, t + n], zero-filled at the end. [B, T, ...] -> [B, T, ...]."""
+    if n == 0:
+        return x
+    return torch.cat([x[:, n:], torch.zeros_like(x[:, :n])], dim=1)
+
+
+def _fused_features(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor]) -> torch.Tensor:
+    aux = torch.cat([hidden_states[i] for i in draft.feature_layers], dim=-1)  # [B, T, 3H]
+    return draft.fc(aux.to(draft.fc.weight.dtype))  # [B, T, H]
+
+
+def _target_draft_probs(draft: Eagle3Draft, target_logits: torch.Tensor):
+    """[B, T, V] -> target probs over the draft vocabulary [B, T, Vd] and whether the argmax is in it [B, T]."""
+    in_vocab = draft.t2d[target_logits.argmax(-1)]
+    target_probs = torch.softmax(target_logits[..., draft.draft_ids()].float(), dim=-1)
+    return target_probs, in_vocab
+
+
+def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int):
+    """Training-time test: yields each step's draft logits [B, T, Vd]; column t of step j predicts x[t+2+j]."""
+    embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
+    cols = torch.arange(embeds_all.shape[1], device=embeds_all.device)
+    hidden, cache = _fused_features(draft, hidden_states), []
+    for step in range(steps):
+        embeds = _shift_left(embeds_all, step + 1).to(hidden.dtype)  # token x[t+1+step]
+        hidden, kv = draft.step(hidden, embeds, cols + step, cols, cache)
+        cache.append(kv)
+        yield draft.logits(hidden)
+
+
+def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> LossOutput:
+    """Soft cross-entropy over the TTT unroll, decayed by step; metrics acc@k (teacher-forced) and tau_sim."""
+    feats = batch.features
+    target_probs_all, in_vocab_all = _target_draft_probs(draft, feats.logits)  # [B, T, Vd], [B, T]
+    valid_all = (batch.loss_mask * batch.attention_mask).to(target_probs_all.dtype)  # [B, T]
+    loss = torch.zeros((), device=target_probs_all.device)
+    metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
+    for step, draft_logits in enumerate(ttt_unroll(draft, feats.hidden_states, cfg.ttt_steps)):
+        target_probs = _shift_left(target_probs_all, step + 1)  # the target's view at t+1+step
+        in_vocab = _shift_left(in_vocab_all, step + 1)
+        mask = _shift_left(valid_all, step + 2)  # the predicted token x[t+2+step] is an answer token
+        draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)  # [B, T, Vd]
+        token_loss = -(target_probs * draft_logp).sum(-1)  # [B, T]
+        loss_mask = mask * in_vocab
+        loss = loss + cfg.step_loss_decay ** step * (token_loss * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+        with torch.no_grad():
+            correct = (draft_logp.argmax(-1) == target_probs.argmax(-1)) & in_vocab & (mask > 0)
+            metrics[f"acc@{step + 1}"] = (correct.float() * mask).sum() / mask.sum().clamp(min=1)
+            chain_alive = correct if chain_alive is None else chain_alive & correct
+            chain_len = chain_len + chain_alive.float()
+    first_mask = _shift_left(valid_all, 2)
+    metrics["tau_sim"] = 1.0 + (chain_len * first_mask).sum() / first_mask.sum().clamp(min=1)
+    metrics["loss"] = loss.detach()
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+@torch.no_grad()
+def eagle3_propose(draft: Eagle3Draft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """Greedy chain of `num_tokens` target-vocabulary ids drafted after state.tokens (batch 1) -> [k]."""
+    hidden = _fused_features(draft, state.features.hidden_states)  # [1, n, H]
+    n = hidden.shape[1]
+    cols = torch.arange(n, device=hidden.device)
+    embeds = state.embed(state.tokens[:, 1:]).to(hidden.dtype)  # column t sees token t+1
+    hidden, kv = draft.step(hidden, embeds, cols, cols, [])
+    cache, last_col = [kv], cols[-1:]
+    hidden = hidden[:, -1:]  # [1, 1, H]
+    drafted = []
+    for step in range(num_tokens):
+        draft_index = draft.logits(hidden)[0, -1].argmax()
+        token = draft_index + draft.d2t[draft_index]
+        drafted.append(token)
+        if step + 1 == num_tokens:
+            break
+        embeds = state.embed(token.view(1, 1)).to(hidden.dtype)
+        hidden, kv = draft.step(hidden, embeds, last_col + step + 1, last_col, cache)
+        cache.append(kv)
+    return torch.stack(drafted)
+
+
+def _hf_config(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": target.hidden_size,
+        "intermediate_size": draft.midlayer.mlp.gate_proj.out_features,
+        "num_attention_heads": target.num_heads,
+        "num_key_value_heads": target.num_kv_heads,
+        "head_dim": target.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "vocab_size": target.vocab_size,
+        "draft_vocab_size": draft.lm_head.out_features,
+        "max_position_embeddings": target.max_position_embeddings,
+        "rope_theta": target.rope_theta,
+        "rope_scaling": target.rope_scaling,
+        "tie_word_embeddings": False,
+        "bos_token_id": target.bos_token_id,
+        "eos_token_id": target.eos_token_id,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in draft.feature_layers],
+            "use_aux_hidden_state": True,
+        },
+        "specdraft": {"method": "eagle3", "method_config": asdict(cfg), **provenance},
+    }
+
+
+def eagle3_to_hf(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
+    """SGLang's LlamaForCausalLMEagle3 layout: midlayer.*, fc, norm, lm_head, d2t, t2d; no embed_tokens."""
+    tensors = {name: tensor.detach() for name, tensor in draft.state_dict().items()}
+    return _hf_config(draft, cfg, target, provenance), tensors
+
+
+def eagle3_hf_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]:
+    return ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
+            "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight",
+            *[f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"],
+            *[f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]]
+
+
+def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
+    """The `speculators` layout that vLLM reads: layers.0.* instead of midlayer.*, a speculators_config, and
+    aux layer ids counted as vLLM does (index i = input of layer i, our own convention)."""
+    hf_config, tensors = eagle3_to_hf(draft, cfg, target, provenance)
+    layer_config = {k: hf_config[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+                                                "vocab_size", "max_position_embeddings", "rope_theta",
+                                                "rope_scaling", "bos_token_id", "eos_token_id")}
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "transformer_layer_config": {"model_type": "llama", "num_hidden_layers": 1, **layer_config},
+        "draft_vocab_size": hf_config["draft_vocab_size"],
+        "target_hidden_size": target.hidden_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": list(draft.feature_layers),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.ttt_steps,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": provenance.get("target", target.name_or_path),
+                         "architectures": list(target.architectures)},
+        },
+        "torch_dtype": "bfloat16",
+        "specdraft": hf_config["specdraft"],
+    }
+    return config, {k.replace("midlayer.", "layers.0.", 1): v for k, v in tensors.items()}
+
+
+def eagle3_speculators_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]:
+    return [k.replace("midlayer.", "layers.0.", 1) for k in eagle3_hf_keys(draft, target)]
+
+
+def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], target: TargetInfo):
+    """Rebuild a draft from an `hf` export (ours, or any SGLang-style EAGLE-3 checkpoint for this target)."""
+    saved = (config.get("specdraft") or {}).get("method_config") or {}
+    aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    cfg = Eagle3Config(**saved) if saved else Eagle3Config(
+        draft_vocab_size=config["draft_vocab_size"], intermediate_size=config.get("intermediate_size"),
+        feature_layers=[i + 1 for i in aux_ids] if aux_ids else None)
+    draft = Eagle3Draft(cfg, DraftContext(target=target))
+    tensors = {k.replace("layers.0.", "midlayer.", 1): v for k, v in tensors.items()}  # speculators names
+    draft.load_state_dict({k: v for k, v in tensors.items() if k in draft.state_dict()}, strict=True)
+    return cfg, draft
+
+
+SPEC = MethodSpec(
+    name="eagle3",
+    config=Eagle3Config,
+    build=Eagle3Draft,
+    loss=eagle3_loss,
+    feature_layers=eagle3_feature_layers,
+    propose=eagle3_propose,
+    exports={"hf": ExportFormat(write=eagle3_to_hf, required_keys=eagle3_hf_keys),
+             "speculators": ExportFormat(write=eagle3_to_speculators, required_keys=eagle3_speculators_keys)},
+    from_export=eagle3_from_export,
+)

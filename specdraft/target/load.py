@@ -1,0 +1,150 @@
+"""Load the frozen target and its tokenizer from a hub id, a local directory, a `.gguf` file or a file that an
+installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named).
+
+A GGUF file is dequantized by transformers on first use (about 20 s for SmolLM2 on CPU) and the result cached as
+safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the file's content hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+from specdraft.config import TargetConfig
+from specdraft.errors import SpecdraftError
+from specdraft.io import package_file
+from specdraft.methods.base import TargetInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedTarget:
+    model: torch.nn.Module
+    tokenizer: object
+    info: TargetInfo
+
+
+def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    if name == "auto":
+        cuda = torch.device(device).type == "cuda"
+        return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
+    """-> (hub id or local directory, GGUF file or None)."""
+    if path.startswith("pkg:"):
+        file = package_file(path)
+        return str(file.parent), file
+    local = Path(path).expanduser()
+    if path.endswith(".gguf"):
+        if not local.is_file():
+            raise SpecdraftError(f"target GGUF file not found: {path}")
+        return str(local.parent), local
+    if local.exists() and not local.is_dir():
+        raise SpecdraftError(f"target path {path!r} is a file but not a .gguf file; give a directory, a hub id or .gguf")
+    if path.startswith((".", "/", "~")) and not local.is_dir():
+        raise SpecdraftError(f"target directory not found: {path}")
+    return (str(local) if local.is_dir() else path), None
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    root = Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
+    return root / "gguf" / f"{gguf.stem}-{_file_digest(gguf)[:16]}"
+
+
+def _convert_gguf(gguf: Path) -> Path:
+    """Dequantize a GGUF target once into an HF directory (safetensors + tokenizer); atomic."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = _gguf_cache_dir(gguf)
+    if (cached / "config.json").is_file():
+        return cached
+    log.info("dequantizing %s once into %s", gguf, cached)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as err:  # transformers raises many kinds for a corrupt file
+        raise SpecdraftError(f"cannot read GGUF target {gguf}: {type(err).__name__}: {err}") from None
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if cached.exists():  # another process converted it meanwhile
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, cached)
+    return cached
+
+
+def _local_or_hub(cfg: TargetConfig) -> str:
+    source, gguf = resolve_source(cfg.path)
+    return str(_convert_gguf(gguf)) if gguf is not None else source
+
+
+def load_tokenizer(cfg: TargetConfig, require_chat_template: bool = True):
+    from transformers import AutoTokenizer
+
+    source = _local_or_hub(cfg)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=cfg.revision,
+                                                  trust_remote_code=cfg.trust_remote_code)
+    except OSError as err:
+        raise SpecdraftError(f"cannot load the tokenizer of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    if require_chat_template and not tokenizer.chat_template:
+        raise SpecdraftError(f"target {cfg.path!r} has no chat template; use an instruct/chat model")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Optional[str] = None,
+                require_chat_template: bool = True) -> LoadedTarget:
+    """The frozen target in eval mode on `device`, its tokenizer and its geometry."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(cfg, require_chat_template)
+    source = _local_or_hub(cfg)
+    torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    model.requires_grad_(False).eval().to(device)
+    return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path))
+
+
+def target_provenance(cfg: TargetConfig) -> dict:
+    return {"target": cfg.path, "target_revision": cfg.revision}
+
+
+def load_target_info(cfg: TargetConfig) -> TargetInfo:
+    """The target's geometry from its config alone (no weights loaded)."""
+    from transformers import AutoConfig
+
+    source = _local_or_hub(cfg)
+    try:
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise SpecdraftError(f"cannot read the config of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    return TargetInfo.from_hf_config(config, cfg.path)

@@ -1,0 +1,115 @@
+"""The distilled dataset as training batches: split, answer-token counts, collation, resumable sampling."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from specdraft.config import DataConfig, TrainConfig
+from specdraft.data.format import dataset_dir
+from specdraft.errors import SpecdraftError
+
+
+def load_distilled(distill_dir: str):
+    from datasets import load_from_disk
+
+    path = dataset_dir(distill_dir)
+    if not path.is_dir():
+        raise SpecdraftError(f"no distilled dataset at {path}; run `specdraft distill-data RECIPE` first")
+    dataset = load_from_disk(str(path)).with_format("numpy", columns=["input_ids", "loss_mask"])
+    if len(dataset) < 2:
+        raise SpecdraftError(f"distilled dataset {path} has {len(dataset)} rows; need at least 2 (train + val)")
+    return dataset
+
+
+def split_indices(num_rows: int, val_fraction: float, seed: int):
+    """Deterministic train/val split -> (train indices, val indices); val has at least one row."""
+    order = np.random.default_rng(seed).permutation(num_rows)
+    num_val = min(num_rows - 1, max(1, round(num_rows * val_fraction)))
+    return np.sort(order[num_val:]), np.sort(order[:num_val])
+
+
+def answer_token_counts(dataset, indices, vocab_size: int) -> torch.Tensor:
+    """[V] how often each token id is an answer token (loss_mask 1) in the given rows."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for row in dataset.select(indices).iter(batch_size=256):
+        ids = np.concatenate(row["input_ids"]) if len(row["input_ids"]) else np.zeros(0, np.int64)
+        mask = np.concatenate(row["loss_mask"]).astype(bool) if len(row["loss_mask"]) else ids.astype(bool)
+        counts += np.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    return torch.from_numpy(counts)
+
+
+def collate(rows: List[Dict[str, np.ndarray]], max_length: int) -> Dict[str, torch.Tensor]:
+    """Right-pad to the longest row (cut at max_length) -> input_ids, loss_mask, attention_mask [B, T]."""
+    length = min(max_length, max(len(r["input_ids"]) for r in rows))
+    input_ids = torch.zeros(len(rows), length, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), length, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for b, row in enumerate(rows):
+        n = min(length, len(row["input_ids"]))
+        input_ids[b, :n] = torch.as_tensor(row["input_ids"][:n].astype(np.int64))
+        loss_mask[b, :n] = torch.as_tensor(row["loss_mask"][:n].astype(np.int64))
+        attention_mask[b, :n] = 1
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+
+
+class ResumableSampler(Sampler[int]):
+    """Endless epoch-seeded shuffles, sharded by rank, starting at the sample position `start()` returns.
+
+    The position is derived from the optimizer step at which training (re)starts, so a resumed run reads
+    exactly the samples the uninterrupted run would have read next.
+    """
+
+    def __init__(self, indices: np.ndarray, seed: int, total: int, start: Callable[[], int],
+                 rank: Callable[[], int], world: Callable[[], int]):
+        self.indices, self.seed, self.total = indices, seed, total
+        self.start, self.rank, self.world = start, rank, world
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __iter__(self):
+        rank, world = self.rank(), self.world()
+        per_rank = len(self.indices) // world
+        if per_rank == 0:
+            raise SpecdraftError(f"{len(self.indices)} training rows cannot feed {world} ranks")
+        position = self.start()
+        while position < self.total:
+            epoch, offset = divmod(position, per_rank)
+            order = np.random.default_rng(self.seed + epoch).permutation(len(self.indices))
+            shard = order[rank::world][:per_rank]
+            for index in shard[offset:]:
+                if position >= self.total:
+                    return
+                yield int(self.indices[index])
+                position += 1
+
+
+class DistilledData(L.LightningDataModule):
+    def __init__(self, dataset, data_cfg: DataConfig, train_cfg: TrainConfig, train_idx, val_idx):
+        super().__init__()
+        self.dataset, self.data_cfg, self.train_cfg = dataset, data_cfg, train_cfg
+        self.train_idx, self.val_idx = train_idx, val_idx
+
+    def _collate(self, rows):
+        return collate(rows, self.data_cfg.max_length)
+
+    def _samples_done(self) -> int:
+        cfg = self.train_cfg
+        return self.trainer.global_step * cfg.accumulate_grad_batches * cfg.micro_batch_size
+
+    def train_dataloader(self):
+        cfg = self.train_cfg
+        total = cfg.max_steps * cfg.accumulate_grad_batches * cfg.micro_batch_size
+        sampler = ResumableSampler(self.train_idx, cfg.seed, total, self._samples_done,
+                                   lambda: self.trainer.global_rank, lambda: self.trainer.world_size)
+        return DataLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
+                          collate_fn=self._collate, num_workers=cfg.num_workers)
+
+    def val_dataloader(self):
+        subset = self.dataset.select(self.val_idx)
+        return DataLoader(subset, batch_size=self.train_cfg.micro_batch_size, shuffle=False,
+                          collate_fn=self._collate, num_workers=self.train_cfg.num_workers)

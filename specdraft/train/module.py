@@ -1,0 +1,110 @@
+"""One LightningModule for every method: the frozen target computes features online, the method's hooks do
+the rest. Nothing here knows a method's name."""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from specdraft.config import TrainConfig
+from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
+from specdraft.target.features import capture_features
+
+
+class DraftModule(L.LightningModule):
+    def __init__(self, spec: MethodSpec, method_cfg: Any, train_cfg: TrainConfig, ctx: DraftContext,
+                 target_model: torch.nn.Module):
+        super().__init__()
+        self.spec, self.method_cfg, self.train_cfg, self.ctx = spec, method_cfg, train_cfg, ctx
+        self.feature_layers = spec.feature_layers(method_cfg, ctx.target)
+        object.__setattr__(self, "target_model", target_model)  # frozen, not a submodule: never checkpointed
+        self.draft = None
+        self._val_metrics = defaultdict(list)
+        self._tokens_seen, self._fit_started = 0, None
+
+    def configure_model(self):  # Lightning hook (sharded init); idempotent
+        if self.draft is None:
+            self.draft = self.spec.build(self.method_cfg, self.ctx)
+
+    def on_fit_start(self):
+        dtype = next(self.target_model.parameters()).dtype
+        if self.device.type == "cuda" and dtype == torch.float32 and torch.cuda.is_bf16_supported():
+            dtype = torch.bfloat16  # the frozen target in bf16 on GPUs
+        self.target_model.to(device=self.device, dtype=dtype)
+        self._fit_started = time.perf_counter()
+
+    def _draft_batch(self, batch) -> DraftBatch:
+        features = capture_features(self.target_model, batch["input_ids"], batch["attention_mask"],
+                                    self.feature_layers)
+        return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
+                          attention_mask=batch["attention_mask"], features=features)
+
+    def training_step(self, batch, batch_idx):
+        result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
+        self._tokens_seen += int(batch["attention_mask"].sum()) * self.trainer.world_size
+        elapsed = time.perf_counter() - self._fit_started
+        self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
+        self.log("train/tokens_per_s", self._tokens_seen / max(elapsed, 1e-9), prog_bar=True)
+        self.log("train/loss", result.loss.detach(), prog_bar=True)
+        return result.loss
+
+    def validation_step(self, batch, batch_idx):
+        result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
+        for name, value in result.metrics.items():
+            self._val_metrics[name].append(float(value))
+
+    def on_validation_epoch_end(self):
+        means = {f"val/{k}": float(np.mean(v)) for k, v in self._val_metrics.items()}
+        self._val_metrics.clear()
+        for name, value in means.items():  # sync_dist averages the ranks' means
+            self.log(name, value, prog_bar=name == "val/tau_sim", sync_dist=True)
+
+    def configure_optimizers(self):
+        cfg = self.train_cfg
+        groups = self.spec.param_groups(self.draft) if self.spec.param_groups else \
+            [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, cfg))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["rng"] = rng_state()
+
+    def on_load_checkpoint(self, checkpoint):
+        if "rng" in checkpoint:
+            set_rng_state(checkpoint["rng"])
+
+
+def rng_state() -> dict:
+    """Every RNG's state in types that `torch.load(weights_only=True)` accepts."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                       "has_gauss": has_gauss, "gauss": gauss}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    numpy_state = state["numpy"]
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state((numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def warmup_cosine(step: int, cfg: TrainConfig) -> float:
+    """LR multiplier: linear warmup to 1, then cosine decay to 0.1 at max_steps."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,137 @@
+"""`specdraft train RECIPE`: build the data, the draft and the Lightning trainer, fit, keep best/ and last/.
+
+RUN_DIR (train.output_dir)/
+  recipe.yaml                   the resolved recipe
+  checkpoints/last.ckpt         full training state (weights, optimizer, scheduler, step, RNG) for resume
+  best/ last/                   draft.safetensors + meta.json (step, validation metrics): what export reads
+  logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim)
+  train_summary.json            steps, tokens, seconds, tokens/s, best simulated acceptance length
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from safetensors.torch import save_file
+
+from specdraft.config import Recipe, TrainConfig, save_recipe
+from specdraft.drafts import SNAPSHOT_FILE
+from specdraft.errors import SpecdraftError
+from specdraft.io import atomic_dir, write_json
+from specdraft.methods import get_method
+from specdraft.methods.base import DraftContext
+from specdraft.target import load_target
+from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_indices
+from specdraft.train.module import DraftModule
+
+log = logging.getLogger(__name__)
+
+
+class DraftSnapshots(Callback):
+    """After each validation, write last/ and (when val/tau_sim improves) best/ draft weights atomically."""
+
+    def __init__(self, run_dir: Path, recipe: Recipe, monitor: str = "val/tau_sim"):
+        self.run_dir, self.recipe, self.monitor = run_dir, recipe, monitor
+        self.best: Optional[float] = None
+
+    def state_dict(self):
+        return {"best": self.best}
+
+    def load_state_dict(self, state):
+        self.best = state.get("best")
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+            return
+        score = float(trainer.callback_metrics[self.monitor])
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        meta = {"step": trainer.global_step, "method": self.recipe.method_name, "metrics": metrics}
+        if trainer.is_global_zero:
+            self._write("last", pl_module, meta)
+        if self.best is None or score > self.best:
+            self.best = score
+            if trainer.is_global_zero:
+                self._write("best", pl_module, meta)
+
+    def _write(self, name: str, pl_module, meta: dict):
+        state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
+                 for k, v in pl_module.draft.state_dict().items()}
+        with atomic_dir(self.run_dir / name) as tmp:
+            save_file(state, str(tmp / SNAPSHOT_FILE))
+            write_json(tmp / "meta.json", meta)
+
+
+def _strategy(cfg: TrainConfig):
+    if not cfg.strategy.startswith("deepspeed"):
+        return cfg.strategy
+    if not torch.cuda.is_available():
+        raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    return DeepSpeedStrategy(stage=int(cfg.strategy[-1]))
+
+
+def _precision(cfg: TrainConfig) -> str:
+    if cfg.precision != "auto":
+        return cfg.precision
+    return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def _resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "auto":
+        last = run_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.exists() else None
+    if not Path(cfg.resume).exists():
+        raise SpecdraftError(f"train.resume checkpoint not found: {cfg.resume}")
+    return cfg.resume
+
+
+def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe) -> L.Trainer:
+    checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
+                                  every_n_train_steps=cfg.val_every_steps)
+    devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
+    return L.Trainer(
+        accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg),
+        precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1,
+        accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip or None,
+        val_check_interval=cfg.val_every_steps * cfg.accumulate_grad_batches, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, use_distributed_sampler=False,
+        callbacks=[checkpoints, DraftSnapshots(run_dir, recipe)], logger=CSVLogger(run_dir, name="logs"),
+        default_root_dir=run_dir, enable_model_summary=False,
+    )
+
+
+def run_train(recipe: Recipe) -> dict:
+    """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json."""
+    cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
+    spec = get_method(recipe.method_name)
+    dataset = load_distilled(recipe.distill.output_dir)
+    trainer = build_trainer(cfg, run_dir, recipe)  # checks the strategy before the target is loaded
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    target = load_target(recipe.target, device="cpu")
+    train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
+    ctx = DraftContext(target=target.info,
+                       token_counts=answer_token_counts(dataset, train_idx, target.info.vocab_size))
+    module = DraftModule(spec, recipe.method, cfg, ctx, target.model)
+    data = DistilledData(dataset, recipe.data, cfg, train_idx, val_idx)
+    save_recipe(recipe, run_dir)
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=data, ckpt_path=_resume_path(cfg, run_dir))
+    if cfg.max_steps % cfg.val_every_steps:
+        trainer.validate(module, datamodule=data, verbose=False)
+    seconds = time.perf_counter() - started
+    summary = {"steps": trainer.global_step, "tokens": module._tokens_seen, "seconds": seconds,
+               "tokens_per_s": module._tokens_seen / seconds, "train_rows": len(train_idx),
+               "val_rows": len(val_idx),
+               "best_tau_sim": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}
+    if trainer.is_global_zero:
+        write_json(run_dir / "train_summary.json", summary)
+    return summary

@@ -1,0 +1,36 @@
+"""Shared fixtures. Everything runs on CPU, offline; tiny targets are built in tmp dirs, never downloaded."""
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.tiny import save_tiny_target  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory):
+    """A tiny random Llama target with a byte tokenizer and a ChatML template (HF directory)."""
+    return save_tiny_target(tmp_path_factory.mktemp("tiny_target"))
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_CACHE", os.environ.get("SPECDRAFT_CACHE") or
+                       str(tmp_path_factory.getbasetemp() / "specdraft-cache"))

@@ -1,0 +1,65 @@
+"""Every shipped recipe loads and validates; bad recipes fail with one line naming the key. CPU, no target."""
+from pathlib import Path
+
+import pytest
+
+from specdraft.config import load_recipe, recipe_to_yaml
+from specdraft.errors import SpecdraftError
+from specdraft.methods import METHODS
+
+RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml"))
+REQUIRED_KEYS = ["data.prompts", "data.max_samples", "distill.max_new_tokens", "distill.output_dir",
+                 "train.max_steps", "train.output_dir", "eval.prompts", "eval.max_prompts", "eval.max_new_tokens"]
+
+
+def test_recipes_exist():
+    assert {"eagle3_smollm2.yaml", "eagle3_llama3.yaml"} <= {p.name for p in RECIPES if p.parent.name == "recipes"}
+    assert "eagle3_smollm2.yaml" in {p.name for p in RECIPES if p.parent.name == "smoke"}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name if p.parent.name == "recipes" else f"smoke/{p.name}")
+def test_recipe_loads_and_round_trips(path, tmp_path):
+    recipe = load_recipe(path)
+    assert recipe.method_name in METHODS
+    for dotted in REQUIRED_KEYS:
+        section, key = dotted.split(".")
+        assert hasattr(getattr(recipe, section), key), dotted
+    saved = tmp_path / "recipe.yaml"
+    saved.write_text(recipe_to_yaml(recipe))
+    assert load_recipe(saved) == recipe
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = "method: {name: eagle3}\n"
+
+
+@pytest.mark.parametrize("text, overrides, message", [
+    (BASE + "train: {max_stepz: 3}\n", [], "unknown recipe key 'train.max_stepz'; valid keys in 'train': output_dir"),
+    (BASE, ["method.ttt_stepz=3"], "unknown recipe key 'method.ttt_stepz'; valid keys in 'method': name, ttt_steps"),
+    (BASE + "train: {max_steps: lots}\n", [], "train.max_steps"),
+    ("method: {name: medusa}\n", [], "unknown method 'medusa'; valid: eagle3"),
+    (BASE + "trainer: {}\n", [], "unknown recipe section 'trainer'; valid: target"),
+    (BASE + "train: {strategy: fsdp9}\n", [], "unknown train.strategy 'fsdp9'; valid: auto, ddp, deepspeed_stage_1"),
+    ("data: {}\n", [], "recipe has no method.name"),
+    (BASE, ["train.max_steps"], "override 'train.max_steps' is not of the form key=value"),
+])
+def test_bad_recipes_name_the_problem(tmp_path, text, overrides, message):
+    with pytest.raises(SpecdraftError) as err:
+        load_recipe(_write(tmp_path, text), overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_recipe_file(tmp_path):
+    with pytest.raises(SpecdraftError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_overrides_apply_and_types_coerce(tmp_path):
+    recipe = load_recipe(_write(tmp_path, BASE), ["train.max_steps=7", "method.ttt_steps=2", "data.prompts=[a,b]"])
+    assert recipe.train.max_steps == 7 and recipe.method.ttt_steps == 2 and recipe.data.prompts == ["a", "b"]

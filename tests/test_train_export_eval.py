@@ -1,0 +1,114 @@
+"""Train -> export -> eval on a tiny random target, resume after a crash, bad inputs. CPU, seconds each."""
+import json
+
+import lightning as L
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdraft import cli
+from specdraft.config import load_recipe
+from specdraft.train import trainer as trainer_module
+from specdraft.train.trainer import run_train
+from tests.distilled import write_distilled
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_target_dir, tmp_path_factory):
+    return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)
+
+
+def _recipe(tmp_path, target_dir, distill_dir, **train):
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [f"question {i}?"]}) + "\n" for i in range(3)))
+    train_yaml = ", ".join(f"{k}: {v}" for k, v in {"output_dir": tmp_path / "run", "max_steps": 20,
+                                                      "micro_batch_size": 4, "val_every_steps": 10, "lr": 3.0e-3,
+                                                      "warmup_steps": 2, "log_every_steps": 5, **train}.items())
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"""
+target: {{path: {target_dir}}}
+method: {{name: eagle3, ttt_steps: 3, draft_vocab_size: 256}}
+data: {{val_fraction: 0.2}}
+distill: {{output_dir: {distill_dir}}}
+train: {{{train_yaml}}}
+eval: {{prompts: {prompts}, max_new_tokens: 24, num_draft_tokens: 3}}
+""")
+    return path
+
+
+def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
+    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled)
+    assert cli.main(["train", str(recipe_path)]) == 0
+    run = tmp_path / "run"
+    assert (run / "recipe.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    meta = json.loads((run / "best" / "meta.json").read_text())
+    assert meta["metrics"]["val/tau_sim"] >= 1.0 and "val/acc@1" in meta["metrics"]
+    assert json.loads((run / "train_summary.json").read_text())["steps"] == 20
+    for fmt in ("hf", "speculators"):
+        assert cli.main(["export", str(run), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
+        config = json.loads((tmp_path / fmt / "config.json").read_text())
+        assert config["draft_vocab_size"] == 256
+        assert "embed_tokens.weight" not in load_file(tmp_path / fmt / "model.safetensors")
+    assert cli.main(["eval", str(tmp_path / "hf"), "--out", str(tmp_path / "ev")]) == 0
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert report["lossless"] is True and report["prompts"] == 3
+    assert report["tau"] >= 1.0 and len(report["acceptance_by_position"]) == 3
+    assert (tmp_path / "ev" / "eval.png").stat().st_size > 0
+
+
+class _Crash(L.Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 10:
+            raise RuntimeError("simulated crash")
+
+
+def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, distilled, monkeypatch):
+    (tmp_path / "a").mkdir()
+    straight = _recipe(tmp_path / "a", tiny_target_dir, distilled)
+    run_train(load_recipe(straight))
+    build = trainer_module.build_trainer
+
+    def crashing(*args):
+        trainer = build(*args)
+        trainer.callbacks.append(_Crash())
+        return trainer
+
+    (tmp_path / "b").mkdir()
+    resumed = _recipe(tmp_path / "b", tiny_target_dir, distilled, resume="auto")
+    monkeypatch.setattr(trainer_module, "build_trainer", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_train(load_recipe(resumed))
+    monkeypatch.setattr(trainer_module, "build_trainer", build)
+    run_train(load_recipe(resumed))
+    weights_a = load_file(tmp_path / "a" / "run" / "last" / "draft.safetensors")
+    weights_b = load_file(tmp_path / "b" / "run" / "last" / "draft.safetensors")
+    for name in weights_a:
+        torch.testing.assert_close(weights_a[name], weights_b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "{run}", "--format", "onnx", "--out", "{tmp}/x"], "unknown export format 'onnx'; valid: hf, speculators"),
+    (["export", "{tmp}/nowhere", "--out", "{tmp}/x"], "neither a training run nor an export"),
+    (["train", "{recipe}", "train.strategy=deepspeed_stage_2"], "needs CUDA GPUs"),
+    (["train", "{recipe}", "distill.output_dir={tmp}/empty"], "no distilled dataset"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, tiny_target_dir, distilled, capsys, argv, message):
+    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
+    if "{run}" in argv:
+        assert cli.main(["train", str(recipe_path)]) == 0
+    capsys.readouterr()
+    argv = [a.format(run=tmp_path / "run", tmp=tmp_path, recipe=recipe_path) for a in argv]
+    assert cli.main(argv) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert message in err_lines[-1] and err_lines[-1].startswith("specdraft: error: ")
+    assert sum("error" in line for line in err_lines) == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_corrupt_safetensors_is_a_clean_error(tmp_path, tiny_target_dir, distilled, capsys):
+    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
+    assert cli.main(["train", str(recipe_path)]) == 0
+    (tmp_path / "run" / "best" / "draft.safetensors").write_bytes(b"\x00garbage")
+    capsys.readouterr()
+    assert cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
+    assert "corrupt safetensors file" in capsys.readouterr().err
