@@ -393,8 +393,10 @@ def check_distill_config(cfg: DistillConfig) -> None:
 
 
 def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversation], pending: List[int],
-                      expected: dict, device: str) -> None:
-    """Load the target, check the prompts of the missing shards, then generate and write each of them."""
+                      expected: dict, device: str) -> dict:
+    """Load the target, check the prompts of the missing shards, then generate and write each of them.
+
+    Returns this run's generation throughput: answer tokens, seconds inside generate, tokens/s."""
     from tqdm.auto import tqdm
 
     from specdraft.target.load import load_target
@@ -414,6 +416,9 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
         for shard_index, shard in shards.items():
             rows, problems = distill_shard(ctx, _dialogs(ctx, shard, early), shard_index)
             write_shard(out, shard_index, rows, problems)
+    return {"device": device, "shards": len(shards), "generated_tokens": ctx.generated_tokens,
+            "generate_seconds": ctx.generate_seconds,
+            "tokens_per_s": ctx.generated_tokens / max(ctx.generate_seconds, 1e-9)}
 
 
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
@@ -429,7 +434,8 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     num_shards = -(-len(conversations) // recipe.distill.shard_size)
     pending = [i for i in range(num_shards) if not shard_path(out, i).is_dir()]
     if pending:
-        _generate_missing(recipe, out, conversations, pending, expected, device or default_device())
+        throughput = _generate_missing(recipe, out, conversations, pending, expected, device or default_device())
+        _write_json(out / "throughput.json", throughput)
     else:
         claim_output_dir(recipe, out, expected)
     counts = merge_shards(out, num_shards, len(conversations))

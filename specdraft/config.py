@@ -125,12 +125,16 @@ class EvalConfig:
     """Evaluation prompts (first user turn of each): a file or `pkg:PACKAGE/FILE`."""
     max_prompts: Optional[int] = None
     """Evaluate at most this many prompts."""
+    skip_prompts: int = 0
+    """Skip this many prompts first (to evaluate on prompts a smoke run did not train on)."""
     max_new_tokens: int = 256
     """Tokens generated per prompt."""
     num_draft_tokens: int = 6
     """Chain length: tokens drafted per draft-verify cycle."""
     dtype: str = "float32"
     """Target and draft dtype during evaluation (float32 keeps greedy comparisons exact)."""
+    device: str = "auto"
+    """auto (the first GPU if there is one, else cpu), cpu, cuda, cuda:N."""
 
     def __post_init__(self):
         _check_choice("eval.dtype", self.dtype, DTYPES)

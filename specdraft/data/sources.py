@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from specdraft.errors import SpecdraftError
+from specdraft.io import resolve_file
 
 SUPPORTED_FIELDS = ("conversations", "messages", "instruction", "prompt", "question", "turns")
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
@@ -162,12 +163,10 @@ def _json_records(path: Path) -> list:
 
 
 def _file_records(path_text: str) -> Iterable:
-    path = Path(path_text).expanduser()
-    if not path.name.endswith(EXTENSIONS):
+    if not path_text.endswith(EXTENSIONS):
         raise SpecdraftError(f"prompt set {path_text!r} has an unknown extension; valid: "
                              f"{', '.join(EXTENSIONS)}, or hf:ID[:SPLIT]")
-    if not path.is_file():
-        raise SpecdraftError(f"prompt file not found: {path_text}")
+    path = resolve_file(path_text, "prompt file")
     try:
         if path.name.endswith((".jsonl", ".jsonl.gz")):
             yield from _jsonl_records(path)

@@ -15,15 +15,16 @@ from specdraft.drafts import load_draft
 from specdraft.errors import SpecdraftError
 from specdraft.eval.chain import acceptance_by_position, chain_generate
 from specdraft.eval.plot import plot_acceptance
-from specdraft.io import resolve_file, write_json
+from specdraft.io import write_json
 from specdraft.target import load_target
 
 log = logging.getLogger(__name__)
 
 
-def eval_prompts(tokenizer, prompts_path: str, max_prompts: Optional[int]) -> List[torch.Tensor]:
-    """The first user turn of each conversation, chat template applied -> [1, P] id tensors."""
-    conversations = load_conversations([str(resolve_file(prompts_path, "eval.prompts file"))], max_prompts)
+def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
+    """The first user turn of each evaluated conversation, chat template applied -> [1, P] id tensors."""
+    limit = None if cfg.max_prompts is None else cfg.skip_prompts + cfg.max_prompts
+    conversations = load_conversations([cfg.prompts], limit)[cfg.skip_prompts:]
     prompts = []
     for conversation in conversations:
         first_user = next((m for m in conversation.messages if m["role"] == "user"), None)
@@ -32,7 +33,7 @@ def eval_prompts(tokenizer, prompts_path: str, max_prompts: Optional[int]) -> Li
         encoded = tokenizer.apply_chat_template([first_user], add_generation_prompt=True, return_dict=True)
         prompts.append(torch.tensor([encoded["input_ids"]]))
     if not prompts:
-        raise SpecdraftError(f"no prompts with a user turn in {prompts_path}")
+        raise SpecdraftError(f"no prompts with a user turn in {cfg.prompts} (skip_prompts={cfg.skip_prompts})")
     return prompts
 
 
@@ -53,14 +54,15 @@ def _greedy(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List
 def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
     loaded = load_draft(path, overrides)
     cfg = loaded.recipe.eval
-    target = load_target(loaded.recipe.target, device="cpu", dtype=cfg.dtype)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    target = load_target(loaded.recipe.target, device=device, dtype=cfg.dtype)
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
-    draft = loaded.draft.to(dtype=target.model.dtype)
+    draft = loaded.draft.to(device=device, dtype=target.model.dtype)
     layers = loaded.spec.feature_layers(loaded.method_cfg, target.info)
     eos_ids = _eos_ids(target)
-    prompts = eval_prompts(target.tokenizer, cfg.prompts, cfg.max_prompts)
+    prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
     for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
         started = time.perf_counter()
@@ -94,6 +96,6 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
         "seconds_greedy_hf": greedy_seconds,
         "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
                      "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
-                     "method": loaded.recipe.method_name, "target": loaded.recipe.target.path,
+                     "method": loaded.recipe.method_name, "skip_prompts": cfg.skip_prompts, "target": loaded.recipe.target.path,
                      "draft": str(loaded.source)},
     }

@@ -82,7 +82,7 @@ def _convert_gguf(gguf: Path) -> Path:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as err:  # transformers raises many kinds for a corrupt file
         raise SpecdraftError(f"cannot read GGUF target {gguf}: {type(err).__name__}: {err}") from None
-    model.config.quantization_config = None
+    model.hf_quantizer = None  # the weights are plain dequantized tensors now; save them as such
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     cached.parent.mkdir(parents=True, exist_ok=True)
