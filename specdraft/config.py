@@ -114,6 +114,8 @@ class TrainConfig:
     """Seed for weights init, data order and dropout."""
     num_workers: int = 0
     """DataLoader worker processes."""
+    extra_distilled: List[str] = field(default_factory=list)
+    """More `distill-data` output directories to train on, besides distill.output_dir (e.g. earlier runs)."""
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)

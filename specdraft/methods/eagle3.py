@@ -148,10 +148,11 @@ class Eagle3Draft(nn.Module):
         self.midlayer = Eagle3DecoderLayer(target, cfg.intermediate_size or target.intermediate_size)
         self.norm = RMSNorm(hidden, target.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
-        counts = ctx.token_counts if ctx.token_counts is not None else torch.zeros(target.vocab_size)
-        draft_ids = build_draft_vocab(counts, vocab)  # [Vd] target ids
-        self.register_buffer("d2t", draft_ids - torch.arange(vocab), persistent=True)  # offsets, as SGLang reads
-        t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
+        cpu = torch.device("cpu")  # explicit: Lightning may build this under a CUDA default-device context
+        counts = ctx.token_counts if ctx.token_counts is not None else torch.zeros(target.vocab_size, device=cpu)
+        draft_ids = build_draft_vocab(counts.to(cpu), vocab)  # [Vd] target ids
+        self.register_buffer("d2t", draft_ids - torch.arange(vocab, device=cpu), persistent=True)  # offsets (SGLang)
+        t2d = torch.zeros(target.vocab_size, dtype=torch.bool, device=cpu)
         t2d[draft_ids] = True
         self.register_buffer("t2d", t2d, persistent=True)
         for module in self.modules():

@@ -13,15 +13,19 @@ from specdraft.data.format import dataset_dir
 from specdraft.errors import SpecdraftError
 
 
-def load_distilled(distill_dir: str):
-    from datasets import load_from_disk
+def load_distilled(distill_dirs: List[str]):
+    """One or more `distill-data` outputs as one dataset of input_ids and loss_mask."""
+    from datasets import concatenate_datasets, load_from_disk
 
-    path = dataset_dir(distill_dir)
-    if not path.is_dir():
-        raise SpecdraftError(f"no distilled dataset at {path}; run `specdraft distill-data RECIPE` first")
-    dataset = load_from_disk(str(path)).with_format("numpy", columns=["input_ids", "loss_mask"])
+    parts = []
+    for distill_dir in distill_dirs:
+        path = dataset_dir(distill_dir)
+        if not path.is_dir():
+            raise SpecdraftError(f"no distilled dataset at {path}; run `specdraft distill-data RECIPE` first")
+        parts.append(load_from_disk(str(path)).select_columns(["input_ids", "loss_mask"]))
+    dataset = concatenate_datasets(parts).with_format("numpy")
     if len(dataset) < 2:
-        raise SpecdraftError(f"distilled dataset {path} has {len(dataset)} rows; need at least 2 (train + val)")
+        raise SpecdraftError(f"distilled data {', '.join(distill_dirs)} has {len(dataset)} rows; need at least 2")
     return dataset
 
 

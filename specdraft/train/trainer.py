@@ -113,7 +113,7 @@ def run_train(recipe: Recipe) -> dict:
     """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json."""
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
-    dataset = load_distilled(recipe.distill.output_dir)
+    dataset = load_distilled([recipe.distill.output_dir, *cfg.extra_distilled])
     trainer = build_trainer(cfg, run_dir, recipe)  # checks the strategy before the target is loaded
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     target = load_target(recipe.target, device="cpu")
