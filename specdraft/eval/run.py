@@ -87,6 +87,7 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
     return {
         "tau": sum(a + 1 for a in accepted) / cycles,
         "acceptance_by_position": acceptance_by_position(accepted, cfg.num_draft_tokens),
+        "accepted_histogram": [accepted.count(a) for a in range(cfg.num_draft_tokens + 1)],
         "lossless": lossless_count == num_prompts,
         "lossless_prompts": lossless_count,
         "prompts": num_prompts,
