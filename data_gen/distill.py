@@ -12,10 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,17 +21,17 @@ from typing import Dict, List, Optional
 
 import torch
 
-from specdraft.data.sources import Conversation, load_conversations
 from specdraft.config import DistillConfig, Recipe, save_recipe
 from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, shards_dir
+from specdraft.data.sources import Conversation, load_conversations
 from specdraft.errors import SpecdraftError
+from specdraft.io import TMP_PREFIX, atomic_dir, write_json
 
 log = logging.getLogger(__name__)
 
 FINGERPRINT = "fingerprint.json"
 ERRORS = "errors.jsonl"
 SHARD_COUNTS = "counts.json"
-TMP_PREFIX = ".tmp-"
 
 
 @dataclass
@@ -264,21 +262,6 @@ def _dialogs(ctx: _Context, conversations: Dict[int, Conversation], early: Dict[
     return dialogs
 
 
-def _write_json(path: Path, payload) -> None:
-    """Atomic write of a JSON file (or JSONL when payload is a list)."""
-    tmp = path.with_name(TMP_PREFIX + path.name)
-    text = "".join(json.dumps(item) + "\n" for item in payload) if isinstance(payload, list) else json.dumps(payload)
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _temp_dir(parent: Path, name: str) -> Path:
-    """A fresh hidden dir in `parent` (mkdir honours the umask, unlike mkdtemp's 0700)."""
-    tmp = parent / f"{TMP_PREFIX}{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    return tmp
-
-
 @contextmanager
 def _quiet_datasets():
     """Silence `datasets`' own progress bars (they would tear through the distill bar)."""
@@ -299,30 +282,19 @@ def _save_dataset(dataset, directory: Path) -> None:
         dataset.save_to_disk(str(directory), num_shards=1 if len(dataset) == 0 else None)
 
 
-def _replace_dataset(dataset, final: Path) -> None:
-    """Save into a temp dir beside `final`, then swap it in."""
-    tmp = _temp_dir(final.parent, final.name)
-    _save_dataset(dataset, tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
 def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict]) -> Path:
     """Write a shard (rows, its errors.jsonl and counts.json) in a temp dir and rename it into place."""
     from datasets import Dataset
 
-    final = shard_path(out, shard_index)
-    tmp = _temp_dir(final.parent, final.name)
     columns = {name: [row[name] for row in rows] for name in ROW_FEATURES}
-    _save_dataset(Dataset.from_dict(columns, features=ROW_FEATURES), tmp)
     statuses = [item["status"] for item in problems]
     counts = {"input": len(rows) + len(problems), "ok": len(rows), "error": statuses.count("error"),
               "skipped": statuses.count("skipped")}
-    _write_json(tmp / ERRORS, problems)
-    _write_json(tmp / SHARD_COUNTS, counts)
-    os.replace(tmp, final)
-    return final
+    with atomic_dir(shard_path(out, shard_index)) as tmp:
+        _save_dataset(Dataset.from_dict(columns, features=ROW_FEATURES), tmp)
+        write_json(tmp / ERRORS, problems)
+        write_json(tmp / SHARD_COUNTS, counts)
+    return shard_path(out, shard_index)
 
 
 def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
@@ -340,9 +312,10 @@ def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
             parts.append(load_from_disk(str(path)))
     assert counts["input"] == num_input, f"shards hold {counts['input']} conversations, expected {num_input}"
     assert counts["ok"] + counts["error"] + counts["skipped"] == counts["input"], counts
-    _replace_dataset(concatenate_datasets(parts), dataset_dir(out))
-    _write_json(out / ERRORS, problems)
-    _write_json(counts_path(out), counts)
+    with atomic_dir(dataset_dir(out)) as tmp:
+        _save_dataset(concatenate_datasets(parts), tmp)
+    write_json(out / ERRORS, problems)
+    write_json(counts_path(out), counts)
     return counts
 
 
@@ -378,7 +351,7 @@ def claim_output_dir(recipe: Recipe, out: Path, expected: dict) -> None:
     shards_dir(out).mkdir(parents=True, exist_ok=True)
     for stale in [*shards_dir(out).glob(TMP_PREFIX + "*"), *out.glob(TMP_PREFIX + "*")]:
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-    _write_json(out / FINGERPRINT, expected)
+    write_json(out / FINGERPRINT, expected)
     save_recipe(recipe, out)
 
 
@@ -435,7 +408,7 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     pending = [i for i in range(num_shards) if not shard_path(out, i).is_dir()]
     if pending:
         throughput = _generate_missing(recipe, out, conversations, pending, expected, device or default_device())
-        _write_json(out / "throughput.json", throughput)
+        write_json(out / "throughput.json", throughput)
     else:
         claim_output_dir(recipe, out, expected)
     counts = merge_shards(out, num_shards, len(conversations))

@@ -6,11 +6,14 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Iterator
 
 from specdraft.errors import SpecdraftError
+
+TMP_PREFIX = ".tmp-"
+"""Prefix of every temporary file and directory; a resumed job may delete what carries it."""
 
 
 def package_file(spec: str) -> Path:
@@ -42,7 +45,8 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{final.name}-"))
+    tmp = final.parent / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()  # plain mkdir honours the umask (mkdtemp would make it 0700)
     try:
         yield tmp
     except BaseException:
@@ -58,9 +62,11 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
 
 
 def write_json(path: str | Path, data) -> None:
-    """Write JSON atomically (temp file + rename)."""
+    """Write JSON atomically (temp file + rename); a list is written as JSON Lines."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    text = "".join(json.dumps(item) + "\n" for item in data) if isinstance(data, list) else \
+        json.dumps(data, indent=2) + "\n"
+    tmp.write_text(text)
     os.replace(tmp, path)

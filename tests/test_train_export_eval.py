@@ -87,7 +87,8 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, dis
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["export", "{run}", "--format", "onnx", "--out", "{tmp}/x"], "unknown export format 'onnx'; valid: hf, speculators"),
+    (["export", "{run}", "--format", "onnx", "--out", "{tmp}/x"],
+     "unknown export format 'onnx'; valid: hf, speculators"),
     (["export", "{tmp}/nowhere", "--out", "{tmp}/x"], "neither a training run nor an export"),
     pytest.param(["train", "{recipe}", "train.strategy=deepspeed_stage_2"], "needs CUDA GPUs",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check")),
@@ -113,3 +114,14 @@ def test_corrupt_safetensors_is_a_clean_error(tmp_path, tiny_target_dir, distill
     capsys.readouterr()
     assert cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
     assert "corrupt safetensors file" in capsys.readouterr().err
+
+
+def test_extra_distilled_sets_train_together(tmp_path, tiny_target_dir, distilled):
+    from specdraft.train.data import load_distilled
+
+    second = write_distilled(tmp_path / "second", tiny_target_dir, num_rows=5)
+    assert len(load_distilled([str(distilled), str(second)])) == 12 + 5
+    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
+                          extra_distilled=f"[{second}]")
+    summary = run_train(load_recipe(recipe_path))
+    assert summary["train_rows"] + summary["val_rows"] == 17

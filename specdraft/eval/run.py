@@ -97,6 +97,6 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
         "seconds_greedy_hf": greedy_seconds,
         "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
                      "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
-                     "method": loaded.recipe.method_name, "skip_prompts": cfg.skip_prompts, "target": loaded.recipe.target.path,
-                     "draft": str(loaded.source)},
+                     "method": loaded.recipe.method_name, "skip_prompts": cfg.skip_prompts,
+                     "target": loaded.recipe.target.path, "draft": str(loaded.source)},
     }

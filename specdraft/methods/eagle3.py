@@ -25,13 +25,19 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdraft.errors import SpecdraftError
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin
-from specdraft.methods.base import (ChainState, DraftBatch, DraftContext, ExportFormat, LossOutput, MethodSpec,
-                                    TargetInfo)
+from specdraft.methods.base import (
+    ChainState,
+    DraftBatch,
+    DraftContext,
+    ExportFormat,
+    LossOutput,
+    MethodSpec,
+    TargetInfo,
+)
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 

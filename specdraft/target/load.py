@@ -50,7 +50,7 @@ def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
             raise SpecdraftError(f"target GGUF file not found: {path}")
         return str(local.parent), local
     if local.exists() and not local.is_dir():
-        raise SpecdraftError(f"target path {path!r} is a file but not a .gguf file; give a directory, a hub id or .gguf")
+        raise SpecdraftError(f"target path {path!r} is a file but not .gguf; give a directory, hub id or .gguf file")
     if path.startswith((".", "/", "~")) and not local.is_dir():
         raise SpecdraftError(f"target directory not found: {path}")
     return (str(local) if local.is_dir() else path), None
