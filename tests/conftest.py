@@ -7,6 +7,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.distilled import write_distilled  # noqa: E402
 from tests.tiny import save_tiny_target  # noqa: E402
 
 
@@ -34,3 +35,9 @@ def tiny_target_dir(tmp_path_factory):
 def _cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_CACHE", os.environ.get("SPECDRAFT_CACHE") or
                        str(tmp_path_factory.getbasetemp() / "specdraft-cache"))
+
+
+@pytest.fixture(scope="session")
+def distilled(tiny_target_dir, tmp_path_factory):
+    """A distilled dataset (12 rows) of the tiny target's own greedy answers."""
+    return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)

@@ -13,12 +13,7 @@ from specdraft.train.trainer import run_train
 from tests.distilled import write_distilled
 
 
-@pytest.fixture(scope="module")
-def distilled(tiny_target_dir, tmp_path_factory):
-    return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)
-
-
-def _recipe(tmp_path, target_dir, distill_dir, **train):
+def make_recipe(tmp_path, target_dir, distill_dir, **train):
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text("".join(json.dumps({"turns": [f"question {i}?"]}) + "\n" for i in range(3)))
     train_yaml = ", ".join(f"{k}: {v}" for k, v in {"output_dir": tmp_path / "run", "max_steps": 20,
@@ -37,7 +32,7 @@ eval: {{prompts: {prompts}, max_new_tokens: 24, num_draft_tokens: 3}}
 
 
 def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
-    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled)
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled)
     assert cli.main(["train", str(recipe_path)]) == 0
     run = tmp_path / "run"
     assert (run / "recipe.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
@@ -64,7 +59,7 @@ class _Crash(L.Callback):
 
 def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, distilled, monkeypatch):
     (tmp_path / "a").mkdir()
-    straight = _recipe(tmp_path / "a", tiny_target_dir, distilled)
+    straight = make_recipe(tmp_path / "a", tiny_target_dir, distilled)
     run_train(load_recipe(straight))
     build = trainer_module.build_trainer
 
@@ -74,7 +69,7 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, dis
         return trainer
 
     (tmp_path / "b").mkdir()
-    resumed = _recipe(tmp_path / "b", tiny_target_dir, distilled, resume="auto")
+    resumed = make_recipe(tmp_path / "b", tiny_target_dir, distilled, resume="auto")
     monkeypatch.setattr(trainer_module, "build_trainer", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_train(load_recipe(resumed))
@@ -95,7 +90,7 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, dis
     (["train", "{recipe}", "distill.output_dir={tmp}/empty"], "no distilled dataset"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, tiny_target_dir, distilled, capsys, argv, message):
-    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
     if "{run}" in argv:
         assert cli.main(["train", str(recipe_path)]) == 0
     capsys.readouterr()
@@ -108,7 +103,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, tiny_target_dir, distilled, c
 
 
 def test_corrupt_safetensors_is_a_clean_error(tmp_path, tiny_target_dir, distilled, capsys):
-    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
     assert cli.main(["train", str(recipe_path)]) == 0
     (tmp_path / "run" / "best" / "draft.safetensors").write_bytes(b"\x00garbage")
     capsys.readouterr()
@@ -121,7 +116,7 @@ def test_extra_distilled_sets_train_together(tmp_path, tiny_target_dir, distille
 
     second = write_distilled(tmp_path / "second", tiny_target_dir, num_rows=5)
     assert len(load_distilled([str(distilled), str(second)])) == 12 + 5
-    recipe_path = _recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
                           extra_distilled=f"[{second}]")
     summary = run_train(load_recipe(recipe_path))
     assert summary["train_rows"] + summary["val_rows"] == 17

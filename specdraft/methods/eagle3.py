@@ -154,16 +154,26 @@ class Eagle3Draft(nn.Module):
         self.midlayer = Eagle3DecoderLayer(target, cfg.intermediate_size or target.intermediate_size)
         self.norm = RMSNorm(hidden, target.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
-        cpu = torch.device("cpu")  # explicit: Lightning may build this under a CUDA default-device context
-        counts = ctx.token_counts if ctx.token_counts is not None else torch.zeros(target.vocab_size, device=cpu)
-        draft_ids = build_draft_vocab(counts.to(cpu), vocab)  # [Vd] target ids
-        self.register_buffer("d2t", draft_ids - torch.arange(vocab, device=cpu), persistent=True)  # offsets (SGLang)
-        t2d = torch.zeros(target.vocab_size, dtype=torch.bool, device=cpu)
-        t2d[draft_ids] = True
-        self.register_buffer("t2d", t2d, persistent=True)
+        self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
+        self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)
+        self._set_vocab(ctx.token_counts, vocab, target.vocab_size)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=cfg.init_std)
+
+    def _set_vocab(self, token_counts: Optional[torch.Tensor], draft_vocab: int, target_vocab: int) -> None:
+        """d2t [Vd] offsets (target id - draft id, as SGLang reads them) and t2d [V] membership mask.
+
+        Built on the CPU, then placed on the default device: Lightning may build the draft under a CUDA
+        default-device context, and ZeRO-3 never moves buffers afterwards."""
+        cpu = torch.device("cpu")
+        counts = token_counts.to(cpu) if token_counts is not None else torch.zeros(target_vocab, device=cpu)
+        draft_ids = build_draft_vocab(counts, draft_vocab)  # [Vd] target ids
+        t2d = torch.zeros(target_vocab, dtype=torch.bool, device=cpu)
+        t2d[draft_ids] = True
+        device = torch.get_default_device()
+        self.d2t = (draft_ids - torch.arange(draft_vocab, device=cpu)).to(device)
+        self.t2d = t2d.to(device)
 
     def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)

@@ -37,6 +37,9 @@ class DraftModule(L.LightningModule):
         if self.device.type == "cuda" and dtype == torch.float32 and torch.cuda.is_bf16_supported():
             dtype = torch.bfloat16  # the frozen target in bf16 on GPUs
         self.target_model.to(device=self.device, dtype=dtype)
+        for module in self.draft.modules():  # ZeRO-3 moves parameters but leaves buffers where they were built
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(self.device)
         self._fit_started = time.perf_counter()
 
     def _draft_batch(self, batch) -> DraftBatch:

@@ -52,19 +52,32 @@ class DraftSnapshots(Callback):
         score = float(trainer.callback_metrics[self.monitor])
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         meta = {"step": trainer.global_step, "method": self.recipe.method_name, "metrics": metrics}
+        improved = self.best is None or score > self.best
+        self.best = score if improved else self.best
+        state = full_draft_state(pl_module.draft)  # a collective under ZeRO-3: every rank takes part
         if trainer.is_global_zero:
-            self._write("last", pl_module, meta)
-        if self.best is None or score > self.best:
-            self.best = score
-            if trainer.is_global_zero:
-                self._write("best", pl_module, meta)
+            for name in ("last", "best") if improved else ("last",):
+                self._write(name, state, meta)
 
-    def _write(self, name: str, pl_module, meta: dict):
-        state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
-                 for k, v in pl_module.draft.state_dict().items()}
+    def _write(self, name: str, state: dict, meta: dict):
         with atomic_dir(self.run_dir / name) as tmp:
             save_file(state, str(tmp / SNAPSHOT_FILE))
             write_json(tmp / "meta.json", meta)
+
+
+def full_draft_state(draft: torch.nn.Module) -> dict:
+    """The draft's whole state dict on CPU (float32 floats), gathering ZeRO-3 partitions if there are any."""
+    def to_cpu(module):
+        return {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
+                for k, v in module.state_dict().items()}
+
+    params = list(draft.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        return to_cpu(draft)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        return to_cpu(draft)
 
 
 def _strategy(cfg: TrainConfig):
