@@ -49,6 +49,10 @@ def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
     assert report["lossless"] is True and report["prompts"] == 3
     assert report["tau"] >= 1.0 and len(report["acceptance_by_position"]) == 3
     assert (tmp_path / "ev" / "eval.png").stat().st_size > 0
+    assert sum(report["accepted_histogram"]) == report["cycles"]
+    assert cli.main(["eval", str(run), "--out", str(tmp_path / "ev_run"), "eval.max_prompts=1"]) == 0
+    assert json.loads((tmp_path / "ev_run" / "eval.json").read_text())["settings"]["draft"].endswith(
+        "best/draft.safetensors")
 
 
 class _Crash(L.Callback):

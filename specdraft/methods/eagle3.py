@@ -106,15 +106,15 @@ class Eagle3Attention(nn.Module):
         k = apply_rope(self._split(self.k_proj(x), self.kv_heads), cos, sin)  # [B, kvh, Tq, D]
         v = self._split(self.v_proj(x), self.kv_heads)
         new_kv = (k, v)
-        layers = cache + [new_kv]  # the first call of a chain writes the step-0 keys
+        steps_kv = cache + [new_kv]  # the first call of a chain writes the step-0 keys
         groups = self.heads // self.kv_heads
         scale = 1.0 / math.sqrt(self.head_dim)
-        k0, v0 = (repeat_kv(t, groups) for t in layers[0])  # [B, h, T0, D]
+        k0, v0 = (repeat_kv(t, groups) for t in steps_kv[0])  # [B, h, T0, D]
         scores = [torch.matmul(q, k0.transpose(-1, -2)) * scale]  # [B, h, Tq, T0]
         causal = torch.arange(k0.shape[2], device=x.device)[None, :] <= query_cols[:, None]  # [Tq, T0]
         scores[0] = scores[0].masked_fill(~causal, float("-inf"))
         diag_values = []
-        for k_j, v_j in layers[1:]:
+        for k_j, v_j in steps_kv[1:]:
             scores.append((q * repeat_kv(k_j, groups)).sum(-1, keepdim=True) * scale)  # [B, h, Tq, 1]
             diag_values.append(repeat_kv(v_j, groups))
         probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
@@ -164,8 +164,8 @@ class Eagle3Draft(nn.Module):
     def _set_vocab(self, token_counts: Optional[torch.Tensor], draft_vocab: int, target_vocab: int) -> None:
         """d2t [Vd] offsets (target id - draft id, as SGLang reads them) and t2d [V] membership mask.
 
-        Built on the CPU, then placed on the default device: Lightning may build the draft under a CUDA
-        default-device context, and ZeRO-3 never moves buffers afterwards."""
+        Built on the CPU, then placed on the default device (Lightning may build the draft under a CUDA
+        default-device context, where the counts still live on the CPU)."""
         cpu = torch.device("cpu")
         counts = token_counts.to(cpu) if token_counts is not None else torch.zeros(target_vocab, device=cpu)
         draft_ids = build_draft_vocab(counts, draft_vocab)  # [Vd] target ids

@@ -1,0 +1,32 @@
+"""tools/merge_eval.py: reports of disjoint prompt ranges merge into the report of the whole range. CPU."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from specdraft.eval.chain import acceptance_by_position
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "merge_eval.py"
+
+
+def _merge():
+    spec = importlib.util.spec_from_file_location("merge_eval", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.merge
+
+
+def _report(accepted, k=3):
+    return {"tau": sum(a + 1 for a in accepted) / len(accepted), "cycles": len(accepted),
+            "acceptance_by_position": acceptance_by_position(accepted, k),
+            "accepted_histogram": [accepted.count(a) for a in range(k + 1)], "lossless": True, "prompts": 1,
+            "lossless_prompts": 1, "new_tokens": 5, "seconds_speculative": 1.0, "seconds_greedy_hf": 2.0,
+            "settings": {"num_draft_tokens": k}}
+
+
+def test_merge_equals_the_report_of_all_cycles():
+    first, second = [0, 3, 1, 2], [3, 3, 0]
+    merged, whole = _merge()([_report(first), _report(second)]), _report(first + second)
+    assert merged["tau"] == pytest.approx(whole["tau"])
+    assert merged["acceptance_by_position"] == pytest.approx(whole["acceptance_by_position"])
+    assert merged["prompts"] == 2 and merged["lossless"] is True
