@@ -63,3 +63,13 @@ def test_missing_recipe_file(tmp_path):
 def test_overrides_apply_and_types_coerce(tmp_path):
     recipe = load_recipe(_write(tmp_path, BASE), ["train.max_steps=7", "method.ttt_steps=2", "data.prompts=[a,b]"])
     assert recipe.train.max_steps == 7 and recipe.method.ttt_steps == 2 and recipe.data.prompts == ["a", "b"]
+
+
+def test_recipe_reference_is_current():
+    """docs/recipes.md is generated from the config dataclasses' field docstrings."""
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_recipe_reference.py"
+    result = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True)
+    assert result.returncode == 0, "docs/recipes.md is stale: run python tools/gen_recipe_reference.py"
