@@ -26,6 +26,7 @@ from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, shards
 from specdraft.data.sources import Conversation, load_conversations
 from specdraft.errors import SpecdraftError
 from specdraft.io import TMP_PREFIX, atomic_dir, write_json
+from specdraft.target.load import eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +120,6 @@ def generation_kwargs(cfg: DistillConfig, eos_ids: List[int], pad_id: int) -> di
             "temperature": cfg.temperature if sampling else 1.0, "top_p": cfg.top_p if sampling else 1.0,
             "top_k": 0 if sampling else 50, "repetition_penalty": 1.0,
             "eos_token_id": eos_ids, "pad_token_id": pad_id}
-
-
-def eos_token_ids(model, tokenizer) -> List[int]:
-    """The tokenizer's EOS plus any the model's generation_config adds (chat models often stop on several)."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    configured = configured if isinstance(configured, list) else [configured]
-    return sorted({i for i in [tokenizer.eos_token_id, *configured] if i is not None})
 
 
 def left_pad(prompts: List[List[int]], pad_id: int, device) -> tuple:

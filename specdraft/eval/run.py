@@ -17,6 +17,7 @@ from specdraft.eval.chain import acceptance_by_position, chain_generate
 from specdraft.eval.plot import plot_acceptance
 from specdraft.io import write_json
 from specdraft.target import load_target
+from specdraft.target.load import eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,6 @@ def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
     return prompts
 
 
-def _eos_ids(target) -> List[int]:
-    eos = target.model.generation_config.eos_token_id
-    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    ids.add(target.tokenizer.eos_token_id)
-    return sorted(i for i in ids if i is not None)
-
-
 def _greedy(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List[int]) -> List[int]:
     out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
                                 max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
@@ -61,7 +55,7 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
                              f"{target.info.vocab_size}")
     draft = loaded.draft.to(device=device, dtype=target.model.dtype)
     layers = loaded.spec.feature_layers(loaded.method_cfg, target.info)
-    eos_ids = _eos_ids(target)
+    eos_ids = eos_token_ids(target.model, target.tokenizer)
     prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
     for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):

@@ -134,6 +134,13 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path))
 
 
+def eos_token_ids(model, tokenizer) -> list:
+    """The tokenizer's EOS plus any the model's generation_config adds (chat models often stop on several)."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    configured = configured if isinstance(configured, list) else [configured]
+    return sorted({i for i in [tokenizer.eos_token_id, *configured] if i is not None})
+
+
 def target_provenance(cfg: TargetConfig) -> dict:
     return {"target": cfg.path, "target_revision": cfg.revision}
 
