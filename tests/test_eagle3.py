@@ -104,3 +104,20 @@ def test_hf_export_names_sglang_layers(target):
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 1, 0]  # L=4: inputs of 2, 2, 1
     assert "midlayer.self_attn.q_proj.weight" in tensors
     assert tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * target.info.hidden_size
+
+
+def test_loss_is_the_same_with_reference_kernels(target, monkeypatch):
+    cfg, draft = _draft(target)
+    ids = torch.randint(0, 250, (2, 20))
+    ones = torch.ones_like(ids)
+    feats = capture_features(target.model, ids, ones, SPEC.feature_layers(cfg, target.info))
+    batch = DraftBatch(input_ids=ids, loss_mask=ones, attention_mask=ones, features=feats)
+    results = []
+    for kernels in ("auto", "reference"):
+        monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+        draft.zero_grad()
+        out = SPEC.loss(draft, batch, cfg)
+        out.loss.backward()
+        results.append((out.loss.detach(), draft.fc.weight.grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin
 from specdraft.methods.base import (
     ChainState,
@@ -198,13 +199,6 @@ def _fused_features(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor]) 
     return draft.fc(aux.to(draft.fc.weight.dtype))  # [B, T, H]
 
 
-def _target_draft_probs(draft: Eagle3Draft, target_logits: torch.Tensor):
-    """[B, T, V] -> target probs over the draft vocabulary [B, T, Vd] and whether the argmax is in it [B, T]."""
-    in_vocab = draft.t2d[target_logits.argmax(-1)]
-    target_probs = torch.softmax(target_logits[..., draft.draft_ids()].float(), dim=-1)
-    return target_probs, in_vocab
-
-
 def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int):
     """Training-time test: yields each step's draft logits [B, T, Vd]; column t of step j predicts x[t+2+j]."""
     embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
@@ -218,22 +212,25 @@ def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps
 
 
 def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> LossOutput:
-    """Soft cross-entropy over the TTT unroll, decayed by step; metrics acc@k (teacher-forced) and tau_sim."""
+    """Soft cross-entropy over the TTT unroll, decayed by step; metrics acc@k (teacher-forced) and tau_sim.
+
+    The teacher is the target's distribution over the draft vocabulary; positions whose target argmax lies
+    outside it carry no loss (FR-Spec) and count as rejected in the metrics."""
     feats = batch.features
-    target_probs_all, in_vocab_all = _target_draft_probs(draft, feats.logits)  # [B, T, Vd], [B, T]
-    valid_all = (batch.loss_mask * batch.attention_mask).to(target_probs_all.dtype)  # [B, T]
-    loss = torch.zeros((), device=target_probs_all.device)
+    target_logits_all = feats.logits[..., draft.draft_ids()]  # [B, T, Vd] in the target's dtype
+    in_vocab_all = draft.t2d[feats.logits.argmax(-1)]  # [B, T]
+    valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]
+    loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
     for step, draft_logits in enumerate(ttt_unroll(draft, feats.hidden_states, cfg.ttt_steps)):
-        target_probs = _shift_left(target_probs_all, step + 1)  # the target's view at t+1+step
+        target_logits = _shift_left(target_logits_all, step + 1)  # the target's view at t+1+step
         in_vocab = _shift_left(in_vocab_all, step + 1)
         mask = _shift_left(valid_all, step + 2)  # the predicted token x[t+2+step] is an answer token
-        draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)  # [B, T, Vd]
-        token_loss = -(target_probs * draft_logp).sum(-1)  # [B, T]
-        loss_mask = mask * in_vocab
-        loss = loss + cfg.step_loss_decay ** step * (token_loss * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+        loss_mask = mask * in_vocab  # [B, T]
+        step_loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_logits.flatten(0, 1), loss_mask.flatten())
+        loss = loss + cfg.step_loss_decay ** step * step_loss / loss_mask.sum().clamp(min=1)
         with torch.no_grad():
-            correct = (draft_logp.argmax(-1) == target_probs.argmax(-1)) & in_vocab & (mask > 0)
+            correct = (draft_logits.argmax(-1) == target_logits.argmax(-1)) & in_vocab & (mask > 0)
             metrics[f"acc@{step + 1}"] = (correct.float() * mask).sum() / mask.sum().clamp(min=1)
             chain_alive = correct if chain_alive is None else chain_alive & correct
             chain_len = chain_len + chain_alive.float()
