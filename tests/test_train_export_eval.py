@@ -38,7 +38,8 @@ def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
     assert (run / "recipe.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     meta = json.loads((run / "best" / "meta.json").read_text())
     assert meta["metrics"]["val/tau_sim"] >= 1.0 and "val/acc@1" in meta["metrics"]
-    assert json.loads((run / "train_summary.json").read_text())["steps"] == 20
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["steps"] == 20 and summary["tokens"] == 20 * 4 * 32  # steps x micro-batch x row length
     for fmt in ("hf", "speculators"):
         assert cli.main(["export", str(run), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
         config = json.loads((tmp_path / fmt / "config.json").read_text())

@@ -48,9 +48,13 @@ class DraftModule(L.LightningModule):
         return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
                           attention_mask=batch["attention_mask"], features=features)
 
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        if self.trainer.training:  # counted on the CPU, before the copy: no device sync in the step
+            self._tokens_seen += int(batch["attention_mask"].sum()) * self.trainer.world_size
+        return batch
+
     def training_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
-        self._tokens_seen += int(batch["attention_mask"].sum()) * self.trainer.world_size
         elapsed = time.perf_counter() - self._fit_started
         self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
         self.log("train/tokens_per_s", self._tokens_seen / max(elapsed, 1e-9), prog_bar=True)
