@@ -121,3 +121,17 @@ def test_loss_is_the_same_with_reference_kernels(target, monkeypatch):
         results.append((out.loss.detach(), draft.fc.weight.grad.clone()))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_teacher_logits_equal_the_targets_own(target):
+    """The teacher computed from the final hidden state and LM-head rows equals the HF forward's logits."""
+    ids = torch.randint(0, 250, (2, 9))
+    feats = capture_features(target.model, ids, torch.ones_like(ids), [1])
+    with torch.no_grad():
+        full_logits = target.model(input_ids=ids).logits  # [B, T, V]
+    vocab_ids = torch.tensor([3, 17, 40, 41, 300])
+    torch.testing.assert_close(feats.logits_for(vocab_ids), full_logits[..., vocab_ids], rtol=1e-4, atol=1e-4)
+    mask = torch.zeros(full_logits.shape[-1], dtype=torch.bool)
+    mask[::3] = True
+    expected = mask[full_logits.argmax(-1)]
+    assert torch.equal(feats.argmax_in(mask, vocab_chunk=7), expected)

@@ -72,8 +72,29 @@ class TargetFeatures:
 
     hidden_states: Dict[int, torch.Tensor]
     """Index i -> input of decoder layer i, [B, T, H] (index 0 is the token embeddings, L the final pre-norm state)."""
-    logits: Optional[torch.Tensor] = None
-    """[B, T, V] the target's next-token logits (training only)."""
+    final_hidden: Optional[torch.Tensor] = None
+    """[B, T, H] the last hidden state after the final norm (training only): logits = final_hidden @ lm_head.T."""
+    lm_head: Optional[torch.Tensor] = None
+    """[V, H] the target's LM head weight, so that a method computes only the logits it needs."""
+
+    def logits_for(self, vocab_ids: torch.Tensor) -> torch.Tensor:
+        """The target's logits over `vocab_ids` [Vd] only -> [B, T, Vd] (no [B, T, V] tensor)."""
+        return self.final_hidden @ self.lm_head[vocab_ids].T
+
+    def argmax_in(self, vocab_mask: torch.Tensor, vocab_chunk: int = 16384) -> torch.Tensor:
+        """Whether the target's argmax over its whole vocabulary lies in `vocab_mask` [V] -> [B, T] bool.
+
+        Scans the vocabulary in chunks of `vocab_chunk` rows of the LM head, so no [B, T, V] logits exist."""
+        best_value = best_index = None
+        for start in range(0, self.lm_head.shape[0], vocab_chunk):
+            chunk_max, chunk_index = (self.final_hidden @ self.lm_head[start:start + vocab_chunk].T).max(-1)
+            if best_value is None:
+                best_value, best_index = chunk_max, chunk_index
+            else:  # strict >: ties keep the lower id, as argmax does
+                better = chunk_max > best_value
+                best_value = torch.where(better, chunk_max, best_value)
+                best_index = torch.where(better, chunk_index + start, best_index)
+        return vocab_mask[best_index]
 
 
 @dataclass

@@ -217,8 +217,8 @@ def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> Los
     The teacher is the target's distribution over the draft vocabulary; positions whose target argmax lies
     outside it carry no loss (FR-Spec) and count as rejected in the metrics."""
     feats = batch.features
-    target_logits_all = feats.logits[..., draft.draft_ids()]  # [B, T, Vd] in the target's dtype
-    in_vocab_all = draft.t2d[feats.logits.argmax(-1)]  # [B, T]
+    target_logits_all = feats.logits_for(draft.draft_ids())  # [B, T, Vd] in the target's dtype
+    in_vocab_all = feats.argmax_in(draft.t2d)  # [B, T]
     valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]
     loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
