@@ -2,7 +2,6 @@
 against the target's own greedy output token for token. Writes eval.json and eval.png."""
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -18,8 +17,6 @@ from specdraft.eval.plot import plot_acceptance
 from specdraft.io import write_json
 from specdraft.target import load_target
 from specdraft.target.load import eos_token_ids
-
-log = logging.getLogger(__name__)
 
 
 def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:

@@ -102,9 +102,12 @@ def _local_or_hub(cfg: TargetConfig) -> str:
 
 
 def load_tokenizer(cfg: TargetConfig, require_chat_template: bool = True):
+    return _tokenizer_from(_local_or_hub(cfg), cfg, require_chat_template)
+
+
+def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool):
     from transformers import AutoTokenizer
 
-    source = _local_or_hub(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, revision=cfg.revision,
                                                   trust_remote_code=cfg.trust_remote_code)
@@ -122,8 +125,8 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     """The frozen target in eval mode on `device`, its tokenizer and its geometry."""
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(cfg, require_chat_template)
-    source = _local_or_hub(cfg)
+    source = _local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
+    tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,

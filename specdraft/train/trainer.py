@@ -9,7 +9,6 @@ RUN_DIR (train.output_dir)/
 """
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Optional
@@ -29,8 +28,6 @@ from specdraft.methods.base import DraftContext
 from specdraft.target import load_target
 from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_indices
 from specdraft.train.module import DraftModule
-
-log = logging.getLogger(__name__)
 
 
 class DraftSnapshots(Callback):
