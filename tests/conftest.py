@@ -4,8 +4,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if not torch.cuda.is_available():  # Triton kernels are tested on the CPU through its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from tests.distilled import write_distilled  # noqa: E402
 from tests.tiny import save_tiny_target  # noqa: E402

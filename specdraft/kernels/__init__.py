@@ -2,10 +2,26 @@
 
 Each op lives in `kernels/<op>/`: `reference.py` (the spec, short, shape comments), the fast version, and an
 `__init__.py` exposing one function that dispatches. `SPECDRAFT_KERNELS=reference` forces the references.
+Triton kernels run on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1` (how CI tests them).
 """
+import importlib.util
 import os
+
+import torch
 
 
 def use_reference() -> bool:
     """True when SPECDRAFT_KERNELS=reference asks every op for its reference implementation."""
     return os.environ.get("SPECDRAFT_KERNELS", "auto") == "reference"
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether an op on `tensor` runs its Triton kernel: Triton is installed, the references are not forced,
+    and the tensor is on a CUDA device (or Triton interprets kernels on the CPU)."""
+    if use_reference() or importlib.util.find_spec("triton") is None:
+        return False
+    return tensor.is_cuda or triton_interpreting()
