@@ -1,0 +1,53 @@
+"""What the runtime needs from a method at inference: a `Drafter`, built by the method spec's `runtime` hook
+(`spec.runtime(draft, cfg, target_model) -> Drafter`).
+
+The engine owns the target, its static KV cache and the draft tree; a drafter owns its draft's own caches.
+Positions are sequence positions: the confirmed tokens are x_0..x_n, where the root x_n is the newest one (the
+target has not run on it yet); a node at depth d of the tree (its token is the d-th drafted token) has
+position n + d. One draft-verify cycle (batch 1) calls, in order:
+
+  ingest(features, next_tokens, start, count)
+      Positions start..start+count-1 were just run through the target: features[i] [M, H] are the target's
+      hidden states there (input of decoder layer i, for i in `feature_layers`) and next_tokens [M] the token
+      that follows each position (the last valid one is the new root x_n). Rows >= count are padding (static
+      shapes for CUDA graphs). After it, the drafter's confirmed prefix is slots 0..n-1 of its caches.
+  first(root_token, position) -> (logits [1, Vd], hidden [1, Hd])
+      The draft's distribution for depth 1. A drafter that runs on the root token writes its KV at scratch
+      slot 0 (cache slot n); one that has it from `ingest` (EAGLE-3) writes nothing there.
+  step(depth, hidden, tokens, positions, scratch_slots, scratch_visible) -> (logits [k, Vd], hidden [k, Hd])
+      k frontier nodes at `depth` (a Python int, 1-based): `hidden` [k, Hd] is each node's parent's output,
+      `tokens` [k] and `positions` [k] the nodes' own, `scratch_slots` [k] int64 where their KV goes in the
+      scratch region (cache slot n + scratch_slots), `scratch_visible` [k, W] bool the scratch slots each may
+      attend to (its ancestors, scratch slot 0 = the root, and itself); the whole confirmed prefix 0..n-1 is
+      visible too. A drafter that wrote nothing at scratch slot 0 must ignore that column.
+
+Every tensor argument is on the engine's device and every shape is static for a given (k, depth, W), so the
+engine can capture `ingest`, `first` and `step` in CUDA graphs: no host syncs, no data-dependent shapes.
+Draft vocabulary index i is target token i + d2t[i].
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Protocol, Tuple
+
+import torch
+
+
+class Drafter(Protocol):
+    feature_layers: List[int]
+    """Target hidden-state indices (input of decoder layer i; 0 = embeddings) that `ingest` reads."""
+    d2t: torch.Tensor
+    """[Vd] int64 offsets: target id of draft index i is i + d2t[i]."""
+
+    def allocate(self, max_len: int, scratch: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Static caches for `max_len` confirmed slots plus `scratch` drafting slots; resets the prefix."""
+
+    def ingest(self, features: Dict[int, torch.Tensor], next_tokens: torch.Tensor, start: torch.Tensor,
+               count: torch.Tensor) -> None:
+        """features {i: [M, H]}, next_tokens [M], start [1], count [1] (both int64)."""
+
+    def first(self, root_token: torch.Tensor, position: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """root_token [1], position [1] -> (logits [1, Vd], hidden [1, Hd])."""
+
+    def step(self, depth: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+             scratch_slots: torch.Tensor, scratch_visible: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """hidden [k, Hd], tokens [k], positions [k], scratch_slots [k], scratch_visible [k, W]."""
