@@ -211,18 +211,19 @@ def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps
         yield draft.logits(hidden)
 
 
-def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> LossOutput:
+def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config, unroll=ttt_unroll) -> LossOutput:
     """Soft cross-entropy over the TTT unroll, decayed by step; metrics acc@k (teacher-forced) and tau_sim.
 
     The teacher is the target's distribution over the draft vocabulary; positions whose target argmax lies
-    outside it carry no loss (FR-Spec) and count as rejected in the metrics."""
+    outside it carry no loss (FR-Spec) and count as rejected in the metrics. `unroll(draft, hidden_states,
+    steps)` yields each step's logits (PosS passes its own, which routes steps through its specialists)."""
     feats = batch.features
     target_logits_all = feats.logits_for(draft.draft_ids())  # [B, T, Vd] in the target's dtype
     in_vocab_all = feats.argmax_in(draft.t2d)  # [B, T]
     valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]
     loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
-    for step, draft_logits in enumerate(ttt_unroll(draft, feats.hidden_states, cfg.ttt_steps)):
+    for step, draft_logits in enumerate(unroll(draft, feats.hidden_states, cfg.ttt_steps)):
         target_logits = _shift_left(target_logits_all, step + 1)  # the target's view at t+1+step
         in_vocab = _shift_left(in_vocab_all, step + 1)
         mask = _shift_left(valid_all, step + 2)  # the predicted token x[t+2+step] is an answer token
