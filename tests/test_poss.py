@@ -163,3 +163,17 @@ def test_hf_export_says_which_specialist_serves_which_depth(target):
     assert rebuilt_cfg == cfg
     for name, value in draft.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[name], value), name
+
+
+def test_trainer_initialises_from_eagle3(tmp_path, tiny_target_dir, target):
+    from specdraft.config import TrainConfig
+    from specdraft.train.module import DraftModule
+
+    source, eagle3 = _eagle3_export(tmp_path, tiny_target_dir, target, ttt_steps=3, draft_vocab_size=300)
+    cfg = SPEC.config(ttt_steps=3, draft_vocab_size=300, num_specialists=3, positions_per_specialist=1,
+                      init_from=str(source))
+    module = DraftModule(SPEC, cfg, TrainConfig(), DraftContext(target.info, _counts(target)), target.model)
+    module.configure_model()
+    for layer in module.draft.specialists:
+        torch.testing.assert_close(layer.self_attn.q_proj.weight, eagle3.midlayer.self_attn.q_proj.weight)
+    torch.testing.assert_close(module.draft.fc.weight, eagle3.fc.weight)
