@@ -151,3 +151,5 @@ class MethodSpec:
     """(config.json, tensors, target) of an `hf` export -> (cfg, draft) ready for evaluation."""
     param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
     """Optimizer groups; default: every parameter that requires grad."""
+    runtime: Optional[Callable[[nn.Module, Any, Any], Any]] = None
+    """(draft, cfg, runtime target model) -> a `specdraft.runtime.drafter.Drafter`; None: no fast runtime."""
