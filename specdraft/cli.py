@@ -4,6 +4,8 @@
     specdraft train RECIPE [key=value ...]
     specdraft export RUN_DIR --format hf|speculators --out DIR
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
+    specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
+    specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
 """
 from __future__ import annotations
 
@@ -45,6 +47,58 @@ def _eval(args) -> dict:
     return report
 
 
+def _runtime_args(cmd) -> None:
+    cmd.add_argument("path", help="an export directory (or a training run directory)")
+    cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
+    cmd.add_argument("--device", default="auto")
+    cmd.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    cmd.add_argument("--depth", type=int, default=6, help="drafted tokens on the longest path")
+    cmd.add_argument("--topk", type=int, default=8, help="children per expanded node (1: a chain)")
+    cmd.add_argument("--budget", type=int, default=48, help="tree nodes verified, the root included")
+    cmd.add_argument("--chain", action="store_true", help="a chain of --depth drafts (same as --topk 1)")
+    cmd.add_argument("--max-len", type=int, default=2048, help="KV-cache slots (prompt + answer + tree)")
+    cmd.add_argument("--no-cuda-graphs", action="store_true")
+    cmd.add_argument("--max-new-tokens", type=int, default=256)
+    cmd.add_argument("--seed", type=int, default=0)
+
+
+def _load_runtime(args):
+    from specdraft.runtime.load import load_runtime
+    from specdraft.runtime.tree import TreeShape
+
+    shape = TreeShape.chain(args.depth) if args.chain or args.topk == 1 else TreeShape(args.depth, args.topk,
+                                                                                        args.budget)
+    return load_runtime(args.path, args.target, args.device, args.dtype, shape.validated(), args.max_len,
+                        False if args.no_cuda_graphs else None)
+
+
+def _generate(args) -> None:
+    import torch
+
+    runtime = _load_runtime(args)
+    generator = torch.Generator(device=runtime.engine.device).manual_seed(args.seed)
+    result = runtime.engine.generate(runtime.encode_chat(args.prompt), args.max_new_tokens, runtime.eos_ids,
+                                     temperature=args.temperature, generator=generator)
+    text = runtime.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    print(text)
+    tau = sum(a + 1 for a in result.accepted) / max(1, len(result.accepted))
+    print(f"specdraft: {len(result.tokens)} tokens in {result.seconds:.2f} s "
+          f"({len(result.tokens) / max(result.seconds, 1e-9):.1f} tokens/s), tau={tau:.2f}", file=sys.stderr)
+    return None
+
+
+def _bench(args) -> dict:
+    from specdraft.runtime.bench import BenchSettings, format_table, run_bench
+
+    runtime = _load_runtime(args)
+    settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
+                             temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
+                             trace=args.trace, **({"prompts": args.prompts} if args.prompts else {}))
+    report = run_bench(runtime, settings, args.out)
+    print(format_table(report), file=sys.stderr)
+    return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", default=None, help="where eval.json and eval.png go (default: PATH)")
     evaluate.add_argument("overrides", nargs="*", help="recipe overrides, e.g. eval.max_prompts=10")
     evaluate.set_defaults(func=_eval)
+    generate = sub.add_parser("generate", help="one completion with speculative decoding (text on stdout)")
+    _runtime_args(generate)
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.set_defaults(func=_generate)
+    bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate")
+    _runtime_args(bench)
+    bench.add_argument("--prompts", default=None, help="prompt file (default: MT-bench's questions)")
+    bench.add_argument("--max-prompts", type=int, default=None)
+    bench.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    bench.add_argument("--out", default="bench")
+    bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
+    bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    bench.set_defaults(func=_bench)
     return parser
 
 
@@ -81,7 +149,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except SpecdraftError as err:
         print(f"specdraft: error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, default=str))
+    if result is not None:
+        print(json.dumps(result, default=str))
     return 0
 
 

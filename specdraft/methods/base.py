@@ -158,3 +158,5 @@ class MethodSpec:
     draft is built or loaded; those parts are never saved, exported or trained."""
     param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
     """Optimizer groups; default: every parameter that requires grad."""
+    runtime: Optional[Callable[[nn.Module, Any, Any], Any]] = None
+    """(draft, cfg, runtime target model) -> a `specdraft.runtime.drafter.Drafter`; None: no fast runtime."""

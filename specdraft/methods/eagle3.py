@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specdraft.errors import SpecdraftError
@@ -354,6 +355,73 @@ def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
     return cfg, draft
 
 
+class Eagle3Drafter:
+    """The runtime's EAGLE-3 drafter (specdraft/runtime/drafter.py): one draft KV cache of step-0 keys.
+
+    Column t of the confirmed prefix holds the keys of (fused target features at t, token t+1) at rotary
+    position t, as TTT step 0 wrote them in training; a tree node at depth d (sequence position n + d) is
+    TTT step d at column n - 1, so its rotary position is n - 1 + d and it sees the prefix plus its ancestors.
+    """
+
+    def __init__(self, draft: Eagle3Draft, target_model):
+        self.draft, self.embed = draft, target_model.embed
+        self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
+        attn = draft.midlayer.self_attn
+        self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
+
+    def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
+        self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
+        self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
+
+    def state_tensors(self):
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
+
+    def _layer(self, hidden, embeds, rope_positions, slots, visible):
+        """hidden, embeds [M, H]; rope_positions, slots [M]; visible [M, S] -> [M, H]: the midlayer, cached."""
+        layer, attn, m = self.draft.midlayer, self.draft.midlayer.self_attn, hidden.shape[0]
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [M, 2H]
+        cos, sin = rope_cos_sin(rope_positions, self.head_dim, self.theta, x.dtype)  # [M, D]
+        q = apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)  # [Hq, M, D]
+        k = apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1), cos, sin)  # [Hkv, M, D]
+        self.k_cache.index_copy_(1, slots, k)
+        self.v_cache.index_copy_(1, slots, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1))
+        out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
+                                             enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
+        hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(m, -1))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def ingest(self, features, next_tokens, start, count) -> None:
+        m, slots_all = next_tokens.shape[0], torch.arange(self.k_cache.shape[1], device=next_tokens.device)
+        aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
+        hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
+        columns = start + torch.arange(m, device=next_tokens.device)  # [M]
+        visible = slots_all[None, :] <= columns[:, None]  # [M, S] causal over the prefix
+        hidden = self._layer(hidden, self.embed(next_tokens).to(hidden.dtype), columns, columns, visible)
+        self.last_hidden.copy_(hidden[count - 1])
+        self.prefix_len.copy_(start + count)
+
+    def first(self, root_token, position):
+        return self.draft.logits(self.last_hidden), self.last_hidden
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        slots_all = torch.arange(self.k_cache.shape[1], device=tokens.device)
+        relative = slots_all - self.prefix_len  # [S]
+        width = scratch_visible.shape[1]
+        own = scratch_visible.clone()
+        own[:, 0] = False  # nothing of ours at the root's slot
+        in_scratch = own[:, relative.clamp(0, width - 1)] & (relative >= 0) & (relative < width)  # [k, S]
+        visible = in_scratch | (relative < 0)
+        out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,
+                          self.prefix_len + scratch_slots, visible)
+        return self.draft.logits(out), out
+
+
+def eagle3_runtime(draft: Eagle3Draft, cfg: Eagle3Config, target_model) -> Eagle3Drafter:
+    return Eagle3Drafter(draft, target_model)
+
+
 SPEC = MethodSpec(
     name="eagle3",
     config=Eagle3Config,
@@ -364,4 +432,5 @@ SPEC = MethodSpec(
     exports={"hf": ExportFormat(write=eagle3_to_hf, required_keys=eagle3_hf_keys),
              "speculators": ExportFormat(write=eagle3_to_speculators, required_keys=eagle3_speculators_keys)},
     from_export=eagle3_from_export,
+    runtime=eagle3_runtime,
 )

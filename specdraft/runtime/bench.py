@@ -1,0 +1,184 @@
+"""`specdraft bench`: speculative decoding against plain decoding in this runtime and against Hugging Face
+`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+from specdraft.config import EvalConfig
+from specdraft.data.sources import load_conversations
+from specdraft.errors import SpecdraftError
+from specdraft.eval.chain import acceptance_by_position
+from specdraft.io import write_json
+from specdraft.runtime.load import Runtime
+from specdraft.runtime.profile import profile_cycles
+
+
+@dataclass
+class BenchSettings:
+    prompts: str = EvalConfig.prompts
+    max_prompts: Optional[int] = None
+    max_new_tokens: int = 256
+    temperatures: Sequence[float] = (0.0, 1.0)
+    seed: int = 0
+    hf_baseline: bool = True
+    trace: bool = False
+
+
+def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
+    conversations = load_conversations([prompts], max_prompts)
+    turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
+    encoded = [runtime.encode_chat(text) for text in turns if text]
+    if not encoded:
+        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
+    return encoded
+
+
+def _hf_generate(runtime: Runtime, prompt: List[int], max_new_tokens: int, temperature: float) -> List[int]:
+    model, device = runtime.target.model, runtime.engine.device
+    ids = torch.tensor([prompt], device=device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else \
+        {"do_sample": False}
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         eos_token_id=runtime.eos_ids, pad_token_id=runtime.target.tokenizer.pad_token_id, **sampling)
+    return out[0, len(prompt):].tolist()
+
+
+def _timed(fn, device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    result = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result, time.perf_counter() - started
+
+
+def _run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, temperature: float,
+                     traces: List[dict]) -> dict:
+    engine, device = runtime.engine, runtime.engine.device
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    n_new = settings.max_new_tokens
+    for mode in ("plain", "spec"):  # warm-up: CUDA graphs are captured here, not in a timed run
+        run = engine.decode_plain if mode == "plain" else engine.generate
+        run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
+    totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0]}
+    accepted, same_as_plain, plain_matches_hf = [], 0, 0
+    for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
+        plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
+        spec = engine.generate(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
+                               trace=settings.trace)
+        for name, result in (("plain", plain), ("spec", spec)):
+            totals[name][0] += len(result.tokens)
+            totals[name][1] += result.seconds
+        accepted += spec.accepted
+        same_as_plain += spec.tokens == plain.tokens
+        traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
+        if settings.hf_baseline:
+            hf_tokens, seconds = _timed(lambda: _hf_generate(runtime, prompt, n_new, temperature), device)
+            totals["hf"][0] += len(hf_tokens)
+            totals["hf"][1] += seconds
+            plain_matches_hf += hf_tokens == plain.tokens
+    return _summary(runtime, totals, accepted, same_as_plain, plain_matches_hf, len(prompts), temperature, settings)
+
+
+def _summary(runtime, totals, accepted, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):
+    speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
+    depth = runtime.engine.shape.depth
+    greedy = temperature == 0
+    return {
+        "temperature": temperature,
+        "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
+        "acceptance_by_position": acceptance_by_position(accepted, depth),
+        "accepted_histogram": [accepted.count(a) for a in range(depth + 1)],
+        "cycles": len(accepted),
+        "tokens_per_s": speed["spec"],
+        "tokens_per_s_plain": speed["plain"],
+        "tokens_per_s_hf": speed["hf"],
+        "speedup_vs_plain": speed["spec"] / speed["plain"],
+        "speedup_vs_hf": speed["spec"] / speed["hf"] if speed["hf"] else None,
+        "plain_vs_hf": speed["plain"] / speed["hf"] if speed["hf"] else None,
+        "new_tokens": {name: tokens for name, (tokens, _) in totals.items()},
+        "seconds": {name: seconds for name, (_, seconds) in totals.items()},
+        "lossless": same_as_plain == num_prompts if greedy else None,
+        "lossless_prompts": same_as_plain if greedy else None,
+        "plain_matches_hf_prompts": plain_matches_hf if greedy and settings.hf_baseline else None,
+        "prompts": num_prompts,
+    }
+
+
+def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path) -> dict:
+    """Bench every temperature of `settings`; write bench.json (+ bench.png, trace.jsonl) under out_dir."""
+    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    traces: List[dict] = []
+    runs = [_run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
+    greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
+    report = {
+        "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
+        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"],
+        "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0]),
+        "settings": _settings(runtime, settings),
+    }
+    out = Path(out_dir)
+    write_json(out / "bench.json", report)
+    if settings.trace:
+        write_json(out / "trace.jsonl", traces)
+    _plot(report, out / "bench.png")
+    return report
+
+
+def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
+    engine = runtime.engine
+    device = engine.device
+    return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
+            "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
+            "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
+            "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
+            "target": runtime.target.info.name_or_path}
+
+
+def format_table(report: dict) -> str:
+    rows = ["| T | τ | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | plain/HF | lossless |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, p=1: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
+    for run in report["runs"]:
+        rows.append(f"| {run['temperature']:g} | {run['tau']:.2f} | {fmt(run['tokens_per_s'])} | "
+                    f"{fmt(run['tokens_per_s_plain'])} | {fmt(run['tokens_per_s_hf'])} | "
+                    f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
+                    f"{fmt(run['plain_vs_hf'], 2)} | {run['lossless'] if run['lossless'] is not None else 'n/a'} |")
+    profile = report["cycle_profile"]
+    rows.append("")
+    rows.append("cycle split (eager, ms): " + ", ".join(f"{k} {v:.3f}" for k, v in profile["eager_ms"].items()) +
+                f"; whole cycle as run: {profile['cycle_ms']:.3f} ms")
+    return "\n".join(rows)
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed_ax, accept_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for offset, run in enumerate(report["runs"]):
+        values = [run["tokens_per_s_hf"] or 0, run["tokens_per_s_plain"], run["tokens_per_s"]]
+        speed_ax.bar([x + 0.4 * offset for x in range(3)], values, width=0.4, label=f"T={run['temperature']:g}")
+        accept_ax.plot(range(1, len(run["acceptance_by_position"]) + 1), run["acceptance_by_position"], marker="o",
+                       label=f"T={run['temperature']:g}, τ={run['tau']:.2f}")
+    speed_ax.set_xticks([0.2, 1.2, 2.2], ["HF generate", "plain (ours)", "speculative"])
+    speed_ax.set_ylabel("tokens/s")
+    speed_ax.legend()
+    accept_ax.set_xlabel("draft position")
+    accept_ax.set_ylabel("P(accepted | earlier accepted)")
+    accept_ax.set_ylim(0, 1)
+    accept_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

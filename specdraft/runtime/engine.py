@@ -1,0 +1,217 @@
+"""Speculative generation, batch 1: draft a tree, verify it in one target pass, keep the accepted path.
+
+One cycle, all on the device with static shapes (so that on a GPU it is one CUDA graph, see graphs.py):
+  1. the drafter builds the tree from the root (the newest confirmed token), `tree.build_tree`;
+  2. the target runs the tree's N nodes at cache slots P..P+N-1 with tree attention (P = confirmed tokens
+     before the root), capturing the hidden states the drafter reads;
+  3. acceptance: at T=0 the deepest path whose tokens are the target's argmax (`kernels.tree_verify`), at
+     T>0 recursive rejection sampling (`sampling.py`); the bonus token is the target's own next token;
+  4. the accepted nodes' KV entries move to slots P..P+m (`kernels.kv_compact`) and their hidden states go to
+     the drafter (`Drafter.ingest`); the bonus becomes the root.
+Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.kernels.kv_compact import compact_kv
+from specdraft.kernels.tree_verify import verify_greedy
+from specdraft.runtime.drafter import Drafter
+from specdraft.runtime.graphs import CallGraph
+from specdraft.runtime.sampling import sample_token, verify_sampling
+from specdraft.runtime.target import TargetModel
+from specdraft.runtime.tree import DraftTree, TreeShape, build_tree
+
+
+@dataclass
+class GenerationResult:
+    tokens: List[int]  # new tokens (prompt excluded), cut after EOS or at max_new_tokens
+    accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
+    seconds: float = 0.0
+    trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
+
+
+@dataclass
+class CycleOutput:
+    emitted: torch.Tensor  # [depth + 1] accepted drafted tokens then the bonus token, padded
+    count: torch.Tensor  # [1] how many of `emitted` are valid (accepted + 1)
+    accepted_nodes: torch.Tensor  # [depth + 1] node indices of the accepted path, -1 padded
+    tree: Optional[DraftTree] = None
+
+
+class SpecEngine:
+    """Owns a TargetModel (with its static cache) and a Drafter; `generate` runs speculative decoding."""
+
+    def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
+                 rope_tables, use_graphs: Optional[bool] = None):
+        self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
+        self.device = target.lm_head_weight.device
+        self.dtype = target.lm_head_weight.dtype
+        target.allocate(max_len, *rope_tables)
+        if drafter is not None:
+            drafter.allocate(max_len, shape.scratch, self.device, self.dtype)
+        self.capture = sorted(set(drafter.feature_layers)) if drafter is not None else []
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.prefix_len = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.root = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._graphs: Dict[str, CallGraph] = {}
+
+    # ---- pieces -------------------------------------------------------------------------------------------
+    def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
+        need = prompt_len + max_new_tokens + self.shape.budget + self.shape.scratch + 1
+        if need > self.max_len:
+            raise SpecdraftError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
+                                 f"slots; the cache has {self.max_len} (raise --max-len or shorten the prompt)")
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None) -> int:
+        """prompt_ids [P] on the device: fills the caches, returns the first new token."""
+        n = prompt_ids.shape[0]
+        self.prefix_len.zero_()
+        positions = torch.arange(n, device=self.device)
+        hidden, captured = self.target.run_layers(self.target.embed(prompt_ids), positions, self.prefix_len, None,
+                                                  capture=self.capture)
+        last_logits = self.target.logits(hidden[-1:])  # [1, V]
+        self.root.copy_(sample_token(last_logits, temperature, generator))
+        if self.drafter is not None:
+            next_tokens = torch.cat([prompt_ids[1:], self.root])
+            count = torch.tensor([n], device=self.device)
+            self.drafter.ingest(captured, next_tokens, self.prefix_len.clone(), count)
+        self.prefix_len.fill_(n)
+        return int(self.root)
+
+    def _verify_forward(self, tree_tokens, positions, tree_mask):
+        hidden, captured = self.target.run_layers(self.target.embed(tree_tokens), positions, self.prefix_len,
+                                                  tree_mask, capture=self.capture)
+        return self.target.logits(hidden), captured  # [N, V], {i: [N, H]}
+
+    def _commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
+        """Compact caches to the accepted path, hand it to the drafter, move the root. All on the device."""
+        depth = self.shape.depth
+        index = torch.arange(depth + 1, device=self.device)
+        count = accept_length + 1  # [1] root + accepted drafts
+        path = accepted_nodes.clamp(min=0)  # [depth + 1]
+        valid = index < count
+        src_slots = torch.where(valid, self.prefix_len + path, self.prefix_len + index)
+        compact_kv(self.target.k_cache, self.target.v_cache, src_slots, self.prefix_len, count)
+        after = torch.cat([tree.tokens[path[1:]], bonus])  # [depth + 1] the token after each path node
+        next_tokens = torch.where(index == accept_length, bonus, after)
+        features = {i: captured[i][path] for i in self.capture}  # [depth + 1, H]
+        self.drafter.ingest(features, next_tokens, self.prefix_len.clone(), count)
+        self.prefix_len.add_(count)
+        self.root.copy_(bonus)
+        emitted = torch.where(valid, next_tokens, -1)
+        return CycleOutput(emitted=emitted, count=count, accepted_nodes=accepted_nodes, tree=tree)
+
+    def _cycle_greedy(self) -> CycleOutput:
+        tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len)
+        logits, captured = self._verify_forward(tree.tokens, self.prefix_len + tree.depths, tree.tree_mask)
+        match_tokens = torch.where(tree.valid, tree.tokens, -1)
+        accepted_nodes, accept_length, bonus = verify_greedy(logits, match_tokens, tree.parents, self.shape.depth)
+        return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
+
+    def _cycle_sampled(self, temperature: float, generator) -> CycleOutput:
+        tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len)
+        logits, captured = self._verify_forward(tree.tokens, self.prefix_len + tree.depths, tree.tree_mask)
+        accepted_nodes, accept_length, bonus = verify_sampling(logits, tree, self.shape.depth, temperature, generator)
+        return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
+
+    def _cycle(self, temperature: float, generator) -> CycleOutput:
+        if temperature > 0:  # host-side walk over the tree: eager
+            return self._cycle_sampled(temperature, generator)
+        if not self.use_graphs:
+            return self._cycle_greedy()
+        graph = self._graphs.get("cycle")
+        if graph is None:
+            graph = self._graphs["cycle"] = CallGraph(self._cycle_greedy, self._state_tensors())
+        return graph()
+
+    def _state_tensors(self) -> List[torch.Tensor]:
+        """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
+        tensors = [self.prefix_len, self.root, self.target.k_cache, self.target.v_cache]
+        return tensors + list(getattr(self.drafter, "state_tensors", lambda: [])())
+
+    # ---- loops --------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
+                 temperature: float = 0.0, generator: Optional[torch.Generator] = None,
+                 trace: bool = False) -> GenerationResult:
+        """Speculative decoding of `prompt_ids` -> the new tokens and the accepted count of every cycle."""
+        if self.drafter is None:
+            raise SpecdraftError("this engine has no draft; use decode_plain")
+        self._check_room(len(prompt_ids), max_new_tokens)
+        self._sync()
+        started = time.perf_counter()
+        prompt = torch.tensor(list(prompt_ids), device=self.device)
+        generated = [self.prefill(prompt, temperature, generator)]
+        result = GenerationResult(tokens=generated)
+        while not _finished(generated, eos_ids, max_new_tokens):
+            out = self._cycle(temperature, generator)
+            host = torch.cat([out.count, out.emitted]).tolist()  # the one host sync of a cycle
+            generated += host[1:1 + host[0]]
+            result.accepted.append(host[0] - 1)
+            if trace:
+                result.trace.append(_trace_row(out))
+        result.tokens = _cut(generated, eos_ids, max_new_tokens)
+        self._sync()
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _plain_step(self, token: torch.Tensor) -> torch.Tensor:
+        """token [1] at position prefix_len -> its target logits [1, V]; advances the prefix."""
+        hidden, _ = self.target.run_layers(self.target.embed(token), self.prefix_len, self.prefix_len,
+                                           self._one_mask)
+        self.prefix_len.add_(1)
+        return self.target.logits(hidden)
+
+    @torch.no_grad()
+    def decode_plain(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
+                     temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> GenerationResult:
+        """The target alone, one token per forward, in this runtime (static cache, CUDA graph on GPU)."""
+        self._check_room(len(prompt_ids), max_new_tokens)
+        self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        self._sync()
+        started = time.perf_counter()
+        prompt = torch.tensor(list(prompt_ids), device=self.device)
+        generated = [self.prefill(prompt, temperature, generator)]
+        token = self.root.clone()
+        step = self._plain_step
+        if self.use_graphs:
+            step = self._graphs.get("plain") or self._graphs.setdefault(
+                "plain", CallGraph(self._plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
+                                   example=(token,)))
+        while not _finished(generated, eos_ids, max_new_tokens):
+            logits = step(token)
+            token = sample_token(logits, temperature, generator)
+            generated.append(int(token))
+        result = GenerationResult(tokens=_cut(generated, eos_ids, max_new_tokens))
+        self._sync()
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _finished(generated: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> bool:
+    return len(generated) >= max_new_tokens or any(t in eos_ids for t in generated)
+
+
+def _cut(generated: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> List[int]:
+    for position, token in enumerate(generated[:max_new_tokens]):
+        if token in eos_ids:
+            return generated[:position + 1]
+    return generated[:max_new_tokens]
+
+
+def _trace_row(out: CycleOutput) -> dict:
+    tree = out.tree
+    return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "valid": tree.valid.tolist(),
+            "draft_logprobs": [round(x, 5) if x != float("-inf") else None for x in tree.joint_logprobs.tolist()],
+            "accepted_nodes": [n for n in out.accepted_nodes.tolist() if n >= 0]}

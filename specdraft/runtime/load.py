@@ -1,0 +1,79 @@
+"""Build a runtime from a trained draft (a run directory or an export) and its target."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from specdraft.drafts import LoadedDraft, load_draft
+from specdraft.errors import SpecdraftError
+from specdraft.runtime.engine import SpecEngine
+from specdraft.runtime.target import TargetModel, from_hf, hf_rope_tables
+from specdraft.runtime.tree import TreeShape
+from specdraft.target import load_target
+from specdraft.target.load import LoadedTarget, eos_token_ids
+
+KNOWN_EXPORTS = ("hf (config.json with a `specdraft` section)", "speculators", "a training run directory")
+
+
+@dataclass
+class Runtime:
+    engine: SpecEngine
+    target: LoadedTarget  # the Hugging Face model and tokenizer (the `generate` baseline)
+    draft: LoadedDraft
+    eos_ids: List[int]
+
+    def encode_chat(self, text: str) -> List[int]:
+        tokenizer = self.target.tokenizer
+        if tokenizer.chat_template:
+            encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                    add_generation_prompt=True, return_dict=True)
+            return list(encoded["input_ids"])
+        return tokenizer(text)["input_ids"]
+
+
+def _check_export(path: Path) -> None:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return  # a training run: load_draft explains what it looks for
+    config = json.loads(config_file.read_text())
+    if "specdraft" not in config:
+        raise SpecdraftError(f"{path} is not an export specdraft can run (config.json has no `specdraft` "
+                             f"section); valid: {', '.join(KNOWN_EXPORTS)}")
+
+
+def _check_geometry(loaded: LoadedDraft, target: LoadedTarget) -> None:
+    trained, given = loaded.target, target.info
+    for field_name in ("vocab_size", "hidden_size"):
+        if getattr(trained, field_name) != getattr(given, field_name):
+            raise SpecdraftError(f"the draft was trained for a target with {field_name}={getattr(trained, field_name)}"
+                                 f" ({trained.name_or_path}); {given.name_or_path} has "
+                                 f"{field_name}={getattr(given, field_name)}")
+
+
+def resolve_device(device: str) -> torch.device:
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+
+
+def load_runtime(path: str | Path, target_path: Optional[str] = None, device: str = "auto", dtype: str = "auto",
+                 shape: TreeShape = TreeShape(), max_len: int = 2048,
+                 use_graphs: Optional[bool] = None) -> Runtime:
+    """A run directory or export -> a ready SpecEngine over the target it was trained for (or `target_path`)."""
+    path = Path(path)
+    _check_export(path)
+    loaded = load_draft(path)
+    if loaded.spec.runtime is None:
+        raise SpecdraftError(f"method {loaded.spec.name!r} has no runtime drafter")
+    target_cfg = replace(loaded.recipe.target, path=target_path) if target_path else loaded.recipe.target
+    torch_device = resolve_device(device)
+    target = load_target(target_cfg, device=torch_device, dtype=dtype, require_chat_template=False)
+    _check_geometry(loaded, target)
+    max_len = min(max_len, target.info.max_position_embeddings)
+    target_model: TargetModel = from_hf(target.model, target.info)
+    draft = loaded.draft.to(device=torch_device, dtype=target.model.dtype)
+    drafter = loaded.spec.runtime(draft, loaded.method_cfg, target_model)
+    engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len), use_graphs)
+    return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer))

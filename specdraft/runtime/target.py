@@ -1,0 +1,167 @@
+"""The target as the runtime runs it: a compact Llama-family decoder (Llama, Qwen2, SmolLM2) with a static KV
+cache, batch 1, in the spirit of gpt-fast.
+
+Weights come from a Hugging Face model (hub id, directory or GGUF, through `specdraft.target.load_target`);
+q/k/v and gate/up are fused into one matmul each. Rotary tables come from the HF model's own rotary module, so
+every rope scaling it supports (Llama-3's included) is reproduced. Every forward writes the keys and values of
+its N tokens at cache slots prefix_len..prefix_len+N-1 and attends with `kernels.tree_attention`: the
+confirmed prefix fully, the N new tokens by a tree mask (causal for a chain, ancestors for a tree).
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.errors import SpecdraftError
+from specdraft.kernels.tree_attention import tree_attention
+from specdraft.methods.base import TargetInfo
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Llama RMSNorm, operation for operation: [..., H] -> [..., H]."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [heads, N, D]; cos, sin [N, D] (half-rotation layout)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, info: TargetInfo, qkv_bias: bool):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = info.num_heads, info.num_kv_heads, info.head_dim
+        self.eps = info.rms_norm_eps
+        qkv_width = (self.heads + 2 * self.kv_heads) * self.head_dim
+        self.wqkv = nn.Linear(info.hidden_size, qkv_width, bias=qkv_bias)
+        self.wo = nn.Linear(self.heads * self.head_dim, info.hidden_size, bias=False)
+        self.w13 = nn.Linear(info.hidden_size, 2 * info.intermediate_size, bias=False)
+        self.w2 = nn.Linear(info.intermediate_size, info.hidden_size, bias=False)
+        self.attn_norm = nn.Parameter(torch.ones(info.hidden_size))
+        self.mlp_norm = nn.Parameter(torch.ones(info.hidden_size))
+
+    def forward(self, hidden, cos, sin, k_cache, v_cache, slots, prefix_len, tree_mask, causal_prefill: bool):
+        """hidden [N, H]; cos/sin [N, D]; k/v_cache [Hkv, S, D] (this layer's); slots [N] -> [N, H]."""
+        n = hidden.shape[0]
+        qkv = self.wqkv(rms_norm(hidden, self.attn_norm, self.eps))  # [N, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
+        q = rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)  # [Hq, N, D]
+        k = rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)  # [Hkv, N, D]
+        v = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        k_cache.index_copy_(1, slots, k)
+        v_cache.index_copy_(1, slots, v)
+        scale = self.head_dim ** -0.5
+        if causal_prefill:  # the whole prompt at once, from an empty cache
+            attn = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
+                                                  enable_gqa=self.heads != self.kv_heads)[0]
+        else:
+            attn = tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale)  # [Hq, N, D]
+        hidden = hidden + self.wo(attn.transpose(0, 1).reshape(n, -1))
+        gate, up = self.w13(rms_norm(hidden, self.mlp_norm, self.eps)).chunk(2, dim=-1)
+        return hidden + self.w2(F.silu(gate) * up)
+
+
+class TargetModel(nn.Module):
+    """Batch-1 decoder with a static KV cache of `max_len` slots: [L, Hkv, S, D] keys and values."""
+
+    def __init__(self, info: TargetInfo, qkv_bias: bool = False):
+        super().__init__()
+        self.info = info
+        self.embed_tokens = nn.Embedding(info.vocab_size, info.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(info, qkv_bias) for _ in range(info.num_layers))
+        self.norm = nn.Parameter(torch.ones(info.hidden_size))
+        self.lm_head = nn.Linear(info.hidden_size, info.vocab_size, bias=False)
+        self.max_len = 0
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.lm_head.weight
+
+    def allocate(self, max_len: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+        """Static caches for `max_len` slots; rope tables [max_len, D]."""
+        info, weight = self.info, self.lm_head.weight
+        shape = (info.num_layers, info.num_kv_heads, max_len, info.head_dim)
+        self.k_cache = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope_cos, self.rope_sin = rope_cos.to(weight), rope_sin.to(weight)
+        self.max_len = max_len
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [N] -> [N, H]
+        return self.embed_tokens(tokens)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]
+        return rms_norm(hidden, self.norm, self.info.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] (pre-norm) -> [N, V]
+        return self.lm_head(self.final_norm(hidden))
+
+    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, prefix_len: torch.Tensor,
+                   tree_mask: Optional[torch.Tensor], start_layer: int = 0, end_layer: Optional[int] = None,
+                   capture: Iterable[int] = ()) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
+        """hidden [N, H] entering layer `start_layer`; positions [N]; prefix_len [1] int64; tree_mask [N, N] bool
+        (None: a causal prefill from an empty cache) -> (hidden [N, H] after `end_layer`-1, {i: input of layer i})."""
+        end_layer = self.info.num_layers if end_layer is None else end_layer
+        capture = set(capture)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [N, D]
+        slots = prefix_len + torch.arange(hidden.shape[0], device=hidden.device)  # [N]
+        captured = {}
+        for index in range(start_layer, end_layer):
+            if index in capture:
+                captured[index] = hidden
+            hidden = self.layers[index](hidden, cos, sin, self.k_cache[index], self.v_cache[index], slots,
+                                        prefix_len, tree_mask, tree_mask is None)
+        if end_layer in capture:
+            captured[end_layer] = hidden
+        return hidden, captured
+
+
+def _copy(dst: nn.Module | nn.Parameter, *sources: torch.Tensor) -> None:
+    target = dst.weight if isinstance(dst, nn.Module) else dst
+    target.data.copy_(torch.cat(sources, dim=0) if len(sources) > 1 else sources[0])
+
+
+@torch.no_grad()
+def from_hf(hf_model, info: TargetInfo) -> TargetModel:
+    """A TargetModel with the weights of a Hugging Face Llama-family causal LM (same device and dtype)."""
+    if info.model_type not in SUPPORTED:
+        raise SpecdraftError(f"the runtime runs Llama-family targets {SUPPORTED}; this target is {info.model_type!r}")
+    decoder = hf_model.get_decoder()
+    first_attn = decoder.layers[0].self_attn
+    qkv_bias = first_attn.q_proj.bias is not None
+    weight = hf_model.get_input_embeddings().weight
+    with torch.device(weight.device):
+        model = TargetModel(info, qkv_bias).to(weight.dtype)
+    model.embed_tokens.weight.copy_(weight)
+    model.lm_head.weight.copy_(hf_model.get_output_embeddings().weight)
+    model.norm.copy_(decoder.norm.weight)
+    for layer, hf_layer in zip(model.layers, decoder.layers):
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        _copy(layer.wqkv, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        if qkv_bias:
+            layer.wqkv.bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        _copy(layer.wo, attn.o_proj.weight)
+        _copy(layer.w13, mlp.gate_proj.weight, mlp.up_proj.weight)
+        _copy(layer.w2, mlp.down_proj.weight)
+        _copy(layer.attn_norm, hf_layer.input_layernorm.weight)
+        _copy(layer.mlp_norm, hf_layer.post_attention_layernorm.weight)
+    return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def hf_rope_tables(hf_model, max_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_len, D] from the HF model's own rotary embedding (its rope scaling included)."""
+    decoder = hf_model.get_decoder()
+    weight = hf_model.get_input_embeddings().weight
+    positions = torch.arange(max_len, device=weight.device)[None]
+    probe = torch.zeros(1, max_len, 1, device=weight.device, dtype=torch.float32)
+    cos, sin = decoder.rotary_emb(probe, positions)
+    return cos[0], sin[0]

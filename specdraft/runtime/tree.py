@@ -1,0 +1,134 @@
+"""The EAGLE-2 dynamic draft tree (Li et al., arXiv:2406.16858), with static shapes.
+
+Expansion: depth 1 takes the draft's top-k tokens after the root. At each later depth the k frontier nodes
+with the highest joint probability (the product of the draft probabilities along their path) each propose
+their top-k children; of those k*k children the k best by joint probability become the next frontier. After
+`depth` levels every proposed token is a candidate; the `budget - 1` candidates with the highest joint
+probability (plus the root) form the tree that the target verifies. A child's joint probability never exceeds
+its parent's, so the kept set is closed under ancestors (ties are repaired explicitly).
+
+A chain of k drafts is the same procedure with top-1 at each depth and budget k + 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.kernels.draft_topk import draft_topk
+from specdraft.runtime.drafter import Drafter
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    depth: int = 6
+    """Drafted tokens on the longest path."""
+    topk: int = 8
+    """Children proposed per expanded node, and nodes expanded per depth."""
+    budget: int = 48
+    """Nodes the target verifies, the root included."""
+
+    def validated(self) -> "TreeShape":
+        if self.depth < 1 or self.topk < 1:
+            raise SpecdraftError(f"tree depth and topk must be >= 1, got depth={self.depth} topk={self.topk}")
+        if not 2 <= self.budget <= self.num_candidates:
+            raise SpecdraftError(f"tree budget must be in 2..{self.num_candidates} for depth={self.depth} "
+                                 f"topk={self.topk}, got {self.budget}")
+        return self
+
+    @classmethod
+    def chain(cls, num_draft: int) -> "TreeShape":
+        return cls(depth=num_draft, topk=1, budget=num_draft + 1)
+
+    @property
+    def num_candidates(self) -> int:  # root + depth-1 tokens + k*k per later depth
+        return 1 + self.topk + (self.depth - 1) * self.topk * self.topk
+
+    @property
+    def scratch(self) -> int:  # draft scratch slots: root + k per expanded depth
+        return 1 + self.depth * self.topk
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [N] target ids; node 0 is the root
+    parents: torch.Tensor  # [N] parent node index, -1 for the root
+    depths: torch.Tensor  # [N] 0 for the root
+    valid: torch.Tensor  # [N] bool: False for padding (when ties removed candidates)
+    tree_mask: torch.Tensor  # [N, N] bool: node i sees node j (j is i or an ancestor)
+    joint_logprobs: torch.Tensor  # [N] draft log-probability of the path to each node (0 for the root)
+
+
+def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor):
+    """Run the draft over `shape.depth` levels -> candidate tokens, parents (candidate index), joint scores."""
+    k, device = shape.topk, root.device
+    logits, hidden = drafter.first(root, root_position)  # [1, Vd], [1, Hd]
+    scores, tokens = draft_topk(logits, drafter.d2t, k)  # [1, k]
+    cand_tokens, cand_scores = [root, tokens[0]], [torch.zeros(1, device=device), scores[0]]
+    cand_parents = [torch.full((1,), -1, device=device, dtype=torch.long), torch.zeros(k, device=device,
+                                                                                      dtype=torch.long)]
+    frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], torch.arange(1, 1 + k, device=device)
+    frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
+    visible = torch.zeros(k, shape.scratch, dtype=torch.bool, device=device)
+    visible[:, 0] = True  # the root
+    lane = torch.arange(k, device=device)
+    for depth in range(1, shape.depth):
+        slots = 1 + (depth - 1) * k + lane  # [k] scratch slots of this depth's frontier
+        visible[lane, slots] = True
+        positions = (root_position + depth).expand(k)  # [k]
+        logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)  # [k, Vd], [k, Hd]
+        child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k]
+        child_scores = frontier_scores[:, None] + child_scores  # joint log-probabilities
+        base = sum(t.shape[0] for t in cand_tokens)
+        cand_tokens.append(child_tokens.flatten())
+        cand_scores.append(child_scores.flatten())
+        cand_parents.append(frontier_ids.repeat_interleave(k))
+        frontier_scores, best = torch.topk(child_scores.flatten(), k)  # [k]
+        parent_lane = best // k
+        frontier_tokens = child_tokens.flatten()[best]
+        frontier_ids = base + best
+        frontier_hidden = hidden[parent_lane]
+        visible = visible[parent_lane]
+    return torch.cat(cand_tokens), torch.cat(cand_parents), torch.cat(cand_scores)
+
+
+def _select(cand_parents: torch.Tensor, cand_scores: torch.Tensor, shape: TreeShape) -> torch.Tensor:
+    """-> [budget] candidate indices, ascending (parents before children), the root first; kept[] closed."""
+    scores = cand_scores.clone()
+    scores[0] = float("inf")  # the root is always kept
+    chosen = torch.topk(scores, shape.budget).indices
+    return torch.sort(chosen).values
+
+
+def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor) -> DraftTree:
+    """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes)."""
+    cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position)
+    chosen = _select(cand_parents, cand_scores, shape)  # [N]
+    n, device = shape.budget, root.device
+    node_of = torch.full((cand_tokens.shape[0],), -1, dtype=torch.long, device=device)
+    node_of[chosen] = torch.arange(n, device=device)
+    parents = node_of[cand_parents[chosen].clamp(min=0)]  # [N], -1 where the parent was not kept
+    parents[0] = -1
+    valid = torch.ones(n, dtype=torch.bool, device=device)
+    for _ in range(shape.depth):  # drop nodes whose parent was dropped (ties in joint probability)
+        valid = valid & ((parents >= 0) | (torch.arange(n, device=device) == 0))
+        valid = valid & valid[parents.clamp(min=0)]
+    parents = torch.where(valid, parents, 0)
+    parents[0] = -1
+    return _tree(cand_tokens[chosen], parents, valid, cand_scores[chosen], shape.depth)
+
+
+def _tree(tokens, parents, valid, joint_logprobs, max_depth: int) -> DraftTree:
+    n, device = tokens.shape[0], tokens.device
+    index = torch.arange(n, device=device)
+    tree_mask = torch.eye(n, dtype=torch.bool, device=device)
+    ancestor, depths = parents.clone(), torch.zeros(n, dtype=torch.long, device=device)
+    for _ in range(max_depth):
+        has = ancestor >= 0
+        tree_mask[index, ancestor.clamp(min=0)] |= has
+        depths = depths + has.long()
+        ancestor = torch.where(has, parents[ancestor.clamp(min=0)], ancestor)
+    tree_mask = tree_mask & valid[:, None] & valid[None, :] | torch.eye(n, dtype=torch.bool, device=device)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, valid=valid, tree_mask=tree_mask,
+                     joint_logprobs=torch.where(valid, joint_logprobs, float("-inf")))

@@ -1,0 +1,64 @@
+"""`specdraft generate` and `specdraft bench` end to end on a tiny trained draft, and their bad inputs."""
+import json
+
+import pytest
+
+from specdraft import cli
+from tests.test_train_export_eval import make_recipe
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory, tiny_target_dir, distilled):
+    tmp = tmp_path_factory.mktemp("runtime_cli")
+    recipe = make_recipe(tmp, tiny_target_dir, distilled, max_steps=10, val_every_steps=10)
+    assert cli.main(["train", str(recipe)]) == 0
+    assert cli.main(["export", str(tmp / "run"), "--format", "hf", "--out", str(tmp / "hf")]) == 0
+    return tmp / "hf"
+
+
+def test_generate_prints_the_completion_alone(export_dir, capsys):
+    assert cli.main(["generate", str(export_dir), "--prompt", "question 1?", "--max-new-tokens", "12",
+                     "--device", "cpu", "--max-len", "256"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and "{" not in out and "tokens/s" in err
+
+
+def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
+    prompts = export_dir.parent / "eval.jsonl"
+    assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), "--max-new-tokens", "10", "--device",
+                     "cpu", "--max-len", "256", "--depth", "3", "--topk", "2", "--budget", "6",
+                     "--out", str(tmp_path), "--trace"]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    for key in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless"):
+        assert key in report
+    assert report["lossless"] is True and [r["temperature"] for r in report["runs"]] == [0.0, 1.0]
+    assert report["runs"][0]["plain_matches_hf_prompts"] == report["runs"][0]["prompts"]
+    assert set(report["cycle_profile"]["eager_ms"]) == {"draft", "verify", "bookkeeping"}
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert rows and {"tokens", "parents", "draft_logprobs", "accepted_nodes"} <= set(rows[0])
+    assert "| T | τ |" in capsys.readouterr().err
+
+
+def test_bad_runtime_inputs_are_one_line_errors(export_dir, tmp_path, capsys):
+    plain_model_dir = tmp_path / "not_an_export"
+    plain_model_dir.mkdir()
+    (plain_model_dir / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert cli.main(["generate", str(plain_model_dir), "--prompt", "x", "--device", "cpu"]) == 2
+    assert "not an export specdraft can run" in capsys.readouterr().err
+    assert cli.main(["generate", str(export_dir), "--prompt", "x " * 300, "--device", "cpu", "--max-len",
+                     "128"]) == 2
+    assert "cache" in capsys.readouterr().err
+    assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--budget", "500"]) == 2
+    assert "budget" in capsys.readouterr().err
+
+
+def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
+    from tests.tiny import save_tiny_target, tiny_llama_config
+    from transformers import LlamaForCausalLM
+
+    other = save_tiny_target(tmp_path / "other")
+    config = tiny_llama_config(hidden=32)
+    LlamaForCausalLM(config).save_pretrained(other)  # same tokenizer, other hidden size
+    assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--target", str(other)]) == 2
+    assert "hidden_size" in capsys.readouterr().err

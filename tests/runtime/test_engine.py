@@ -1,0 +1,110 @@
+"""The runtime's target and engine on tiny random models, CPU, fp32: exact against Hugging Face."""
+import pytest
+import torch
+
+from specdraft.methods.base import TargetInfo
+from specdraft.runtime.engine import SpecEngine
+from specdraft.runtime.target import from_hf, hf_rope_tables
+from specdraft.runtime.tree import TreeShape
+from tests.runtime.oracle import OracleDrafter
+from tests.tiny import tiny_llama_config
+
+
+def _tiny_hf(kind: str):
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        config = Qwen2Config(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        model = Qwen2ForCausalLM(config)
+        with torch.no_grad():  # random biases, so that a dropped bias shows
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(std=0.5)
+    else:
+        from transformers import LlamaForCausalLM
+
+        config = tiny_llama_config(layers=3)
+        config.tie_word_embeddings = kind == "llama_tied"
+        if kind == "llama3_rope":
+            config.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 64}
+        model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0) if not config.tie_word_embeddings else None
+    return model.eval()
+
+
+def _engine(model, drafter=None, shape=TreeShape.chain(3), max_len=256):
+    info = TargetInfo.from_hf_config(model.config, "tiny")
+    return SpecEngine(from_hf(model, info), drafter, shape, max_len, hf_rope_tables(model, max_len))
+
+
+def _hf_greedy(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "llama3_rope"])
+def test_target_matches_hugging_face(kind):
+    model = _tiny_hf(kind)
+    prompt = torch.randint(0, 300, (40,))
+    engine = _engine(model)
+    hidden, _ = engine.target.run_layers(engine.target.embed(prompt), torch.arange(40), engine.prefix_len, None)
+    expected = model(prompt[None]).logits[0]
+    torch.testing.assert_close(engine.target.logits(hidden), expected, atol=1e-4, rtol=1e-4)
+    assert engine.decode_plain(prompt.tolist(), 30).tokens == _hf_greedy(model, prompt.tolist(), 30)
+
+
+SHAPES = [TreeShape.chain(4), TreeShape(depth=4, topk=2, budget=9), TreeShape(depth=3, topk=3, budget=12)]
+
+
+def _run_oracle(shape, wrong_every):
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (17,), generator=torch.Generator().manual_seed(1)).tolist()
+    greedy = _hf_greedy(model, prompt, 48)
+    drafter = OracleDrafter(prompt + greedy, 320, wrong_every)
+    result = _engine(model, drafter, shape).generate(prompt, 40)
+    assert result.tokens == greedy[:40]  # lossless whatever the drafts
+    starts = [start for start, _, _ in drafter.ingested]
+    counts = [count for _, count, _ in drafter.ingested]
+    assert starts[0] == 0 and counts[0] == len(prompt)
+    assert all(s + c == nxt for s, c, nxt in zip(starts, counts, starts[1:]))  # contiguous confirmed prefix
+    assert [c - 1 for c in counts[1:]] == result.accepted
+    return result
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_speculative_equals_greedy_and_accepts_everything_from_a_perfect_draft(shape):
+    result = _run_oracle(shape, wrong_every=0)
+    assert all(a == shape.depth for a in result.accepted[:-1])
+
+
+def test_a_tree_recovers_from_wrong_first_choices_that_cut_a_chain():
+    chain = _run_oracle(SHAPES[0], wrong_every=3)
+    assert 0 < max(chain.accepted) and min(chain.accepted) < 4
+    for shape in SHAPES[1:]:
+        tree = _run_oracle(shape, wrong_every=3)
+        assert sum(tree.accepted) / len(tree.accepted) > sum(chain.accepted) / len(chain.accepted)
+
+
+def test_speculative_sampling_runs_and_stays_in_vocabulary():
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,)).tolist()
+    drafter = OracleDrafter(prompt + _hf_greedy(model, prompt, 48), 320)
+    generator = torch.Generator().manual_seed(0)
+    result = _engine(model, drafter, TreeShape(depth=3, topk=2, budget=7)).generate(
+        prompt, 30, temperature=1.0, generator=generator, trace=True)
+    assert len(result.tokens) == 30 and all(0 <= t < 320 for t in result.tokens)
+    assert len(result.trace) == len(result.accepted) and result.trace[0]["accepted_nodes"][0] == 0
+
+
+def test_prompt_longer_than_the_cache_is_a_clear_error():
+    from specdraft.errors import SpecdraftError
+
+    engine = _engine(_tiny_hf("llama"), max_len=64)
+    with pytest.raises(SpecdraftError, match="cache"):
+        engine.decode_plain(list(range(60)), 10)
