@@ -54,6 +54,7 @@ from specdraft.methods.base import (
     TargetInfo,
 )
 from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
+from specdraft.runtime.drafter import draft_visible
 from specdraft.target.partial import new_layer_cache, run_first_layers
 
 
@@ -159,17 +160,24 @@ class KangarooDraft(nn.Module):
         attn_out, kv = self.self_attn(self.input_layernorm(shallow), positions, cache)
         return shallow + attn_out, kv
 
-    def logits(self, hidden: torch.Tensor, final_norm, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """hidden [.., H] -> [.., Vd] through the target's final norm and its LM head rows [V, H]."""
-        rows = lm_head_weight if self.d2t.shape[0] == lm_head_weight.shape[0] else lm_head_weight[self.draft_ids()]
-        return F.linear(final_norm(hidden), rows.to(hidden.dtype))
+    def head_rows(self, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """The target's LM head [V, H] -> the draft vocabulary's rows [Vd, H] (the weight itself if Vd = V)."""
+        if self.d2t.shape[0] == lm_head_weight.shape[0]:
+            return lm_head_weight
+        return lm_head_weight[self.draft_ids().to(lm_head_weight.device)]
+
+    def logits(self, hidden: torch.Tensor, final_norm, head_rows: torch.Tensor) -> torch.Tensor:
+        """hidden [.., H] -> [.., Vd] through the target's final norm and LM head rows [Vd, H]."""
+        normed = final_norm(hidden)
+        return F.linear(normed, head_rows.to(normed.dtype))
 
     def target_logits_fn(self):
         """hidden [.., H] -> [.., Vd] through the bound Hugging Face target's final norm and LM head."""
         model = self.target_model
         if model is None:
             raise SpecdraftError("the Kangaroo adapter has no target bound (spec.bind_target(draft, target_model))")
-        return lambda hidden: self.logits(hidden, model.get_decoder().norm, model.get_output_embeddings().weight)
+        head = self.head_rows(model.get_output_embeddings().weight)
+        return lambda hidden: self.logits(hidden, model.get_decoder().norm, head)
 
 
 def kangaroo_bind(draft: KangarooDraft, target_model: nn.Module) -> None:
@@ -279,6 +287,85 @@ def kangaroo_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor
     return cfg, draft
 
 
+class KangarooDrafter:
+    """The runtime's Kangaroo drafter (specdraft/runtime/drafter.py): the target's layers 0..ℓ-1 and the adapter.
+
+    Adapter cache [Hkv, max_len, D]: `ingest` writes the confirmed positions' keys from the target's feature
+    ℓ (computed by verification); `first` and `step` write the root's and the drafted nodes' at their scratch
+    slots. Shallow layers: the nodes run through the target's own layers 0..ℓ-1 with its static cache; their
+    keys land at the target's scratch slots n + j (the verify pass rewrites those slots afterwards). As the
+    target's tree attention sees the whole prefix plus the new rows by a mask, `step` reruns every scratch
+    node drafted so far (W rows, static) with the scratch visibility it recorded: ancestors only, as in a tree.
+    The confidence exit η (`exit_threshold`) is an attribute for the engine; this drafter drafts every depth.
+    """
+
+    def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
+        self.draft, self.target = draft, target_model
+        self.exit_layer, self.exit_threshold = draft.exit_layer, cfg.exit_threshold
+        self.feature_layers, self.d2t = [draft.exit_layer], draft.d2t
+        attn = draft.self_attn
+        self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
+        self.rows = draft.head_rows(target_model.lm_head_weight)  # [Vd, H], gathered once
+
+    def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
+        self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
+        self.scratch_tokens = torch.zeros(scratch, dtype=torch.long, device=device)
+        self.scratch_positions = torch.zeros(scratch, dtype=torch.long, device=device)
+        self.scratch_mask = torch.eye(scratch, dtype=torch.bool, device=device)  # row j: what node j sees
+        self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
+
+    def state_tensors(self):
+        return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
+                self.scratch_mask]
+
+    def _write_kv(self, shallow, positions, slots):
+        """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
+        attn, m = self.draft.self_attn, shallow.shape[0]
+        x = self.draft.input_layernorm(shallow)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)  # [M, D]
+        self.k_cache.index_copy_(1, slots, apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1),
+                                                      cos, sin))
+        self.v_cache.index_copy_(1, slots, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1))
+        return apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)
+
+    def _adapter(self, shallow, positions, slots, visible):
+        """shallow [M, H] -> (logits [M, Vd], adapter output [M, H]); visible [M, S] over the adapter cache."""
+        q = self._write_kv(shallow, positions, slots)
+        out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
+                                             enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
+        hidden = shallow + self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
+        return self.draft.logits(hidden, self.target.final_norm, self.rows), hidden
+
+    def ingest(self, features, next_tokens, start, count) -> None:
+        shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]
+        columns = start + torch.arange(shallow.shape[0], device=shallow.device)
+        self._write_kv(shallow, columns, columns)
+        self.prefix_len.copy_(start + count)
+
+    def first(self, root_token, position):
+        self.scratch_tokens[:1] = root_token
+        self.scratch_positions[:1] = position
+        shallow, _ = self.target.run_layers(self.target.embed(root_token), position, self.prefix_len,
+                                            self.root_mask, 0, self.exit_layer)  # [1, H]
+        visible = torch.arange(self.k_cache.shape[1], device=shallow.device)[None, :] <= self.prefix_len
+        return self._adapter(shallow, position, self.prefix_len, visible)
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        self.scratch_tokens.index_copy_(0, scratch_slots, tokens)
+        self.scratch_positions.index_copy_(0, scratch_slots, positions)
+        self.scratch_mask.index_copy_(0, scratch_slots, scratch_visible)
+        shallow, _ = self.target.run_layers(self.target.embed(self.scratch_tokens), self.scratch_positions,
+                                            self.prefix_len, self.scratch_mask, 0, self.exit_layer)  # [W, H]
+        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
+        return self._adapter(shallow[scratch_slots], positions, self.prefix_len + scratch_slots, visible)
+
+
+def kangaroo_runtime(draft: KangarooDraft, cfg: KangarooConfig, target_model) -> KangarooDrafter:
+    return KangarooDrafter(draft, cfg, target_model)
+
+
 SPEC = MethodSpec(
     name="kangaroo",
     config=KangarooConfig,
@@ -289,4 +376,5 @@ SPEC = MethodSpec(
     exports={"hf": ExportFormat(write=kangaroo_to_hf, required_keys=kangaroo_hf_keys)},
     from_export=kangaroo_from_export,
     bind_target=kangaroo_bind,
+    runtime=kangaroo_runtime,
 )

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specdraft.errors import SpecdraftError
@@ -50,6 +51,7 @@ from specdraft.methods.eagle3 import (
     eagle3_hf_keys,
     eagle3_loss,
 )
+from specdraft.runtime.drafter import draft_visible
 
 
 @dataclass
@@ -249,6 +251,84 @@ def poss_initialize(draft: PossDraft, cfg: PossConfig, ctx: DraftContext) -> Non
                              f"intermediate_size differ): {str(err).splitlines()[-1].strip()}") from None
 
 
+class PossDrafter:
+    """The runtime's PosS drafter (specdraft/runtime/drafter.py), EAGLE-3's (eagle3.Eagle3Drafter) with one
+    KV cache per specialist: [S, Hkv, max_len, D].
+
+    Confirmed slots: each specialist's own step-0 keys (`ingest` projects them for every specialist, and runs
+    specialist 0 whole for the depth-1 distribution). Scratch slots: the drafted chain, shared: the keys a
+    depth's specialist writes go into every specialist's cache, so the next specialist attends to them as in
+    training. A depth is one batched call through one specialist (`step`'s depth is a Python int).
+    """
+
+    def __init__(self, draft: PossDraft, target_model):
+        self.draft, self.embed = draft, target_model.embed
+        self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
+        attn = draft.specialists[0].self_attn
+        self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
+
+    def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
+        shape = (len(self.draft.specialists), self.kv_heads, max_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
+        self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
+
+    def state_tensors(self):
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
+
+    def _project(self, specialist: int, hidden, embeds, rope_positions):
+        """hidden, embeds [M, H]; rope_positions [M] -> q [Hq, M, D], k and v [Hkv, M, D] of `specialist`."""
+        layer, m = self.draft.specialists[specialist], hidden.shape[0]
+        attn = layer.self_attn
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [M, 2H]
+        cos, sin = rope_cos_sin(rope_positions, self.head_dim, self.theta, x.dtype)  # [M, D]
+        q = apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)
+        k = apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1), cos, sin)
+        return q, k, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1)
+
+    def _attend(self, specialist: int, hidden, q, visible):
+        """hidden [M, H], q [Hq, M, D], visible [M, S] -> the specialist's output [M, H] over its cache."""
+        layer, m = self.draft.specialists[specialist], hidden.shape[0]
+        out = F.scaled_dot_product_attention(q[None], self.k_cache[specialist][None], self.v_cache[specialist][None],
+                                             attn_mask=visible, enable_gqa=self.heads != self.kv_heads)[0]
+        hidden = hidden + layer.self_attn.o_proj(out.transpose(0, 1).reshape(m, -1))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def ingest(self, features, next_tokens, start, count) -> None:
+        m, device = next_tokens.shape[0], next_tokens.device
+        aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
+        fused = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
+        embeds = self.embed(next_tokens).to(fused.dtype)
+        columns = start + torch.arange(m, device=device)  # [M]
+        for specialist in reversed(range(len(self.draft.specialists))):  # ends with specialist 0's queries
+            q, k, v = self._project(specialist, fused, embeds, columns)
+            self.k_cache[specialist].index_copy_(1, columns, k)
+            self.v_cache[specialist].index_copy_(1, columns, v)
+        visible = torch.arange(self.k_cache.shape[2], device=device)[None, :] <= columns[:, None]  # [M, S]
+        hidden = self._attend(0, fused, q, visible)
+        self.last_hidden.copy_(hidden[count - 1])
+        self.prefix_len.copy_(start + count)
+
+    def first(self, root_token, position):
+        return self.draft.logits(self.last_hidden), self.last_hidden
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        specialist = self.draft.specialist_for(depth)  # TTT step `depth` drafts depth + 1
+        q, k, v = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1)
+        slots = self.prefix_len + scratch_slots
+        count = self.k_cache.shape[0]
+        self.k_cache.index_copy_(2, slots, k.expand(count, *k.shape))  # every specialist sees the chain
+        self.v_cache.index_copy_(2, slots, v.expand(count, *v.shape))
+        visible = draft_visible(self.prefix_len, self.k_cache.shape[2], scratch_visible, root_written=False)
+        out = self._attend(specialist, hidden, q, visible)
+        return self.draft.logits(out), out
+
+
+def poss_runtime(draft: PossDraft, cfg: PossConfig, target_model) -> PossDrafter:
+    return PossDrafter(draft, target_model)
+
+
 SPEC = MethodSpec(
     name="poss",
     config=PossConfig,
@@ -259,4 +339,5 @@ SPEC = MethodSpec(
     exports={"hf": ExportFormat(write=poss_to_hf, required_keys=poss_hf_keys)},
     from_export=poss_from_export,
     initialize=poss_initialize,
+    runtime=poss_runtime,
 )
