@@ -1,6 +1,6 @@
 """The contract every registered method keeps, on a tiny random target (CPU, seconds per method): it trains
 through the real trainer, every export format reloads through `from_export` into a draft that computes the
-same loss and drafts the same tokens, and the evaluator decodes losslessly with it."""
+same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it."""
 import json
 
 import pytest
@@ -13,6 +13,8 @@ from specdraft.eval.run import run_eval
 from specdraft.export import export_draft
 from specdraft.methods import METHODS
 from specdraft.methods.base import ChainState, DraftBatch, TargetFeatures
+from specdraft.runtime.load import load_runtime
+from specdraft.runtime.tree import TreeShape
 from specdraft.target import capture_features, load_target
 from specdraft.train.trainer import run_train
 
@@ -84,3 +86,8 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
         assert torch.equal(tokens, expected_tokens), fmt
     report = run_eval(tmp_path / "hf", tmp_path / "eval")
     assert report["lossless"] is True and report["settings"]["method"] == method
+    runtime = load_runtime(tmp_path / "hf", device="cpu", shape=TreeShape(depth=3, topk=2, budget=6), max_len=128)
+    prompt = ids[0, :8].tolist()
+    expected = target.model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), do_sample=False,
+                                     max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0)
+    assert runtime.engine.generate(prompt, 16).tokens == expected[0, 8:].tolist()
