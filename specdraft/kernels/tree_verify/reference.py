@@ -9,15 +9,14 @@ def verify_greedy_reference(target_logits: torch.Tensor, tree_tokens: torch.Tens
     n = tree_tokens.shape[0]
     target_next = target_logits.argmax(-1)  # [N]
     parent = parents.clamp(min=0)
-    matches = (tree_tokens == target_next[parent]) & (parents >= 0)  # [N]
-    matches[0] = True
-    depth = torch.zeros_like(tree_tokens)
-    on_path = matches.clone()
-    for _ in range(depth_limit):  # a node is on an accepted path if all its ancestors match
-        on_path = matches & on_path[parent]
-        on_path[0] = True
-        depth = torch.where(parents >= 0, depth[parent] + 1, 0)
     index = torch.arange(n, device=tree_tokens.device)
+    is_root = index == 0
+    matches = ((tree_tokens == target_next[parent]) & (parents >= 0)) | is_root  # [N]
+    depth = torch.zeros_like(tree_tokens)
+    on_path = matches
+    for _ in range(depth_limit):  # a node is on an accepted path if all its ancestors match
+        on_path = (matches & on_path[parent]) | is_root
+        depth = torch.where(parents >= 0, depth[parent] + 1, 0)
     score = torch.where(on_path, depth * n + (n - 1 - index), -1)  # deepest, then lowest index
     last = score.argmax()
     accept_length = depth[last].view(1)
