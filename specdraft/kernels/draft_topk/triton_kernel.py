@@ -26,7 +26,7 @@ def unpack_key(key):
     """int64 key -> (float32 logit, int64 id)."""
     ordered = (key >> 32).to(tl.int32)
     logit = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-    return logit, 0x7FFFFFFF - (key & 0xFFFFFFFF)
+    return logit, 0x7FFFFFFF - (key & 0x7FFFFFFF)  # the low word is 0x7FFFFFFF - id, below 2 ** 31
 
 
 @triton.jit

@@ -16,7 +16,15 @@ from specdraft.errors import SpecdraftError
 from specdraft.kernels import launch, triton_interpreting
 from specdraft.kernels.launch import next_power_of_2
 
-_DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _dot_operand(tile, UPCAST: tl.constexpr):
+    """The tile as tl.dot takes it: float32 where the interpreter cannot multiply bfloat16."""
+    if UPCAST:
+        return tile.to(tl.float32)
+    return tile
 
 
 @triton.jit
@@ -24,7 +32,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
                   q_stride_h, q_stride_n, k_stride_h, k_stride_s, v_stride_h, v_stride_s, num_nodes, group,
                   seq_len, num_splits, qk_scale_log2, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT_BLOCKS: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     split, row_block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     prefix_len = tl.load(prefix_len_ptr).to(tl.int32)
     split_start = split * (SPLIT_BLOCKS * BLOCK_S)
@@ -36,7 +44,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
     dims = tl.arange(0, BLOCK_D)
     is_dim = dims < HEAD_DIM  # all true, folded away, when HEAD_DIM is a power of two
     q = tl.load(q_ptr + q_head[:, None] * q_stride_h + node[:, None] * q_stride_n + dims[None, :],
-                mask=is_row[:, None] & is_dim[None, :], other=0.0).to(DOT_DTYPE)  # [BLOCK_R, BLOCK_D]
+                mask=is_row[:, None] & is_dim[None, :], other=0.0)  # [BLOCK_R, BLOCK_D]
+    q = _dot_operand(q, UPCAST)
     tree_cols = tl.arange(0, BLOCK_T)
     sees = tl.load(tree_mask_ptr + node[:, None] * num_nodes + tree_cols[None, :],
                    mask=is_row[:, None] & (tree_cols < num_nodes)[None, :], other=0)  # [BLOCK_R, BLOCK_T]
@@ -52,7 +61,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
             slots = block_start + tl.arange(0, BLOCK_S)  # [BLOCK_S]
             in_split = slots < split_end
             kv_mask = in_split[:, None] & is_dim[None, :]
-            keys = tl.load(k_base + slots[:, None] * k_stride_s, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+            keys = _dot_operand(tl.load(k_base + slots[:, None] * k_stride_s, mask=kv_mask, other=0.0), UPCAST)
             scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_R, BLOCK_S]
             tree_index = slots - prefix_len  # [BLOCK_S], the node whose key sits in each slot
             in_tree = in_split & (tree_index >= 0)
@@ -64,8 +73,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
             shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # rows that have seen nothing yet
             probs = tl.exp2(scores - shift[:, None])
             rescale = tl.exp2(row_max - shift)
-            values = tl.load(v_base + slots[:, None] * v_stride_s, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-            out = out * rescale[:, None] + tl.dot(probs.to(DOT_DTYPE), values, input_precision=DOT_PRECISION)
+            values = _dot_operand(tl.load(v_base + slots[:, None] * v_stride_s, mask=kv_mask, other=0.0), UPCAST)
+            out = out * rescale[:, None] + tl.dot(probs.to(values.dtype), values, input_precision=DOT_PRECISION)
             row_sum = row_sum * rescale + tl.sum(probs, 1)
             row_max = new_max
     part_rows = (kv_head * group * num_nodes + rows) * num_splits + split  # (q_head * N + node) * splits + split
@@ -120,7 +129,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if q_heads % kv_heads or k_cache.shape != v_cache.shape or k_cache.shape[2] != head_dim:
         raise SpecdraftError(f"tree_attention: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)} and v_cache "
                              f"{tuple(v_cache.shape)} must be [Hq, N, D], [Hkv, S, D], [Hkv, S, D], Hq % Hkv == 0")
-    if not q.dtype == k_cache.dtype == v_cache.dtype or q.dtype not in _DOT_DTYPES:
+    if not q.dtype == k_cache.dtype == v_cache.dtype or q.dtype not in _DTYPES:
         raise SpecdraftError(f"tree_attention: q, k_cache, v_cache dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
                              " must be one of float16, bfloat16, float32, all the same")
     if not 1 <= num_nodes <= 64:
@@ -132,9 +141,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                                  split_size)
     block_d = max(16, next_power_of_2(head_dim))
     num_splits = triton.cdiv(seq_len, split_size)
-    dot_dtype = _DOT_DTYPES[q.dtype]
-    if dot_dtype == tl.bfloat16 and triton_interpreting():  # the interpreter multiplies bfloat16 bits as ints
-        dot_dtype = tl.float32
+    upcast = q.dtype == torch.bfloat16 and triton_interpreting()  # the interpreter multiplies bfloat16 bits as ints
     device = q.device
     part_out = torch.empty(q_heads * num_nodes * num_splits, block_d, dtype=torch.float32, device=device)
     part_max = torch.empty(q_heads * num_nodes * num_splits, dtype=torch.float32, device=device)
@@ -147,7 +154,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                         num_nodes, group, seq_len, num_splits, scale * math.log2(math.e), BLOCK_R=block_r,
                         BLOCK_S=block_s, SPLIT_BLOCKS=split_size // block_s,
                         BLOCK_T=next_power_of_2(num_nodes), HEAD_DIM=head_dim, BLOCK_D=block_d,
-                        DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+                        UPCAST=upcast, DOT_PRECISION="ieee" if upcast or q.dtype == torch.float32 else "tf32",
                         num_warps=8 if block_r * block_d >= 64 * 128 else 4)
     _combine_kernel[(q_heads * num_nodes,)](part_out, part_max, part_sum, prefix_len, out, out.stride(0),
                                             out.stride(1), num_nodes, num_splits, split_size,
