@@ -3,6 +3,12 @@
 Each op lives in `kernels/<op>/`: `reference.py` (the spec, short, shape comments), the fast version, and an
 `__init__.py` exposing one function that dispatches. `SPECDRAFT_KERNELS=reference` forces the references.
 Triton kernels run on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1` (how CI tests them).
+
+Ops: `soft_ce` (training loss); for the runtime, `draft_topk` (log-softmax + top-k + d2t over the draft
+vocabulary), `tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `kv_compact.compact_kv`
+(accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass attention over the prefix
+and the tree, flash-decoding style). The runtime ops are CUDA-graph capturable: static shapes, no host sync,
+per-call scalars as device tensors. `tools/bench_kernels.py` times each against its reference on a GPU.
 """
 import importlib.util
 import os

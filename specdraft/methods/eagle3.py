@@ -409,8 +409,7 @@ class Eagle3Drafter:
         slots_all = torch.arange(self.k_cache.shape[1], device=tokens.device)
         relative = slots_all - self.prefix_len  # [S]
         width = scratch_visible.shape[1]
-        own = scratch_visible.clone()
-        own[:, 0] = False  # nothing of ours at the root's slot
+        own = scratch_visible & (torch.arange(width, device=tokens.device) > 0)  # nothing of ours at the root's slot
         in_scratch = own[:, relative.clamp(0, width - 1)] & (relative >= 0) & (relative < width)  # [k, S]
         visible = in_scratch | (relative < 0)
         out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,

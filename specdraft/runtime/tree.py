@@ -70,12 +70,11 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
                                                                                       dtype=torch.long)]
     frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], torch.arange(1, 1 + k, device=device)
     frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
-    visible = torch.zeros(k, shape.scratch, dtype=torch.bool, device=device)
-    visible[:, 0] = True  # the root
+    visible = torch.arange(shape.scratch, device=device).expand(k, -1) == 0  # [k, W] each sees the root
     lane = torch.arange(k, device=device)
     for depth in range(1, shape.depth):
         slots = 1 + (depth - 1) * k + lane  # [k] scratch slots of this depth's frontier
-        visible[lane, slots] = True
+        visible = visible.index_put((lane, slots), torch.ones_like(lane, dtype=torch.bool))
         positions = (root_position + depth).expand(k)  # [k]
         logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)  # [k, Vd], [k, Hd]
         child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k]
@@ -95,8 +94,8 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
 
 def _select(cand_parents: torch.Tensor, cand_scores: torch.Tensor, shape: TreeShape) -> torch.Tensor:
     """-> [budget] candidate indices, ascending (parents before children), the root first; kept[] closed."""
-    scores = cand_scores.clone()
-    scores[0] = float("inf")  # the root is always kept
+    first = torch.arange(cand_scores.shape[0], device=cand_scores.device) == 0
+    scores = torch.where(first, float("inf"), cand_scores)  # the root is always kept
     chosen = torch.topk(scores, shape.budget).indices
     return torch.sort(chosen).values
 
@@ -108,14 +107,12 @@ def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_posi
     n, device = shape.budget, root.device
     node_of = torch.full((cand_tokens.shape[0],), -1, dtype=torch.long, device=device)
     node_of[chosen] = torch.arange(n, device=device)
-    parents = node_of[cand_parents[chosen].clamp(min=0)]  # [N], -1 where the parent was not kept
-    parents[0] = -1
-    valid = torch.ones(n, dtype=torch.bool, device=device)
+    is_root = torch.arange(n, device=device) == 0
+    parents = torch.where(is_root, -1, node_of[cand_parents[chosen].clamp(min=0)])  # [N], -1: parent not kept
+    valid = is_root | (parents >= 0)
     for _ in range(shape.depth):  # drop nodes whose parent was dropped (ties in joint probability)
-        valid = valid & ((parents >= 0) | (torch.arange(n, device=device) == 0))
         valid = valid & valid[parents.clamp(min=0)]
-    parents = torch.where(valid, parents, 0)
-    parents[0] = -1
+    parents = torch.where(is_root, -1, torch.where(valid, parents, 0))
     return _tree(cand_tokens[chosen], parents, valid, cand_scores[chosen], shape.depth)
 
 

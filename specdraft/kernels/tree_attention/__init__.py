@@ -1,12 +1,22 @@
-"""`tree_attention`: attention of N tree nodes over a static KV cache (prefix fully visible, nodes by mask)."""
+"""`tree_attention`: the verify pass's attention of N tree nodes over the cached prefix and their own ancestors.
+
+Dispatch: the Triton kernels when `use_triton(q)`, else the reference (tests/kernels/test_tree_attention.py
+checks that both compute the same function).
+"""
 import torch
 
+from specdraft.kernels import use_triton
 from specdraft.kernels.tree_attention.reference import tree_attention_reference, visible_slots
 
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
                    tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [Hq, N, D]; k/v_cache [Hkv, S, D]; prefix_len [1] int64; tree_mask [N, N] bool -> [Hq, N, D]."""
+    """q [Hq, N, D]; k_cache, v_cache [Hkv, S, D] (Hq % Hkv == 0); prefix_len [1] int64; tree_mask [N, N] bool
+    (node i sees node j) -> out [Hq, N, D] in q's dtype (softmax in float32)."""
+    if use_triton(q):
+        from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
+
+        return tree_attention_triton(q, k_cache, v_cache, prefix_len, tree_mask, scale)
     return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, scale)
 
 

@@ -1,30 +1,25 @@
-"""Greedy tree verification, the spec: the deepest chain of nodes whose tokens are the target's argmax."""
+"""Greedy tree verification, the spec. Node i (not the root) matches when its token is the target's argmax at
+its parent (argmax ties: lowest id). The accepted path is the root plus the deepest chain of matching nodes
+from the root (among matching siblings, the lowest node index), at most `depth_limit` drafted nodes long."""
 import torch
 
 
 def verify_greedy_reference(target_logits: torch.Tensor, tree_tokens: torch.Tensor, parents: torch.Tensor,
                             depth_limit: int):
-    """target_logits [N, V]; tree_tokens [N]; parents [N] (parents[0] = -1, parents[i] < i)
-    -> (accepted_nodes [depth_limit + 1] padded with -1, accept_length [1], bonus_token [1])."""
-    n = tree_tokens.shape[0]
-    target_next = target_logits.argmax(-1)  # [N]
-    parent = parents.clamp(min=0)
-    matches = (tree_tokens == target_next[parent]) & (parents >= 0)  # [N]
-    matches[0] = True
-    depth = torch.zeros_like(tree_tokens)
-    on_path = matches.clone()
-    for _ in range(depth_limit):  # a node is on an accepted path if all its ancestors match
-        on_path = matches & on_path[parent]
-        on_path[0] = True
-        depth = torch.where(parents >= 0, depth[parent] + 1, 0)
-    index = torch.arange(n, device=tree_tokens.device)
-    score = torch.where(on_path, depth * n + (n - 1 - index), -1)  # deepest, then lowest index
-    last = score.argmax()
-    accept_length = depth[last].view(1)
-    accepted = torch.full((depth_limit + 1,), -1, dtype=torch.long, device=tree_tokens.device)
-    node = last
-    for step in range(depth_limit, -1, -1):  # walk up from the last accepted node
-        slot_ok = step <= accept_length[0]
-        accepted[step] = torch.where(slot_ok, node, accepted[step])
-        node = torch.where(slot_ok & (step > 0), parent[node], node)
-    return accepted, accept_length, target_next[last].view(1)
+    """target_logits [N, V]; tree_tokens, parents [N] int64 (parents[0] = -1, parents[i] < i) ->
+    (accepted_nodes [depth_limit + 1] int64 padded with -1, accept_length [1] int64, bonus_token [1] int64)."""
+    num_nodes = tree_tokens.shape[0]
+    node_ids = torch.arange(num_nodes, device=tree_tokens.device)  # [N]
+    target_argmax = target_logits.argmax(dim=-1)  # [N], first maximal id
+    matches = (tree_tokens == target_argmax[parents.clamp(min=0)]) & (parents >= 0)  # [N]
+    current = torch.zeros(1, dtype=torch.int64, device=tree_tokens.device)  # [1]
+    path = [current]
+    for _ in range(depth_limit):  # once no child matches, `current` stays and every later step finds none
+        children = matches & (parents == current)  # [N]
+        found = children.any(dim=0, keepdim=True)  # [1]
+        lowest_child = torch.where(children, node_ids, num_nodes).amin(dim=0, keepdim=True)  # [1]
+        path.append(torch.where(found, lowest_child, -1))
+        current = torch.where(found, lowest_child, current)
+    accepted_nodes = torch.cat(path)  # [depth_limit + 1]
+    accept_length = (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True)  # [1]
+    return accepted_nodes, accept_length, target_argmax[current]

@@ -1,0 +1,61 @@
+"""The four runtime ops dispatch: Triton where `use_triton` says so (the interpreter here), the reference when
+SPECDRAFT_KERNELS=reference or where triton is not installed (then the ops import and run without it)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.kv_compact import compact_kv
+from specdraft.kernels.tree_attention import tree_attention
+from specdraft.kernels.tree_verify import verify_greedy
+
+ROOT = Path(__file__).resolve().parents[2]
+CALLS = {  # module: (its dispatching function, the Triton launcher's name, a call on tiny CPU tensors)
+    "draft_topk": (draft_topk, "draft_topk_triton",
+                   lambda op: op(torch.randn(2, 30), torch.zeros(30, dtype=torch.int64), 3)),
+    "tree_verify": (verify_greedy, "verify_greedy_triton",
+                    lambda op: op(torch.randn(3, 20), torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]), 2)),
+    "kv_compact": (compact_kv, "compact_kv_triton",
+                   lambda op: op(torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 4), torch.tensor([3, 5]),
+                                 torch.tensor([3]), torch.tensor([2]))),
+    "tree_attention": (tree_attention, "tree_attention_triton",
+                       lambda op: op(torch.randn(2, 2, 16), torch.randn(1, 8, 16), torch.randn(1, 8, 16),
+                                     torch.tensor([4]), torch.tril(torch.ones(2, 2, dtype=torch.bool)), 0.25)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_dispatch_follows_use_triton(name, monkeypatch):
+    dispatch, launcher_name, call = CALLS[name]
+    module = pytest.importorskip(f"specdraft.kernels.{name}.triton_kernel")
+    calls = []
+    real_launcher = getattr(module, launcher_name)
+    monkeypatch.setattr(module, launcher_name,
+                        lambda *args, **kwargs: calls.append(1) or real_launcher(*args, **kwargs))
+    call(dispatch)
+    assert calls == [1]  # TRITON_INTERPRET=1 on this CPU: the kernel ran
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    call(dispatch)
+    assert calls == [1]
+
+
+NO_TRITON = """
+import sys
+sys.modules["triton"] = None  # `import triton` now fails, as where it is not installed
+import torch
+from tests.kernels.test_dispatch import CALLS
+for name, (dispatch, _, call) in CALLS.items():
+    call(dispatch)
+    assert f"specdraft.kernels.{name}.triton_kernel" not in sys.modules, name
+print("ok")
+"""
+
+
+def test_ops_import_and_run_without_triton():
+    env = {"PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, capture_output=True, text=True, env=env,
+                            check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

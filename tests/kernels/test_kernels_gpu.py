@@ -1,0 +1,91 @@
+"""On a CUDA GPU: each Triton op against its reference at runtime shapes, and each op captured in a CUDA graph
+and replayed after its inputs (device scalars included) changed in place."""
+import pytest
+import torch
+
+from specdraft.kernels.draft_topk import draft_topk, draft_topk_reference
+from specdraft.kernels.kv_compact import compact_kv, compact_kv_reference
+from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
+from specdraft.kernels.tree_verify import verify_greedy, verify_greedy_reference
+from tests.kernels.trees import ancestor_mask, random_parents
+
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+
+def _captured(fn):
+    """fn() captured in a CUDA graph (after a warm-up that compiles the kernels) -> the graph and its outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 32000), (64, 8192), (8, 128256)])
+def test_draft_topk_on_gpu_and_in_a_graph(rows, vocab):
+    draft_logits = torch.randn(rows, vocab, device=CUDA).bfloat16()
+    d2t = torch.randint(0, 1000, (vocab,), device=CUDA)
+    graph, (logprobs, target_ids) = _captured(lambda: draft_topk(draft_logits, d2t, 10))
+    for _ in range(2):
+        draft_logits.copy_(torch.randn_like(draft_logits, dtype=torch.float32))
+        graph.replay()
+        expected = draft_topk_reference(draft_logits, d2t, 10)
+        torch.testing.assert_close(logprobs, expected[0], rtol=0, atol=1e-4)
+        assert torch.equal(target_ids, expected[1])
+
+
+@pytest.mark.parametrize("num_nodes, vocab", [(64, 152064), (1, 49152), (20, 32000)])
+def test_verify_greedy_on_gpu_and_in_a_graph(num_nodes, vocab):
+    generator = torch.Generator().manual_seed(num_nodes)
+    parents = random_parents(num_nodes, generator).to(CUDA)
+    target_logits = torch.randn(num_nodes, vocab, device=CUDA).bfloat16()
+    tree_tokens = torch.zeros(num_nodes, dtype=torch.int64, device=CUDA)
+    graph, outputs = _captured(lambda: verify_greedy(target_logits, tree_tokens, parents, 8))
+    for match_fraction in (0.0, 0.8, 1.0):
+        target_logits.copy_(torch.randn_like(target_logits, dtype=torch.float32))
+        argmax = target_logits.argmax(-1)[parents.clamp(min=0)]
+        hits = torch.rand(num_nodes, device=CUDA) < match_fraction
+        tree_tokens.copy_(torch.where(hits, argmax, argmax + 1))
+        graph.replay()
+        for got, expected in zip(outputs, verify_greedy_reference(target_logits, tree_tokens, parents, 8)):
+            assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("layers, kv_heads, head_dim", [(30, 3, 64), (32, 8, 128)])
+def test_compact_kv_on_gpu_and_in_a_graph(layers, kv_heads, head_dim):
+    k_cache = torch.randn(layers, kv_heads, 512, head_dim, device=CUDA).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    src_slots = torch.zeros(8, dtype=torch.int64, device=CUDA)
+    dst_start = torch.zeros(1, dtype=torch.int64, device=CUDA)
+    count = torch.zeros(1, dtype=torch.int64, device=CUDA)
+    graph, _ = _captured(lambda: compact_kv(k_cache, v_cache, src_slots, dst_start, count))
+    for start, slots, valid in [(100, [100, 102, 103, 105, 109, 110, 111, 115], 8), (200, [201, 204, 205] + [0] * 5, 3),
+                                (300, [300] * 8, 0)]:
+        src_slots.copy_(torch.tensor(slots))
+        dst_start.fill_(start)
+        count.fill_(valid)
+        expected_k, expected_v = k_cache.clone(), v_cache.clone()
+        compact_kv_reference(expected_k, expected_v, src_slots, dst_start, count)
+        graph.replay()
+        assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("q_heads, kv_heads, num_nodes, head_dim", [(9, 3, 1, 64), (9, 3, 64, 64), (32, 8, 1, 128),
+                                                                     (32, 8, 24, 128)])
+def test_tree_attention_on_gpu_and_in_a_graph(q_heads, kv_heads, num_nodes, head_dim):
+    q = torch.randn(q_heads, num_nodes, head_dim, device=CUDA).bfloat16()
+    k_cache = torch.randn(kv_heads, 2048, head_dim, device=CUDA).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    prefix_len = torch.zeros(1, dtype=torch.int64, device=CUDA)
+    tree_mask = ancestor_mask(random_parents(num_nodes, torch.Generator().manual_seed(0))).to(CUDA)
+    graph, out = _captured(lambda: tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, head_dim ** -0.5))
+    for prefix in (0, 700, 2048 - num_nodes):
+        prefix_len.fill_(prefix)
+        graph.replay()
+        expected = tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, head_dim ** -0.5)
+        torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)

@@ -1,0 +1,72 @@
+"""tree_attention: the Triton kernels (under TRITON_INTERPRET=1 on CPU) against the reference, and the
+reference against a float64 softmax written out slot by slot. Small `block_s` and `split_size` force several
+key blocks and splits; slots from prefix_len + N on hold huge stale values that must never be seen."""
+import math
+
+import pytest
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
+from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
+from tests.kernels.trees import ancestor_mask, random_parents
+
+
+def _inputs(q_heads, kv_heads, num_nodes, seq_len, head_dim, prefix_len, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(q_heads, num_nodes, head_dim, generator=generator).to(dtype)
+    k_cache = torch.randn(kv_heads, seq_len, head_dim, generator=generator)
+    v_cache = torch.randn(kv_heads, seq_len, head_dim, generator=generator)
+    k_cache[:, prefix_len + num_nodes:] = 1e4  # stale slots: a single leak dominates the softmax
+    v_cache[:, prefix_len + num_nodes:] = 1e4
+    tree_mask = ancestor_mask(random_parents(num_nodes, generator))
+    return q, k_cache.to(dtype), v_cache.to(dtype), torch.tensor([prefix_len]), tree_mask
+
+
+def _slow_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale):
+    """Float64, one query and one visible slot at a time."""
+    q_heads, num_nodes, _ = q.shape
+    group = q_heads // k_cache.shape[0]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for head in range(q_heads):
+        keys, values = k_cache[head // group].double(), v_cache[head // group].double()
+        for node in range(num_nodes):
+            slots = list(range(prefix_len)) + [prefix_len + j for j in range(num_nodes) if tree_mask[node, j]]
+            weights = torch.softmax(keys[slots] @ q[head, node].double() * scale, dim=0)
+            out[head, node] = weights @ values[slots]
+    return out
+
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("q_heads, kv_heads, num_nodes, seq_len, head_dim, prefix_len, dtype, block_s, split_size", [
+    (4, 2, 5, 64, 16, 20, torch.float32, 16, 32),
+    (3, 3, 1, 100, 32, 99, torch.float32, 16, 16),  # one query over a full cache, many splits
+    (6, 2, 7, 48, 16, 0, torch.bfloat16, 16, 16),  # no prefix: the tree alone
+    (2, 1, 9, 80, 24, 30, torch.float16, None, None),  # head dim not a power of two
+    (4, 1, 12, 40, 16, 28, torch.float32, 16, 48),  # prefix + N == S
+])
+def test_triton_matches_reference(q_heads, kv_heads, num_nodes, seq_len, head_dim, prefix_len, dtype, block_s,
+                                  split_size):
+    inputs = _inputs(q_heads, kv_heads, num_nodes, seq_len, head_dim, prefix_len, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    expected = tree_attention_reference(*inputs, scale)
+    got = tree_attention_triton(*inputs, scale, block_s=block_s, split_size=split_size)
+    assert got.shape == expected.shape and got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_reference_is_the_definition():
+    inputs = _inputs(4, 2, 6, 32, 8, 10, torch.float32, seed=3)
+    expected = _slow_attention(*inputs[:3], 10, inputs[4], 0.3)
+    torch.testing.assert_close(tree_attention_reference(*inputs, 0.3).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_64_nodes_the_ancestor_bits_limit_and_dispatch():
+    inputs = _inputs(2, 1, 64, 96, 16, 20, torch.float32, seed=1)
+    torch.testing.assert_close(tree_attention(*inputs, 0.25), tree_attention_reference(*inputs, 0.25),
+                               rtol=1e-5, atol=1e-5)
+    too_many = _inputs(1, 1, 65, 96, 16, 20, torch.float32)
+    with pytest.raises(SpecdraftError, match="65 tree nodes"):
+        tree_attention_triton(*too_many, 0.25)

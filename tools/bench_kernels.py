@@ -1,0 +1,238 @@
+"""Kernel benchmark: each runtime op's Triton kernel against its PyTorch reference at runtime shapes
+(SmolLM2-135M and Llama-3-8B, batch 1, bfloat16), checking on the way that both give the same outputs.
+
+On CUDA each implementation is captured in a CUDA graph of `--iters` calls (as the runtime replays it) and timed
+with CUDA events over `--reps` replays: the median per call is reported, launch overhead excluded, inputs warm in
+L2 (as they are when the runtime has just produced them). Prints a table and writes JSON (`--out`).
+`draft_topk vs torch.topk` times the kernel against the unfused eager ops (log_softmax, topk, gather), whose
+tie order is unspecified: a fairer bar than the reference's stable sort.
+
+    python tools/bench_kernels.py --out runs/bench_kernels.json     # CUDA GPU, about a minute (mostly compiling)
+    python tools/bench_kernels.py --device cpu --out /tmp/k.json    # tiny shapes, the Triton interpreter
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+MODELS = {
+    "smollm2": {"layers": 30, "kv_heads": 3, "q_heads": 9, "head_dim": 64, "vocab": 49152,
+                "draft_vocabs": (8192, 32000)},
+    "llama3": {"layers": 32, "kv_heads": 8, "q_heads": 32, "head_dim": 128, "vocab": 128256,
+               "draft_vocabs": (32000,)},
+}
+TINY = {"tiny": {"layers": 2, "kv_heads": 2, "q_heads": 4, "head_dim": 16, "vocab": 500, "draft_vocabs": (300,)}}
+
+
+@dataclass
+class Case:
+    op: str
+    shape: str
+    reference: Callable[[], object]
+    triton: Callable[[], object]
+    check: Callable[[Case], bool]  # both implementations give the same outputs (within tolerance)
+
+
+def _binary_tree(num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """parents [N] (node i's parent is (i - 1) // 2) and the ancestor mask [N, N]."""
+    parents = (torch.arange(num_nodes) - 1).div(2, rounding_mode="floor")
+    parents[0] = -1
+    mask = torch.eye(num_nodes, dtype=torch.bool)
+    for node in range(1, num_nodes):
+        mask[node] |= mask[int(parents[node])]
+    return parents.to(device), mask.to(device)
+
+
+def _same(check_outputs):
+    """A check that runs both implementations once and compares their outputs."""
+    return lambda case: check_outputs(case.reference(), case.triton())
+
+
+def topk_cases(models, rows_list, device, k=10):
+    from specdraft.kernels.draft_topk.reference import draft_topk_reference
+    from specdraft.kernels.draft_topk.triton_kernel import draft_topk_triton
+
+    def unfused(draft_logits, d2t):  # what a runtime without the kernel would write (tie order unspecified)
+        values, draft_ids = torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
+        return values, draft_ids + d2t[draft_ids]
+
+    vocabs = sorted({v for model in models.values() for v in model["draft_vocabs"]})
+    for vocab in vocabs:
+        d2t = torch.randint(0, 1000, (vocab,), device=device)
+        for rows in rows_list:
+            logits = torch.randn(rows, vocab, device=device).mul_(4).bfloat16()
+            shape = f"N={rows} Vd={vocab} k={k}"
+            def fused(x=logits, d2t=d2t):
+                return draft_topk_triton(x, d2t, k)
+
+            yield Case("draft_topk", shape, lambda x=logits, m=d2t: draft_topk_reference(x, m, k), fused,
+                       _same(lambda e, g: torch.allclose(e[0], g[0], atol=1e-4) and torch.equal(e[1], g[1])))
+            yield Case("draft_topk vs torch.topk", shape, lambda x=logits, m=d2t: unfused(x, m), fused,
+                       _same(lambda e, g: torch.allclose(e[0], g[0], atol=1e-4)))
+
+
+def verify_cases(models, nodes_list, device, depth_limit=8):
+    from specdraft.kernels.tree_verify.reference import verify_greedy_reference
+    from specdraft.kernels.tree_verify.triton_kernel import verify_greedy_triton
+
+    for vocab in sorted({model["vocab"] for model in models.values()}):
+        for num_nodes in nodes_list:
+            parents, _ = _binary_tree(num_nodes, device)
+            logits = torch.randn(num_nodes, vocab, device=device).bfloat16()
+            tokens = logits.argmax(-1)[parents.clamp(min=0)]  # every node matches: the walk goes deepest
+            args = (logits, tokens, parents, depth_limit)
+            yield Case("verify_greedy", f"N={num_nodes} V={vocab}", lambda a=args: verify_greedy_reference(*a),
+                       lambda a=args: verify_greedy_triton(*a),
+                       _same(lambda e, g: all(torch.equal(x, y) for x, y in zip(e, g))))
+
+
+def _compact_check(caches, args):
+    from specdraft.kernels.kv_compact.reference import compact_kv_reference
+    from specdraft.kernels.kv_compact.triton_kernel import compact_kv_triton
+
+    def check(case):
+        expected, got = [c.clone() for c in caches], [c.clone() for c in caches]
+        compact_kv_reference(*expected, *args)
+        compact_kv_triton(*got, *args)
+        return all(torch.equal(e, g) for e, g in zip(expected, got))
+    return check
+
+
+def compact_cases(models, entries_list, seq_len, device):
+    from specdraft.kernels.kv_compact.reference import compact_kv_reference
+    from specdraft.kernels.kv_compact.triton_kernel import compact_kv_triton
+
+    for name, model in models.items():
+        shape = (model["layers"], model["kv_heads"], seq_len, model["head_dim"])
+        caches = [torch.randn(shape, device=device).bfloat16() for _ in range(2)]
+        for entries in entries_list:  # every other tree node accepted, the last entry padding
+            args = (torch.arange(entries, device=device) * 2 + seq_len // 2,
+                    torch.tensor([seq_len // 2], device=device), torch.tensor([entries - 1], device=device))
+            yield Case("compact_kv", f"{name} L={shape[0]} Hkv={shape[1]} D={shape[3]} M={entries}",
+                       lambda c=caches, a=args: compact_kv_reference(*c, *a),
+                       lambda c=caches, a=args: compact_kv_triton(*c, *a), _compact_check(caches, args))
+
+
+def attention_cases(models, nodes_list, seq_len, device):
+    from specdraft.kernels.tree_attention.reference import tree_attention_reference
+    from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
+
+    for name, model in models.items():
+        kv_shape = (model["kv_heads"], seq_len, model["head_dim"])
+        k_cache, v_cache = (torch.randn(kv_shape, device=device).bfloat16() for _ in range(2))
+        for num_nodes in nodes_list:
+            q = torch.randn(model["q_heads"], num_nodes, model["head_dim"], device=device).bfloat16()
+            prefix_len = torch.tensor([seq_len * 3 // 4], device=device)
+            args = (q, k_cache, v_cache, prefix_len, _binary_tree(num_nodes, device)[1], model["head_dim"] ** -0.5)
+            yield Case("tree_attention", f"{name} Hq={q.shape[0]} Hkv={kv_shape[0]} D={kv_shape[2]} N={num_nodes} "
+                       f"S={seq_len} prefix={int(prefix_len)}", lambda a=args: tree_attention_reference(*a),
+                       lambda a=args: tree_attention_triton(*a),
+                       _same(lambda e, g: torch.allclose(e.float(), g.float(), rtol=2e-2, atol=2e-2)))
+
+
+def all_cases(device: torch.device, ops: set):
+    tiny = device.type == "cpu"
+    models = TINY if tiny else MODELS
+    nodes = (1, 5) if tiny else (1, 8, 32, 64)
+    seq_len = 64 if tiny else 2048
+    makers = {"draft_topk": lambda: topk_cases(models, nodes, device),
+              "verify_greedy": lambda: verify_cases(models, nodes, device),
+              "compact_kv": lambda: compact_cases(models, (4,) if tiny else (8, 16), seq_len, device),
+              "tree_attention": lambda: attention_cases(models, nodes, seq_len, device)}
+    for op, make in makers.items():
+        if op in ops:
+            yield from make()
+
+
+def time_us(fn: Callable[[], object], device: torch.device, iters: int, reps: int) -> tuple[float, str]:
+    """(median µs per call, how it ran): a CUDA graph of `iters` calls on CUDA (eager if capture fails), wall
+    clock on the CPU (no warm-up: the interpreter compiles nothing)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - start) * 1e6 / iters, "cpu"
+    run, how = _graph_of(fn, iters), "graph"
+    if run is None:
+        run, how = (lambda: [fn() for _ in range(iters)]), "eager"
+    run()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    return statistics.median(samples), how
+
+
+def _graph_of(fn, iters: int):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiles, and warms up allocations off the default stream, before the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+    except RuntimeError as error:
+        print(f"  (CUDA graph capture failed, timing eagerly: {str(error).splitlines()[0]})")
+        torch.cuda.synchronize()
+        return None
+    return graph.replay
+
+
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (Triton interpreter)"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="runs/bench_kernels.json")
+    parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention")
+    parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
+    parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+        args.iters, args.reps = 1, 1
+    import triton
+
+    torch.manual_seed(0)
+    rows = []
+    print(f"{'op':<26} {'shape':<52} {'reference µs':>12} {'triton µs':>10} {'speedup':>8}  match")
+    for case in all_cases(device, set(args.ops.split(","))):
+        match = bool(case.check(case))
+        reference_us, how = time_us(case.reference, device, args.iters, args.reps)
+        triton_us, triton_how = time_us(case.triton, device, args.iters, args.reps)
+        rows.append({"op": case.op, "shape": case.shape, "reference_us": round(reference_us, 2),
+                     "triton_us": round(triton_us, 2), "speedup": round(reference_us / triton_us, 2),
+                     "match": match, "timing": how if how == triton_how else f"{how}/{triton_how}"})
+        print(f"{case.op:<26} {case.shape:<52} {reference_us:>12.1f} {triton_us:>10.1f} "
+              f"{reference_us / triton_us:>7.2f}x  {match}", flush=True)
+    result = {"machine": _machine(device), "torch": torch.__version__, "triton": triton.__version__,
+              "all_match": all(row["match"] for row in rows), "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(0 if main()["all_match"] else 1)
