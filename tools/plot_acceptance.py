@@ -4,7 +4,8 @@ table of τ and the per-position rates.
     python tools/plot_acceptance.py --out docs/bench/poss/acceptance.png \
         EAGLE-3=runs/eagle3/eval/eval.json PosS-2=runs/poss2/eval/eval.json
 
-Each argument is LABEL=PATH of an `eval.json` (`specdraft eval`, or tools/merge_eval.py's merge). Prints a
+Each argument is LABEL=PATH of an `eval.json` (`specdraft eval`, tools/merge_eval.py) or a `bench.json`
+(`specdraft bench`: its T=0 run, with tokens/s and the speedup over plain decoding in the table). Prints a
 Markdown table; writes the plot and, beside it, a JSON with each run's τ, conditional acceptance by position
 (P(draft i accepted | drafts < i accepted)) and the share of cycles that reach position i (their product).
 """
@@ -24,23 +25,28 @@ def load_runs(pairs: List[str]) -> Dict[str, dict]:
         if not sep or not label:
             raise SystemExit(f"plot_acceptance: argument {pair!r} is not LABEL=PATH")
         report = json.loads(Path(path).read_text())
+        if "runs" in report:  # a `specdraft bench` report: its T=0 run
+            report = next((run for run in report["runs"] if run["temperature"] == 0), report["runs"][0])
         conditional = report["acceptance_by_position"]
         reached, running = [], 1.0
         for rate in conditional:
             running *= rate
             reached.append(running)
         runs[label] = {"tau": report["tau"], "acceptance_by_position": conditional, "accepted_through": reached,
-                       "prompts": report.get("prompts"), "lossless": report.get("lossless"), "source": path}
+                       "prompts": report.get("prompts"), "lossless": report.get("lossless"), "source": path,
+                       "tokens_per_s": report.get("tokens_per_s"), "speedup_vs_plain": report.get("speedup_vs_plain")}
     return runs
 
 
 def table(runs: Dict[str, dict]) -> str:
     depth = max(len(r["acceptance_by_position"]) for r in runs.values())
-    lines = ["| run | τ | " + " | ".join(f"p{i + 1}" for i in range(depth)) + " |",
-             "|---|---|" + "---|" * depth]
+    lines = ["| run | τ | tokens/s | speedup | " + " | ".join(f"p{i + 1}" for i in range(depth)) + " |",
+             "|---|---|---|---|" + "---|" * depth]
     for label, run in runs.items():
         rates = [f"{rate:.2f}" for rate in run["acceptance_by_position"]] + [""] * depth
-        lines.append(f"| {label} | {run['tau']:.3f} | " + " | ".join(rates[:depth]) + " |")
+        speed = "n/a" if run["tokens_per_s"] is None else f"{run['tokens_per_s']:.1f}"
+        speedup = "n/a" if run["speedup_vs_plain"] is None else f"{run['speedup_vs_plain']:.2f}"
+        lines.append(f"| {label} | {run['tau']:.3f} | {speed} | {speedup} | " + " | ".join(rates[:depth]) + " |")
     return "\n".join(lines)
 
 
