@@ -25,6 +25,13 @@ CASES = {  # small settings per method; every registered method needs one
 }
 
 
+@pytest.fixture(autouse=True)
+def _reference_kernels(monkeypatch):
+    """The plain PyTorch kernels: these tests are about the methods (tests/kernels/ checks the Triton ones,
+    which the CPU would only interpret, slowly)."""
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+
+
 def test_every_method_has_a_case():
     assert set(CASES) == set(METHODS)
 

@@ -23,6 +23,13 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
 RUNTIME_METHODS = sorted(name for name, spec in METHODS.items() if spec.runtime is not None)
 
 
+@pytest.fixture(autouse=True)
+def _reference_kernels(monkeypatch):
+    """The plain PyTorch kernels: these tests are about the methods (tests/kernels/ checks the Triton ones,
+    which the CPU would only interpret, slowly)."""
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+
+
 def test_every_method_has_a_runtime_and_a_case():
     assert RUNTIME_METHODS == sorted(METHODS) and set(CASES) == set(METHODS)
 
