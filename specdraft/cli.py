@@ -1,6 +1,6 @@
 """specdraft command line: distill-data | train | export | eval. New knobs go into recipe dataclasses, not flags.
 
-    specdraft distill-data RECIPE [key=value ...]
+    specdraft distill-data RECIPE [--merge] [key=value ...]
     specdraft train RECIPE [key=value ...]
     specdraft export RUN_DIR --format hf|speculators --out DIR
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
@@ -17,10 +17,11 @@ from specdraft.errors import SpecdraftError
 
 
 def _distill(args) -> dict:
-    from data_gen.distill import run_distill
+    from data_gen.distill import merge_only, run_distill
     from specdraft.config import load_recipe
 
-    return run_distill(load_recipe(args.recipe, args.overrides))
+    recipe = load_recipe(args.recipe, args.overrides)
+    return merge_only(recipe) if args.merge else run_distill(recipe)
 
 
 def _train(args) -> dict:
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("recipe")
         cmd.add_argument("overrides", nargs="*", help="recipe overrides, key=value (e.g. train.max_steps=10)")
         cmd.set_defaults(func=func)
+        if name == "distill-data":
+            cmd.add_argument("--merge", action="store_true",
+                             help="only merge the shards that distill-data workers wrote (all must exist)")
     export = sub.add_parser("export", help="write a checkpoint a serving engine loads")
     export.add_argument("run_dir")
     export.add_argument("--format", default="hf", help="hf (SGLang), speculators (vLLM)")
