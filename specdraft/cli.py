@@ -4,6 +4,8 @@
     specdraft train RECIPE [key=value ...]
     specdraft export RUN_DIR --format hf|speculators --out DIR
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
+    specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
+                    [--dry-run] [key=value ...]
 """
 from __future__ import annotations
 
@@ -46,6 +48,37 @@ def _eval(args) -> dict:
     return report
 
 
+def _slurm(args) -> dict:
+    from specdraft.launch.slurm import SlurmJob, run_slurm
+
+    options = {name: getattr(args, name) for name in ("nodes", "gpus_per_node", "workers", "partition", "time",
+                                                      "account", "cpus_per_task", "mem", "signal_seconds",
+                                                      "template")}
+    return run_slurm(SlurmJob(kind=args.kind, recipe=args.recipe, overrides=args.overrides, **options),
+                     dry_run=args.dry_run)
+
+
+def _add_slurm(sub) -> None:
+    slurm = sub.add_parser("slurm", help="write an sbatch script for train or distill-data and submit it")
+    slurm.add_argument("kind", choices=("train", "distill-data"))
+    slurm.add_argument("recipe")
+    slurm.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus-per-node", type=int, default=0, help="0 runs on CPUs (one task per node)")
+    slurm.add_argument("--workers", type=int, default=None,
+                       help="distill-data array tasks (default: nodes x gpus-per-node, one GPU each)")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--time", help="time limit, e.g. 24:00:00")
+    slurm.add_argument("--account")
+    slurm.add_argument("--cpus-per-task", type=int)
+    slurm.add_argument("--mem", help="memory per node, e.g. 200G")
+    slurm.add_argument("--signal-seconds", type=int, default=120,
+                       help="train: SIGUSR1 this many seconds before the time limit (save and requeue)")
+    slurm.add_argument("--template", help="an sbatch template of your own (default: tools/slurm/KIND.sbatch)")
+    slurm.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    slurm.set_defaults(func=_slurm)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", default=None, help="where eval.json and eval.png go (default: PATH)")
     evaluate.add_argument("overrides", nargs="*", help="recipe overrides, e.g. eval.max_prompts=10")
     evaluate.set_defaults(func=_eval)
+    _add_slurm(sub)
     return parser
 
 
