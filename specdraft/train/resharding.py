@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
 from specdraft.io import TMP_PREFIX, write_text
 
@@ -131,7 +132,8 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
         """The saved layout when the checkpoint was loaded universally (resharded), else None."""
 
     def setup(self, trainer) -> None:
-        if self.resume_from and is_deepspeed_checkpoint(self.resume_from):
+        if self.resume_from and is_deepspeed_checkpoint(self.resume_from) \
+                and trainer.state.fn == TrainerFn.FITTING:
             saved = zero_layout(self.resume_from)
             if (saved.world_size, saved.stage) != (self.world_size, self.config["zero_optimization"]["stage"]):
                 checkpoint = Path(self.resume_from)
