@@ -36,6 +36,8 @@ class TargetConfig:
     """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
     trust_remote_code: bool = False
     """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+    random_init: bool = False
+    """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
 
     def __post_init__(self):
         _check_choice("target.dtype", self.dtype, DTYPES)
@@ -76,6 +78,20 @@ class DistillConfig:
     """Nucleus sampling mass (sampling only)."""
     seed: int = 0
     """Sampling seed (each shard reseeds from it, so a resumed run samples the same)."""
+    num_workers: Optional[int] = None
+    """Workers sharing the prompt set (worker w writes shards w, w + n, ...). None reads it from the
+    environment: SLURM array (SLURM_ARRAY_TASK_COUNT) times tasks (WORLD_SIZE from torchrun/Lightning, or
+    SLURM_NTASKS inside srun); 1 outside any launcher."""
+    worker_index: Optional[int] = None
+    """This worker's index in [0, num_workers). None reads it from the environment like num_workers
+    (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, RANK or SLURM_PROCID)."""
+
+    def __post_init__(self):
+        if self.num_workers is not None and self.num_workers < 1:
+            raise SpecdraftError(f"distill.num_workers must be at least 1, got {self.num_workers}")
+        if self.worker_index is not None and self.num_workers is not None \
+                and not 0 <= self.worker_index < self.num_workers:
+            raise SpecdraftError(f"distill.worker_index must be in [0, {self.num_workers}), got {self.worker_index}")
 
 
 @dataclass
@@ -222,7 +238,9 @@ def recipe_to_yaml(recipe: Recipe) -> str:
 
 
 def save_recipe(recipe: Recipe, directory: str | Path) -> Path:
+    """Write recipe.yaml atomically (several workers of one job may write it at once)."""
+    from specdraft.io import write_text
+
     out = Path(directory) / "recipe.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(recipe_to_yaml(recipe))
+    write_text(out, recipe_to_yaml(recipe))
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -120,6 +121,32 @@ def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool)
     return tokenizer
 
 
+def _no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
+
+
+def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn.Module:
+    """target.random_init (benchmarks only): the architecture of `source`'s config.json with random weights.
+
+    Built without the per-module init (minutes for an 8B model on a CPU), then filled in one pass: matrices
+    uniform with the config's initializer_range as standard deviation, vectors (norm weights) ones."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    with _no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
+    bound = math.sqrt(3.0) * getattr(config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(1.0) if param.dim() == 1 else param.uniform_(-bound, bound)
+    log.info("target %s: random weights (target.random_init, for benchmarks only)", cfg.path)
+    return model
+
+
 def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Optional[str] = None,
                 require_chat_template: bool = True) -> LoadedTarget:
     """The frozen target in eval mode on `device`, its tokenizer and its geometry."""
@@ -129,8 +156,8 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
-                                                     trust_remote_code=cfg.trust_remote_code)
+        model = random_model(source, cfg, torch_dtype) if cfg.random_init else AutoModelForCausalLM.from_pretrained(
+            source, revision=cfg.revision, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError, RuntimeError) as err:
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
     model.requires_grad_(False).eval().to(device)

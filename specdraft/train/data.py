@@ -1,7 +1,7 @@
 """The distilled dataset as training batches: split, answer-token counts, collation, resumable sampling."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import lightning as L
 import numpy as np
@@ -61,13 +61,17 @@ def collate(rows: List[Dict[str, np.ndarray]], max_length: int) -> Dict[str, tor
 
 
 class ResumableSampler(Sampler[int]):
-    """Endless epoch-seeded shuffles, sharded by rank, starting at the sample position `start()` returns.
+    """Endless epoch-seeded shuffles of the training rows, dealt to the ranks round-robin, from a global position.
 
-    The position is derived from the optimizer step at which training (re)starts, so a resumed run reads
-    exactly the samples the uninterrupted run would have read next.
+    Epoch e is a permutation of the rows (seed + e) cut to a multiple of the world size; the global sample
+    positions run through the epochs one after the other, and rank r of `world` reads positions
+    start + r, start + r + world, ... So a run resumed at global position `start` reads exactly the samples an
+    uninterrupted run would have read next, on the same number of ranks; on another number it reads the rest of
+    the same stream, dealt among its own ranks. `total` is the samples per rank of the whole run (len), `done`
+    how many of them this rank had read before (start.. yields total - done).
     """
 
-    def __init__(self, indices: np.ndarray, seed: int, total: int, start: Callable[[], int],
+    def __init__(self, indices: np.ndarray, seed: int, total: int, start: Callable[[], Tuple[int, int]],
                  rank: Callable[[], int], world: Callable[[], int]):
         self.indices, self.seed, self.total = indices, seed, total
         self.start, self.rank, self.world = start, rank, world
@@ -77,38 +81,51 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self):
         rank, world = self.rank(), self.world()
-        per_rank = len(self.indices) // world
-        if per_rank == 0:
+        per_epoch = len(self.indices) // world * world
+        if per_epoch == 0:
             raise SpecdraftError(f"{len(self.indices)} training rows cannot feed {world} ranks")
-        position = self.start()
-        while position < self.total:
-            epoch, offset = divmod(position, per_rank)
-            order = np.random.default_rng(self.seed + epoch).permutation(len(self.indices))
-            shard = order[rank::world][:per_rank]
-            for index in shard[offset:]:
-                if position >= self.total:
-                    return
-                yield int(self.indices[index])
-                position += 1
+        start, done = self.start()
+        order, order_epoch = None, None
+        for read in range(self.total - done):
+            epoch, offset = divmod(start + read * world + rank, per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = np.random.default_rng(self.seed + epoch).permutation(len(self.indices)), epoch
+            yield int(self.indices[order[offset]])
 
 
 class DistilledData(L.LightningDataModule):
+    """Train and validation loaders; its state (saved in every checkpoint) is the global sample position."""
+
     def __init__(self, dataset, data_cfg: DataConfig, train_cfg: TrainConfig, train_idx, val_idx):
         super().__init__()
         self.dataset, self.data_cfg, self.train_cfg = dataset, data_cfg, train_cfg
         self.train_idx, self.val_idx = train_idx, val_idx
+        self.resumed_position, self.resumed_step = 0, 0
 
     def _collate(self, rows):
         return collate(rows, self.data_cfg.max_length)
 
-    def _samples_done(self) -> int:
-        cfg = self.train_cfg
-        return self.trainer.global_step * cfg.accumulate_grad_batches * cfg.micro_batch_size
+    def _samples_per_step(self) -> int:
+        """Samples one rank reads per optimizer step."""
+        return self.train_cfg.accumulate_grad_batches * self.train_cfg.micro_batch_size
+
+    def global_position(self) -> int:
+        """Samples all ranks together have read up to the current step (world sizes may differ across resumes)."""
+        steps = self.trainer.global_step - self.resumed_step
+        return self.resumed_position + steps * self._samples_per_step() * self.trainer.world_size
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"global_position": self.global_position(), "step": self.trainer.global_step}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.resumed_position, self.resumed_step = state["global_position"], state["step"]
+
+    def _start(self) -> Tuple[int, int]:
+        return self.global_position(), self.trainer.global_step * self._samples_per_step()
 
     def train_dataloader(self):
         cfg = self.train_cfg
-        total = cfg.max_steps * cfg.accumulate_grad_batches * cfg.micro_batch_size
-        sampler = ResumableSampler(self.train_idx, cfg.seed, total, self._samples_done,
+        sampler = ResumableSampler(self.train_idx, cfg.seed, cfg.max_steps * self._samples_per_step(), self._start,
                                    lambda: self.trainer.global_rank, lambda: self.trainer.world_size)
         return DataLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
                           collate_fn=self._collate, num_workers=cfg.num_workers)
