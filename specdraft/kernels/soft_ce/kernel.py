@@ -14,9 +14,9 @@ MAX_BLOCK_V = 4096
 
 
 @triton.jit
-def _rescale(old_max, new_max):
-    """exp(old_max - new_max), 1 where both are -inf (a row that has only seen -inf logits so far)."""
-    return tl.where(old_max == new_max, 1.0, tl.exp(old_max - new_max))
+def _exp_minus(values, maximum):
+    """exp(values - maximum), and 0 (not nan) while the maximum is still -inf (then values are -inf too)."""
+    return tl.exp(values - tl.where(maximum == float("-inf"), 0.0, maximum))
 
 
 @triton.jit
@@ -41,12 +41,12 @@ def _soft_ce_rows(draft_ptr, target_ptr, weight_ptr, loss_ptr, grad_ptr,
         draft_block = tl.load(draft_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
         target_block = tl.load(target_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
         new_draft_max = tl.maximum(draft_max, tl.max(draft_block, axis=0))
-        draft_exp = tl.where(draft_block == float("-inf"), 0.0, tl.exp(draft_block - new_draft_max))
-        draft_sum = draft_sum * _rescale(draft_max, new_draft_max) + tl.sum(draft_exp, axis=0)
+        draft_exp = _exp_minus(draft_block, new_draft_max)
+        draft_sum = draft_sum * _exp_minus(draft_max, new_draft_max) + tl.sum(draft_exp, axis=0)
         draft_max = new_draft_max
         new_target_max = tl.maximum(target_max, tl.max(target_block, axis=0))
-        target_exp = tl.where(target_block == float("-inf"), 0.0, tl.exp(target_block - new_target_max))
-        target_rescale = _rescale(target_max, new_target_max)
+        target_exp = _exp_minus(target_block, new_target_max)
+        target_rescale = _exp_minus(target_max, new_target_max)
         target_sum = target_sum * target_rescale + tl.sum(target_exp, axis=0)
         cross = cross * target_rescale + tl.sum(target_exp * tl.where(in_row, draft_block, 0.0), axis=0)
         target_max = new_target_max
