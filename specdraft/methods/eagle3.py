@@ -225,11 +225,12 @@ def _checkpointed(step):
 
 def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int,
                position_ids: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
-               attention: str = "auto"):
+               attention: str = "auto", logits: bool = True):
     """Training-time test: yields each step's draft logits [B, T, Vd]; column t of step j predicts x[t+2+j].
 
     position_ids, document_ids [B, T] describe packed rows (positions restart at each document; attention stays
-    within it); None is one document per row. `attention`: see specdraft.kernels.ttt_attention.ttt_mask."""
+    within it); None is one document per row. `attention`: see specdraft.kernels.ttt_attention.ttt_mask.
+    logits=False yields each step's hidden state [B, T, H] instead (draft.logits of it are the logits)."""
     embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
     batch, num_cols = embeds_all.shape[:2]
     cols = torch.arange(num_cols, device=embeds_all.device)
@@ -244,7 +245,7 @@ def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps
         embeds = _shifted(embeds_rows, step + 1, embeds_all.shape)  # token x[t+1+step]
         hidden, kv = run_step(hidden, embeds, positions + step, cols, cache, mask=mask)
         cache.append(kv)
-        yield draft.logits(hidden)
+        yield draft.logits(hidden) if logits else hidden
 
 
 def _same_document(document_ids: Optional[torch.Tensor], shift: int):
@@ -258,7 +259,21 @@ def _teacher_rows(features: TargetFeatures, vocab_ids: torch.Tensor, pad: int) -
     """The target's logits over the draft vocabulary, rows flattened, `pad` zero rows after: [B*T + pad, Vd].
 
     Computed once per batch; each TTT step reads a shifted view of it (no per-step copies)."""
-    return _padded_rows(features.final_hidden, pad) @ features.lm_head[vocab_ids].T
+    return _padded_rows(features.logits_for(vocab_ids), pad)
+
+
+def _head_loss(draft: Eagle3Draft, hidden: torch.Tensor, target_rows: torch.Tensor, row_weights: torch.Tensor):
+    """One TTT step's LM head and soft cross-entropy: hidden [B, T, H], target_rows [B*T, Vd], row_weights
+    [B*T] -> (weighted loss sum, draft argmax [B, T])."""
+    draft_logits = draft.logits(hidden)  # [B, T, Vd]
+    loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_rows, row_weights)
+    return loss, draft_logits.detach().argmax(-1)
+
+
+def _checkpointed_head_loss(draft, hidden, target_rows, row_weights):
+    """_head_loss keeping no [B*T, Vd] tensor for the backward: the logits are recomputed there (one more
+    LM-head matmul per step) instead of 2 bytes x Vd per token and step being kept."""
+    return checkpoint(_head_loss, draft, hidden, target_rows, row_weights, use_reentrant=False)
 
 
 def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> LossOutput:
@@ -275,18 +290,20 @@ def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> Los
     loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
     unroll = ttt_unroll(draft, feats.hidden_states, cfg.ttt_steps, batch.position_ids, batch.document_ids,
-                        cfg.attention)
-    for step, draft_logits in enumerate(unroll):
+                        cfg.attention, logits=False)
+    checkpointing = getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled()
+    head_loss = _checkpointed_head_loss if checkpointing else _head_loss
+    for step, hidden in enumerate(unroll):
         target_rows = teacher[step + 1: step + 1 + valid_all.numel()]  # [B*T, Vd] the target's view at t+1+step
         in_vocab = _shift_left(in_vocab_all, step + 1)
         # the predicted token x[t+2+step] is an answer token of column t's document
         mask = _shift_left(valid_all, step + 2) * _same_document(batch.document_ids, step + 2)
         loss_mask = mask * in_vocab  # [B, T]
-        step_loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_rows, loss_mask.flatten())
+        step_loss, draft_best = head_loss(draft, hidden, target_rows, loss_mask.flatten())
         loss = loss + cfg.step_loss_decay ** step * step_loss / loss_mask.sum().clamp(min=1)
         with torch.no_grad():
             target_best = _shifted(teacher_best, step + 1, shape)  # [B, T]
-            correct = (draft_logits.argmax(-1) == target_best) & in_vocab & (mask > 0)
+            correct = (draft_best == target_best) & in_vocab & (mask > 0)
             metrics[f"acc@{step + 1}"] = (correct.float() * mask).sum() / mask.sum().clamp(min=1)
             chain_alive = correct if chain_alive is None else chain_alive & correct
             chain_len = chain_len + chain_alive.float()

@@ -60,4 +60,4 @@ def flex_ttt_attention(query: torch.Tensor, steps_kv: List[KV], block_mask) -> t
     out = weights[..., 0, None] * out0.view_as(grouped)  # [B, kvh, g, T, D] float32
     for j, (_, v_j) in enumerate(steps_kv[1:], start=1):
         out = out + weights[..., j, None] * v_j[:, :, None]
-    return out.to(query.dtype).view(batch, heads, cols, dim)
+    return out.to(query.dtype).reshape(batch, heads, cols, dim)
