@@ -109,3 +109,27 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(target):
 def test_pack_length_shorter_than_max_length_is_an_error():
     with pytest.raises(SpecdraftError, match="data.pack_length"):
         DataConfig(max_length=512, pack_length=256)
+
+
+def test_training_on_packed_rows_with_checkpointing(tmp_path, tiny_target_dir, distilled, monkeypatch):
+    """`train` with data.pack_length and train.activation_checkpointing: packed batches reach the draft."""
+    from specdraft.config import load_recipe
+    from specdraft.train.module import DraftModule
+    from specdraft.train.trainer import run_train
+    from tests.test_train_export_eval import make_recipe
+
+    seen, draft_batch = [], DraftModule._draft_batch
+
+    def recording(module, batch):
+        seen.append((tuple(batch["input_ids"].shape), int(batch["document_ids"].max())))
+        assert module.draft.activation_checkpointing
+        return draft_batch(module, batch)
+
+    monkeypatch.setattr(DraftModule, "_draft_batch", recording)
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
+                              activation_checkpointing="true")
+    recipe = load_recipe(recipe_path, ["data.max_length=64", "data.pack_length=128"])
+    summary = run_train(recipe)
+    assert summary["steps"] == 2 and summary["tokens"] == 2 * 4 * 32  # every conversation's tokens, no padding
+    assert summary["best_tau_sim"] >= 1.0
+    assert seen[0] == ((1, 128), 3)  # four 32-token conversations (documents 0..3), no padding document
