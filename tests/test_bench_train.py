@@ -57,3 +57,11 @@ def test_out_of_memory_is_a_status_not_a_crash(bench, monkeypatch):
 
     monkeypatch.setattr(bench, "Trainee", out_of_memory)
     assert bench.run_row(SimpleNamespace(cuda=False), bench.ROWS["baseline"], 8192, 1, 1)["status"] == "OOM"
+
+
+@pytest.mark.gpu
+def test_tiny_cuda_run_compiles_flex_and_runs_every_row(bench, tmp_path):
+    report = bench.main(["--config", "tiny", "--device", "cuda", "--seq-lens", "256", "--warmup", "1",
+                         "--steps", "2", "--out", str(tmp_path / "bench.json")])
+    assert [r["status"] for r in report["rows"]] == ["ok"] * len(bench.ROWS)
+    assert all(r["peak_gib_beyond_resident"] > 0 for r in report["rows"])

@@ -33,11 +33,11 @@ def _conversations():
     return rows
 
 
-def _loss_and_grads(target, batch, **cfg_overrides):
-    cfg = SPEC.config(ttt_steps=3, draft_vocab_size=300, **cfg_overrides)
+def _setup(target, batch):
+    """-> a seeded draft, its config and the batch with the target's features."""
+    cfg = SPEC.config(ttt_steps=3, draft_vocab_size=300)
     torch.manual_seed(0)
-    draft = SPEC.build(cfg, DraftContext(target.info, torch.arange(target.info.vocab_size),
-                                         activation_checkpointing=cfg_overrides.pop("checkpointing", False)))
+    draft = SPEC.build(cfg, DraftContext(target.info, torch.arange(target.info.vocab_size)))
     features = capture_features(target.model, batch["input_ids"], batch["attention_mask"],
                                 SPEC.feature_layers(cfg, target.info), position_ids=batch.get("position_ids"))
     draft_batch = DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features,
@@ -45,8 +45,8 @@ def _loss_and_grads(target, batch, **cfg_overrides):
     return draft, cfg, draft_batch
 
 
-def _run(target, batch, checkpointing=False, **cfg_overrides):
-    draft, cfg, draft_batch = _loss_and_grads(target, batch, **cfg_overrides)
+def _run(target, batch, checkpointing=False):
+    draft, cfg, draft_batch = _setup(target, batch)
     draft.activation_checkpointing = checkpointing
     out = SPEC.loss(draft, draft_batch, cfg)
     out.loss.backward()
@@ -88,7 +88,7 @@ def test_packed_and_unpacked_give_the_same_loss_gradients_and_metrics(target):
 
 def test_flex_attention_gives_the_dense_loss_on_packed_rows(target):
     batch = collate_packed(_conversations(), max_length=16, pack_length=24)
-    draft, cfg, draft_batch = _loss_and_grads(target, batch)
+    draft, cfg, draft_batch = _setup(target, batch)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
         dense = SPEC.loss(draft, draft_batch, cfg).loss
@@ -133,3 +133,26 @@ def test_training_on_packed_rows_with_checkpointing(tmp_path, tiny_target_dir, d
     assert summary["steps"] == 2 and summary["tokens"] == 2 * 4 * 32  # every conversation's tokens, no padding
     assert summary["best_tau_sim"] >= 1.0
     assert seen[0] == ((1, 128), 3)  # four 32-token conversations (documents 0..3), no padding document
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_cuda_fast_paths_give_the_reference_loss_and_gradients(target, monkeypatch, packed):
+    """On CUDA: flex attention (compiled) and the Triton soft cross-entropy against the dense reference path."""
+    rows = _conversations()
+    batch = collate_packed(rows, max_length=16, pack_length=24) if packed else collate(rows, max_length=16)
+    target.model.to("cuda")
+    batch = {k: v.cuda() for k, v in batch.items()}
+    results = []
+    for kernels in ("reference", "auto"):
+        monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+        draft, cfg, draft_batch = _setup(target, batch)
+        draft.cuda()
+        out = SPEC.loss(draft, draft_batch, cfg)
+        out.loss.backward()
+        results.append((out.loss.detach(), {n: p.grad for n, p in draft.named_parameters()}))
+    target.model.to("cpu")
+    (ref_loss, ref_grads), (fast_loss, fast_grads) = results
+    torch.testing.assert_close(fast_loss, ref_loss, rtol=1e-3, atol=1e-4)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=5e-3, atol=1e-4, msg=name)
