@@ -17,6 +17,12 @@ Step j at column t stands for sequence position t + j, so its rotary position is
 step-0 keys of columns <= t plus the keys that steps 1..j wrote at column t: exactly what the draft sees at
 inference after drafting j tokens. The loss at step j is the soft cross-entropy against the target's
 distribution over the draft vocabulary at position t+1+j, weighted by `step_loss_decay ** j`.
+
+Packed rows (several conversations per row, `data.pack_length`): positions restart at each conversation, keys
+are seen only within the column's conversation, and a column predicts only tokens of its own conversation, so
+the loss equals that of the conversations in separate rows. The attention runs on flex attention with a block
+mask on CUDA and densely elsewhere (specdraft/kernels/ttt_attention); the loss is the fused soft cross-entropy
+(specdraft/kernels/soft_ce).
 """
 from __future__ import annotations
 
