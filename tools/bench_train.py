@@ -210,8 +210,8 @@ def packed_positions(seq_len: int, documents: int, device: str):
 class Bench:
     """The target, its geometry and the settings shared by every row."""
 
-    def __init__(self, config: dict, device: str):
-        self.device, self.cuda = device, device == "cuda"
+    def __init__(self, config: dict, device: str, attention: str = "auto"):
+        self.device, self.cuda, self.attention = device, device == "cuda", attention
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.draft_vocab = config["draft_vocab"]
         self.target = build_target(config["model"], device, self.dtype)
@@ -272,7 +272,7 @@ class Trainee:
     def __init__(self, bench: Bench, row: Row, seq_len: int):
         self.bench, self.row = bench, row
         self.cfg = bench.spec.config(ttt_steps=TTT_STEPS, draft_vocab_size=bench.draft_vocab,
-                                     attention="dense" if row.kernels == "reference" else "auto")
+                                     attention="dense" if row.kernels == "reference" else bench.attention)
         counts = torch.randint(0, 1000, (bench.info.vocab_size,))
         context = DraftContext(bench.info, counts, activation_checkpointing=row.checkpointing)
         with torch.device(bench.device):
@@ -398,12 +398,13 @@ def print_tables(report: dict) -> None:
         print("\nGFLOP/token (online, T=2048): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counts.items()))
 
 
-def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], warmup: int, steps: int) -> dict:
+def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], warmup: int, steps: int,
+        attention: str = "auto") -> dict:
     config = CONFIGS[config_name]
     bench_started = time.perf_counter()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     ceiling = matmul_ceiling_tflops(device, config["ceiling_size"], dtype)
-    bench = Bench(config, device)
+    bench = Bench(config, device, attention)
     results = []
     for seq_len in seq_lens:
         if bench.cuda:
@@ -417,7 +418,7 @@ def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], war
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else f"{platform.machine()} CPU",
         "torch": torch.__version__, "config": config_name, "dtype": str(dtype).replace("torch.", ""),
-        "ttt_steps": TTT_STEPS, "draft_vocab": bench.draft_vocab, "matmul_ceiling_tflops": ceiling,
+        "ttt_steps": TTT_STEPS, "draft_vocab": bench.draft_vocab, "attention": attention, "matmul_ceiling_tflops": ceiling,
         "ceiling_size": config["ceiling_size"], "reference_peak_tflops": REFERENCE_PEAK_TFLOPS,
         "target_weights_gib": sum(p.numel() * p.element_size() for p in bench.target.parameters()) / 2 ** 30,
         "flop_per_token_2048_online": bench.flops_per_token(ROWS["ours"], 2048) if config_name != "tiny" else {},
@@ -433,6 +434,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row (the first compiles)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per row")
+    parser.add_argument("--attention", choices=["auto", "dense", "flex"], default="auto",
+                        help="TTT attention of the rows other than baseline (method.attention)")
     parser.add_argument("--out", default="runs/bench_train.json")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -441,7 +444,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         torch.set_num_threads(1)
     try:
         report = run(args.config, args.device, args.seq_lens or CONFIGS[args.config]["seq_lens"], args.rows,
-                     args.warmup, args.steps)
+                     args.warmup, args.steps, args.attention)
     finally:
         torch.set_num_threads(threads)
     print_tables(report)
