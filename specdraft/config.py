@@ -55,9 +55,16 @@ class DataConfig:
     """What to do with a prompt longer than max_length: error (exit 2) or skip (counted as skipped)."""
     val_fraction: float = 0.02
     """Share of conversations held out for validation (at least one)."""
+    pack_length: Optional[int] = None
+    """Pack each micro-batch's conversations (first-fit decreasing) into rows of exactly this many tokens, with
+    per-conversation positions and attention (the target's too); None pads each conversation to the longest.
+    At least max_length."""
 
     def __post_init__(self):
         _check_choice("data.too_long", self.too_long, ("error", "skip"))
+        if self.pack_length is not None and self.pack_length < self.max_length:
+            raise SpecdraftError(f"data.pack_length must be None or >= data.max_length ({self.max_length}), "
+                                 f"got {self.pack_length}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise SpecdraftError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
 
@@ -132,6 +139,9 @@ class TrainConfig:
     """DataLoader worker processes."""
     extra_distilled: List[str] = field(default_factory=list)
     """More `distill-data` output directories to train on, besides distill.output_dir (e.g. earlier runs)."""
+    activation_checkpointing: bool = False
+    """Recompute the draft layers' activations in the backward instead of keeping them: less GPU memory (long
+    sequences, large drafts) for about a tenth more draft compute. The frozen target never keeps activations."""
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)

@@ -60,6 +60,45 @@ def collate(rows: List[Dict[str, np.ndarray]], max_length: int) -> Dict[str, tor
     return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
 
 
+def pack_rows(lengths: List[int], pack_length: int) -> List[List[int]]:
+    """First-fit decreasing: which conversations (indices into `lengths`) share each row of pack_length tokens."""
+    rows: List[List[int]] = []
+    room: List[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        row = next((r for r, free in enumerate(room) if lengths[index] <= free), None)
+        if row is None:
+            rows.append([])
+            room.append(pack_length)
+            row = len(rows) - 1
+        rows[row].append(index)
+        room[row] -= lengths[index]
+    return [sorted(row) for row in rows]
+
+
+def collate_packed(rows: List[Dict[str, np.ndarray]], max_length: int, pack_length: int) -> Dict[str, torch.Tensor]:
+    """Pack conversations (each cut at max_length) into rows of exactly pack_length tokens -> input_ids, loss_mask,
+    attention_mask, position_ids (restarting at each conversation), document_ids (0, 1, ... per row) [R, pack_length].
+
+    The padding at a row's end is one more document (positions from 0), so no real token attends to it."""
+    lengths = [min(max_length, len(r["input_ids"])) for r in rows]
+    packed = pack_rows(lengths, pack_length)
+    out = {name: torch.zeros(len(packed), pack_length, dtype=torch.long)
+           for name in ("input_ids", "loss_mask", "attention_mask", "position_ids", "document_ids")}
+    for r, members in enumerate(packed):
+        start = 0
+        for document, index in enumerate(members):
+            n, cols = lengths[index], slice(start, start + lengths[index])
+            out["input_ids"][r, cols] = torch.as_tensor(rows[index]["input_ids"][:n].astype(np.int64))
+            out["loss_mask"][r, cols] = torch.as_tensor(rows[index]["loss_mask"][:n].astype(np.int64))
+            out["attention_mask"][r, cols] = 1
+            out["position_ids"][r, cols] = torch.arange(n)
+            out["document_ids"][r, cols] = document
+            start += n
+        out["position_ids"][r, start:] = torch.arange(pack_length - start)
+        out["document_ids"][r, start:] = len(members)
+    return out
+
+
 class ResumableSampler(Sampler[int]):
     """Endless epoch-seeded shuffles of the training rows, dealt to the ranks round-robin, from a global position.
 
@@ -103,6 +142,8 @@ class DistilledData(L.LightningDataModule):
         self.resumed_position, self.resumed_step = 0, 0
 
     def _collate(self, rows):
+        if self.data_cfg.pack_length:
+            return collate_packed(rows, self.data_cfg.max_length, self.data_cfg.pack_length)
         return collate(rows, self.data_cfg.max_length)
 
     def _samples_per_step(self) -> int:

@@ -43,10 +43,12 @@ class DraftModule(L.LightningModule):
         self._fit_started = time.perf_counter()
 
     def _draft_batch(self, batch) -> DraftBatch:
+        position_ids = batch.get("position_ids")  # packed rows (data.pack_length)
         features = capture_features(self.target_model, batch["input_ids"], batch["attention_mask"],
-                                    self.feature_layers)
+                                    self.feature_layers, position_ids=position_ids)
         return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
-                          attention_mask=batch["attention_mask"], features=features)
+                          attention_mask=batch["attention_mask"], features=features, position_ids=position_ids,
+                          document_ids=batch.get("document_ids"))
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         if self.trainer.training:  # counted on the CPU, before the copy: no device sync in the step

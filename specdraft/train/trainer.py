@@ -197,7 +197,8 @@ def run_train(recipe: Recipe) -> dict:
     target = load_target(recipe.target, device="cpu")
     train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
     ctx = DraftContext(target=target.info,
-                       token_counts=answer_token_counts(dataset, train_idx, target.info.vocab_size))
+                       token_counts=answer_token_counts(dataset, train_idx, target.info.vocab_size),
+                       activation_checkpointing=cfg.activation_checkpointing)
     module = DraftModule(spec, recipe.method, cfg, ctx, target.model)
     data = DistilledData(dataset, recipe.data, cfg, train_idx, val_idx)
     save_recipe(recipe, run_dir)
