@@ -19,6 +19,8 @@ from specdraft.errors import SpecdraftError, choices_error
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+QUANTIZATIONS = ("none", "8bit", "4bit")
+FEATURE_MODES = ("online", "offline", "hybrid")
 
 
 def _check_choice(what: str, value: str, valid) -> None:
@@ -36,9 +38,14 @@ class TargetConfig:
     """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
     trust_remote_code: bool = False
     """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+    quantization: str = "none"
+    """Frozen target weights for training features: none, 8bit or 4bit (NF4) through bitsandbytes (CUDA only).
+    Applies to online/hybrid training and the offline feature dump; answers are generated, and eval runs,
+    with the unquantized target."""
 
     def __post_init__(self):
         _check_choice("target.dtype", self.dtype, DTYPES)
+        _check_choice("target.quantization", self.quantization, QUANTIZATIONS)
 
 
 @dataclass
@@ -53,9 +60,15 @@ class DataConfig:
     """What to do with a prompt longer than max_length: error (exit 2) or skip (counted as skipped)."""
     val_fraction: float = 0.02
     """Share of conversations held out for validation (at least one)."""
+    features: str = "online"
+    """Where training reads the target's hidden states: online (the frozen target runs in every step), offline
+    (`distill-data` dumps them beside the dataset, `train` keeps no target layers, only its LM head and
+    embedding table) or hybrid (online in the first epoch, cached under train.output_dir/features, then read
+    back). docs/training.md gives the disk cost."""
 
     def __post_init__(self):
         _check_choice("data.too_long", self.too_long, ("error", "skip"))
+        _check_choice("data.features", self.features, FEATURE_MODES)
         if not 0.0 <= self.val_fraction < 1.0:
             raise SpecdraftError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
 

@@ -151,3 +151,6 @@ class MethodSpec:
     """(config.json, tensors, target) of an `hf` export -> (cfg, draft) ready for evaluation."""
     param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
     """Optimizer groups; default: every parameter that requires grad."""
+    reads_embeddings: bool = True
+    """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
+    the target's embedding table to recompute them from the token ids."""
