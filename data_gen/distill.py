@@ -406,10 +406,10 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     else:
         claim_output_dir(recipe, out, expected)
     counts = merge_shards(out, num_shards, len(conversations))
-    if recipe.data.features == "offline":  # the target's hidden states beside the dataset (data_gen/features.py)
-        from data_gen.features import dump_features
+    if recipe.data.features == "offline":  # the target's hidden states beside each dataset (data_gen/features.py)
+        from data_gen.features import dump_all_features
 
-        dump_features(recipe, out, device)
+        dump_all_features(recipe, out, device)
     print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
           f"{counts['skipped']} skipped -> {dataset_dir(out)}")
     return counts

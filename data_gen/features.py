@@ -1,4 +1,5 @@
-"""`distill-data` with `data.features=offline`: dump the target's hidden states of every distilled row.
+"""`distill-data` with `data.features=offline`: dump the target's hidden states of every distilled row (of
+distill.output_dir and of each set in train.extra_distilled).
 
 Runs after the text shards are merged into dataset/. Rows [k*S, (k+1)*S) (S = distill.shard_size) go through the
 frozen target (with target.quantization) in batches of distill.batch_size rows, and shard k is written as one
@@ -86,10 +87,25 @@ def expected_manifest(recipe: Recipe, info, dtype: torch.dtype, digest: str, lay
             "max_length": None}
 
 
-def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None) -> dict:
-    """Dump the features of every row of `out`/dataset into `out`/features; -> rows, tokens, bytes, seconds."""
-    from datasets import load_from_disk
+def write_shards(model, dataset, directory: Path, pending: List[int], layers: List[int], recipe: Recipe,
+                 device) -> int:
+    """Compute and write the features of the `pending` shards; -> tokens written."""
     from tqdm.auto import tqdm
+
+    size, tokens = recipe.distill.shard_size, 0
+    for k in tqdm(pending, unit="shard", desc="features"):
+        indices = list(range(k * size, min((k + 1) * size, len(dataset))))
+        rows = [dataset[i]["input_ids"] for i in indices]
+        write_feature_file(shard_file(directory, k), indices,
+                           shard_features(model, rows, layers, recipe.distill.batch_size, device))
+        tokens += sum(len(ids) for ids in rows)
+    return tokens
+
+
+def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None, loaded: Optional[dict] = None) -> dict:
+    """Dump the features of every row of `out`/dataset into `out`/features; -> rows, tokens, bytes, seconds.
+    `loaded` keeps the target between calls (it is loaded only when a shard is missing)."""
+    from datasets import load_from_disk
 
     from specdraft.target.features import layers_to_store
     from specdraft.target.load import load_target, load_target_info, resolve_dtype
@@ -108,16 +124,14 @@ def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None) -> di
     for stale in directory.glob(TMP_PREFIX + "*"):  # files of an interrupted run
         stale.unlink()
     if pending:
-        target = load_target(recipe.target, device, require_chat_template=False, quantize=True)
+        loaded = {} if loaded is None else loaded
+        if "target" not in loaded:
+            loaded["target"] = load_target(recipe.target, device, require_chat_template=False, quantize=True)
+        target = loaded["target"]
         layers = layers or layers_to_store(get_method(recipe.method_name), recipe.method, info, target.model)
         claim_features_dir(directory, expected_manifest(recipe, info, dtype, digest, layers))
         log.info("dumping target features (layers %s) of %d shards into %s", layers, len(pending), directory)
-        for k in tqdm(pending, unit="shard", desc="features"):
-            indices = list(range(k * size, min((k + 1) * size, len(dataset))))
-            rows = [dataset[i]["input_ids"] for i in indices]
-            row_tensors = shard_features(target.model, rows, layers, recipe.distill.batch_size, device)
-            write_feature_file(shard_file(directory, k), indices, row_tensors)
-            tokens += sum(len(ids) for ids in rows)
+        tokens = write_shards(target.model, dataset, directory, pending, layers, recipe, device)
     seconds = time.perf_counter() - started
     summary = {"features_dir": str(directory), "layers": layers, "rows": len(dataset), "shards_written": len(pending),
                "tokens_written": tokens, "bytes": sum(p.stat().st_size for p in directory.glob("*.safetensors")),
@@ -126,3 +140,10 @@ def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None) -> di
           f"{summary['bytes'] / 2**30:.2f} GiB -> {directory}")
     return summary
 
+
+
+def dump_all_features(recipe: Recipe, out: Path, device: Optional[str] = None) -> List[dict]:
+    """Dump the features of `out` and of every set in train.extra_distilled (offline training reads them all)."""
+    loaded: dict = {}
+    return [dump_features(recipe, Path(directory).expanduser(), device, loaded)
+            for directory in [out, *recipe.train.extra_distilled]]

@@ -15,8 +15,8 @@ from specdraft.data.features import FINAL, FeatureStore, feature_names, features
 from specdraft.data.format import ROW_FEATURES, dataset_dir
 from specdraft.errors import SpecdraftError
 from specdraft.methods.eagle3 import SPEC
-from specdraft.target import load_target
 from specdraft.target import load as load_module
+from specdraft.target import load_target
 from specdraft.target.heads import load_target_heads
 from specdraft.train.data import collate
 from specdraft.train.features import FeatureLookup, FeatureRows, OfflineFeatures, OnlineFeatures, collate_with_features
@@ -216,3 +216,21 @@ def test_bad_feature_mode_names_the_valid_ones(prepared):
     recipe_path = prepared[0]
     with pytest.raises(SpecdraftError, match="unknown data.features 'disk'; valid: online, offline, hybrid"):
         load_recipe(recipe_path, ["data.features=disk"])
+
+
+def test_distill_data_dumps_features_and_a_rerun_loads_nothing(tmp_path, tiny_target_dir, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(3)))
+    recipe_path = tmp_path / "recipe.yaml"
+    recipe_path.write_text(f"target: {{path: {tiny_target_dir}}}\nmethod: {{name: eagle3}}\n"
+                           f"data: {{prompts: [{prompts}], max_length: 64, features: offline}}\n"
+                           f"distill: {{output_dir: {tmp_path / 'out'}, max_new_tokens: 6, shard_size: 2}}\n")
+    assert cli.main(["distill-data", str(recipe_path)]) == 0
+    directory = features_dir(tmp_path / "out")
+    files = sorted(directory.glob("*.safetensors"))
+    assert [f.name for f in files] == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    assert len(FeatureStore(directory, feature_names([1, 2]))) == 3
+    stamps = [f.stat().st_mtime_ns for f in files]
+    monkeypatch.setattr(load_module, "load_target", _no_target)
+    assert cli.main(["distill-data", str(recipe_path)]) == 0
+    assert [f.stat().st_mtime_ns for f in files] == stamps

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdraft.errors import SpecdraftError
-from specdraft.io import TMP_PREFIX, write_json
+from specdraft.io import TMP_PREFIX
 from specdraft.methods.base import TargetFeatures
 
 MANIFEST = "manifest.json"
@@ -67,8 +67,12 @@ def claim_features_dir(directory: Path, expected: dict) -> None:
         if changed:
             raise SpecdraftError(f"{directory} holds target features with a different {', '.join(changed)} "
                                  f"({', '.join(f'{k}={found.get(k)}' for k in changed)}); delete {directory}")
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / MANIFEST, {key: expected.get(key) for key in MANIFEST_KEYS})
+    manifest = {key: expected.get(key) for key in MANIFEST_KEYS}
+    if found != manifest:  # several ranks may claim a hybrid cache at once: unique temp names, same content
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f"{TMP_PREFIX}{MANIFEST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, directory / MANIFEST)
 
 
 def write_feature_file(path: Path, rows: List[int], row_tensors: List[Dict[str, torch.Tensor]]) -> Path:
