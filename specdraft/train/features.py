@@ -98,7 +98,7 @@ class HybridFeatures:
 
     def __init__(self, online: OnlineFeatures, offline: OfflineFeatures, store: FeatureStore, num_rows: int):
         self.online, self.offline, self.store, self.num_rows = online, offline, store, num_rows
-        self.rank = 0
+        self.rank, self.cached_batches = 0, 0
 
     def setup(self, device: torch.device, rank: int = 0) -> None:
         self.rank = rank
@@ -108,6 +108,9 @@ class HybridFeatures:
 
     def __call__(self, batch: Dict) -> TargetFeatures:
         if "features" in batch:
+            self.cached_batches += 1
+            if self.online is not None and self.cached_batches % 50 == 0:  # other ranks may have filled the cache
+                self._release_when_complete()
             return self.offline(batch)
         if self.online is None:  # the target is gone: every row is cached, read them here
             return self.offline({**batch, "features": stack_features(self._cached_rows(batch), batch)})
@@ -124,13 +127,13 @@ class HybridFeatures:
         lengths = batch["attention_mask"].sum(-1).tolist()
         new = [(b, int(row)) for b, row in enumerate(batch["row_ids"].tolist()) if int(row) not in self.store]
         if new:
-            layers = [int(name.split(".")[1]) for name in self.store.names if name != FINAL]
-            rows = split_rows(features, lengths, layers)
-            row_tensors = [rows[b] for b, _ in new]
+            rows = split_rows(features, lengths, self.offline.stored)
             name = f"cache-r{self.rank}-{uuid.uuid4().hex[:12]}.safetensors"
-            write_feature_file(self.store.directory / name, [row for _, row in new], row_tensors)
-            self.store.refresh()
-        if len(self.store) >= self.num_rows:
+            write_feature_file(self.store.directory / name, [row for _, row in new], [rows[b] for b, _ in new])
+        self._release_when_complete()
+
+    def _release_when_complete(self) -> None:
+        if len(self.store.refresh()) >= self.num_rows:
             self.release_target()
 
     def release_target(self) -> None:

@@ -31,6 +31,11 @@ class DraftModule(L.LightningModule):
         self._val_metrics = defaultdict(list)
         self._tokens_seen, self._fit_started = 0, None
 
+    @property
+    def target_model(self):
+        """The frozen target when features are computed online, else None."""
+        return getattr(self.features, "model", None)
+
     def configure_model(self):  # Lightning hook (sharded init); idempotent
         if self.draft is None:
             self.draft = self.spec.build(self.method_cfg, self.ctx)
