@@ -4,13 +4,14 @@ For each setting (none, 8bit, 4bit) it trains the recipe's draft from scratch wi
 steps (online features from the target at that setting), then measures held-out simulated τ twice: as the trainer
 logs it (val/tau_sim: the teacher is the target at that setting) and against the unquantized target (the one a
 server runs the draft beside). Each setting runs in its own process, so peak GPU memory is its own. Prints a table
-and writes WORK/quantization.json.
+of every setting measured in WORK so far (this call's and earlier calls', so that settings can run in separate
+calls) and writes WORK/quantization.json.
 
     python tools/bench_quantization.py RECIPE --work WORK [--settings none,8bit,4bit] [--steps 400]
         [--micro-batch 16] [key=value ...]
 
 On the GPU, with SmolLM2 and distilled data already at $HOME/work/data (tools/gpu/foundation.sh), about
-2-3 minutes a setting on an H200:
+2-3 minutes a setting on an H200 (add --settings none, then 8bit, then 4bit to keep each call short):
     python tools/bench_quantization.py recipes/eagle3_smollm2.yaml --work $HOME/work/quant \\
         target.path=$HOME/smol/SmolLM2-135M-Instruct.Q4_1.gguf distill.output_dir=$HOME/work/data \\
         data.max_length=1024 data.val_fraction=0.02
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = ("none", "8bit", "4bit")
 
 
 def _machine() -> str:
@@ -104,7 +106,8 @@ def run_setting(recipe_path: str, setting: str, work: Path, steps: int, micro_ba
     logged = json.loads((run_dir / "last" / "meta.json").read_text())["metrics"]
     unquantized = tau_against_unquantized(recipe, run_dir)
     return {"setting": setting, "target_weights_gib": target_gib, "train_peak_gib": peak, "train_seconds": seconds,
-            "tokens_per_s": summary["tokens_per_s"], "steps": summary["steps"], "val_rows": summary["val_rows"],
+            "tokens_per_s": summary["tokens_per_s"], "steps": summary["steps"], "micro_batch": micro_batch,
+            "val_rows": summary["val_rows"],
             "val_tau_sim_logged": logged.get("val/tau_sim"), "val_tau_sim_vs_unquantized": unquantized["val/tau_sim"],
             "val_acc1_vs_unquantized": unquantized.get("val/acc@1")}
 
@@ -133,14 +136,13 @@ def main() -> None:
         result = run_setting(args.recipe, args.one, work, args.steps, args.micro_batch, args.overrides)
         (work / f"{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return
-    rows = []
     for setting in args.settings.split(","):
         command = [sys.executable, __file__, args.recipe, *args.overrides, "--work", str(work), "--one", setting,
                    "--steps", str(args.steps), "--micro-batch", str(args.micro_batch)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         if subprocess.run(command, env=env).returncode != 0:
             raise SystemExit(f"setting {setting} failed")
-        rows.append(json.loads((work / f"{setting}.json").read_text()))
+    rows = [json.loads((work / f"{s}.json").read_text()) for s in SETTINGS if (work / f"{s}.json").is_file()]
     print_table(rows)
     result = {"machine": _machine(), "torch": torch.__version__, "steps": args.steps, "micro_batch": args.micro_batch,
               "recipe": args.recipe, "overrides": args.overrides, "settings": rows}
