@@ -350,6 +350,15 @@ def _merge(out: Path, num_shards: int, num_input: int) -> dict:
     return counts
 
 
+def _dump_features(recipe: Recipe, out: Path, device: Optional[str]) -> None:
+    """data.features=offline: the target's hidden states beside each dataset (data_gen/features.py), written by
+    the process that merged (after every worker's text shards exist)."""
+    if recipe.data.features == "offline":
+        from data_gen.features import dump_all_features
+
+        dump_all_features(recipe, out, device or default_device())
+
+
 def merge_only(recipe: Recipe) -> dict:
     """`distill-data RECIPE --merge`: merge the shards the workers wrote; an error while some are missing."""
     out = Path(recipe.distill.output_dir).expanduser()
@@ -395,4 +404,6 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
               f"other workers (the last one to finish merges; or run distill-data RECIPE --merge)")
         return {"worker": worker.index, "workers": worker.count, "shards_written": len(pending),
                 "shards_missing": len(missing)}
-    return _merge(out, num_shards, len(conversations))
+    counts = _merge(out, num_shards, len(conversations))
+    _dump_features(recipe, out, device)
+    return counts

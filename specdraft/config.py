@@ -19,6 +19,8 @@ from specdraft.errors import SpecdraftError, choices_error
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+QUANTIZATIONS = ("none", "8bit", "4bit")
+FEATURE_MODES = ("online", "offline", "hybrid")
 
 
 def _check_choice(what: str, value: str, valid) -> None:
@@ -38,9 +40,14 @@ class TargetConfig:
     """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
     random_init: bool = False
     """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
+    quantization: str = "none"
+    """Frozen target weights for training features: none, 8bit or 4bit (NF4) through bitsandbytes (CUDA only).
+    Applies to online/hybrid training and the offline feature dump; answers are generated, and eval runs,
+    with the unquantized target."""
 
     def __post_init__(self):
         _check_choice("target.dtype", self.dtype, DTYPES)
+        _check_choice("target.quantization", self.quantization, QUANTIZATIONS)
 
 
 @dataclass
@@ -59,9 +66,15 @@ class DataConfig:
     """Pack each micro-batch's conversations (first-fit decreasing) into rows of exactly this many tokens, with
     per-conversation positions and attention (the target's too); None pads each conversation to the longest.
     At least max_length."""
+    features: str = "online"
+    """Where training reads the target's hidden states: online (the frozen target runs in every step), offline
+    (`distill-data` dumps them beside the dataset, `train` keeps no target layers, only its LM head and
+    embedding table) or hybrid (online in the first epoch, cached under train.output_dir/features, then read
+    back). docs/training.md gives the disk cost."""
 
     def __post_init__(self):
         _check_choice("data.too_long", self.too_long, ("error", "skip"))
+        _check_choice("data.features", self.features, FEATURE_MODES)
         if self.pack_length is not None and self.pack_length < self.max_length:
             raise SpecdraftError(f"data.pack_length must be None or >= data.max_length ({self.max_length}), "
                                  f"got {self.pack_length}")

@@ -157,3 +157,6 @@ class MethodSpec:
     """Optimizer groups; default: every parameter that requires grad."""
     runtime: Optional[Callable[[nn.Module, Any, Any], Any]] = None
     """(draft, cfg, runtime target model) -> a `specdraft.runtime.drafter.Drafter`; None: no fast runtime."""
+    reads_embeddings: bool = True
+    """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
+    the target's embedding table to recompute them from the token ids."""

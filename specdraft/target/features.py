@@ -52,3 +52,22 @@ def capture_features(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
     return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
                           lm_head=model.get_output_embeddings().weight)
+
+
+def embeddings_from_table(model, input_ids: torch.Tensor) -> bool:
+    """Whether the embedding table alone gives hidden_states[0] for input_ids [1, T] (a target that scales its
+    embeddings inside its forward does not: then stored features must keep index 0)."""
+    stored = capture_features(model, input_ids, torch.ones_like(input_ids), [0]).hidden_states[0]  # [1, T, H]
+    with torch.no_grad():
+        looked_up = model.get_input_embeddings()(input_ids)  # [1, T, H]
+    return torch.equal(stored, looked_up.to(stored.dtype))
+
+
+def layers_to_store(spec, method_cfg, info, model) -> list:
+    """Hidden-state indices that stored (offline) features need: the method's, plus 0 when it reads the token
+    embeddings and the embedding table cannot recompute them."""
+    layers = set(spec.feature_layers(method_cfg, info))
+    probe = torch.arange(8, device=model.get_input_embeddings().weight.device)[None]  # [1, 8]
+    if spec.reads_embeddings and not embeddings_from_table(model, probe):
+        layers.add(0)
+    return sorted(layers)

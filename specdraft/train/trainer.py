@@ -6,6 +6,7 @@ RUN_DIR (train.output_dir)/
   hpc_ckpt_N.ckpt               the same, saved by Lightning when SLURM signals a preemption (SIGUSR1)
   best/ last/                   draft.safetensors + meta.json (step, validation metrics): what export reads
   logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim)
+  features/                     data.features=hybrid: the cached target features (specdraft.data.features)
   train_summary.json            steps, tokens, seconds, tokens/s, best simulated acceptance length
 """
 from __future__ import annotations
@@ -29,8 +30,8 @@ from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_dir, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftContext
-from specdraft.target import load_target
-from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_indices
+from specdraft.train.data import answer_token_counts, load_distilled, split_indices
+from specdraft.train.features import build_features
 from specdraft.train.module import DraftModule
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
 
@@ -190,17 +191,18 @@ def run_train(recipe: Recipe) -> dict:
     """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json."""
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
-    dataset = load_distilled([recipe.distill.output_dir, *cfg.extra_distilled])
+    distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
+    dataset = load_distilled(distill_dirs)
     resume_from = _resume_path(cfg, run_dir)
     trainer = build_trainer(cfg, run_dir, recipe, resume_from)  # checks the strategy before the target loads
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    target = load_target(recipe.target, device="cpu")
+    features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs,
+                                                      trainer.strategy.root_device)
     train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
-    ctx = DraftContext(target=target.info,
-                       token_counts=answer_token_counts(dataset, train_idx, target.info.vocab_size),
+    ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
                        activation_checkpointing=cfg.activation_checkpointing)
-    module = DraftModule(spec, recipe.method, cfg, ctx, target.model)
-    data = DistilledData(dataset, recipe.data, cfg, train_idx, val_idx)
+    module = DraftModule(spec, recipe.method, cfg, ctx, features)
+    data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
     save_recipe(recipe, run_dir)
     started = time.perf_counter()
     trainer.fit(module, datamodule=data, ckpt_path=resume_from)
