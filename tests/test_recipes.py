@@ -12,9 +12,11 @@ REQUIRED_KEYS = ["data.prompts", "data.max_samples", "distill.max_new_tokens", "
                  "train.max_steps", "train.output_dir", "eval.prompts", "eval.max_prompts", "eval.max_new_tokens"]
 
 
-def test_recipes_exist():
-    assert {"eagle3_smollm2.yaml", "eagle3_llama3.yaml"} <= {p.name for p in RECIPES if p.parent.name == "recipes"}
-    assert "eagle3_smollm2.yaml" in {p.name for p in RECIPES if p.parent.name == "smoke"}
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_has_its_recipes(method):
+    shipped = {p.name for p in RECIPES if p.parent.name == "recipes"}
+    assert {f"{method}_smollm2.yaml", f"{method}_llama3.yaml"} <= shipped
+    assert f"{method}_smollm2.yaml" in {p.name for p in RECIPES if p.parent.name == "smoke"}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name if p.parent.name == "recipes" else f"smoke/{p.name}")

@@ -18,6 +18,15 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
 
 
 def field_docs(cls) -> dict:
+    """{field name: its docstring}, inherited fields included (a subclass's docstring wins)."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(own_field_docs(klass))
+    return docs
+
+
+def own_field_docs(cls) -> dict:
     """{field name: the string literal that follows its annotation in the class body}."""
     body = ast.parse(inspect.getsource(cls)).body[0].body
     docs = {}

@@ -51,6 +51,8 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
     draft = loaded.draft.to(device=device, dtype=target.model.dtype)
+    if loaded.spec.bind_target is not None:
+        loaded.spec.bind_target(draft, target.model)
     layers = loaded.spec.feature_layers(loaded.method_cfg, target.info)
     eos_ids = eos_token_ids(target.model, target.tokenizer)
     prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]

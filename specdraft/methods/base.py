@@ -153,6 +153,13 @@ class MethodSpec:
     """Export formats by name (`hf`, `speculators`, ...)."""
     from_export: Callable[[Dict[str, Any], Dict[str, torch.Tensor], TargetInfo], Tuple[Any, nn.Module]]
     """(config.json, tensors, target) of an `hf` export -> (cfg, draft) ready for evaluation."""
+    initialize: Optional[Callable[[nn.Module, Any, DraftContext], None]] = None
+    """(draft, cfg, ctx) -> None: fills a freshly built draft before training (e.g. from another method's
+    checkpoint); the trainer calls it once after `build`, never when a trained draft is loaded."""
+    bind_target: Optional[Callable[[nn.Module, nn.Module], None]] = None
+    """(draft, frozen Hugging Face target) -> None: hands the draft the target parts it runs but does not own
+    (Kangaroo: the shallow layers, final norm and LM head). Called by the trainer and the evaluator after the
+    draft is built or loaded; those parts are never saved, exported or trained."""
     param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
     """Optimizer groups; default: every parameter that requires grad."""
     runtime: Optional[Callable[[nn.Module, Any, Any], Any]] = None

@@ -283,12 +283,13 @@ def _checkpointed_head_loss(draft, hidden, target_rows, row_weights):
     return checkpoint(_head_loss, draft, hidden, target_rows, row_weights, use_reentrant=False)
 
 
-def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> LossOutput:
+def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config, unroll=ttt_unroll) -> LossOutput:
     """Soft cross-entropy over the TTT unroll, decayed by step; metrics acc@k (teacher-forced) and tau_sim.
 
     The teacher is the target's distribution over the draft vocabulary; positions whose target argmax lies
     outside it carry no loss (FR-Spec) and count as rejected in the metrics. In packed rows a column predicts
-    only tokens of its own document."""
+    only tokens of its own document. `unroll` yields each step's hidden state (PosS passes its own, which
+    routes steps through its specialists) and takes ttt_unroll's arguments."""
     feats, shape = batch.features, batch.input_ids.shape
     teacher = _teacher_rows(feats, draft.draft_ids(), cfg.ttt_steps + 1)  # [B*T + K + 1, Vd] target's dtype
     teacher_best = teacher.argmax(-1)  # [B*T + K + 1]
@@ -296,11 +297,11 @@ def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config) -> Los
     valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]
     loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
-    unroll = ttt_unroll(draft, feats.hidden_states, cfg.ttt_steps, batch.position_ids, batch.document_ids,
-                        cfg.attention, logits=False)
+    steps = unroll(draft, feats.hidden_states, cfg.ttt_steps, batch.position_ids, batch.document_ids,
+                   cfg.attention, logits=False)
     checkpointing = getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled()
     head_loss = _checkpointed_head_loss if checkpointing else _head_loss
-    for step, hidden in enumerate(unroll):
+    for step, hidden in enumerate(steps):
         target_rows = teacher[step + 1: step + 1 + valid_all.numel()]  # [B*T, Vd] the target's view at t+1+step
         in_vocab = _shift_left(in_vocab_all, step + 1)
         # the predicted token x[t+2+step] is an answer token of column t's document

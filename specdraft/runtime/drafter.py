@@ -51,3 +51,16 @@ class Drafter(Protocol):
     def step(self, depth: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
              scratch_slots: torch.Tensor, scratch_visible: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """hidden [k, Hd], tokens [k], positions [k], scratch_slots [k], scratch_visible [k, W]."""
+
+
+def draft_visible(prefix_len: torch.Tensor, num_slots: int, scratch_visible: torch.Tensor,
+                  root_written: bool) -> torch.Tensor:
+    """The slots of a drafter's own KV cache that k frontier nodes attend to -> [k, S] bool: the confirmed
+    prefix (slots < prefix_len [1]) and the scratch slots prefix_len + j that scratch_visible [k, W] allows;
+    scratch slot 0 (the root) only when the drafter wrote KV there (`root_written`)."""
+    relative = torch.arange(num_slots, device=scratch_visible.device) - prefix_len  # [S]
+    width = scratch_visible.shape[1]
+    allowed = scratch_visible if root_written else torch.cat([torch.zeros_like(scratch_visible[:, :1]),
+                                                              scratch_visible[:, 1:]], dim=1)
+    in_scratch = allowed[:, relative.clamp(0, width - 1)] & (relative >= 0) & (relative < width)  # [k, S]
+    return in_scratch | (relative < 0)

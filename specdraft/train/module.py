@@ -3,6 +3,7 @@ or features stored on disk) gives each batch's target features, the method's hoo
 knows a method's name."""
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -39,6 +40,11 @@ class DraftModule(L.LightningModule):
     def configure_model(self):  # Lightning hook (sharded init); idempotent
         if self.draft is None:
             self.draft = self.spec.build(self.method_cfg, self.ctx)
+            if self.spec.initialize is not None:  # a resumed run's checkpoint overwrites it afterwards
+                with gathered(list(self.draft.parameters())):
+                    self.spec.initialize(self.draft, self.method_cfg, self.ctx)
+            if self.spec.bind_target is not None:
+                self.spec.bind_target(self.draft, self.target_model)
 
     def on_fit_start(self):
         self.features.setup(self.device, self.global_rank)  # the frozen target in bf16 on GPUs
@@ -90,6 +96,15 @@ class DraftModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint):
         if "rng" in checkpoint:
             set_rng_state(checkpoint["rng"])
+
+
+def gathered(params):
+    """A context in which ZeRO-3 partitioned parameters are whole and writable from rank 0 (a no-op otherwise)."""
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
 def rng_state() -> dict:

@@ -1,0 +1,380 @@
+"""Kangaroo: self-speculative decoding with double early exiting (Liu et al., "Kangaroo: Lossless
+Self-Speculative Decoding via Double Early Exiting", arXiv:2404.18911).
+
+The draft is the target itself, cut after its first ℓ decoder layers, plus a small trained adapter: one
+attention block (the target's head geometry) between a norm and a residual, no MLP. It reads the target's
+hidden state at index ℓ (specdraft's convention: the input of decoder layer ℓ, i.e. after layers 0..ℓ-1) and
+drafts through the target's own final norm and LM head, frozen and shared. Drafting stops early when the
+adapter's top-1 probability falls below η (`exit_threshold`; the second early exit, the runtime's business).
+
+Exit layer ℓ (`exit_layer`): the paper exits Vicuna-7B after 2 of its 32 layers; its ablation over depth shows
+that deeper exits buy acceptance at the price of a costlier draft step, with the best speed-up that shallow.
+The default keeps that share of the depth, ℓ = max(1, round(L / 16)) (SmolLM2-135M, L=30: 2; Llama-3.1-8B: 2);
+sweep it on small targets, whose shallow layers predict less (tools/gpu/methods45.sh).
+
+Shared target parts: the LM head and final norm are the target's, never copies: in training they come from the
+frozen target the trainer holds (`bind_target`), in the evaluator from the target it loads (`bind_target`), in
+the runtime from its compact target (`lm_head_weight`, `final_norm`). Exports hold only the adapter and the
+draft vocabulary, and every consumer loads the target anyway to verify. The draft vocabulary (FR-Spec, as for
+EAGLE-3) picks rows of the shared LM head: `draft_vocab_size: null` keeps the whole vocabulary (the paper);
+a smaller one makes each draft step cheaper (the LM head is most of a small target's per-token cost).
+
+Training: soft cross-entropy between the adapter's distribution at column t (it has read x_0..x_t through the
+shallow layers) and the target's final distribution at t, i.e. over the next token x[t+1]. Training-time test
+(`ttt_steps`) needs no unroll here: the adapter reads the target's shallow states of the tokens, never its own
+outputs, so with teacher-forced tokens (as EAGLE-3's TTT) step j at column t computes exactly what step 0
+computes at column t + j, and along every chain the target accepts, the drafted tokens are those real tokens.
+Teacher forcing is thus exact for Kangaroo; unrolling on self-drafted tokens would need the shallow layers run
+again per step on tokens that, once wrong, the verifier rejects together with all that follows, so it would
+train nothing a greedy chain uses. `ttt_steps` sets how far acc@k and tau_sim simulate the chain (from the
+step-0 predictions shifted by j); the loss is step 0's, the paper's objective (more steps would only rescale it).
+
+Inference: confirmed positions' adapter keys come from the target's own feature ℓ (computed by verification);
+each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.errors import SpecdraftError
+from specdraft.kernels.soft_ce import soft_cross_entropy
+from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
+from specdraft.methods.base import (
+    ChainState,
+    DraftBatch,
+    DraftContext,
+    ExportFormat,
+    LossOutput,
+    MethodSpec,
+    TargetInfo,
+)
+from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
+from specdraft.runtime.drafter import draft_visible
+from specdraft.target.partial import new_layer_cache, run_first_layers
+
+
+@dataclass
+class KangarooConfig:
+    exit_layer: Optional[int] = None
+    """ℓ: the adapter reads hidden state ℓ, the input of target layer ℓ; None: max(1, round(L / 16))."""
+    ttt_steps: int = 7
+    """Chain positions simulated per column for acc@k and tau_sim (teacher forcing is exact: module docstring)."""
+    draft_vocab_size: Optional[int] = None
+    """Rows of the target's LM head the draft scores (most frequent answer tokens); None: the whole vocabulary."""
+    exit_threshold: float = 0.6
+    """η: the runtime stops drafting when the adapter's top-1 probability falls below it (0: never early)."""
+    init_std: float = 0.02
+    """Standard deviation of the initial adapter projections."""
+
+    def __post_init__(self):
+        if self.ttt_steps < 1:
+            raise SpecdraftError(f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if not 0.0 <= self.exit_threshold < 1.0:
+            raise SpecdraftError(f"method.exit_threshold must be in [0, 1), got {self.exit_threshold}")
+
+
+def kangaroo_exit_layer(cfg: KangarooConfig, target: TargetInfo) -> int:
+    layer = cfg.exit_layer if cfg.exit_layer is not None else max(1, round(target.num_layers / 16))
+    if not 0 < layer < target.num_layers:
+        raise SpecdraftError(f"method.exit_layer {layer} out of range; valid: 1..{target.num_layers - 1}")
+    return layer
+
+
+def kangaroo_feature_layers(cfg: KangarooConfig, target: TargetInfo) -> List[int]:
+    return [kangaroo_exit_layer(cfg, target)]
+
+
+class AdapterAttention(nn.Module):
+    """Causal GQA attention with the target's head geometry and rotary positions, over an optional KV cache."""
+
+    def __init__(self, target: TargetInfo):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = target.num_heads, target.num_kv_heads, target.head_dim
+        self.rope_theta = target.rope_theta
+        hidden = target.hidden_size
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, T, heads*D] -> [B, heads, T, D]
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: Optional[KV]) -> Tuple[torch.Tensor, KV]:
+        """x [B, T, H] at positions [T], after the cached positions -> [B, T, H] and the KV of cache + these T."""
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
+        queries = apply_rope(self._split(self.q_proj(x), self.heads), cos, sin)  # [B, h, T, D]
+        keys = apply_rope(self._split(self.k_proj(x), self.kv_heads), cos, sin)  # [B, kvh, T, D]
+        values = self._split(self.v_proj(x), self.kv_heads)
+        if cache is not None:
+            keys, values = torch.cat([cache[0], keys], dim=2), torch.cat([cache[1], values], dim=2)
+        past = keys.shape[2] - x.shape[1]
+        query_pos = torch.arange(x.shape[1], device=x.device) + past
+        visible = torch.arange(keys.shape[2], device=x.device)[None, :] <= query_pos[:, None]  # [T, past + T]
+        groups = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(queries, repeat_kv(keys, groups), repeat_kv(values, groups),
+                                             attn_mask=visible)  # [B, h, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1)), (keys, values)
+
+
+class KangarooDraft(nn.Module):
+    """The adapter: shallow [B, T, H] -> shallow + attention(norm(shallow)), scored by the target's head."""
+
+    def __init__(self, cfg: KangarooConfig, ctx: DraftContext):
+        super().__init__()
+        target = ctx.target
+        self.exit_layer = kangaroo_exit_layer(cfg, target)
+        self.feature_layers = [self.exit_layer]
+        self.input_layernorm = RMSNorm(target.hidden_size, target.rms_norm_eps)
+        self.self_attn = AdapterAttention(target)
+        for module in self.self_attn.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=cfg.init_std)
+        vocab = min(cfg.draft_vocab_size or target.vocab_size, target.vocab_size)
+        self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
+        self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)
+        self._set_vocab(ctx.token_counts, vocab, target.vocab_size)
+        object.__setattr__(self, "target_model", None)  # bound by `bind_target`; never a submodule
+
+    def _set_vocab(self, token_counts: Optional[torch.Tensor], draft_vocab: int, target_vocab: int) -> None:
+        """d2t [Vd] offsets (target id - draft id) and t2d [V] membership, as EAGLE-3's (built on the CPU)."""
+        cpu = torch.device("cpu")
+        counts = token_counts.to(cpu) if token_counts is not None else torch.zeros(target_vocab, device=cpu)
+        draft_ids = build_draft_vocab(counts, draft_vocab)  # [Vd] target ids, ascending
+        t2d = torch.zeros(target_vocab, dtype=torch.bool, device=cpu)
+        t2d[draft_ids] = True
+        device = torch.get_default_device()
+        self.d2t = (draft_ids - torch.arange(draft_vocab, device=cpu)).to(device)
+        self.t2d = t2d.to(device)
+
+    def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
+        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def forward(self, shallow: torch.Tensor, positions: torch.Tensor, cache: Optional[KV] = None):
+        """shallow [B, T, H] target states at ℓ, positions [T] -> adapter output [B, T, H] (pre-norm), KV."""
+        attn_out, kv = self.self_attn(self.input_layernorm(shallow), positions, cache)
+        return shallow + attn_out, kv
+
+    def head_rows(self, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """The target's LM head [V, H] -> the draft vocabulary's rows [Vd, H] (the weight itself if Vd = V)."""
+        if self.d2t.shape[0] == lm_head_weight.shape[0]:
+            return lm_head_weight
+        return lm_head_weight[self.draft_ids().to(lm_head_weight.device)]
+
+    def logits(self, hidden: torch.Tensor, final_norm, head_rows: torch.Tensor) -> torch.Tensor:
+        """hidden [.., H] -> [.., Vd] through the target's final norm and LM head rows [Vd, H]."""
+        normed = final_norm(hidden)
+        return F.linear(normed, head_rows.to(normed.dtype))
+
+    def target_logits_fn(self):
+        """hidden [.., H] -> [.., Vd] through the bound Hugging Face target's final norm and LM head."""
+        model = self.target_model
+        if model is None:
+            raise SpecdraftError("the Kangaroo adapter has no target bound (spec.bind_target(draft, target_model))")
+        head = self.head_rows(model.get_output_embeddings().weight)
+        return lambda hidden: self.logits(hidden, model.get_decoder().norm, head)
+
+
+def kangaroo_bind(draft: KangarooDraft, target_model: nn.Module) -> None:
+    object.__setattr__(draft, "target_model", target_model)
+
+
+def chain_metrics(correct: torch.Tensor, mask: torch.Tensor, steps: int) -> Dict[str, torch.Tensor]:
+    """correct, mask [B, T] of step 0 -> acc@1..steps and tau_sim; step j at column t is step 0 at t + j."""
+    metrics, chain_alive, chain_len = {}, None, torch.zeros_like(mask)
+    for step in range(steps):
+        step_correct, step_mask = _shift_left(correct, step), _shift_left(mask, step)
+        metrics[f"acc@{step + 1}"] = (step_correct.float() * step_mask).sum() / step_mask.sum().clamp(min=1)
+        chain_alive = step_correct if chain_alive is None else chain_alive & step_correct
+        chain_len = chain_len + chain_alive.float()
+    metrics["tau_sim"] = 1.0 + (chain_len * mask).sum() / mask.sum().clamp(min=1)
+    return metrics
+
+
+def kangaroo_loss(draft: KangarooDraft, batch: DraftBatch, cfg: KangarooConfig) -> LossOutput:
+    """Soft cross-entropy against the target's next-token distribution over the draft vocabulary; positions
+    whose target argmax lies outside it carry no loss (FR-Spec) and count as rejected in the metrics."""
+    feats = batch.features
+    shallow = feats.hidden_states[draft.exit_layer]  # [B, T, H]
+    positions = torch.arange(shallow.shape[1], device=shallow.device)
+    hidden, _ = draft(shallow.to(draft.input_layernorm.weight.dtype), positions)
+    draft_logits = draft.target_logits_fn()(hidden)  # [B, T, Vd]
+    target_logits = feats.logits_for(draft.draft_ids())  # [B, T, Vd]: column t scores x[t+1]
+    in_vocab = feats.argmax_in(draft.t2d)  # [B, T]
+    mask = _shift_left((batch.loss_mask * batch.attention_mask).float(), 1)  # x[t+1] is an answer token
+    loss_mask = mask * in_vocab
+    loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_logits.flatten(0, 1), loss_mask.flatten())
+    loss = loss / loss_mask.sum().clamp(min=1)
+    with torch.no_grad():
+        correct = (draft_logits.argmax(-1) == target_logits.argmax(-1)) & in_vocab & (mask > 0)
+        metrics = chain_metrics(correct, mask, cfg.ttt_steps)
+    metrics["loss"] = loss.detach()
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def _draft_token(draft: KangarooDraft, logits_fn, hidden: torch.Tensor) -> torch.Tensor:
+    draft_index = logits_fn(hidden)[0, -1].argmax()
+    return draft_index + draft.d2t[draft_index]  # target id
+
+
+@torch.no_grad()
+def kangaroo_propose(draft: KangarooDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """Greedy chain of `num_tokens` target ids after state.tokens [1, n + 1] -> [k]. The target's layers
+    0..ℓ-1 run on the root and each drafted token (their cache rebuilt over the prefix each call: a plain,
+    correct drafter; the runtime keeps it); the adapter reads feature ℓ of the confirmed tokens."""
+    logits_fn, model = draft.target_logits_fn(), draft.target_model
+    length = state.tokens.shape[1]  # n + 1: the root x_n is at position n
+    positions = torch.arange(length, device=state.tokens.device)
+    shallow_cache = new_layer_cache(model)
+    root = run_first_layers(model, state.embed(state.tokens), positions, shallow_cache, draft.exit_layer)[:, -1:]
+    prefix = state.features.hidden_states[draft.exit_layer]  # [1, n, H]
+    hidden, adapter_kv = draft(torch.cat([prefix, root], dim=1), positions)
+    drafted = [_draft_token(draft, logits_fn, hidden)]
+    for step in range(1, num_tokens):
+        position = positions[-1:] + step
+        shallow = run_first_layers(model, state.embed(drafted[-1].view(1, 1)), position, shallow_cache,
+                                   draft.exit_layer)
+        hidden, adapter_kv = draft(shallow, position, adapter_kv)
+        drafted.append(_draft_token(draft, logits_fn, hidden))
+    return torch.stack(drafted)
+
+
+def kangaroo_to_hf(draft: KangarooDraft, cfg: KangarooConfig, target: TargetInfo, provenance: Dict[str, Any]):
+    """The adapter and draft vocabulary only: the LM head and final norm stay the target's (module docstring)."""
+    attn = draft.self_attn
+    config = {
+        "architectures": ["KangarooAdapter"],
+        "model_type": target.model_type,
+        "hidden_size": target.hidden_size,
+        "num_attention_heads": attn.heads,
+        "num_key_value_heads": attn.kv_heads,
+        "head_dim": attn.head_dim,
+        "rms_norm_eps": target.rms_norm_eps,
+        "rope_theta": target.rope_theta,
+        "rope_scaling": target.rope_scaling,
+        "max_position_embeddings": target.max_position_embeddings,
+        "vocab_size": target.vocab_size,
+        "draft_vocab_size": draft.d2t.shape[0],
+        "kangaroo_config": {
+            "exit_layer": draft.exit_layer,
+            "reads": "hidden state exit_layer: the input of target decoder layer exit_layer",
+            "lm_head": "the target's, not in this file", "final_norm": "the target's, not in this file",
+            "exit_threshold": cfg.exit_threshold,
+        },
+        "torch_dtype": "bfloat16",
+        "specdraft": {"method": "kangaroo", "method_config": asdict(cfg), **provenance},
+    }
+    return config, {name: tensor.detach() for name, tensor in draft.state_dict().items()}
+
+
+def kangaroo_hf_keys(draft: KangarooDraft, target: TargetInfo) -> List[str]:
+    return ["input_layernorm.weight", "d2t", "t2d", *[f"self_attn.{p}_proj.weight" for p in "qkvo"]]
+
+
+def kangaroo_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], target: TargetInfo):
+    saved = (config.get("specdraft") or {}).get("method_config")
+    if not saved or "exit_layer" not in saved:
+        raise SpecdraftError("this export has no Kangaroo method_config in config.json['specdraft']; "
+                             "export it with specdraft export --format hf")
+    cfg = KangarooConfig(**saved)
+    draft = KangarooDraft(cfg, DraftContext(target=target))
+    draft.load_state_dict(tensors, strict=True)
+    return cfg, draft
+
+
+class KangarooDrafter:
+    """The runtime's Kangaroo drafter (specdraft/runtime/drafter.py): the target's layers 0..ℓ-1 and the adapter.
+
+    Adapter cache [Hkv, max_len, D]: `ingest` writes the confirmed positions' keys from the target's feature
+    ℓ (computed by verification); `first` and `step` write the root's and the drafted nodes' at their scratch
+    slots. Shallow layers: the nodes run through the target's own layers 0..ℓ-1 with its static cache; their
+    keys land at the target's scratch slots n + j (the verify pass rewrites those slots afterwards). As the
+    target's tree attention sees the whole prefix plus the new rows by a mask, `step` reruns every scratch
+    node drafted so far (W rows, static) with the scratch visibility it recorded: ancestors only, as in a tree.
+    The confidence exit η (`exit_threshold`) is an attribute for the engine; this drafter drafts every depth.
+    """
+
+    def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
+        self.draft, self.target = draft, target_model
+        self.exit_layer, self.exit_threshold = draft.exit_layer, cfg.exit_threshold
+        self.feature_layers, self.d2t = [draft.exit_layer], draft.d2t
+        attn = draft.self_attn
+        self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
+        self.rows = draft.head_rows(target_model.lm_head_weight)  # [Vd, H], gathered once
+
+    def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
+        self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
+        self.scratch_tokens = torch.zeros(scratch, dtype=torch.long, device=device)
+        self.scratch_positions = torch.zeros(scratch, dtype=torch.long, device=device)
+        self.scratch_mask = torch.eye(scratch, dtype=torch.bool, device=device)  # row j: what node j sees
+        self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
+
+    def state_tensors(self):
+        return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
+                self.scratch_mask]
+
+    def _write_kv(self, shallow, positions, slots):
+        """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
+        attn, m = self.draft.self_attn, shallow.shape[0]
+        x = self.draft.input_layernorm(shallow)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)  # [M, D]
+        self.k_cache.index_copy_(1, slots, apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1),
+                                                      cos, sin))
+        self.v_cache.index_copy_(1, slots, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1))
+        return apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)
+
+    def _adapter(self, shallow, positions, slots, visible):
+        """shallow [M, H] -> (logits [M, Vd], adapter output [M, H]); visible [M, S] over the adapter cache."""
+        q = self._write_kv(shallow, positions, slots)
+        out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
+                                             enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
+        hidden = shallow + self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
+        return self.draft.logits(hidden, self.target.final_norm, self.rows), hidden
+
+    def ingest(self, features, next_tokens, start, count) -> None:
+        shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]
+        columns = start + torch.arange(shallow.shape[0], device=shallow.device)
+        self._write_kv(shallow, columns, columns)
+        self.prefix_len.copy_(start + count)
+
+    def first(self, root_token, position):
+        self.scratch_tokens[:1] = root_token
+        self.scratch_positions[:1] = position
+        shallow, _ = self.target.run_layers(self.target.embed(root_token), position, self.prefix_len,
+                                            self.root_mask, 0, self.exit_layer)  # [1, H]
+        visible = torch.arange(self.k_cache.shape[1], device=shallow.device)[None, :] <= self.prefix_len
+        return self._adapter(shallow, position, self.prefix_len, visible)
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        self.scratch_tokens.index_copy_(0, scratch_slots, tokens)
+        self.scratch_positions.index_copy_(0, scratch_slots, positions)
+        self.scratch_mask.index_copy_(0, scratch_slots, scratch_visible)
+        shallow, _ = self.target.run_layers(self.target.embed(self.scratch_tokens), self.scratch_positions,
+                                            self.prefix_len, self.scratch_mask, 0, self.exit_layer)  # [W, H]
+        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
+        return self._adapter(shallow[scratch_slots], positions, self.prefix_len + scratch_slots, visible)
+
+
+def kangaroo_runtime(draft: KangarooDraft, cfg: KangarooConfig, target_model) -> KangarooDrafter:
+    return KangarooDrafter(draft, cfg, target_model)
+
+
+SPEC = MethodSpec(
+    name="kangaroo",
+    config=KangarooConfig,
+    build=KangarooDraft,
+    loss=kangaroo_loss,
+    feature_layers=kangaroo_feature_layers,
+    propose=kangaroo_propose,
+    exports={"hf": ExportFormat(write=kangaroo_to_hf, required_keys=kangaroo_hf_keys)},
+    from_export=kangaroo_from_export,
+    bind_target=kangaroo_bind,
+    runtime=kangaroo_runtime,
+)

@@ -1,0 +1,33 @@
+"""tools/gpu/methods45.sh (the PosS / Kangaroo GPU comparison) end to end in a tiny CPU configuration: the tiny
+random target stands in for SmolLM2, two training steps per run, one prompt benched as a chain. Minutes on 2 cores."""
+import json
+import os
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_methods45_script_trains_benches_and_plots(tmp_path, tiny_target_dir, distilled):
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text(json.dumps({"turns": ["question?"]}) + "\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT), "WORK": str(tmp_path), "GGUF": str(tiny_target_dir), "DATA": str(distilled),
+           "RUNS": "poss1 kangaroo2", "STEPS": "2", "TREE": "0", "MAX_PROMPTS": "1", "EVAL_TOKENS": "12",
+           "EVAL_PROMPTS": str(prompts), "TRITON_INTERPRET": "0", "SPECDRAFT_KERNELS": "reference"}  # plain CPU
+    result = subprocess.run(["bash", "tools/gpu/methods45.sh", "train.micro_batch_size=2"], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    root = tmp_path / "methods45"
+    summary = json.loads((root / "acceptance_chain.json").read_text())
+    assert list(summary) == ["poss1", "kangaroo2"] and all(run["lossless"] for run in summary.values())
+    assert all(len(run["acceptance_by_position"]) == 6 for run in summary.values())
+    assert not (root / "acceptance_tree.json").exists()  # TREE=0
+    config = json.loads((root / "poss1" / "export" / "config.json").read_text())
+    assert config["poss_config"]["specialist_by_depth"] == [0, 1, 2, 3, 4, 5, 5]
+    assert json.loads((root / "kangaroo2" / "params.json").read_text())["trainable_params"] > 0
+    assert "| kangaroo2 |" in result.stdout
