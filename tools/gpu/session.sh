@@ -41,9 +41,18 @@ lane0() {
 
 lane1() {
   export CUDA_VISIBLE_DEVICES=1
-  stamp lane1 methods
-  RUNS=${RUNS:-"eagle3 poss2 kangaroo4 poss1 poss3 kangaroo2 kangaroo8"} STEPS=${STEPS:-800} \
-    MAX_PROMPTS=${METHOD_PROMPTS:-20} bash tools/gpu/methods45.sh > "$RESULTS/methods45.log" 2>&1
+  local done_runs=()
+  for run in ${RUNS:-eagle3 poss2 kangaroo4 poss1 poss3 kangaroo2 kangaroo8}; do
+    stamp lane1 "$run"
+    if RUNS=$run STEPS=${STEPS:-800} MAX_PROMPTS=${METHOD_PROMPTS:-20} bash tools/gpu/methods45.sh \
+        > "$RESULTS/methods45_$run.log" 2>&1; then done_runs+=("$run"); fi
+    for kind in chain tree; do  # every finished run so far, on one plot (lane 1 may be stopped at any time)
+      labels=()
+      for name in "${done_runs[@]}"; do labels+=("$name=$WORK/methods45/$name/bench_$kind/bench.json"); done
+      [ ${#labels[@]} -gt 0 ] && python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind.png" \
+        --title "MT-bench, T=0, $kind" "${labels[@]}" > "$RESULTS/acceptance_$kind.txt" 2>&1
+    done
+  done
   stamp lane1 done
 }
 
@@ -61,6 +70,13 @@ both() {
   stamp both done
 }
 
+lane_cpu() {  # the CPU test suite on this machine's cores, while the GPUs work (a second opinion on the merge)
+  CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=8 timeout 600 python3 -m pytest -q -p no:cacheprovider -m "not gpu and not slurm" \
+    tests > "$RESULTS/cpu_tests.log" 2>&1
+  stamp cpu tests done
+}
+
+lane_cpu &
 lane0 & pid0=$!
 lane1 & pid1=$!
 wait $pid0
