@@ -6,15 +6,16 @@ one, batched and length-sorted) and written atomically (temp dir + os.replace), 
 whole shards and re-running the same command generates just the missing ones. Each shard reseeds from
 `distill.seed + shard index`, so a resumed sampled run draws the same answers. `fingerprint.json` guards the
 output dir against resuming with another target, prompt set or sampling setting.
+
+Several workers (GPUs, nodes, SLURM array tasks) share one output dir: each writes only the shards it owns
+(data_gen/workers.py), and the one that finds all shards on disk merges them (data_gen/shards.py).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -22,17 +23,24 @@ from typing import Dict, List, Optional
 import torch
 
 from specdraft.config import DistillConfig, Recipe, save_recipe
-from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, shards_dir
+from data_gen.shards import (
+    merge_shards,
+    missing_shards,
+    remove_stale_temps,
+    shard_path,
+    throughput_path,
+    write_shard,
+)
+from data_gen.workers import local_device_index, resolve_worker, worker_shards
+from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
 from specdraft.errors import SpecdraftError
-from specdraft.io import TMP_PREFIX, atomic_dir, write_json
+from specdraft.io import write_json
 from specdraft.target.load import eos_token_ids
 
 log = logging.getLogger(__name__)
 
 FINGERPRINT = "fingerprint.json"
-ERRORS = "errors.jsonl"
-SHARD_COUNTS = "counts.json"
 
 
 @dataclass
@@ -59,11 +67,10 @@ class _Context:
 
 
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def shard_path(out: Path, shard_index: int) -> Path:
-    return shards_dir(out) / f"shard-{shard_index:05d}"
+    """The first GPU, or this worker's GPU among the visible ones under torchrun or srun; else the CPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{local_device_index() % torch.cuda.device_count()}"
 
 
 def template_ids(tokenizer, messages: List[dict], add_generation_prompt: bool = False) -> List[int]:
@@ -256,63 +263,6 @@ def _dialogs(ctx: _Context, conversations: Dict[int, Conversation], early: Dict[
     return dialogs
 
 
-@contextmanager
-def _quiet_datasets():
-    """Silence `datasets`' own progress bars (they would tear through the distill bar)."""
-    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    was_disabled = are_progress_bars_disabled()
-    disable_progress_bars()
-    try:
-        yield
-    finally:
-        if not was_disabled:
-            enable_progress_bars()
-
-
-def _save_dataset(dataset, directory: Path) -> None:
-    """save_to_disk; an empty dataset still gets one (empty) Arrow file, so load_from_disk reads it back."""
-    with _quiet_datasets():
-        dataset.save_to_disk(str(directory), num_shards=1 if len(dataset) == 0 else None)
-
-
-def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict]) -> Path:
-    """Write a shard (rows, its errors.jsonl and counts.json) in a temp dir and rename it into place."""
-    from datasets import Dataset
-
-    columns = {name: [row[name] for row in rows] for name in ROW_FEATURES}
-    statuses = [item["status"] for item in problems]
-    counts = {"input": len(rows) + len(problems), "ok": len(rows), "error": statuses.count("error"),
-              "skipped": statuses.count("skipped")}
-    with atomic_dir(shard_path(out, shard_index)) as tmp:
-        _save_dataset(Dataset.from_dict(columns, features=ROW_FEATURES), tmp)
-        write_json(tmp / ERRORS, problems)
-        write_json(tmp / SHARD_COUNTS, counts)
-    return shard_path(out, shard_index)
-
-
-def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
-    """Concatenate all shards into dataset/, merge their counts and errors; -> counts."""
-    from datasets import concatenate_datasets, load_from_disk
-
-    counts = {"input": 0, "ok": 0, "error": 0, "skipped": 0}
-    problems, parts = [], []
-    for shard_index in range(num_shards):
-        path = shard_path(out, shard_index)
-        shard_counts = json.loads((path / SHARD_COUNTS).read_text())
-        counts = {key: counts[key] + shard_counts[key] for key in counts}
-        problems += [json.loads(line) for line in (path / ERRORS).read_text().splitlines() if line.strip()]
-        with _quiet_datasets():
-            parts.append(load_from_disk(str(path)))
-    assert counts["input"] == num_input, f"shards hold {counts['input']} conversations, expected {num_input}"
-    assert counts["ok"] + counts["error"] + counts["skipped"] == counts["input"], counts
-    with atomic_dir(dataset_dir(out)) as tmp:
-        _save_dataset(concatenate_datasets(parts), tmp)
-    write_json(out / ERRORS, problems)
-    write_json(counts_path(out), counts)
-    return counts
-
-
 def fingerprint(recipe: Recipe, conversations: List[Conversation]) -> dict:
     """What makes two runs' shards interchangeable, keyed by recipe field (plus a digest of the prompts)."""
     digest = hashlib.sha256()
@@ -340,11 +290,11 @@ def check_fingerprint(out: Path, expected: dict) -> None:
                              f"use a new distill.output_dir (or delete {out})")
 
 
-def claim_output_dir(recipe: Recipe, out: Path, expected: dict) -> None:
-    """Create the layout, drop temp dirs of interrupted runs, write the fingerprint and the resolved recipe."""
+def claim_output_dir(recipe: Recipe, out: Path, expected: dict, own_shards: List[int]) -> None:
+    """Create the layout, drop what interrupted writes of our own shards left, write the fingerprint and the
+    resolved recipe (the same in every worker; each write is atomic)."""
     shards_dir(out).mkdir(parents=True, exist_ok=True)
-    for stale in [*shards_dir(out).glob(TMP_PREFIX + "*"), *out.glob(TMP_PREFIX + "*")]:
-        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    remove_stale_temps(out, own_shards)
     write_json(out / FINGERPRINT, expected)
     save_recipe(recipe, out)
 
@@ -359,25 +309,29 @@ def check_distill_config(cfg: DistillConfig) -> None:
         raise SpecdraftError(f"distill.top_p must be in (0, 1], got {cfg.top_p}")
 
 
+def _shard_conversations(conversations: List[Conversation], shard_index: int, size: int) -> Dict[int, Conversation]:
+    """{position: conversation} of one shard."""
+    return {p: conversations[p] for p in range(shard_index * size, min((shard_index + 1) * size, len(conversations)))}
+
+
 def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversation], pending: List[int],
-                      expected: dict, device: str) -> dict:
+                      expected: dict, device: str, owned: int) -> dict:
     """Load the target, check the prompts of the missing shards, then generate and write each of them.
 
-    Returns this run's generation throughput: answer tokens, seconds inside generate, tokens/s."""
+    `owned` is how many conversations this worker's shards hold (the progress bar's total). Returns this run's
+    generation throughput: answer tokens, seconds inside generate, tokens/s, wall-clock start and end."""
     from tqdm.auto import tqdm
 
     from specdraft.target.load import load_target
 
-    size = recipe.distill.shard_size
-    shards = {i: {p: conversations[p] for p in range(i * size, min((i + 1) * size, len(conversations)))}
-              for i in pending}  # shard index -> {position: conversation}
-    log.info("distilling %d of %d shards on %s", len(shards), -(-len(conversations) // size), device)
+    shards = {i: _shard_conversations(conversations, i, recipe.distill.shard_size) for i in pending}
     target = load_target(recipe.target, device)
     early = precheck(target.tokenizer, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
-    claim_output_dir(recipe, out, expected)
+    claim_output_dir(recipe, out, expected, pending)
     eos_ids = eos_token_ids(target.model, target.tokenizer)
-    done = len(conversations) - sum(len(shard) for shard in shards.values())
-    with tqdm(total=len(conversations), initial=done, unit="prompt", desc="distill") as progress:
+    done = owned - sum(len(shard) for shard in shards.values())
+    started = time.time()
+    with tqdm(total=owned, initial=done, unit="prompt", desc="distill") as progress:
         ctx = _Context(target.model, target.tokenizer, recipe, eos_ids, progress,
                        generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id))
         for shard_index, shard in shards.items():
@@ -385,27 +339,71 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
             write_shard(out, shard_index, rows, problems)
     return {"device": device, "shards": len(shards), "generated_tokens": ctx.generated_tokens,
             "generate_seconds": ctx.generate_seconds,
-            "tokens_per_s": ctx.generated_tokens / max(ctx.generate_seconds, 1e-9)}
+            "tokens_per_s": ctx.generated_tokens / max(ctx.generate_seconds, 1e-9),
+            "started": started, "finished": time.time()}
+
+
+def _merge(out: Path, num_shards: int, num_input: int) -> dict:
+    counts = merge_shards(out, num_shards, num_input)
+    print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
+          f"{counts['skipped']} skipped -> {dataset_dir(out)}")
+    return counts
+
+
+def _dump_features(recipe: Recipe, out: Path, device: Optional[str]) -> None:
+    """data.features=offline: the target's hidden states beside each dataset (data_gen/features.py), written by
+    the process that merged (after every worker's text shards exist)."""
+    if recipe.data.features == "offline":
+        from data_gen.features import dump_all_features
+
+        dump_all_features(recipe, out, device or default_device())
+
+
+def merge_only(recipe: Recipe) -> dict:
+    """`distill-data RECIPE --merge`: merge the shards the workers wrote; an error while some are missing."""
+    out = Path(recipe.distill.output_dir).expanduser()
+    conversations = load_conversations(list(recipe.data.prompts), recipe.data.max_samples)
+    check_fingerprint(out, fingerprint(recipe, conversations))
+    num_shards = -(-len(conversations) // recipe.distill.shard_size)
+    missing = missing_shards(out, num_shards)
+    if missing:
+        names = ", ".join(shard_path(out, i).name for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise SpecdraftError(f"{len(missing)} of {num_shards} shards are missing in {shards_dir(out)} ({names}); "
+                             f"run the distill-data workers first")
+    return _merge(out, num_shards, len(conversations))
 
 
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     """Regenerate the answers of `recipe.data.prompts` with `recipe.target` into `recipe.distill.output_dir`.
 
-    Resumable: shards already on disk are kept. Returns {"input", "ok", "error", "skipped"} (also counts.json).
+    Writes only this worker's missing shards (all shards for a single worker; see data_gen/workers.py). The
+    worker that finds every shard on disk merges them and returns {"input", "ok", "error", "skipped"} (also
+    counts.json); a worker that finishes before the others returns what it wrote and which shards are missing.
     """
     check_distill_config(recipe.distill)
     out = Path(recipe.distill.output_dir).expanduser()
     conversations = load_conversations(list(recipe.data.prompts), recipe.data.max_samples)
     expected = fingerprint(recipe, conversations)
     check_fingerprint(out, expected)
-    num_shards = -(-len(conversations) // recipe.distill.shard_size)
-    pending = [i for i in range(num_shards) if not shard_path(out, i).is_dir()]
+    size = recipe.distill.shard_size
+    num_shards = -(-len(conversations) // size)
+    worker = resolve_worker(recipe.distill)
+    own = worker_shards(num_shards, worker)
+    pending = [i for i in own if not shard_path(out, i).is_dir()]
+    device = device or default_device()
+    log.info("%s: %d of its %d shards to distill (of %d) on %s", worker, len(pending), len(own), num_shards, device)
     if pending:
-        throughput = _generate_missing(recipe, out, conversations, pending, expected, device or default_device())
-        write_json(out / "throughput.json", throughput)
+        owned = sum(len(_shard_conversations(conversations, i, size)) for i in own)
+        throughput = _generate_missing(recipe, out, conversations, pending, expected, device, owned)
+        write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
-        claim_output_dir(recipe, out, expected)
-    counts = merge_shards(out, num_shards, len(conversations))
-    print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
-          f"{counts['skipped']} skipped -> {dataset_dir(out)}")
+        claim_output_dir(recipe, out, expected, [])
+    missing = missing_shards(out, num_shards)
+    if missing:
+        print(f"{worker}: wrote {len(pending)} shards; {len(missing)} of {num_shards} shards still to come from "
+              f"other workers (the last one to finish merges; or run distill-data RECIPE --merge)")
+        return {"worker": worker.index, "workers": worker.count, "shards_written": len(pending),
+                "shards_missing": len(missing)}
+    counts = _merge(out, num_shards, len(conversations))
+    _dump_features(recipe, out, device)
     return counts

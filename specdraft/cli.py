@@ -1,11 +1,13 @@
 """specdraft command line: distill-data | train | export | eval. New knobs go into recipe dataclasses, not flags.
 
-    specdraft distill-data RECIPE [key=value ...]
+    specdraft distill-data RECIPE [--merge] [key=value ...]
     specdraft train RECIPE [key=value ...]
     specdraft export RUN_DIR --format hf|speculators --out DIR
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
     specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
     specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
+    specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
+                    [--dry-run] [key=value ...]
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from specdraft.errors import SpecdraftError
 
 
 def _distill(args) -> dict:
-    from data_gen.distill import run_distill
+    from data_gen.distill import merge_only, run_distill
     from specdraft.config import load_recipe
 
-    return run_distill(load_recipe(args.recipe, args.overrides))
+    recipe = load_recipe(args.recipe, args.overrides)
+    return merge_only(recipe) if args.merge else run_distill(recipe)
 
 
 def _train(args) -> dict:
@@ -97,6 +100,35 @@ def _bench(args) -> dict:
     report = run_bench(runtime, settings, args.out)
     print(format_table(report), file=sys.stderr)
     return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
+def _slurm(args) -> dict:
+    from specdraft.launch.slurm import SlurmJob, run_slurm
+
+    options = {name: getattr(args, name) for name in ("nodes", "gpus_per_node", "workers", "partition", "time",
+                                                      "account", "cpus_per_task", "mem", "signal_seconds",
+                                                      "template")}
+    return run_slurm(SlurmJob(kind=args.kind, recipe=args.recipe, overrides=args.overrides, **options),
+                     dry_run=args.dry_run)
+
+
+def _add_slurm(sub) -> None:
+    slurm = sub.add_parser("slurm", help="write an sbatch script for train or distill-data and submit it")
+    slurm.add_argument("kind", choices=("train", "distill-data"))
+    slurm.add_argument("recipe")
+    slurm.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus-per-node", type=int, default=0, help="0 runs on CPUs (one task per node)")
+    slurm.add_argument("--workers", type=int, default=None,
+                       help="distill-data array tasks (default: nodes x gpus-per-node, one GPU each)")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--time", help="time limit, e.g. 24:00:00")
+    slurm.add_argument("--account")
+    slurm.add_argument("--cpus-per-task", type=int)
+    slurm.add_argument("--mem", help="memory per node, e.g. 200G")
+    slurm.add_argument("--signal-seconds", type=int, default=120,
+                       help="train: SIGUSR1 this many seconds before the time limit (save and requeue)")
+    slurm.add_argument("--template", help="an sbatch template of your own (default: tools/slurm/KIND.sbatch)")
+    slurm.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    slurm.set_defaults(func=_slurm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("recipe")
         cmd.add_argument("overrides", nargs="*", help="recipe overrides, key=value (e.g. train.max_steps=10)")
         cmd.set_defaults(func=func)
+        if name == "distill-data":
+            cmd.add_argument("--merge", action="store_true",
+                             help="only merge the shards that distill-data workers wrote (all must exist)")
     export = sub.add_parser("export", help="write a checkpoint a serving engine loads")
     export.add_argument("run_dir")
     export.add_argument("--format", default="hf", help="hf (SGLang), speculators (vLLM)")
@@ -133,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     bench.set_defaults(func=_bench)
+    _add_slurm(sub)
     return parser
 
 

@@ -19,6 +19,8 @@ from specdraft.errors import SpecdraftError, choices_error
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+QUANTIZATIONS = ("none", "8bit", "4bit")
+FEATURE_MODES = ("online", "offline", "hybrid")
 
 
 def _check_choice(what: str, value: str, valid) -> None:
@@ -36,9 +38,16 @@ class TargetConfig:
     """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
     trust_remote_code: bool = False
     """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+    random_init: bool = False
+    """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
+    quantization: str = "none"
+    """Frozen target weights for training features: none, 8bit or 4bit (NF4) through bitsandbytes (CUDA only).
+    Applies to online/hybrid training and the offline feature dump; answers are generated, and eval runs,
+    with the unquantized target."""
 
     def __post_init__(self):
         _check_choice("target.dtype", self.dtype, DTYPES)
+        _check_choice("target.quantization", self.quantization, QUANTIZATIONS)
 
 
 @dataclass
@@ -53,9 +62,22 @@ class DataConfig:
     """What to do with a prompt longer than max_length: error (exit 2) or skip (counted as skipped)."""
     val_fraction: float = 0.02
     """Share of conversations held out for validation (at least one)."""
+    pack_length: Optional[int] = None
+    """Pack each micro-batch's conversations (first-fit decreasing) into rows of exactly this many tokens, with
+    per-conversation positions and attention (the target's too); None pads each conversation to the longest.
+    At least max_length."""
+    features: str = "online"
+    """Where training reads the target's hidden states: online (the frozen target runs in every step), offline
+    (`distill-data` dumps them beside the dataset, `train` keeps no target layers, only its LM head and
+    embedding table) or hybrid (online in the first epoch, cached under train.output_dir/features, then read
+    back). docs/training.md gives the disk cost."""
 
     def __post_init__(self):
         _check_choice("data.too_long", self.too_long, ("error", "skip"))
+        _check_choice("data.features", self.features, FEATURE_MODES)
+        if self.pack_length is not None and self.pack_length < self.max_length:
+            raise SpecdraftError(f"data.pack_length must be None or >= data.max_length ({self.max_length}), "
+                                 f"got {self.pack_length}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise SpecdraftError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
 
@@ -76,6 +98,20 @@ class DistillConfig:
     """Nucleus sampling mass (sampling only)."""
     seed: int = 0
     """Sampling seed (each shard reseeds from it, so a resumed run samples the same)."""
+    num_workers: Optional[int] = None
+    """Workers sharing the prompt set (worker w writes shards w, w + n, ...). None reads it from the
+    environment: SLURM array (SLURM_ARRAY_TASK_COUNT) times tasks (WORLD_SIZE from torchrun/Lightning, or
+    SLURM_NTASKS inside srun); 1 outside any launcher."""
+    worker_index: Optional[int] = None
+    """This worker's index in [0, num_workers). None reads it from the environment like num_workers
+    (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, RANK or SLURM_PROCID)."""
+
+    def __post_init__(self):
+        if self.num_workers is not None and self.num_workers < 1:
+            raise SpecdraftError(f"distill.num_workers must be at least 1, got {self.num_workers}")
+        if self.worker_index is not None and self.num_workers is not None \
+                and not 0 <= self.worker_index < self.num_workers:
+            raise SpecdraftError(f"distill.worker_index must be in [0, {self.num_workers}), got {self.worker_index}")
 
 
 @dataclass
@@ -116,6 +152,9 @@ class TrainConfig:
     """DataLoader worker processes."""
     extra_distilled: List[str] = field(default_factory=list)
     """More `distill-data` output directories to train on, besides distill.output_dir (e.g. earlier runs)."""
+    activation_checkpointing: bool = False
+    """Recompute the draft layers' activations in the backward instead of keeping them: less GPU memory (long
+    sequences, large drafts) for about a tenth more draft compute. The frozen target never keeps activations."""
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)
@@ -222,7 +261,9 @@ def recipe_to_yaml(recipe: Recipe) -> str:
 
 
 def save_recipe(recipe: Recipe, directory: str | Path) -> Path:
+    """Write recipe.yaml atomically (several workers of one job may write it at once)."""
+    from specdraft.io import write_text
+
     out = Path(directory) / "recipe.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(recipe_to_yaml(recipe))
+    write_text(out, recipe_to_yaml(recipe))
     return out

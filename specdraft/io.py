@@ -61,12 +61,18 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         os.replace(tmp, final)
 
 
-def write_json(path: str | Path, data) -> None:
-    """Write JSON atomically (temp file + rename); a list is written as JSON Lines."""
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file atomically (temp file + rename). The temp name is unique per call, so several
+    workers may write the same file at once (the last rename wins)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    text = "".join(json.dumps(item) + "\n" for item in data) if isinstance(data, list) else \
-        json.dumps(data, indent=2) + "\n"
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: str | Path, data) -> None:
+    """Write JSON atomically; a list is written as JSON Lines."""
+    text = "".join(json.dumps(item) + "\n" for item in data) if isinstance(data, list) else \
+        json.dumps(data, indent=2) + "\n"
+    write_text(path, text)

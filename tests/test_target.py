@@ -1,5 +1,6 @@
 """Target loading: sources (directory, .gguf, pkg:) and one-line errors for bad ones. CPU, tiny targets."""
 import pytest
+import torch
 
 from specdraft.config import TargetConfig
 from specdraft.errors import SpecdraftError
@@ -33,3 +34,18 @@ def test_target_without_chat_template_is_refused(tmp_path):
     directory = save_tiny_target(tmp_path / "plain", chat_template=None)
     with pytest.raises(SpecdraftError, match="has no chat template"):
         load_target(TargetConfig(path=str(directory)))
+
+
+def test_random_init_needs_only_config_and_tokenizer(tmp_path):
+    from tests.tiny import byte_tokenizer, tiny_llama_config
+
+    tiny_llama_config(layers=3).save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(SpecdraftError, match="cannot load target"):
+        load_target(TargetConfig(path=str(tmp_path)))
+    loaded = load_target(TargetConfig(path=str(tmp_path), random_init=True, dtype="bfloat16"))
+    layer = loaded.model.model.layers[0]
+    assert loaded.info.num_layers == 3 and layer.mlp.up_proj.weight.dtype == torch.bfloat16
+    assert float(layer.mlp.up_proj.weight.float().std()) == pytest.approx(0.02, rel=0.1)
+    assert bool((loaded.model.model.norm.weight == 1).all())
+    assert all(torch.isfinite(p.float()).all() for p in loaded.model.parameters())

@@ -62,7 +62,7 @@ class _Crash(L.Callback):
             raise RuntimeError("simulated crash")
 
 
-def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, distilled, monkeypatch):
+def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, distilled, monkeypatch, caplog):
     (tmp_path / "a").mkdir()
     straight = make_recipe(tmp_path / "a", tiny_target_dir, distilled)
     run_train(load_recipe(straight))
@@ -79,7 +79,10 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, dis
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_train(load_recipe(resumed))
     monkeypatch.setattr(trainer_module, "build_trainer", build)
-    run_train(load_recipe(resumed))
+    with caplog.at_level("INFO", logger="specdraft.train.trainer"):
+        run_train(load_recipe(resumed))
+    assert "last.ckpt at step 10: draft weights, AdamW state (full state, saved at world size 1, loaded at " \
+           "world size 1), LR schedule, data position (global sample 40) and RNG restored" in caplog.text
     weights_a = load_file(tmp_path / "a" / "run" / "last" / "draft.safetensors")
     weights_b = load_file(tmp_path / "b" / "run" / "last" / "draft.safetensors")
     for name in weights_a:

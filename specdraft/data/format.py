@@ -6,6 +6,7 @@ DISTILL_DIR/
   counts.json               {"input": N, "ok": a, "error": b, "skipped": c} with a + b + c == N
   errors.jsonl              one line per prompt that failed or was skipped: source, index, reason
   recipe.yaml               the resolved recipe that produced it
+  features/                 with data.features=offline: the target's hidden states (specdraft.data.features)
 Rows: the columns of ROW_FEATURES.
 """
 from __future__ import annotations

@@ -6,6 +6,27 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """(x * rsqrt(mean(x^2) + eps) * weight) in float32, cast to x's dtype. Keeps x and the [..., 1] rsqrt for
+    the backward, where autograd would keep three float32 copies of x."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        x32 = x.to(rstd_dtype := torch.promote_types(x.dtype, torch.float32))
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
+        ctx.save_for_backward(x, weight, rstd)
+        return (x32 * rstd * weight.to(rstd_dtype)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd  # [..., H]
+        grad_normed = grad_out.to(rstd.dtype) * weight.to(rstd.dtype)
+        grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        grad_weight = (grad_out.to(rstd.dtype) * normed).flatten(0, -2).sum(0)
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -13,9 +34,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):

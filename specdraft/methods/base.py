@@ -64,6 +64,8 @@ class DraftContext:
     target: TargetInfo
     token_counts: Optional[torch.Tensor] = None
     """[V] int64: how often each target token is an answer token in the training data (None when loading)."""
+    activation_checkpointing: bool = False
+    """Recompute draft layers' activations in the backward instead of keeping them (train.activation_checkpointing)."""
 
 
 @dataclass
@@ -105,6 +107,8 @@ class DraftBatch:
     loss_mask: torch.Tensor  # [B, T] 1 on assistant tokens
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens, 0 on padding
     features: Optional[TargetFeatures] = None
+    position_ids: Optional[torch.Tensor] = None  # [B, T] packed rows: positions restart at each document
+    document_ids: Optional[torch.Tensor] = None  # [B, T] packed rows: document of each token, non-decreasing
 
 
 @dataclass
@@ -160,3 +164,6 @@ class MethodSpec:
     """Optimizer groups; default: every parameter that requires grad."""
     runtime: Optional[Callable[[nn.Module, Any, Any], Any]] = None
     """(draft, cfg, runtime target model) -> a `specdraft.runtime.drafter.Drafter`; None: no fast runtime."""
+    reads_embeddings: bool = True
+    """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
+    the target's embedding table to recompute them from the token ids."""

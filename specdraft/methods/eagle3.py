@@ -17,20 +17,28 @@ Step j at column t stands for sequence position t + j, so its rotary position is
 step-0 keys of columns <= t plus the keys that steps 1..j wrote at column t: exactly what the draft sees at
 inference after drafting j tokens. The loss at step j is the soft cross-entropy against the target's
 distribution over the draft vocabulary at position t+1+j, weighted by `step_loss_decay ** j`.
+
+Packed rows (several conversations per row, `data.pack_length`): positions restart at each conversation, keys
+are seen only within the column's conversation, and a column predicts only tokens of its own conversation, so
+the loss equals that of the conversations in separate rows. The attention runs on flex attention with a block
+mask on CUDA and densely elsewhere (specdraft/kernels/ttt_attention); the loss is the fused soft cross-entropy
+(specdraft/kernels/soft_ce).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, choices_error
 from specdraft.kernels.soft_ce import soft_cross_entropy
-from specdraft.layers import RMSNorm, SwiGLU, apply_rope, repeat_kv, rope_cos_sin
+from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
+from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
+from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from specdraft.methods.base import (
     ChainState,
     DraftBatch,
@@ -38,6 +46,7 @@ from specdraft.methods.base import (
     ExportFormat,
     LossOutput,
     MethodSpec,
+    TargetFeatures,
     TargetInfo,
 )
 
@@ -58,12 +67,16 @@ class Eagle3Config:
     """Draft MLP width; None takes the target's."""
     init_std: float = 0.02
     """Standard deviation of the initial linear weights."""
+    attention: str = "auto"
+    """TTT attention in training: auto (flex attention with block masks on CUDA, dense elsewhere), dense, flex."""
 
     def __post_init__(self):
         if self.ttt_steps < 1:
             raise SpecdraftError(f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
         if not 0.0 < self.step_loss_decay <= 1.0:
             raise SpecdraftError(f"method.step_loss_decay must be in (0, 1], got {self.step_loss_decay}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise choices_error("method.attention", self.attention, ATTENTION_IMPLS)
 
 
 def eagle3_feature_layers(cfg: Eagle3Config, target: TargetInfo) -> List[int]:
@@ -97,32 +110,20 @@ class Eagle3Attention(nn.Module):
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, query_cols: torch.Tensor,
-                cache: List[KV]) -> Tuple[torch.Tensor, KV]:
-        """x [B, Tq, 2H]; positions [Tq] rotary positions; query_cols [Tq] TTT columns of the queries.
+                cache: List[KV], mask: Optional[TTTMask] = None) -> Tuple[torch.Tensor, KV]:
+        """x [B, Tq, 2H]; positions [Tq] or [B, Tq] rotary positions; query_cols [Tq] TTT columns of the queries.
 
-        cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column); cache[1:] hold later
-        steps' keys aligned with the queries (attended on the diagonal). Returns [B, Tq, H] and this step's KV.
+        cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column, within the column's
+        document); cache[1:] hold later steps' keys aligned with the queries (attended on the diagonal). `mask`
+        (built once per unroll by `ttt_mask`) carries document ids and, for flex attention, the block mask;
+        None is one causal document per row, dense. Returns [B, Tq, H] and this step's KV.
         """
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
         q = apply_rope(self._split(self.q_proj(x), self.heads), cos, sin)  # [B, h, Tq, D]
         k = apply_rope(self._split(self.k_proj(x), self.kv_heads), cos, sin)  # [B, kvh, Tq, D]
         v = self._split(self.v_proj(x), self.kv_heads)
         new_kv = (k, v)
-        steps_kv = cache + [new_kv]  # the first call of a chain writes the step-0 keys
-        groups = self.heads // self.kv_heads
-        scale = 1.0 / math.sqrt(self.head_dim)
-        k0, v0 = (repeat_kv(t, groups) for t in steps_kv[0])  # [B, h, T0, D]
-        scores = [torch.matmul(q, k0.transpose(-1, -2)) * scale]  # [B, h, Tq, T0]
-        causal = torch.arange(k0.shape[2], device=x.device)[None, :] <= query_cols[:, None]  # [Tq, T0]
-        scores[0] = scores[0].masked_fill(~causal, float("-inf"))
-        diag_values = []
-        for k_j, v_j in steps_kv[1:]:
-            scores.append((q * repeat_kv(k_j, groups)).sum(-1, keepdim=True) * scale)  # [B, h, Tq, 1]
-            diag_values.append(repeat_kv(v_j, groups))
-        probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
-        out = torch.matmul(probs[..., : k0.shape[2]], v0)  # [B, h, Tq, D]
-        for j, v_j in enumerate(diag_values):
-            out = out + probs[..., k0.shape[2] + j, None] * v_j
+        out = ttt_attention(q, cache + [new_kv], query_cols, mask)  # the first call of a chain writes step 0
         out = out.transpose(1, 2).reshape(*x.shape[:2], -1)
         return self.o_proj(out), new_kv
 
@@ -138,9 +139,9 @@ class Eagle3DecoderLayer(nn.Module):
         self.self_attn = Eagle3Attention(target)
         self.mlp = SwiGLU(target.hidden_size, intermediate_size)
 
-    def forward(self, hidden, embeds, positions, query_cols, cache):  # [B, T, H] x2 -> [B, T, H], KV
+    def forward(self, hidden, embeds, positions, query_cols, cache, mask=None):  # [B, T, H] x2 -> [B, T, H], KV
         attn_in = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        attn_out, new_kv = self.self_attn(attn_in, positions, query_cols, cache)
+        attn_out, new_kv = self.self_attn(attn_in, positions, query_cols, cache, mask=mask)
         hidden = hidden + attn_out
         return hidden + self.mlp(self.post_attention_layernorm(hidden)), new_kv
 
@@ -156,6 +157,7 @@ class Eagle3Draft(nn.Module):
         self.midlayer = Eagle3DecoderLayer(target, cfg.intermediate_size or target.intermediate_size)
         self.norm = RMSNorm(hidden, target.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.activation_checkpointing = ctx.activation_checkpointing
         self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
         self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)
         self._set_vocab(ctx.token_counts, vocab, target.vocab_size)
@@ -180,9 +182,9 @@ class Eagle3Draft(nn.Module):
     def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
 
-    def step(self, hidden, embeds, positions, query_cols, cache):
+    def step(self, hidden, embeds, positions, query_cols, cache, mask=None):
         """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV."""
-        return self.midlayer(hidden, embeds, positions, query_cols, cache)
+        return self.midlayer(hidden, embeds, positions, query_cols, cache, mask=mask)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, Vd]
         return self.lm_head(self.norm(hidden))
@@ -195,48 +197,125 @@ def _shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([x[:, n:], torch.zeros_like(x[:, :n])], dim=1)
 
 
+def _padded_rows(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """[B, T, ...] -> [B*T + pad, ...]: the rows flattened, then `pad` zero rows (room for shifted views)."""
+    flat = x.flatten(0, 1)
+    return torch.cat([flat, flat.new_zeros(pad, *flat.shape[1:])])
+
+
+def _shifted(rows: torch.Tensor, shift: int, shape: torch.Size) -> torch.Tensor:
+    """A view of `rows` (from _padded_rows) as [B, T, ...] where column t holds row t + shift.
+
+    Unlike _shift_left, the last `shift` columns of a batch row read the next row's first ones: those columns
+    predict tokens past the row's end and carry no loss, and attention never carries them to earlier columns."""
+    return rows[shift: shift + shape[0] * shape[1]].view(*shape[:2], *rows.shape[1:])
+
+
+def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer computes in: autocast's where it is on, else the weight's."""
+    device = weight.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
 def _fused_features(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor]) -> torch.Tensor:
     aux = torch.cat([hidden_states[i] for i in draft.feature_layers], dim=-1)  # [B, T, 3H]
-    return draft.fc(aux.to(draft.fc.weight.dtype))  # [B, T, H]
+    return draft.fc(aux.to(_compute_dtype(draft.fc.weight)))  # [B, T, H]
 
 
-def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int):
-    """Training-time test: yields each step's draft logits [B, T, Vd]; column t of step j predicts x[t+2+j]."""
+def _checkpointed(step):
+    """`step` under activation checkpointing: its activations are recomputed in the backward, not kept. The
+    recomputation sees a snapshot of `cache` (the unroll appends to the list afterwards)."""
+    def run(hidden, embeds, positions, query_cols, cache, mask=None):
+        return checkpoint(step, hidden, embeds, positions, query_cols, list(cache), mask=mask, use_reentrant=False)
+    return run
+
+
+def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int,
+               position_ids: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+               attention: str = "auto", logits: bool = True):
+    """Training-time test: yields each step's draft logits [B, T, Vd]; column t of step j predicts x[t+2+j].
+
+    position_ids, document_ids [B, T] describe packed rows (positions restart at each document; attention stays
+    within it); None is one document per row. `attention`: see specdraft.kernels.ttt_attention.ttt_mask.
+    logits=False yields each step's hidden state [B, T, H] instead (draft.logits of it are the logits)."""
     embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
-    cols = torch.arange(embeds_all.shape[1], device=embeds_all.device)
+    batch, num_cols = embeds_all.shape[:2]
+    cols = torch.arange(num_cols, device=embeds_all.device)
+    positions = cols if position_ids is None else position_ids  # [T] or [B, T]
+    mask = ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention)
+    run_step = draft.step
+    if getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled():
+        run_step = _checkpointed(draft.step)
     hidden, cache = _fused_features(draft, hidden_states), []
+    embeds_rows = _padded_rows(embeds_all.to(hidden.dtype), steps)  # [B*T + K, H]
     for step in range(steps):
-        embeds = _shift_left(embeds_all, step + 1).to(hidden.dtype)  # token x[t+1+step]
-        hidden, kv = draft.step(hidden, embeds, cols + step, cols, cache)
+        embeds = _shifted(embeds_rows, step + 1, embeds_all.shape)  # token x[t+1+step]
+        hidden, kv = run_step(hidden, embeds, positions + step, cols, cache, mask=mask)
         cache.append(kv)
-        yield draft.logits(hidden)
+        yield draft.logits(hidden) if logits else hidden
+
+
+def _same_document(document_ids: Optional[torch.Tensor], shift: int):
+    """[B, T] 1 where column t + shift lies in column t's document (1 everywhere for unpacked rows)."""
+    if document_ids is None:
+        return 1.0
+    return (_shift_left(document_ids, shift) == document_ids).float()
+
+
+def _teacher_rows(features: TargetFeatures, vocab_ids: torch.Tensor, pad: int) -> torch.Tensor:
+    """The target's logits over the draft vocabulary, rows flattened, `pad` zero rows after: [B*T + pad, Vd].
+
+    Computed once per batch; each TTT step reads a shifted view of it (no per-step copies)."""
+    return _padded_rows(features.logits_for(vocab_ids), pad)
+
+
+def _head_loss(draft: Eagle3Draft, hidden: torch.Tensor, target_rows: torch.Tensor, row_weights: torch.Tensor):
+    """One TTT step's LM head and soft cross-entropy: hidden [B, T, H], target_rows [B*T, Vd], row_weights
+    [B*T] -> (weighted loss sum, draft argmax [B, T])."""
+    draft_logits = draft.logits(hidden)  # [B, T, Vd]
+    loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_rows, row_weights)
+    return loss, draft_logits.detach().argmax(-1)
+
+
+def _checkpointed_head_loss(draft, hidden, target_rows, row_weights):
+    """_head_loss keeping no [B*T, Vd] tensor for the backward: the logits are recomputed there (one more
+    LM-head matmul per step) instead of 2 bytes x Vd per token and step being kept."""
+    return checkpoint(_head_loss, draft, hidden, target_rows, row_weights, use_reentrant=False)
 
 
 def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config, unroll=ttt_unroll) -> LossOutput:
     """Soft cross-entropy over the TTT unroll, decayed by step; metrics acc@k (teacher-forced) and tau_sim.
 
     The teacher is the target's distribution over the draft vocabulary; positions whose target argmax lies
-    outside it carry no loss (FR-Spec) and count as rejected in the metrics. `unroll(draft, hidden_states,
-    steps)` yields each step's logits (PosS passes its own, which routes steps through its specialists)."""
-    feats = batch.features
-    target_logits_all = feats.logits_for(draft.draft_ids())  # [B, T, Vd] in the target's dtype
+    outside it carry no loss (FR-Spec) and count as rejected in the metrics. In packed rows a column predicts
+    only tokens of its own document. `unroll` yields each step's hidden state (PosS passes its own, which
+    routes steps through its specialists) and takes ttt_unroll's arguments."""
+    feats, shape = batch.features, batch.input_ids.shape
+    teacher = _teacher_rows(feats, draft.draft_ids(), cfg.ttt_steps + 1)  # [B*T + K + 1, Vd] target's dtype
+    teacher_best = teacher.argmax(-1)  # [B*T + K + 1]
     in_vocab_all = feats.argmax_in(draft.t2d)  # [B, T]
     valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]
     loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
-    for step, draft_logits in enumerate(unroll(draft, feats.hidden_states, cfg.ttt_steps)):
-        target_logits = _shift_left(target_logits_all, step + 1)  # the target's view at t+1+step
+    steps = unroll(draft, feats.hidden_states, cfg.ttt_steps, batch.position_ids, batch.document_ids,
+                   cfg.attention, logits=False)
+    checkpointing = getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled()
+    head_loss = _checkpointed_head_loss if checkpointing else _head_loss
+    for step, hidden in enumerate(steps):
+        target_rows = teacher[step + 1: step + 1 + valid_all.numel()]  # [B*T, Vd] the target's view at t+1+step
         in_vocab = _shift_left(in_vocab_all, step + 1)
-        mask = _shift_left(valid_all, step + 2)  # the predicted token x[t+2+step] is an answer token
+        # the predicted token x[t+2+step] is an answer token of column t's document
+        mask = _shift_left(valid_all, step + 2) * _same_document(batch.document_ids, step + 2)
         loss_mask = mask * in_vocab  # [B, T]
-        step_loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_logits.flatten(0, 1), loss_mask.flatten())
+        step_loss, draft_best = head_loss(draft, hidden, target_rows, loss_mask.flatten())
         loss = loss + cfg.step_loss_decay ** step * step_loss / loss_mask.sum().clamp(min=1)
         with torch.no_grad():
-            correct = (draft_logits.argmax(-1) == target_logits.argmax(-1)) & in_vocab & (mask > 0)
+            target_best = _shifted(teacher_best, step + 1, shape)  # [B, T]
+            correct = (draft_best == target_best) & in_vocab & (mask > 0)
             metrics[f"acc@{step + 1}"] = (correct.float() * mask).sum() / mask.sum().clamp(min=1)
             chain_alive = correct if chain_alive is None else chain_alive & correct
             chain_len = chain_len + chain_alive.float()
-    first_mask = _shift_left(valid_all, 2)
+    first_mask = _shift_left(valid_all, 2) * _same_document(batch.document_ids, 2)
     metrics["tau_sim"] = 1.0 + (chain_len * first_mask).sum() / first_mask.sum().clamp(min=1)
     metrics["loss"] = loss.detach()
     return LossOutput(loss=loss, metrics=metrics)

@@ -133,9 +133,15 @@ class PrefixKeys:
         return self.by_specialist[specialist]
 
 
-def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps: int):
-    """Training-time test through the specialists: yields each step's draft logits [B, T, Vd]; column t of
-    step i predicts x[t+2+i] (eagle3.ttt_unroll's layout; step i runs specialist_for(i))."""
+def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps: int,
+                position_ids: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
+                attention: str = "auto", logits: bool = True):
+    """Training-time test through the specialists: yields each step's draft logits [B, T, Vd] (hidden states
+    [B, T, H] with logits=False); column t of step i predicts x[t+2+i] (eagle3.ttt_unroll's layout; step i runs
+    specialist_for(i)). Dense attention, one document per row: packed rows are refused."""
+    if document_ids is not None:
+        raise SpecdraftError("PosS trains on unpacked rows: leave data.pack_length unset")
+    out = draft.logits if logits else (lambda hidden: hidden)
     embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
     cols = torch.arange(embeds_all.shape[1], device=embeds_all.device)
     fused = _fused_features(draft, hidden_states)  # [B, T, H]
@@ -143,7 +149,7 @@ def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps:
     hidden, step0_kv = draft.step(fused, first_embeds, cols, cols, [], specialist=0)
     prefix = PrefixKeys(draft, fused, first_embeds, cols)
     prefix.by_specialist[0] = step0_kv
-    yield draft.logits(hidden)
+    yield out(hidden)
     drafted_kv: List[KV] = []
     for step in range(1, steps):
         specialist = draft.specialist_for(step)
@@ -151,7 +157,7 @@ def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps:
         hidden, kv = draft.step(hidden, embeds, cols + step, cols, [prefix[specialist], *drafted_kv],
                                 specialist=specialist)
         drafted_kv.append(kv)
-        yield draft.logits(hidden)
+        yield out(hidden)
 
 
 def poss_loss(draft: PossDraft, batch, cfg: PossConfig):

@@ -1,20 +1,73 @@
-"""Run the frozen target and keep the hidden states a draft reads (online features)."""
+"""Run the frozen target and keep the hidden states a draft reads (online features).
+
+The states are taken with forward pre-hooks on the decoder layers that a draft reads, not with
+`output_hidden_states` (which keeps all L + 1 states: 2.2 GB for Llama-3.1-8B at 8192 tokens)."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Dict, Iterable, List, Optional
 
 import torch
 
 from specdraft.methods.base import TargetFeatures
 
 
+def _keep_input(store: Dict[int, torch.Tensor], index: int):
+    def hook(module, args, kwargs):
+        store[index] = args[0] if args else kwargs["hidden_states"]
+    return hook
+
+
+def _run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[int]):
+    """-> ({i: [B, T, H]} for i in keep, final normed hidden state [B, T, H])."""
+    if position_ids is not None:  # no attention mask: Hugging Face masks per document from the position ids
+        inputs = {"input_ids": input_ids, "position_ids": position_ids}
+    else:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if not hasattr(decoder, "layers"):  # an unusual layout: Hugging Face's own collection
+        out = decoder(**inputs, output_hidden_states=True, use_cache=False)
+        return {i: out.hidden_states[i] for i in keep}, out.last_hidden_state
+    store: Dict[int, torch.Tensor] = {}
+    num_layers = len(decoder.layers)
+    hooks = [decoder.layers[i].register_forward_pre_hook(_keep_input(store, i), with_kwargs=True)
+             for i in keep if i < num_layers]
+    try:
+        out = decoder(**inputs, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if num_layers in keep:  # as in Hugging Face's hidden_states: the last one is after the final norm
+        store[num_layers] = out.last_hidden_state
+    return store, out.last_hidden_state
+
+
 @torch.no_grad()
-def capture_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     layers: Iterable[int]) -> TargetFeatures:
+def capture_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Iterable[int],
+                     position_ids: Optional[torch.Tensor] = None) -> TargetFeatures:
     """input_ids, attention_mask [B, T] -> hidden states {i: [B, T, H]} for i in layers (0 always), the final
-    normed hidden state and the LM head weight. The decoder runs without its LM head: no [B, T, V] logits."""
-    out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                              use_cache=False)
+    normed hidden state and the LM head weight. The decoder runs without its LM head: no [B, T, V] logits.
+
+    position_ids [B, T] (packed rows, positions restarting at each document) replaces the attention mask: the
+    target then attends within each document only."""
     keep = sorted(set(layers) | {0})
-    return TargetFeatures(hidden_states={i: out.hidden_states[i] for i in keep}, final_hidden=out.last_hidden_state,
+    hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
+    return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
                           lm_head=model.get_output_embeddings().weight)
+
+
+def embeddings_from_table(model, input_ids: torch.Tensor) -> bool:
+    """Whether the embedding table alone gives hidden_states[0] for input_ids [1, T] (a target that scales its
+    embeddings inside its forward does not: then stored features must keep index 0)."""
+    stored = capture_features(model, input_ids, torch.ones_like(input_ids), [0]).hidden_states[0]  # [1, T, H]
+    with torch.no_grad():
+        looked_up = model.get_input_embeddings()(input_ids)  # [1, T, H]
+    return torch.equal(stored, looked_up.to(stored.dtype))
+
+
+def layers_to_store(spec, method_cfg, info, model) -> list:
+    """Hidden-state indices that stored (offline) features need: the method's, plus 0 when it reads the token
+    embeddings and the embedding table cannot recompute them."""
+    layers = set(spec.feature_layers(method_cfg, info))
+    probe = torch.arange(8, device=model.get_input_embeddings().weight.device)[None]  # [1, 8]
+    if spec.reads_embeddings and not embeddings_from_table(model, probe):
+        layers.add(0)
+    return sorted(layers)

@@ -7,7 +7,9 @@ safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the fi
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -17,7 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from specdraft.config import TargetConfig
+from specdraft.config import QUANTIZATIONS, TargetConfig
 from specdraft.errors import SpecdraftError
 from specdraft.io import package_file
 from specdraft.methods.base import TargetInfo
@@ -120,20 +122,78 @@ def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool)
     return tokenizer
 
 
+def _no_init_weights():
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
+
+
+def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn.Module:
+    """target.random_init (benchmarks only): the architecture of `source`'s config.json with random weights.
+
+    Built without the per-module init (minutes for an 8B model on a CPU), then filled in one pass: matrices
+    uniform with the config's initializer_range as standard deviation, vectors (norm weights) ones."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    with _no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
+    bound = math.sqrt(3.0) * getattr(config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(1.0) if param.dim() == 1 else param.uniform_(-bound, bound)
+    log.info("target %s: random weights (target.random_init, for benchmarks only)", cfg.path)
+    return model
+
+
+def quantization_config(cfg: TargetConfig, device: torch.device | str, compute_dtype: torch.dtype):
+    """The BitsAndBytesConfig that `target.quantization` asks for (None for none); bitsandbytes needs CUDA."""
+    if cfg.quantization == "none":
+        return None
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        raise SpecdraftError(f"target.quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); "
+                             f"without one use target.quantization=none (valid: {', '.join(QUANTIZATIONS)})")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise SpecdraftError(f"target.quantization={cfg.quantization} needs the bitsandbytes package "
+                             f"(pip install bitsandbytes), or target.quantization=none")
+    from transformers import BitsAndBytesConfig
+
+    if cfg.quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+
+
+def cuda_index(device: torch.device | str) -> int:
+    device = torch.device(device)
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    """Whether bitsandbytes holds the weights (such a model stays where it was loaded: no .to())."""
+    return getattr(model, "hf_quantizer", None) is not None
+
+
 def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Optional[str] = None,
-                require_chat_template: bool = True) -> LoadedTarget:
-    """The frozen target in eval mode on `device`, its tokenizer and its geometry."""
+                require_chat_template: bool = True, quantize: bool = False) -> LoadedTarget:
+    """The frozen target in eval mode on `device`, its tokenizer and its geometry. With `quantize`, the
+    weights are loaded as `target.quantization` asks (straight onto the CUDA `device`)."""
     from transformers import AutoModelForCausalLM
 
     source = _local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
+    quantized = quantization_config(cfg, device, torch_dtype) if quantize else None
+    placement = {"quantization_config": quantized, "device_map": {"": cuda_index(device)}} if quantized else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
-                                                     trust_remote_code=cfg.trust_remote_code)
+        model = random_model(source, cfg, torch_dtype) if cfg.random_init else AutoModelForCausalLM.from_pretrained(
+            source, revision=cfg.revision, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
-    model.requires_grad_(False).eval().to(device)
+    model.requires_grad_(False).eval()
+    if not is_quantized(model):
+        model.to(device)
     return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path))
 
 

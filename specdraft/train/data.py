@@ -1,7 +1,7 @@
 """The distilled dataset as training batches: split, answer-token counts, collation, resumable sampling."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import lightning as L
 import numpy as np
@@ -60,14 +60,57 @@ def collate(rows: List[Dict[str, np.ndarray]], max_length: int) -> Dict[str, tor
     return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
 
 
-class ResumableSampler(Sampler[int]):
-    """Endless epoch-seeded shuffles, sharded by rank, starting at the sample position `start()` returns.
+def pack_rows(lengths: List[int], pack_length: int) -> List[List[int]]:
+    """First-fit decreasing: which conversations (indices into `lengths`) share each row of pack_length tokens."""
+    rows: List[List[int]] = []
+    room: List[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        row = next((r for r, free in enumerate(room) if lengths[index] <= free), None)
+        if row is None:
+            rows.append([])
+            room.append(pack_length)
+            row = len(rows) - 1
+        rows[row].append(index)
+        room[row] -= lengths[index]
+    return [sorted(row) for row in rows]
 
-    The position is derived from the optimizer step at which training (re)starts, so a resumed run reads
-    exactly the samples the uninterrupted run would have read next.
+
+def collate_packed(rows: List[Dict[str, np.ndarray]], max_length: int, pack_length: int) -> Dict[str, torch.Tensor]:
+    """Pack conversations (each cut at max_length) into rows of exactly pack_length tokens -> input_ids, loss_mask,
+    attention_mask, position_ids (restarting at each conversation), document_ids (0, 1, ... per row) [R, pack_length].
+
+    The padding at a row's end is one more document (positions from 0), so no real token attends to it."""
+    lengths = [min(max_length, len(r["input_ids"])) for r in rows]
+    packed = pack_rows(lengths, pack_length)
+    out = {name: torch.zeros(len(packed), pack_length, dtype=torch.long)
+           for name in ("input_ids", "loss_mask", "attention_mask", "position_ids", "document_ids")}
+    for r, members in enumerate(packed):
+        start = 0
+        for document, index in enumerate(members):
+            n, cols = lengths[index], slice(start, start + lengths[index])
+            out["input_ids"][r, cols] = torch.as_tensor(rows[index]["input_ids"][:n].astype(np.int64))
+            out["loss_mask"][r, cols] = torch.as_tensor(rows[index]["loss_mask"][:n].astype(np.int64))
+            out["attention_mask"][r, cols] = 1
+            out["position_ids"][r, cols] = torch.arange(n)
+            out["document_ids"][r, cols] = document
+            start += n
+        out["position_ids"][r, start:] = torch.arange(pack_length - start)
+        out["document_ids"][r, start:] = len(members)
+    return out
+
+
+class ResumableSampler(Sampler[int]):
+    """Endless epoch-seeded shuffles of the training rows, dealt to the ranks round-robin, from a global position.
+
+    Epoch e is a permutation of the rows (seed + e) cut to a multiple of the world size; the global sample
+    positions run through the epochs one after the other, and rank r of `world` reads positions
+    start + r, start + r + world, ... So a run resumed at global position `start` reads exactly the samples an
+    uninterrupted run would have read next, on the same number of ranks; on another number it reads the rest of
+    the same stream, dealt among its own ranks. `total` is the samples per rank of the whole run (len), `done`
+    how many of them this rank had read before (start.. yields total - done).
     """
 
-    def __init__(self, indices: np.ndarray, seed: int, total: int, start: Callable[[], int],
+    def __init__(self, indices: np.ndarray, seed: int, total: int, start: Callable[[], Tuple[int, int]],
                  rank: Callable[[], int], world: Callable[[], int]):
         self.indices, self.seed, self.total = indices, seed, total
         self.start, self.rank, self.world = start, rank, world
@@ -77,38 +120,53 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self):
         rank, world = self.rank(), self.world()
-        per_rank = len(self.indices) // world
-        if per_rank == 0:
+        per_epoch = len(self.indices) // world * world
+        if per_epoch == 0:
             raise SpecdraftError(f"{len(self.indices)} training rows cannot feed {world} ranks")
-        position = self.start()
-        while position < self.total:
-            epoch, offset = divmod(position, per_rank)
-            order = np.random.default_rng(self.seed + epoch).permutation(len(self.indices))
-            shard = order[rank::world][:per_rank]
-            for index in shard[offset:]:
-                if position >= self.total:
-                    return
-                yield int(self.indices[index])
-                position += 1
+        start, done = self.start()
+        order, order_epoch = None, None
+        for read in range(self.total - done):
+            epoch, offset = divmod(start + read * world + rank, per_epoch)
+            if epoch != order_epoch:
+                order, order_epoch = np.random.default_rng(self.seed + epoch).permutation(len(self.indices)), epoch
+            yield int(self.indices[order[offset]])
 
 
 class DistilledData(L.LightningDataModule):
+    """Train and validation loaders; its state (saved in every checkpoint) is the global sample position."""
+
     def __init__(self, dataset, data_cfg: DataConfig, train_cfg: TrainConfig, train_idx, val_idx):
         super().__init__()
         self.dataset, self.data_cfg, self.train_cfg = dataset, data_cfg, train_cfg
         self.train_idx, self.val_idx = train_idx, val_idx
+        self.resumed_position, self.resumed_step = 0, 0
 
     def _collate(self, rows):
+        if self.data_cfg.pack_length:
+            return collate_packed(rows, self.data_cfg.max_length, self.data_cfg.pack_length)
         return collate(rows, self.data_cfg.max_length)
 
-    def _samples_done(self) -> int:
-        cfg = self.train_cfg
-        return self.trainer.global_step * cfg.accumulate_grad_batches * cfg.micro_batch_size
+    def _samples_per_step(self) -> int:
+        """Samples one rank reads per optimizer step."""
+        return self.train_cfg.accumulate_grad_batches * self.train_cfg.micro_batch_size
+
+    def global_position(self) -> int:
+        """Samples all ranks together have read up to the current step (world sizes may differ across resumes)."""
+        steps = self.trainer.global_step - self.resumed_step
+        return self.resumed_position + steps * self._samples_per_step() * self.trainer.world_size
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"global_position": self.global_position(), "step": self.trainer.global_step}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.resumed_position, self.resumed_step = state["global_position"], state["step"]
+
+    def _start(self) -> Tuple[int, int]:
+        return self.global_position(), self.trainer.global_step * self._samples_per_step()
 
     def train_dataloader(self):
         cfg = self.train_cfg
-        total = cfg.max_steps * cfg.accumulate_grad_batches * cfg.micro_batch_size
-        sampler = ResumableSampler(self.train_idx, cfg.seed, total, self._samples_done,
+        sampler = ResumableSampler(self.train_idx, cfg.seed, cfg.max_steps * self._samples_per_step(), self._start,
                                    lambda: self.trainer.global_rank, lambda: self.trainer.world_size)
         return DataLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
                           collate_fn=self._collate, num_workers=cfg.num_workers)

@@ -1,5 +1,6 @@
-"""One LightningModule for every method: the frozen target computes features online, the method's hooks do
-the rest. Nothing here knows a method's name."""
+"""One LightningModule for every method: a feature source (specdraft.train.features: the frozen target online,
+or features stored on disk) gives each batch's target features, the method's hooks do the rest. Nothing here
+knows a method's name."""
 from __future__ import annotations
 
 import contextlib
@@ -15,19 +16,26 @@ import torch
 
 from specdraft.config import TrainConfig
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
-from specdraft.target.features import capture_features
+from specdraft.train.features import OnlineFeatures
 
 
 class DraftModule(L.LightningModule):
-    def __init__(self, spec: MethodSpec, method_cfg: Any, train_cfg: TrainConfig, ctx: DraftContext,
-                 target_model: torch.nn.Module):
+    def __init__(self, spec: MethodSpec, method_cfg: Any, train_cfg: TrainConfig, ctx: DraftContext, features):
+        """`features`: a feature source of specdraft.train.features, or the frozen target model (online)."""
         super().__init__()
         self.spec, self.method_cfg, self.train_cfg, self.ctx = spec, method_cfg, train_cfg, ctx
         self.feature_layers = spec.feature_layers(method_cfg, ctx.target)
-        object.__setattr__(self, "target_model", target_model)  # frozen, not a submodule: never checkpointed
+        if isinstance(features, torch.nn.Module):
+            features = OnlineFeatures(features, self.feature_layers)
+        self.features = features  # holds the frozen target, not a submodule: never checkpointed
         self.draft = None
         self._val_metrics = defaultdict(list)
         self._tokens_seen, self._fit_started = 0, None
+
+    @property
+    def target_model(self):
+        """The frozen target when features are computed online, else None."""
+        return getattr(self.features, "model", None)
 
     def configure_model(self):  # Lightning hook (sharded init); idempotent
         if self.draft is None:
@@ -39,20 +47,16 @@ class DraftModule(L.LightningModule):
                 self.spec.bind_target(self.draft, self.target_model)
 
     def on_fit_start(self):
-        dtype = next(self.target_model.parameters()).dtype
-        if self.device.type == "cuda" and dtype == torch.float32 and torch.cuda.is_bf16_supported():
-            dtype = torch.bfloat16  # the frozen target in bf16 on GPUs
-        self.target_model.to(device=self.device, dtype=dtype)
+        self.features.setup(self.device, self.global_rank)  # the frozen target in bf16 on GPUs
         for module in self.draft.modules():  # ZeRO-3 moves parameters but leaves buffers where they were built
             for name, buffer in module.named_buffers(recurse=False):
                 module._buffers[name] = buffer.to(self.device)
         self._fit_started = time.perf_counter()
 
     def _draft_batch(self, batch) -> DraftBatch:
-        features = capture_features(self.target_model, batch["input_ids"], batch["attention_mask"],
-                                    self.feature_layers)
         return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
-                          attention_mask=batch["attention_mask"], features=features)
+                          attention_mask=batch["attention_mask"], features=self.features(batch),
+                          position_ids=batch.get("position_ids"), document_ids=batch.get("document_ids"))
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         if self.trainer.training:  # counted on the CPU, before the copy: no device sync in the step

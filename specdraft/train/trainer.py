@@ -3,20 +3,25 @@
 RUN_DIR (train.output_dir)/
   recipe.yaml                   the resolved recipe
   checkpoints/last.ckpt         full training state (weights, optimizer, scheduler, step, RNG) for resume
+  hpc_ckpt_N.ckpt               the same, saved by Lightning when SLURM signals a preemption (SIGUSR1)
   best/ last/                   draft.safetensors + meta.json (step, validation metrics): what export reads
   logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim)
+  features/                     data.features=hybrid: the cached target features (specdraft.data.features)
   train_summary.json            steps, tokens, seconds, tokens/s, best simulated acceptance length
 """
 from __future__ import annotations
 
+import logging
+import signal
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import save_file
 
 from specdraft.config import Recipe, TrainConfig, save_recipe
@@ -25,9 +30,12 @@ from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_dir, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftContext
-from specdraft.target import load_target
-from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_indices
+from specdraft.train.data import answer_token_counts, load_distilled, split_indices
+from specdraft.train.features import build_features
 from specdraft.train.module import DraftModule
+from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
+
+log = logging.getLogger(__name__)
 
 
 class DraftSnapshots(Callback):
@@ -77,14 +85,22 @@ def full_draft_state(draft: torch.nn.Module) -> dict:
         return to_cpu(draft)
 
 
-def _strategy(cfg: TrainConfig):
+def _strategy(cfg: TrainConfig, resume_from: Optional[str]):
+    _check_resume_format(cfg, resume_from)
     if not cfg.strategy.startswith("deepspeed"):
         return cfg.strategy
     if not torch.cuda.is_available():
         raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
-    from lightning.pytorch.strategies import DeepSpeedStrategy
+    return ReshardingDeepSpeedStrategy(stage=int(cfg.strategy[-1]), resume_from=resume_from)
 
-    return DeepSpeedStrategy(stage=int(cfg.strategy[-1]))
+
+def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
+    """DeepSpeed checkpoints are directories of partitions, the others single files: no crossing over."""
+    if resume_from is None or is_deepspeed_checkpoint(resume_from) == cfg.strategy.startswith("deepspeed"):
+        return
+    saved_by = "a DeepSpeed strategy" if is_deepspeed_checkpoint(resume_from) else "auto or ddp"
+    raise SpecdraftError(f"checkpoint {resume_from} was saved by {saved_by}; train.strategy={cfg.strategy} "
+                         f"cannot resume it (resume with the kind of strategy that saved it)")
 
 
 def _precision(cfg: TrainConfig) -> str:
@@ -93,48 +109,103 @@ def _precision(cfg: TrainConfig) -> str:
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
 
 
+def _newest(paths: List[Path]) -> Optional[Path]:
+    """The most recently written checkpoint (a file, or a DeepSpeed directory written in place)."""
+    def written(path: Path) -> float:
+        return max([path.stat().st_mtime, *(p.stat().st_mtime for p in path.rglob("*") if p.is_file())])
+
+    existing = [path for path in paths if path.exists()]
+    return max(existing, key=written) if existing else None
+
+
 def _resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
+    """train.resume: None, a path, or auto: the newest of checkpoints/last.ckpt (saved every val_every_steps)
+    and the hpc_ckpt_N.ckpt Lightning saves when SLURM signals a preemption."""
     if cfg.resume is None:
         return None
     if cfg.resume == "auto":
-        last = run_dir / "checkpoints" / "last.ckpt"
-        return str(last) if last.exists() else None
+        newest = _newest([run_dir / "checkpoints" / "last.ckpt", *run_dir.glob("hpc_ckpt_*.ckpt")])
+        return str(newest) if newest else None
     if not Path(cfg.resume).exists():
         raise SpecdraftError(f"train.resume checkpoint not found: {cfg.resume}")
     return cfg.resume
 
 
-def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe) -> L.Trainer:
+def _plugins() -> list:
+    """Under SLURM (srun): Lightning's SLURM environment with auto-requeue. On SIGUSR1 (sbatch --signal) it
+    saves hpc_ckpt_N.ckpt and runs `scontrol requeue`; the requeued job resumes with train.resume=auto."""
+    if SLURMEnvironment.detect():
+        return [SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1)]
+    return []
+
+
+def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None) -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
     return L.Trainer(
-        accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg),
-        precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1,
+        accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg, resume_from),
+        precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
         accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip or None,
         val_check_interval=cfg.val_every_steps * cfg.accumulate_grad_batches, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, use_distributed_sampler=False,
-        callbacks=[checkpoints, DraftSnapshots(run_dir, recipe)], logger=CSVLogger(run_dir, name="logs"),
-        default_root_dir=run_dir, enable_model_summary=False,
+        callbacks=[checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport()],
+        logger=CSVLogger(run_dir, name="logs"), default_root_dir=run_dir, enable_model_summary=False,
     )
+
+
+class ResumeReport(Callback):
+    """Logs once what a resumed run restored, and remembers the world size each checkpoint was saved on."""
+
+    def __init__(self):
+        self.world_size: Optional[int] = None
+        self.saved_world_size: Optional[int] = None
+
+    def state_dict(self):
+        return {"world_size": self.world_size}
+
+    def load_state_dict(self, state):
+        self.saved_world_size = state.get("world_size")
+
+    def setup(self, trainer, pl_module, stage):
+        self.world_size = trainer.world_size
+
+    def on_train_start(self, trainer, pl_module):
+        path = trainer.ckpt_path
+        if path is None or not trainer.is_global_zero:
+            return
+        saved = self.saved_world_size or "?"
+        resharded = getattr(trainer.strategy, "restored_from", None)
+        if resharded is not None:
+            how = (f"ZeRO-{resharded.stage} partitions of world size {resharded.world_size} re-partitioned for "
+                   f"world size {trainer.world_size} through a DeepSpeed universal checkpoint")
+        elif is_deepspeed_checkpoint(path):
+            how = f"ZeRO partitions loaded as saved, world size {trainer.world_size}"
+        else:
+            how = f"full state, saved at world size {saved}, loaded at world size {trainer.world_size}"
+        log.info("resumed %s at step %d: draft weights, AdamW state (%s), LR schedule, data position (global "
+                 "sample %d) and RNG restored", path, trainer.global_step, how, trainer.datamodule.global_position())
 
 
 def run_train(recipe: Recipe) -> dict:
     """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json."""
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
-    dataset = load_distilled([recipe.distill.output_dir, *cfg.extra_distilled])
-    trainer = build_trainer(cfg, run_dir, recipe)  # checks the strategy before the target is loaded
+    distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
+    dataset = load_distilled(distill_dirs)
+    resume_from = _resume_path(cfg, run_dir)
+    trainer = build_trainer(cfg, run_dir, recipe, resume_from)  # checks the strategy before the target loads
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    target = load_target(recipe.target, device="cpu")
+    features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs,
+                                                      trainer.strategy.root_device)
     train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
-    ctx = DraftContext(target=target.info,
-                       token_counts=answer_token_counts(dataset, train_idx, target.info.vocab_size))
-    module = DraftModule(spec, recipe.method, cfg, ctx, target.model)
-    data = DistilledData(dataset, recipe.data, cfg, train_idx, val_idx)
+    ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
+                       activation_checkpointing=cfg.activation_checkpointing)
+    module = DraftModule(spec, recipe.method, cfg, ctx, features)
+    data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
     save_recipe(recipe, run_dir)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=_resume_path(cfg, run_dir))
+    trainer.fit(module, datamodule=data, ckpt_path=resume_from)
     if cfg.max_steps % cfg.val_every_steps:
         trainer.validate(module, datamodule=data, verbose=False)
     seconds = time.perf_counter() - started

@@ -108,3 +108,13 @@ def test_prompt_longer_than_the_cache_is_a_clear_error():
     engine = _engine(_tiny_hf("llama"), max_len=64)
     with pytest.raises(SpecdraftError, match="cache"):
         engine.decode_plain(list(range(60)), 10)
+
+
+@pytest.mark.triton_kernels
+def test_a_short_generation_through_the_triton_kernels_is_lossless():
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (6,), generator=torch.Generator().manual_seed(2)).tolist()
+    greedy = _hf_greedy(model, prompt, 16)
+    drafter = OracleDrafter(prompt + greedy, 320, wrong_every=3)
+    result = _engine(model, drafter, TreeShape(depth=2, topk=2, budget=4), max_len=32).generate(prompt, 8)
+    assert result.tokens == greedy[:8]

@@ -1,0 +1,156 @@
+"""Shards on disk: written atomically by the worker that owns them, merged once all of them exist.
+
+Every worker that finishes its shards looks for the others; the one that finds them all merges (dataset/,
+counts.json, errors.jsonl, throughput.json) under an exclusive file lock (`.merge.lock`, released by the kernel
+if the process dies, so it never goes stale). `merged.json` records which shard writes the merge read: a
+merge that would read the same ones again is skipped, so workers finishing in any order, re-runs and
+`specdraft distill-data RECIPE --merge` all end with one merge of the current shards.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, shards_dir
+from specdraft.io import TMP_PREFIX, atomic_dir, write_json
+
+log = logging.getLogger(__name__)
+
+ERRORS = "errors.jsonl"
+SHARD_COUNTS = "counts.json"
+MERGED = "merged.json"
+THROUGHPUT = "throughput.json"
+MERGE_LOCK = ".merge.lock"
+COUNT_KEYS = ("input", "ok", "error", "skipped")
+
+
+def shard_path(out: Path, shard_index: int) -> Path:
+    return shards_dir(out) / f"shard-{shard_index:05d}"
+
+
+def missing_shards(out: Path, num_shards: int) -> List[int]:
+    return [i for i in range(num_shards) if not shard_path(out, i).is_dir()]
+
+
+def remove_stale_temps(out: Path, shard_indices: List[int]) -> None:
+    """Drop what interrupted writes of these shards left; other workers' shards are not touched."""
+    for shard_index in shard_indices:
+        for stale in shards_dir(out).glob(f"{TMP_PREFIX}{shard_path(out, shard_index).name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextmanager
+def quiet_datasets():
+    """Silence `datasets`' own progress bars (they would tear through the distill bar)."""
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            enable_progress_bars()
+
+
+def save_dataset(dataset, directory: Path) -> None:
+    """save_to_disk; an empty dataset still gets one (empty) Arrow file, so load_from_disk reads it back."""
+    with quiet_datasets():
+        dataset.save_to_disk(str(directory), num_shards=1 if len(dataset) == 0 else None)
+
+
+def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict]) -> Path:
+    """Write a shard (rows, its errors.jsonl and counts.json) in a temp dir and rename it into place."""
+    from datasets import Dataset
+
+    columns = {name: [row[name] for row in rows] for name in ROW_FEATURES}
+    statuses = [item["status"] for item in problems]
+    counts = {"input": len(rows) + len(problems), "ok": len(rows), "error": statuses.count("error"),
+              "skipped": statuses.count("skipped"), "write_id": uuid.uuid4().hex}
+    with atomic_dir(shard_path(out, shard_index)) as tmp:
+        save_dataset(Dataset.from_dict(columns, features=ROW_FEATURES), tmp)
+        write_json(tmp / ERRORS, problems)
+        write_json(tmp / SHARD_COUNTS, counts)
+    return shard_path(out, shard_index)
+
+
+def throughput_path(out: Path, worker_index: int, num_workers: int) -> Path:
+    return out / "throughput" / f"worker-{worker_index:05d}-of-{num_workers:05d}.json"
+
+
+@contextmanager
+def merge_lock(out: Path) -> Iterator[None]:
+    """An exclusive lock on out/.merge.lock for the merge (flock: freed if the holder dies)."""
+    with open(out / MERGE_LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as err:  # a filesystem without locks: merges are deterministic, the last one wins
+            log.warning("cannot lock %s (%s); merging without the lock", out / MERGE_LOCK, err)
+        yield
+
+
+def _shard_records(out: Path, num_shards: int) -> Dict[str, dict]:
+    return {shard_path(out, i).name: json.loads((shard_path(out, i) / SHARD_COUNTS).read_text())
+            for i in range(num_shards)}
+
+
+def _already_merged(out: Path, records: Dict[str, dict]) -> bool:
+    merged = out / MERGED
+    if not (merged.is_file() and counts_path(out).is_file() and dataset_dir(out).is_dir()):
+        return False
+    write_ids = {name: record.get("write_id") for name, record in records.items()}
+    return json.loads(merged.read_text()).get("shards") == write_ids
+
+
+def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
+    """Concatenate all shards into dataset/, merge their counts, errors and throughput; -> counts.
+
+    Holds the merge lock; skipped (returning the existing counts) when the current shards were merged already."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    with merge_lock(out):
+        records = _shard_records(out, num_shards)
+        if _already_merged(out, records):
+            return json.loads(counts_path(out).read_text())
+        counts = {key: sum(record[key] for record in records.values()) for key in COUNT_KEYS}
+        assert counts["input"] == num_input, f"shards hold {counts['input']} conversations, expected {num_input}"
+        assert counts["ok"] + counts["error"] + counts["skipped"] == counts["input"], counts
+        for stale in [*out.glob(f"{TMP_PREFIX}dataset-*"), *out.glob(".old-dataset-*")]:  # killed merges
+            shutil.rmtree(stale, ignore_errors=True)
+        problems, parts = [], []
+        for shard_index in range(num_shards):
+            path = shard_path(out, shard_index)
+            problems += [json.loads(line) for line in (path / ERRORS).read_text().splitlines() if line.strip()]
+            with quiet_datasets():
+                parts.append(load_from_disk(str(path)))
+        with atomic_dir(dataset_dir(out)) as tmp:
+            save_dataset(concatenate_datasets(parts), tmp)
+        write_json(out / ERRORS, problems)
+        write_json(counts_path(out), counts)
+        write_json(out / THROUGHPUT, merged_throughput(out))
+        write_json(out / MERGED, {"shards": {name: record.get("write_id") for name, record in records.items()}})
+    return counts
+
+
+def merged_throughput(out: Path) -> dict:
+    """All workers of the latest run together: tokens, the sum of their generation rates (time inside
+    generate) and tokens per wall-clock second from the first worker's start to the last one's end."""
+    files = sorted((out / "throughput").glob("worker-*.json"), key=lambda path: path.stat().st_mtime)
+    if not files:
+        return {}
+    latest_run = files[-1].stem.rpartition("-of-")[2]
+    workers = [json.loads(path.read_text()) for path in files if path.stem.endswith(f"-of-{latest_run}")]
+    workers.sort(key=lambda item: item["worker"])
+    tokens = sum(item["generated_tokens"] for item in workers)
+    wall = max(item["finished"] for item in workers) - min(item["started"] for item in workers)
+    return {"workers": int(latest_run), "device": workers[0]["device"],
+            "shards": sum(item["shards"] for item in workers), "generated_tokens": tokens,
+            "generate_seconds": max(item["generate_seconds"] for item in workers),
+            "tokens_per_s": sum(item["tokens_per_s"] for item in workers), "wall_seconds": wall,
+            "wall_tokens_per_s": tokens / max(wall, 1e-9), "per_worker": workers}

@@ -1,0 +1,63 @@
+"""Training-time-test attention on flex attention (torch.nn.attention.flex_attention).
+
+The queries of every step are the T columns, so the step-0 part is the same block-sparse problem at every
+step: causal within each document (several packed conversations per row), one BlockMask built once per batch.
+flex_attention returns it with its log-sum-exp; the diagonal keys of steps 1..j (one per query) are scored
+elementwise and merged in by their weights, softmax([lse_0, s_1, ..., s_j]). Gradients flow through the
+log-sum-exp. On CUDA only the flex call is compiled (torch.compile), which is what makes it fast.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import List
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from specdraft.kernels.ttt_attention.reference import KV
+
+
+def ttt_block_mask(document_ids: torch.Tensor):
+    """document_ids [B, T] (non-decreasing along each row) -> BlockMask: causal and same document."""
+    batch, cols = document_ids.shape
+
+    def causal_same_document(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (document_ids[b, q_idx] == document_ids[b, kv_idx])
+
+    return create_block_mask(causal_same_document, batch, None, cols, cols, device=document_ids.device)
+
+
+@functools.cache
+def _compiled_flex():
+    return torch.compile(flex_attention)
+
+
+def _flex_with_lse(query, key, value, block_mask):
+    """-> out [B, h, T, D] (query's dtype), lse [B, h, T] float32 (natural log), both differentiable."""
+    run = _compiled_flex() if query.is_cuda else flex_attention
+    gqa = query.shape[1] != key.shape[1]
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:  # torch < 2.9: the older keyword
+        return run(query, key, value, block_mask=block_mask, enable_gqa=gqa, return_lse=True)
+    out, aux = run(query, key, value, block_mask=block_mask, enable_gqa=gqa, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+def flex_ttt_attention(query: torch.Tensor, steps_kv: List[KV], block_mask) -> torch.Tensor:
+    """query [B, h, T, D] at columns 0..T-1; steps_kv as in the reference -> [B, h, T, D]."""
+    k0, v0 = steps_kv[0]
+    out0, lse0 = _flex_with_lse(query, k0, v0, block_mask)
+    if len(steps_kv) == 1:
+        return out0
+    batch, heads, cols, dim = query.shape
+    kv_heads = k0.shape[1]
+    grouped = query.view(batch, kv_heads, heads // kv_heads, cols, dim)  # [B, kvh, g, T, D]
+    diag = [(grouped * k_j[:, :, None]).sum(-1).float() / math.sqrt(dim) for k_j, _ in steps_kv[1:]]  # [B, kvh, g, T]
+    logits = torch.stack([lse0.view_as(diag[0]), *diag], dim=-1)  # [B, kvh, g, T, 1 + J]
+    weights = torch.softmax(logits, dim=-1)
+    out = weights[..., 0, None] * out0.view_as(grouped)  # [B, kvh, g, T, D] float32
+    for j, (_, v_j) in enumerate(steps_kv[1:], start=1):
+        out = out + weights[..., j, None] * v_j[:, :, None]
+    return out.to(query.dtype).reshape(batch, heads, cols, dim)

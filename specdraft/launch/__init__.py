@@ -1,0 +1,1 @@
+"""Launchers that start specdraft jobs on clusters (SLURM)."""

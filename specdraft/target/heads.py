@@ -1,0 +1,102 @@
+"""What offline training keeps of the target: its LM head (the teacher is final_hidden @ lm_head.T) and, for
+methods that read hidden_states[0], its embedding table. Both are read straight from the checkpoint's
+safetensors files; no decoder layer is ever built (the model skeleton that names them lives on the meta device).
+A checkpoint that does not name them as the model does (or is not safetensors) falls back to loading the whole
+model on the CPU once and keeping the two matrices.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from safetensors import safe_open
+
+from specdraft.config import TargetConfig
+from specdraft.errors import SpecdraftError
+from specdraft.methods.base import TargetInfo
+from specdraft.target.load import _local_or_hub, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TargetHeads:
+    info: TargetInfo
+    lm_head: torch.Tensor
+    """[V, H] the target's output embedding."""
+    embed_tokens: Optional[torch.Tensor]
+    """[V, H] the target's input embedding table (None when the method does not read hidden_states[0])."""
+
+
+def _tensor_names(config, cfg: TargetConfig) -> Dict[str, List[str]]:
+    """{"lm_head": names, "embed": names}: every parameter name the model gives each matrix (tied: both)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    wanted = {"lm_head": model.get_output_embeddings().weight, "embed": model.get_input_embeddings().weight}
+    named = list(model.named_parameters(remove_duplicate=False))
+    return {key: [name for name, param in named if param is weight] for key, weight in wanted.items()}
+
+
+def _checkpoint_files(source: str, cfg: TargetConfig, names: List[str]) -> Dict[str, Path]:
+    """{tensor name: safetensors file holding it} for the names the checkpoint has."""
+    from transformers.utils import cached_file
+
+    def fetch(filename: str) -> Optional[Path]:
+        path = cached_file(source, filename, revision=cfg.revision, _raise_exceptions_for_missing_entries=False)
+        return Path(path) if path else None
+
+    index = fetch("model.safetensors.index.json")
+    if index is not None:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: fetch(weight_map[name]) for name in names if name in weight_map}
+    single = fetch("model.safetensors")
+    if single is None:
+        return {}
+    with safe_open(str(single), framework="pt") as handle:
+        keys = set(handle.keys())
+    return {name: single for name in names if name in keys}
+
+
+def _read(files: Dict[str, Path], names: List[str]) -> Optional[torch.Tensor]:
+    for name in names:
+        if name in files:
+            with safe_open(str(files[name]), framework="pt") as handle:
+                return handle.get_tensor(name)
+    return None
+
+
+def _from_full_model(cfg: TargetConfig, embeddings: bool):
+    from specdraft.target.load import load_target
+
+    log.info("target %s: LM head not found by name in safetensors; loading the whole model once on the CPU", cfg.path)
+    model = load_target(cfg, "cpu", require_chat_template=False).model
+    lm_head = model.get_output_embeddings().weight.detach().clone()
+    embed = model.get_input_embeddings().weight.detach().clone() if embeddings else None
+    return lm_head, embed
+
+
+def load_target_heads(cfg: TargetConfig, embeddings: bool, device: torch.device | str = "cpu") -> TargetHeads:
+    """The target's LM head and (with `embeddings`) embedding table, in `target.dtype` resolved for `device`."""
+    from transformers import AutoConfig
+
+    source = _local_or_hub(cfg)
+    try:
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise SpecdraftError(f"cannot read the config of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    names = _tensor_names(config, cfg)
+    files = _checkpoint_files(source, cfg, names["lm_head"] + names["embed"])
+    lm_head, embed = _read(files, names["lm_head"]), _read(files, names["embed"]) if embeddings else None
+    if lm_head is None or (embeddings and embed is None):
+        lm_head, embed = _from_full_model(cfg, embeddings)
+    dtype = resolve_dtype(cfg.dtype, device)
+    lm_head = lm_head.to(device, dtype)
+    tied = set(names["lm_head"]) & set(names["embed"])
+    embed = None if embed is None else lm_head if tied else embed.to(device, dtype)
+    return TargetHeads(info=TargetInfo.from_hf_config(config, cfg.path), lm_head=lm_head, embed_tokens=embed)

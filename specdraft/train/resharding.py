@@ -1,0 +1,154 @@
+"""Resume a DeepSpeed ZeRO checkpoint on another number of GPUs (or another ZeRO stage).
+
+ZeRO partitions the optimizer state (stages 1-2) and the weights too (stage 3) across the data-parallel ranks
+that saved a checkpoint, and DeepSpeed's loader refuses any other data-parallel size ("Automatic adjustment of
+ZeRO's optimizer state partitioning with a new world size is not currently supported"). DeepSpeed's own answer
+is the universal checkpoint: `deepspeed.checkpoint.ds_to_universal` writes each parameter's fp32 weight and
+Adam moments as whole tensors, and an engine configured with `"checkpoint": {"load_universal": true}`
+re-partitions them for its own world size (ZeRO 1-3 in DeepSpeed 0.19).
+
+`ReshardingDeepSpeedStrategy` is Lightning's DeepSpeedStrategy plus that: before the engine is built it reads
+the checkpoint's data-parallel size and stage; when they differ from this run's, rank 0 converts the checkpoint
+(once, atomically, beside the original: CKPT/checkpoint_universal + CKPT/latest_universal; reused while the
+original is unchanged) and the engine loads it universally. Everything is restored: draft weights, AdamW
+moments and step, and (through Lightning's client state) the LR scheduler, loop position, data position and RNG.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+
+from specdraft.io import TMP_PREFIX, write_text
+
+log = logging.getLogger(__name__)
+
+UNIVERSAL_TAG = "checkpoint_universal"
+LATEST_UNIVERSAL = "latest_universal"
+SOURCE_RECORD = "source.json"
+RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
+
+
+@dataclass(frozen=True)
+class ZeroLayout:
+    world_size: int
+    """Data-parallel ranks that saved the checkpoint."""
+    stage: int
+    """ZeRO stage it was saved with."""
+
+
+def is_deepspeed_checkpoint(path: str | Path) -> bool:
+    """Lightning saves DeepSpeed checkpoints as directories with DeepSpeed's `latest` tag file."""
+    return (Path(path) / "latest").is_file()
+
+
+def _tag_dir(checkpoint: Path) -> Path:
+    return checkpoint / (checkpoint / "latest").read_text().strip()
+
+
+def zero_layout(checkpoint: str | Path) -> ZeroLayout:
+    """The data-parallel size and ZeRO stage a DeepSpeed checkpoint was saved with (from its model states file,
+    memory-mapped: the weights are not read)."""
+    import torch
+
+    tag_dir = _tag_dir(Path(checkpoint))
+    states = sorted(tag_dir.glob("*model_states.pt"))
+    if not states:
+        raise FileNotFoundError(f"no DeepSpeed model states in {tag_dir}")
+    saved = torch.load(states[0], map_location="cpu", mmap=True, weights_only=False)
+    stage = int((saved.get("ds_config") or {}).get("zero_optimization", {}).get("stage", 0))
+    return ZeroLayout(world_size=int(saved["dp_world_size"]), stage=stage)
+
+
+def _source_record(tag_dir: Path) -> dict:
+    return {path.name: [path.stat().st_size, path.stat().st_mtime_ns] for path in sorted(tag_dir.iterdir())
+            if path.is_file()}
+
+
+def universal_is_current(checkpoint: Path) -> bool:
+    """A universal copy exists and was made from the checkpoint's current files."""
+    record = checkpoint / UNIVERSAL_TAG / SOURCE_RECORD
+    return record.is_file() and (checkpoint / LATEST_UNIVERSAL).is_file() and \
+        json.loads(record.read_text()) == _source_record(_tag_dir(checkpoint))
+
+
+def convert_to_universal(checkpoint: str | Path, workers: int = 4) -> Path:
+    """DeepSpeed's ds_to_universal on a Lightning DeepSpeed checkpoint, into CKPT/checkpoint_universal.
+
+    Written in a temp dir and renamed into place; `latest_universal` (DeepSpeed's tag file for universal
+    loading) is written last. Lightning's client state lacks DeepSpeed's universal_checkpoint_info, which
+    ds_to_universal injects (inject_missing_state)."""
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    checkpoint = Path(checkpoint)
+    tag_dir = _tag_dir(checkpoint)
+    tmp = checkpoint / f"{TMP_PREFIX}{UNIVERSAL_TAG}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    args = argparse.Namespace(input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=workers,
+                              num_merge_workers=max(1, workers // 2), keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)
+    try:
+        ds_to_universal(args)
+        write_text(tmp / SOURCE_RECORD, json.dumps(_source_record(tag_dir)))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final = checkpoint / UNIVERSAL_TAG
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    write_text(checkpoint / LATEST_UNIVERSAL, UNIVERSAL_TAG)
+    return final
+
+
+def drop_stale_files(checkpoint: Path, world_size: int) -> None:
+    """After a save in place: remove rank files of a larger earlier world and the now outdated universal copy
+    (DeepSpeed overwrites only the files of the ranks that save)."""
+    tag_dir = _tag_dir(checkpoint)
+    for path in tag_dir.iterdir():
+        match = RANK_FILE.search(path.name)
+        if match and int(match.group(1)) >= world_size:
+            path.unlink()
+    if not universal_is_current(checkpoint):
+        shutil.rmtree(checkpoint / UNIVERSAL_TAG, ignore_errors=True)
+        (checkpoint / LATEST_UNIVERSAL).unlink(missing_ok=True)
+
+
+class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it."""
+
+    def __init__(self, *args, resume_from: Optional[str] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resume_from = resume_from
+        self.restored_from: Optional[ZeroLayout] = None
+        """The saved layout when the checkpoint was loaded universally (resharded), else None."""
+
+    def setup(self, trainer) -> None:
+        if self.resume_from and is_deepspeed_checkpoint(self.resume_from) \
+                and trainer.state.fn == TrainerFn.FITTING:
+            saved = zero_layout(self.resume_from)
+            if (saved.world_size, saved.stage) != (self.world_size, self.config["zero_optimization"]["stage"]):
+                checkpoint = Path(self.resume_from)
+                if self.is_global_zero and not universal_is_current(checkpoint):
+                    log.info("converting %s (ZeRO-%d on %d ranks) to a DeepSpeed universal checkpoint",
+                             checkpoint, saved.stage, saved.world_size)
+                    convert_to_universal(checkpoint)
+                self.barrier("universal checkpoint")
+                self.config.setdefault("checkpoint", {})["load_universal"] = True
+                self.restored_from = saved
+        super().setup(trainer)
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        filepath = self.broadcast(filepath)  # every rank writes into rank 0's path
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        self.barrier("checkpoint saved")
+        if self.is_global_zero:
+            drop_stale_files(Path(filepath), self.world_size)

@@ -1,0 +1,108 @@
+"""Training-time-test attention: flex attention with block masks against the dense reference.
+
+CPU: flex runs eagerly and only forward (PyTorch has no flex backward on the CPU); the log-sum-exp merge of the
+diagonal keys is checked for gradients with a differentiable dense stand-in for the flex call. `gpu`: the
+compiled flex call, forward and backward, in bfloat16."""
+import math
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_mask
+
+from specdraft.kernels.ttt_attention import flex as flex_module
+from specdraft.kernels.ttt_attention import ttt_attention, ttt_attention_reference, ttt_mask
+
+DOCUMENTS = [[0] * 15 + [1] * 20 + [2] * 5, [0] * 33 + [1] * 7]
+
+
+def _inputs(steps=3, batch=2, heads=4, kv_heads=2, cols=40, dim=16, device="cpu", dtype=torch.float32):
+    query = torch.randn(batch, heads, cols, dim, device=device, dtype=dtype)
+    steps_kv = [tuple(torch.randn(batch, kv_heads, cols, dim, device=device, dtype=dtype) for _ in "kv")
+                for _ in range(steps)]
+    document_ids = torch.tensor(DOCUMENTS[:batch], device=device)
+    return query, steps_kv, document_ids
+
+
+@pytest.fixture(autouse=True)
+def _quiet_eager_flex():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        yield
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("packed", [False, True])
+def test_flex_forward_matches_dense(steps, packed):
+    query, steps_kv, document_ids = _inputs(steps)
+    document_ids = document_ids if packed else None
+    cols = torch.arange(query.shape[2])
+    dense = ttt_attention(query, steps_kv, cols, ttt_mask(document_ids, 2, 40, "cpu", "dense"))
+    mask = ttt_mask(document_ids, 2, 40, "cpu", "flex")
+    assert mask.block_mask is not None
+    torch.testing.assert_close(ttt_attention(query, steps_kv, cols, mask), dense)
+
+
+def test_packed_rows_attend_within_documents():
+    """A document's outputs equal those of the same document alone in its own row."""
+    query, steps_kv, document_ids = _inputs(steps=2, batch=1)
+    cols = torch.arange(40)
+    packed = ttt_attention_reference(query, steps_kv, cols, document_ids)
+    alone = ttt_attention_reference(query[:, :, 15:35], [(k[:, :, 15:35], v[:, :, 15:35]) for k, v in steps_kv],
+                                    torch.arange(20))
+    torch.testing.assert_close(packed[:, :, 15:35], alone)
+
+
+def _dense_flex_with_lse(query, key, value, block_mask):
+    """What the flex call computes, with autograd: (softmax(scores) @ value, logsumexp(scores))."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    visible = create_mask(block_mask.mask_mod, query.shape[0], 1, query.shape[2], key.shape[2],
+                                      device=query.device)
+    scores = (query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])).masked_fill(~visible, float("-inf"))
+    return torch.softmax(scores, -1) @ value, torch.logsumexp(scores, -1)
+
+
+def test_lse_merge_gradients_match_dense(monkeypatch):
+    monkeypatch.setattr(flex_module, "_flex_with_lse", _dense_flex_with_lse)
+    query, steps_kv, document_ids = _inputs(steps=3)
+    leaves = [query, *[t for kv in steps_kv for t in kv]]
+    for leaf in leaves:
+        leaf.requires_grad_()
+    cols = torch.arange(40)
+    grads = []
+    for impl in ("dense", "flex"):
+        out = ttt_attention(query, steps_kv, cols, ttt_mask(document_ids, 2, 40, "cpu", impl))
+        grads.append(torch.autograd.grad((out * torch.cos(out)).sum(), leaves))
+    for flex_grad, dense_grad in zip(*grads[::-1]):
+        torch.testing.assert_close(flex_grad, dense_grad)
+
+
+def test_inference_queries_take_the_dense_path():
+    """Queries at chosen columns (drafting after a prefix) never use the block mask."""
+    query, steps_kv, document_ids = _inputs(steps=1)
+    cols = torch.arange(40)
+    mask = ttt_mask(None, 2, 40, "cpu", "flex")
+    full = ttt_attention_reference(query, steps_kv, cols)
+    last = ttt_attention(query[:, :, -1:], steps_kv, cols[-1:], mask)
+    torch.testing.assert_close(last, full[:, :, -1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_flex_forward_and_backward_on_cuda(packed):
+    query, steps_kv, document_ids = _inputs(steps=4, batch=2, heads=8, kv_heads=2, cols=384, dim=64,
+                                            device="cuda", dtype=torch.bfloat16)
+    document_ids = torch.repeat_interleave(document_ids, 10, dim=1)[:, :384] if packed else None
+    leaves = [query, *[t for kv in steps_kv for t in kv]]
+    for leaf in leaves:
+        leaf.requires_grad_()
+    cols = torch.arange(384, device="cuda")
+    results = []
+    for impl in ("dense", "flex"):
+        out = ttt_attention(query, steps_kv, cols, ttt_mask(document_ids, 2, 384, "cuda", impl))
+        results.append((out, torch.autograd.grad((out.float() ** 2).sum(), leaves)))
+    (dense_out, dense_grads), (flex_out, flex_grads) = results
+    torch.testing.assert_close(flex_out, dense_out, rtol=2e-2, atol=2e-2)
+    for flex_grad, dense_grad in zip(flex_grads, dense_grads):
+        torch.testing.assert_close(flex_grad, dense_grad, rtol=5e-2, atol=5e-2)

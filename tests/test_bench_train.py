@@ -1,0 +1,67 @@
+"""tools/bench_train.py in its tiny CPU configuration: every row runs and the JSON report has its fields. CPU."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench_train.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_train", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_train"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["bench_train"]
+
+
+def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--warmup", "1", "--steps", "1",
+                "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert {"device", "torch", "matmul_ceiling_tflops", "reference_peak_tflops", "rows"} <= set(report)
+    assert [r["row"] for r in report["rows"]] == list(bench.ROWS)
+    for row in report["rows"]:
+        assert row["status"] == "ok", row
+        assert row["tokens_per_s"] > 0 and row["step_ms"] > 0
+        assert {"mfu_issue_vs_ceiling", "mfu_issue_vs_790", "mfu_shapes_vs_ceiling", "peak_gib_beyond_resident",
+                "phases_ms", "flop_per_token"} <= set(row)
+        assert set(row["phases_ms"]) == {"target", "teacher", "draft_forward", "loss", "backward", "optimizer",
+                                         "other"}
+    offline = next(r for r in report["rows"] if r["row"] == "offline")
+    assert offline["phases_ms"]["target"] < 1.0  # no target forward
+    assert "ms per step by phase" in capsys.readouterr().out
+
+
+def test_flop_counts_match_issue_6_at_llama_8b(bench):
+    """The shape-based count lands near the issue's 15.6 + 17.4 GFLOP per token at 2048 tokens."""
+    from transformers import LlamaConfig
+
+    from specdraft.methods.base import TargetInfo
+
+    info = TargetInfo.from_hf_config(LlamaConfig(**bench.CONFIGS["llama3-8b"]["model"]), "8b")
+    target = sum(bench.target_flops_per_token(info, 2048, 32000).values())
+    draft = sum(bench.draft_flops_per_token(info, 2048, 32000, 7).values())
+    assert 14.5e9 < target < 16.5e9 and 15.5e9 < draft < 18e9
+
+
+def test_out_of_memory_is_a_status_not_a_crash(bench, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise bench.torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+
+    monkeypatch.setattr(bench, "Trainee", out_of_memory)
+    assert bench.run_row(SimpleNamespace(cuda=False), bench.ROWS["baseline"], 8192, 1, 1)["status"] == "OOM"
+
+
+@pytest.mark.gpu
+def test_tiny_cuda_run_compiles_flex_and_runs_every_row(bench, tmp_path):
+    report = bench.main(["--config", "tiny", "--device", "cuda", "--seq-lens", "256", "--warmup", "1",
+                         "--steps", "2", "--out", str(tmp_path / "bench.json")])
+    assert [r["status"] for r in report["rows"]] == ["ok"] * len(bench.ROWS)
+    assert all(r["peak_gib_beyond_resident"] > 0 for r in report["rows"])

@@ -1,0 +1,76 @@
+"""A ZeRO checkpoint resumed on another number of ranks through DeepSpeed's universal checkpoint: the layout
+read from the checkpoint, the conversion, and one more AdamW step that equals the step the saving world size
+takes (so the Adam moments came back, not just the weights). DeepSpeed engines on the CPU (gloo), no GPU,
+several processes (about 30 s). The same path through Lightning on GPUs: tests/test_multi_gpu.py."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.train.resharding import (
+    UNIVERSAL_TAG,
+    ZeroLayout,
+    convert_to_universal,
+    drop_stale_files,
+    universal_is_current,
+    zero_layout,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(world: int, *args) -> None:
+    """tests/zero_run.py on `world` ranks at once; fails with their output if any rank fails."""
+    port = str(_free_port())
+    env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_PORT": port, "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.zero_run", *map(str, args)], cwd=REPO,
+                              env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for rank in range(world)]
+    outputs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    for rank, output in zip(ranks, outputs):
+        assert rank.returncode == 0, output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, saved_world, resumed_world", [(2, 1, 2), (3, 2, 1)])
+def test_resume_zero_checkpoint_on_another_world_size(tmp_path, stage, saved_world, resumed_world):
+    checkpoint = tmp_path / "last.ckpt"
+    run_ranks(saved_world, "save", stage, checkpoint, "-")
+    assert zero_layout(checkpoint) == ZeroLayout(world_size=saved_world, stage=stage)
+    run_ranks(saved_world, "step", stage, checkpoint, tmp_path / "same_world.pt")
+    assert not universal_is_current(checkpoint)
+    convert_to_universal(checkpoint, workers=1)
+    assert universal_is_current(checkpoint) and (checkpoint / "latest_universal").read_text() == UNIVERSAL_TAG
+    assert not list(checkpoint.glob(".tmp-*"))
+    run_ranks(resumed_world, "step_universal", stage, checkpoint, tmp_path / "resharded.pt")
+    expected, resharded = torch.load(tmp_path / "same_world.pt"), torch.load(tmp_path / "resharded.pt")
+    saved = torch.load(next((checkpoint / "checkpoint").glob("*model_states.pt")), weights_only=False)["module"]
+    for name, weight in expected.items():
+        assert not torch.equal(weight, saved[name].float()) or stage == 3, name  # the step moved it
+        torch.testing.assert_close(resharded[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_stale_files_after_a_smaller_save(tmp_path):
+    checkpoint = tmp_path / "last.ckpt"
+    tag_dir = checkpoint / "checkpoint"
+    tag_dir.mkdir(parents=True)
+    (checkpoint / "latest").write_text("checkpoint")
+    names = [f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(4)]
+    for name in [*names, "mp_rank_00_model_states.pt"]:
+        (tag_dir / name).write_bytes(b"x")
+    (checkpoint / UNIVERSAL_TAG).mkdir()
+    (checkpoint / "latest_universal").write_text(UNIVERSAL_TAG)
+    drop_stale_files(checkpoint, world_size=2)
+    assert sorted(p.name for p in tag_dir.iterdir()) == sorted([*names[:2], "mp_rank_00_model_states.pt"])
+    assert not (checkpoint / UNIVERSAL_TAG).exists() and not (checkpoint / "latest_universal").exists()

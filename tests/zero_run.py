@@ -1,0 +1,67 @@
+"""One rank of a tiny DeepSpeed ZeRO run on the CPU (gloo), for tests/test_resharding.py.
+
+    RANK=r WORLD_SIZE=n MASTER_PORT=p python -m tests.zero_run save|step|step_universal STAGE CKPT OUT
+
+save: 3 AdamW steps, then save CKPT (tag `checkpoint`, as Lightning does). step: load CKPT, take one more step
+on a fixed global batch (this rank's slice of it), write the gathered weights to OUT (rank 0).
+step_universal: the same, loading CKPT's universal copy (`checkpoint.load_universal`).
+"""
+import os
+import sys
+
+import torch
+
+GLOBAL_BATCH = 4
+
+
+def _engine(stage: int, world: int, universal: bool):
+    import deepspeed
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    config = {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // world, "zero_optimization": {"stage": stage},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+              "zero_allow_untested_optimizer": True}
+    if universal:
+        config["checkpoint"] = {"load_universal": True}
+    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    return engine
+
+
+def _step(engine, batch: torch.Tensor, rank: int, world: int):
+    rows = batch[rank * GLOBAL_BATCH // world:(rank + 1) * GLOBAL_BATCH // world]  # [B / world, 8]
+    loss = engine(rows).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+
+
+def _full_weights(engine) -> dict:
+    import deepspeed
+
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=hasattr(params[0], "ds_id")):
+        return {name: value.detach().clone() for name, value in engine.module.state_dict().items()}
+
+
+def main(mode: str, stage: int, checkpoint: str, out: str) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ["LOCAL_RANK"] = str(rank)
+    engine = _engine(stage, world, universal=mode == "step_universal")
+    batches = torch.randn(4, GLOBAL_BATCH, 8, generator=torch.Generator().manual_seed(1))  # [steps, B, 8]
+    if mode == "save":
+        for batch in batches[:3]:
+            _step(engine, batch, rank, world)
+        engine.save_checkpoint(checkpoint, tag="checkpoint")
+        return
+    engine.load_checkpoint(checkpoint)
+    _step(engine, batches[3], rank, world)
+    weights = _full_weights(engine)
+    if rank == 0:
+        torch.save(weights, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])

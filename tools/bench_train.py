@@ -1,0 +1,457 @@
+"""Throughput, model FLOPs utilization and memory of one EAGLE-3 training step at real scale.
+
+One step: the frozen target's forward (no grad, bf16), the draft's 7 TTT steps forward and backward, AdamW.
+The target is built from Llama-3.1-8B's configuration with random weights (speed and memory do not depend on
+their values); the draft comes from the method registry. Each row runs a few warm-up steps, then timed ones.
+
+    python tools/bench_train.py --out runs/bench_train.json                         # one GPU, about 3 minutes
+    python tools/bench_train.py --config tiny --device cpu --out /tmp/bench.json     # the same rows, tiny, CPU
+
+Rows (--rows, in this order at each sequence length):
+  ours          flex attention with block masks, the Triton soft cross-entropy, hook-captured target features,
+                draft activation checkpointing
+  ours-no-ckpt  ours without activation checkpointing (what checkpointing costs in time and saves in memory)
+  ours-packed   ours on a row of 4 packed conversations (per-document masks in the target and the draft)
+  offline       ours fed precomputed hidden states, as `train` reading dumped features does: no target layers
+                run (the target's LM head stays, for the teacher)
+  baseline      the first implementation: the target's full-vocabulary logits from its Hugging Face forward,
+                dense TTT masks, the reference soft cross-entropy (float32 [B, T, Vd] softmaxes), no checkpointing
+A row that runs out of memory is reported as OOM; any other failure is reported and the next row runs.
+
+Model FLOPs are counted two ways: issue 6's count (15.6 GFLOP/token target forward + 17.4 GFLOP/token draft, 7
+steps forward and backward) and one from the shapes (printed with its parts). MFU is reported against the card's
+measured bf16 matmul ceiling (an 8192^3 matmul) and against 790 TFLOP/s. Peak memory is the most allocated
+during the timed steps beyond what was resident before the row (the target's weights).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from specdraft.methods import eagle3 as eagle3_module
+from specdraft.methods import get_method
+from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
+from specdraft.target.features import capture_features
+
+TTT_STEPS = 7
+REFERENCE_PEAK_TFLOPS = 790.0  # a large bf16 matmul on an H200 (issue 6)
+ISSUE_TARGET_FLOP_PER_TOKEN = 15.6e9
+ISSUE_DRAFT_FLOP_PER_TOKEN = 17.4e9
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+CONFIGS = {
+    "llama3-8b": {"model": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072),
+                  "draft_vocab": 32000, "seq_lens": [2048, 8192], "ceiling_size": 8192},
+    "tiny": {"model": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=512, rope_theta=10000.0, max_position_embeddings=4096),
+             "draft_vocab": 256, "seq_lens": [32, 64], "ceiling_size": 256},
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    features: str
+    """online (hooks, no full logits), full-logits (the first implementation), offline (precomputed)."""
+    kernels: str
+    """auto (Triton soft CE and flex attention on CUDA) or reference (SPECDRAFT_KERNELS=reference, dense)."""
+    checkpointing: bool
+    documents: int = 1
+
+
+ROWS = {row.name: row for row in (
+    Row("ours", "online", "auto", True),
+    Row("ours-no-ckpt", "online", "auto", False),
+    Row("ours-packed", "online", "auto", True, documents=4),
+    Row("offline", "offline", "auto", True),
+    Row("baseline", "full-logits", "reference", False),
+)}
+
+
+class PhaseTimer:
+    """Time per phase of a step: CUDA events on a GPU (read after one sync per step), the wall clock on a CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.spans = defaultdict(list)
+        self.open: List[str] = []
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self._mark()
+        self.open.append(name)
+        try:
+            yield
+        finally:
+            self.open.pop()
+        self.spans[name].append((start, self._mark()))
+
+    def wrap(self, name: str, fn: Callable, within: str = "forward") -> Callable:
+        """fn, timed as phase `name` when called within phase `within` (not when checkpointing recomputes it)."""
+        def timed(*args, **kwargs):
+            if within not in self.open:
+                return fn(*args, **kwargs)
+            with self.phase(name):
+                return fn(*args, **kwargs)
+        return timed
+
+    def _elapsed_ms(self, start, end) -> float:
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+
+    def read_ms(self) -> Dict[str, float]:
+        """Total ms per phase since the last read (synchronizes the GPU)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        totals = {name: sum(self._elapsed_ms(start, end) for start, end in spans) for name, spans in self.spans.items()}
+        self.spans.clear()
+        return totals
+
+
+def build_target(model_shape: dict, device: str, dtype: torch.dtype):
+    """A Llama with the given shapes and random weights (normal(0, 0.02), norms 1), frozen, in `dtype`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**model_shape, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built directly in bf16: no float32 copy of 8B weights
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.02) if parameter.dim() > 1 else parameter.fill_(1.0)
+    return model.requires_grad_(False).eval()
+
+
+def target_flops_per_token(info: TargetInfo, seq_len: int, draft_vocab: int) -> Dict[str, float]:
+    """Forward FLOPs per token of the target, by part: decoder matmuls, causal attention, the LM head's draft
+    rows (teacher) and its full-vocabulary scan (whether the target's argmax is in the draft vocabulary)."""
+    hidden, q_width, kv_width = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    matmuls = 2 * hidden * (2 * q_width + 2 * kv_width) + 6 * hidden * info.intermediate_size
+    attention = 4 * q_width * (seq_len + 1) / 2  # QK^T and PV over the average causal context
+    return {"layers": info.num_layers * matmuls, "attention": info.num_layers * attention,
+            "teacher_head": 2 * hidden * draft_vocab, "argmax_scan": 2 * hidden * info.vocab_size}
+
+
+def draft_flops_per_token(info: TargetInfo, seq_len: int, draft_vocab: int, steps: int) -> Dict[str, float]:
+    """Forward + backward (3x forward) FLOPs per token of the EAGLE-3 draft over `steps` TTT steps."""
+    hidden, q_width, kv_width = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    layer = 2 * (2 * hidden) * (q_width + 2 * kv_width) + 2 * q_width * hidden + 6 * hidden * info.intermediate_size
+    attention = sum(4 * q_width * ((seq_len + 1) / 2 + step) for step in range(steps))  # causal + diagonal keys
+    return {"fc": 3 * 2 * 3 * hidden * hidden, "layer": 3 * steps * layer, "attention": 3 * attention,
+            "lm_head": 3 * steps * 2 * hidden * draft_vocab}
+
+
+def matmul_ceiling_tflops(device: str, size: int, dtype: torch.dtype, iters: int = 10) -> float:
+    """Achieved TFLOP/s of a size^3 matmul (the card's practical ceiling)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    timer = PhaseTimer(device == "cuda")
+    with timer.phase("matmul"):
+        for _ in range(iters):
+            a @ b
+    return 2 * size ** 3 * iters / (timer.read_ms()["matmul"] / 1e3) / 1e12
+
+
+@dataclass
+class FullLogitsFeatures(TargetFeatures):
+    """The first implementation's features: the Hugging Face forward's full [B, T, V] logits."""
+
+    logits: Optional[torch.Tensor] = None
+
+    def logits_for(self, vocab_ids: torch.Tensor) -> torch.Tensor:
+        return self.logits[..., vocab_ids]
+
+    def argmax_in(self, vocab_mask: torch.Tensor, vocab_chunk: int = 0) -> torch.Tensor:
+        return vocab_mask[self.logits.argmax(-1)]
+
+
+@torch.no_grad()
+def full_logits_features(model, input_ids, attention_mask, layers) -> FullLogitsFeatures:
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    keep = sorted(set(layers) | {0})
+    return FullLogitsFeatures(hidden_states={i: out.hidden_states[i] for i in keep}, final_hidden=None,
+                              lm_head=model.get_output_embeddings().weight, logits=out.logits)
+
+
+def packed_positions(seq_len: int, documents: int, device: str):
+    """-> position_ids, document_ids [1, T] for `documents` equal conversations in one row (None for one)."""
+    if documents == 1:
+        return None, None
+    document_ids = torch.arange(seq_len, device=device)[None] * documents // seq_len  # [1, T]
+    starts = torch.searchsorted(document_ids[0], torch.arange(documents, device=device))
+    return torch.arange(seq_len, device=device)[None] - starts[document_ids], document_ids
+
+
+class Bench:
+    """The target, its geometry and the settings shared by every row."""
+
+    def __init__(self, config: dict, device: str, attention: str = "auto"):
+        self.device, self.cuda, self.attention = device, device == "cuda", attention
+        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.draft_vocab = config["draft_vocab"]
+        self.target = build_target(config["model"], device, self.dtype)
+        self.info = TargetInfo.from_hf_config(self.target.config, "random weights")
+        self.spec = get_method("eagle3")
+        self.layers = self.spec.feature_layers(self.spec.config(), self.info)
+
+    def autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda else nullcontext()
+
+    def flops_per_token(self, row: Row, seq_len: int) -> Dict[str, float]:
+        target = target_flops_per_token(self.info, seq_len, self.draft_vocab)
+        if row.features == "offline":  # no target layers run; the teacher head and the argmax scan still do
+            target = {"teacher_head": target["teacher_head"], "argmax_scan": target["argmax_scan"]}
+        draft = draft_flops_per_token(self.info, seq_len, self.draft_vocab, TTT_STEPS)
+        issue = ISSUE_DRAFT_FLOP_PER_TOKEN + (0 if row.features == "offline" else ISSUE_TARGET_FLOP_PER_TOKEN)
+        return {"issue": issue, "shapes": sum(target.values()) + sum(draft.values()),
+                **{f"target_{k}": v for k, v in target.items()}, **{f"draft_{k}": v for k, v in draft.items()}}
+
+    def inputs(self, row: Row, seq_len: int) -> dict:
+        input_ids = torch.randint(0, self.info.vocab_size, (1, seq_len), device=self.device)
+        position_ids, document_ids = packed_positions(seq_len, row.documents, self.device)
+        ones = torch.ones_like(input_ids)
+        return {"input_ids": input_ids, "loss_mask": ones, "attention_mask": ones, "position_ids": position_ids,
+                "document_ids": document_ids}
+
+    def feature_source(self, row: Row, batch: dict) -> Callable[[], TargetFeatures]:
+        """What the step calls to get the target's features for `batch`."""
+        if row.features == "full-logits":
+            return lambda: full_logits_features(self.target, batch["input_ids"], batch["attention_mask"],
+                                                self.layers)
+        if row.features == "online":
+            return lambda: capture_features(self.target, batch["input_ids"], batch["attention_mask"], self.layers,
+                                            position_ids=batch["position_ids"])
+        shape = (*batch["input_ids"].shape, self.info.hidden_size)
+        hidden = {i: torch.randn(shape, device=self.device, dtype=self.dtype) for i in sorted({0, *self.layers})}
+        final = torch.randn(shape, device=self.device, dtype=self.dtype)
+        lm_head = self.target.get_output_embeddings().weight
+        return lambda: TargetFeatures(hidden_states=hidden, final_hidden=final, lm_head=lm_head)
+
+
+@contextmanager
+def kernels_env(kernels: str):
+    previous = os.environ.get("SPECDRAFT_KERNELS")
+    os.environ["SPECDRAFT_KERNELS"] = kernels
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["SPECDRAFT_KERNELS"]
+        else:
+            os.environ["SPECDRAFT_KERNELS"] = previous
+
+
+class Trainee:
+    """A fresh draft, its AdamW and one row's step function."""
+
+    def __init__(self, bench: Bench, row: Row, seq_len: int):
+        self.bench, self.row = bench, row
+        self.cfg = bench.spec.config(ttt_steps=TTT_STEPS, draft_vocab_size=bench.draft_vocab,
+                                     attention="dense" if row.kernels == "reference" else bench.attention)
+        counts = torch.randint(0, 1000, (bench.info.vocab_size,))
+        context = DraftContext(bench.info, counts, activation_checkpointing=row.checkpointing)
+        with torch.device(bench.device):
+            self.draft = bench.spec.build(self.cfg, context)
+        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=bench.cuda)
+        self.batch = bench.inputs(row, seq_len)
+        self.features = bench.feature_source(row, self.batch)
+
+    def step(self, timer: PhaseTimer) -> None:
+        """Target features, loss (draft forward), backward, gradient clip and AdamW; phases into `timer`."""
+        batch = self.batch
+        with timer.phase("step"):
+            with self.bench.autocast():
+                with timer.phase("target"):
+                    features = self.features()
+                for name in ("logits_for", "argmax_in"):
+                    setattr(features, name, timer.wrap("teacher", getattr(features, name)))
+                draft_batch = DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features,
+                                         position_ids=batch["position_ids"], document_ids=batch["document_ids"])
+                with timer.phase("forward"):
+                    loss = self.bench.spec.loss(self.draft, draft_batch, self.cfg).loss
+            with timer.phase("backward"):
+                loss.backward()
+            with timer.phase("optimizer"):
+                torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 0.5)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+
+
+def phase_breakdown(spans_ms: Dict[str, float]) -> Dict[str, float]:
+    """Raw spans -> target, teacher, draft_forward, loss, backward, optimizer, other (ms, one step)."""
+    forward = spans_ms.get("forward", 0.0)
+    teacher, loss = spans_ms.get("teacher", 0.0), spans_ms.get("loss", 0.0)
+    phases = {"target": spans_ms.get("target", 0.0), "teacher": teacher,
+              "draft_forward": forward - teacher - loss, "loss": loss,
+              "backward": spans_ms.get("backward", 0.0), "optimizer": spans_ms.get("optimizer", 0.0)}
+    phases["other"] = spans_ms.get("step", 0.0) - sum(phases.values())
+    return phases
+
+
+def _free_memory(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def _timed_steps(trainee: Trainee, cuda: bool, warmup: int, steps: int):
+    """-> (mean phase ms per step, peak bytes allocated during the timed steps or None on CPU)."""
+    timer = PhaseTimer(cuda)
+    soft_ce = eagle3_module.soft_cross_entropy
+    eagle3_module.soft_cross_entropy = timer.wrap("loss", soft_ce)
+    try:
+        for _ in range(warmup):
+            trainee.step(timer)
+        timer.read_ms()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        totals = defaultdict(float)
+        for _ in range(steps):
+            trainee.step(timer)
+            for name, value in timer.read_ms().items():  # one sync per step, after it
+                totals[name] += value / steps
+    finally:
+        eagle3_module.soft_cross_entropy = soft_ce
+    return dict(totals), (torch.cuda.max_memory_allocated() if cuda else None)
+
+
+def run_row(bench: Bench, row: Row, seq_len: int, warmup: int, steps: int) -> dict:
+    """One row at one sequence length -> its result (status ok, OOM or error: ...)."""
+    _free_memory(bench.cuda)
+    resident = torch.cuda.memory_allocated() if bench.cuda else 0
+    result = {"row": row.name, "seq_len": seq_len, "tokens_per_step": seq_len, "status": "ok"}
+    try:
+        with kernels_env(row.kernels):
+            trainee = Trainee(bench, row, seq_len)
+            spans, peak = _timed_steps(trainee, bench.cuda, warmup, steps)
+    except torch.cuda.OutOfMemoryError:
+        result["status"] = "OOM"
+    except Exception as err:  # a failing row is reported, the others still run
+        result["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+    trainee = None
+    _free_memory(bench.cuda)
+    if result["status"] != "ok":
+        return result
+    step_ms = spans["step"]
+    result.update(step_ms=step_ms, tokens_per_s=seq_len / (step_ms / 1e3), phases_ms=phase_breakdown(spans),
+                  flop_per_token=bench.flops_per_token(row, seq_len),
+                  peak_gib_beyond_resident=None if peak is None else (peak - resident) / 2 ** 30)
+    return result
+
+
+def add_mfu(result: dict, ceiling_tflops: float) -> None:
+    if result["status"] != "ok":
+        return
+    for count in ("issue", "shapes"):
+        achieved = result["flop_per_token"][count] * result["tokens_per_s"] / 1e12
+        result[f"tflops_{count}"] = achieved
+        result[f"mfu_{count}_vs_ceiling"] = achieved / ceiling_tflops
+        result[f"mfu_{count}_vs_790"] = achieved / REFERENCE_PEAK_TFLOPS
+
+
+def print_tables(report: dict) -> None:
+    print(f"device: {report['device']}; torch {report['torch']}; matmul ceiling "
+          f"{report['matmul_ceiling_tflops']:.3g} TFLOP/s ({report['ceiling_size']}^3 {report['dtype']})")
+    header = f"{'row':<13}{'T':>6}  {'status':<8}{'tok/s':>9}{'step ms':>9}{'MFU/ceil':>9}{'MFU/790':>9}" \
+             f"{'shapes/ceil':>12}{'GiB>w':>8}"
+    print(header)
+    for r in report["rows"]:
+        if r["status"] != "ok":
+            print(f"{r['row']:<13}{r['seq_len']:>6}  {r['status']}")
+            continue
+        memory = "-" if r["peak_gib_beyond_resident"] is None else f"{r['peak_gib_beyond_resident']:.2f}"
+        print(f"{r['row']:<13}{r['seq_len']:>6}  {'ok':<8}{r['tokens_per_s']:>9.0f}{r['step_ms']:>9.1f}"
+              f"{r['mfu_issue_vs_ceiling']:>9.1%}{r['mfu_issue_vs_790']:>9.1%}{r['mfu_shapes_vs_ceiling']:>12.1%}"
+              f"{memory:>8}")
+    phases = ["target", "teacher", "draft_forward", "loss", "backward", "optimizer", "other"]
+    print("\nms per step by phase\n" + f"{'row':<13}{'T':>6}" + "".join(f"{p:>14}" for p in phases))
+    for r in report["rows"]:
+        if r["status"] == "ok":
+            print(f"{r['row']:<13}{r['seq_len']:>6}" + "".join(f"{r['phases_ms'][p]:>14.1f}" for p in phases))
+    counts = report["flop_per_token_2048_online"]
+    if counts:
+        print("\nGFLOP/token (online, T=2048): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counts.items()))
+
+
+def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], warmup: int, steps: int,
+        attention: str = "auto") -> dict:
+    config = CONFIGS[config_name]
+    bench_started = time.perf_counter()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    ceiling = matmul_ceiling_tflops(device, config["ceiling_size"], dtype)
+    bench = Bench(config, device, attention)
+    results = []
+    for seq_len in seq_lens:
+        if bench.cuda:
+            torch._dynamo.reset()  # each length gets its own static compile of the flex call
+        for name in rows:
+            result = run_row(bench, ROWS[name], seq_len, warmup, steps)
+            add_mfu(result, ceiling)
+            results.append(result)
+            print(f"[{time.perf_counter() - bench_started:6.1f} s] {name} T={seq_len}: {result['status']}",
+                  flush=True)
+    return {
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"{platform.machine()} CPU",
+        "torch": torch.__version__, "config": config_name, "dtype": str(dtype).replace("torch.", ""),
+        "ttt_steps": TTT_STEPS, "draft_vocab": bench.draft_vocab, "attention": attention, "matmul_ceiling_tflops": ceiling,
+        "ceiling_size": config["ceiling_size"], "reference_peak_tflops": REFERENCE_PEAK_TFLOPS,
+        "target_weights_gib": sum(p.numel() * p.element_size() for p in bench.target.parameters()) / 2 ** 30,
+        "flop_per_token_2048_online": bench.flops_per_token(ROWS["ours"], 2048) if config_name != "tiny" else {},
+        "seconds": time.perf_counter() - bench_started, "rows": results,
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama3-8b")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="default: the config's (2048 8192 for the 8B)")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per row (the first compiles)")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per row")
+    parser.add_argument("--attention", choices=["auto", "dense", "flex"], default="auto",
+                        help="TTT attention of the rows other than baseline (method.attention)")
+    parser.add_argument("--out", default="runs/bench_train.json")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    if args.device == "cpu":  # tiny tensors: a thread pool only adds overhead (10x on a busy machine)
+        torch.set_num_threads(1)
+    try:
+        report = run(args.config, args.device, args.seq_lens or CONFIGS[args.config]["seq_lens"], args.rows,
+                     args.warmup, args.steps, args.attention)
+    finally:
+        torch.set_num_threads(threads)
+    print_tables(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
