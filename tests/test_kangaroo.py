@@ -132,3 +132,15 @@ def test_export_holds_the_adapter_not_the_targets_head(target):
         assert torch.equal(rebuilt.state_dict()[name], value), name
     with pytest.raises(SpecdraftError, match="no target bound"):
         rebuilt.target_logits_fn()
+
+
+def test_packed_rows_and_stored_features_are_refused(target):
+    cfg, draft = _draft(target)
+    ids = torch.randint(0, 250, (1, 8))
+    ones = torch.ones_like(ids)
+    batch = DraftBatch(ids, ones, ones, _features(target, cfg, ids), position_ids=torch.arange(8)[None],
+                       document_ids=torch.zeros_like(ids))
+    with pytest.raises(SpecdraftError, match="unpacked rows"):
+        SPEC.loss(draft, batch, cfg)
+    with pytest.raises(SpecdraftError, match="data.features=online"):
+        SPEC.bind_target(draft, None)

@@ -138,8 +138,9 @@ def test_init_from_eagle3_computes_what_eagle3_computes(tmp_path, tiny_target_di
     feats = _features(target, cfg, ids).hidden_states
     poss_logits = _unroll_logits(poss_unroll, draft, feats, 3)
     eagle3_logits = _unroll_logits(ttt_unroll, eagle3, feats, 3)
-    for poss_step, eagle3_step in zip(poss_logits, eagle3_logits):
-        torch.testing.assert_close(poss_step, eagle3_step)
+    for step, (poss_step, eagle3_step) in enumerate(zip(poss_logits, eagle3_logits)):
+        columns = ids.shape[1] - 1 - step  # later columns read past the row's end (no loss there), differently
+        torch.testing.assert_close(poss_step[:, :columns], eagle3_step[:, :columns])
 
 
 def test_init_from_rejects_what_does_not_fit(tmp_path, tiny_target_dir, target):
@@ -177,3 +178,43 @@ def test_trainer_initialises_from_eagle3(tmp_path, tiny_target_dir, target):
     for layer in module.draft.specialists:
         torch.testing.assert_close(layer.self_attn.q_proj.weight, eagle3.midlayer.self_attn.q_proj.weight)
     torch.testing.assert_close(module.draft.fc.weight, eagle3.fc.weight)
+
+
+def _packing_run(target, batch, attention="dense", checkpointing=False):
+    import warnings
+
+    cfg = SPEC.config(ttt_steps=3, draft_vocab_size=300, num_specialists=2, positions_per_specialist=2,
+                      attention=attention)
+    torch.manual_seed(0)
+    draft = SPEC.build(cfg, DraftContext(target.info, _counts(target)))
+    draft.activation_checkpointing = checkpointing
+    features = capture_features(target.model, batch["input_ids"], batch["attention_mask"],
+                                SPEC.feature_layers(cfg, target.info), position_ids=batch.get("position_ids"))
+    draft_batch = DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features,
+                             position_ids=batch.get("position_ids"), document_ids=batch.get("document_ids"))
+    backward = attention != "flex"  # flex attention has no backward on the CPU
+    with warnings.catch_warnings(), torch.set_grad_enabled(backward):
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        out = SPEC.loss(draft, draft_batch, cfg)
+        if backward:
+            out.loss.backward()
+    return out, {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("attention, checkpointing", [("dense", False), ("flex", False), ("dense", True)])
+def test_packed_rows_give_the_unpacked_loss_and_gradients(target, attention, checkpointing):
+    """Several conversations per row (per-document positions and attention, prefix keys of every specialist
+    included), flex attention and activation checkpointing: the loss of one conversation per row."""
+    from specdraft.train.data import collate, collate_packed
+    from tests.test_packing import _conversations
+
+    rows = _conversations()
+    unpacked, unpacked_grads = _packing_run(target, collate(rows, max_length=16))
+    packed, packed_grads = _packing_run(target, collate_packed(rows, max_length=16, pack_length=24), attention,
+                                        checkpointing)
+    assert float(unpacked.loss.detach()) > 0
+    torch.testing.assert_close(packed.loss, unpacked.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed.metrics["tau_sim"], unpacked.metrics["tau_sim"])
+    assert len(packed_grads) == (0 if attention == "flex" else len(unpacked_grads))
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(grad, unpacked_grads[name], rtol=1e-4, atol=1e-6, msg=name)

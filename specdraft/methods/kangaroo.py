@@ -180,7 +180,10 @@ class KangarooDraft(nn.Module):
         return lambda hidden: self.logits(hidden, model.get_decoder().norm, head)
 
 
-def kangaroo_bind(draft: KangarooDraft, target_model: nn.Module) -> None:
+def kangaroo_bind(draft: KangarooDraft, target_model: Optional[nn.Module]) -> None:
+    if target_model is None:  # offline or hybrid features: the trainer holds no target model
+        raise SpecdraftError("Kangaroo trains with data.features=online: its draft runs the target's final norm "
+                             "and LM head, which stored features do not keep")
     object.__setattr__(draft, "target_model", target_model)
 
 
@@ -199,6 +202,8 @@ def chain_metrics(correct: torch.Tensor, mask: torch.Tensor, steps: int) -> Dict
 def kangaroo_loss(draft: KangarooDraft, batch: DraftBatch, cfg: KangarooConfig) -> LossOutput:
     """Soft cross-entropy against the target's next-token distribution over the draft vocabulary; positions
     whose target argmax lies outside it carry no loss (FR-Spec) and count as rejected in the metrics."""
+    if batch.document_ids is not None:
+        raise SpecdraftError("Kangaroo trains on unpacked rows: leave data.pack_length unset")
     feats = batch.features
     shallow = feats.hidden_states[draft.exit_layer]  # [B, T, H]
     positions = torch.arange(shallow.shape[1], device=shallow.device)
@@ -377,4 +382,5 @@ SPEC = MethodSpec(
     from_export=kangaroo_from_export,
     bind_target=kangaroo_bind,
     runtime=kangaroo_runtime,
+    reads_embeddings=False,
 )

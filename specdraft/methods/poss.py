@@ -19,7 +19,8 @@ Keys each specialist attends to (our choice; the paper leaves it to the implemen
 At inference a drafter thus keeps S prefix caches (one per specialist, filled in one pass when confirmed
 tokens arrive) and one scratch region for drafted tokens, so every depth is still one batched call through
 one specialist. Initialised from an EAGLE-3 checkpoint (`init_from`), every specialist is a copy of EAGLE-3's
-layer and PosS computes exactly what that EAGLE-3 head computes (tests/test_poss.py checks it).
+layer and PosS computes exactly what that EAGLE-3 head computes (tests/test_poss.py checks it). Packed rows,
+flex attention and activation checkpointing work as for EAGLE-3 (eagle3.ttt_unroll).
 
 Export (`--format hf`): EAGLE-3's config keys plus `poss_config`, which says which specialist serves which draft
 depth, and weights `fc`, `norm`, `lm_head`, `d2t`, `t2d`, `specialists.{j}.*` (each laid out as EAGLE-3's
@@ -35,8 +36,10 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.ttt_attention import ttt_mask
 from specdraft.layers import apply_rope, rope_cos_sin
 from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
 from specdraft.methods.eagle3 import (
@@ -46,7 +49,8 @@ from specdraft.methods.eagle3 import (
     Eagle3Draft,
     _fused_features,
     _hf_config,
-    _shift_left,
+    _padded_rows,
+    _shifted,
     eagle3_feature_layers,
     eagle3_hf_keys,
     eagle3_loss,
@@ -99,16 +103,17 @@ class PossDraft(Eagle3Draft):
         """The specialist that runs TTT step `step` (which drafts the token at depth step + 1)."""
         return min(step // self.positions_per_specialist, len(self.specialists) - 1)
 
-    def step(self, hidden, embeds, positions, query_cols, cache, specialist: int = 0):
+    def step(self, hidden, embeds, positions, query_cols, cache, mask=None, specialist: int = 0):
         """One draft step through `specialist`: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H], this KV."""
-        return self.specialists[specialist](hidden, embeds, positions, query_cols, cache)
+        return self.specialists[specialist](hidden, embeds, positions, query_cols, cache, mask=mask)
 
 
 def specialist_prefix_kv(layer: Eagle3DecoderLayer, fused: torch.Tensor, embeds: torch.Tensor,
                          positions: torch.Tensor) -> KV:
     """The step-0 keys and values `layer` would write, without its attention or MLP.
 
-    fused, embeds [B, T, H] (fused features at t, embedding of token t+1); positions [T] -> ([B, kvh, T, D],) x2.
+    fused, embeds [B, T, H] (fused features at t, embedding of token t+1); positions [T] or [B, T] -> keys and
+    values [B, kvh, T, D].
     Mirrors Eagle3DecoderLayer/Eagle3Attention up to the projections (tests compare the two)."""
     attn = layer.self_attn
     attn_in = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(fused)], dim=-1)  # [B, T, 2H]
@@ -133,29 +138,42 @@ class PrefixKeys:
         return self.by_specialist[specialist]
 
 
+def _checkpointed(step):
+    """`step` under activation checkpointing (eagle3._checkpointed, with the specialist passed along)."""
+    def run(hidden, embeds, positions, query_cols, cache, mask=None, specialist=0):
+        return checkpoint(step, hidden, embeds, positions, query_cols, list(cache), mask=mask, specialist=specialist,
+                          use_reentrant=False)
+    return run
+
+
 def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps: int,
                 position_ids: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
                 attention: str = "auto", logits: bool = True):
     """Training-time test through the specialists: yields each step's draft logits [B, T, Vd] (hidden states
-    [B, T, H] with logits=False); column t of step i predicts x[t+2+i] (eagle3.ttt_unroll's layout; step i runs
-    specialist_for(i)). Dense attention, one document per row: packed rows are refused."""
-    if document_ids is not None:
-        raise SpecdraftError("PosS trains on unpacked rows: leave data.pack_length unset")
+    [B, T, H] with logits=False); column t of step i predicts x[t+2+i] and step i runs specialist_for(i).
+    Packed rows, attention implementations and activation checkpointing as eagle3.ttt_unroll."""
     out = draft.logits if logits else (lambda hidden: hidden)
     embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
-    cols = torch.arange(embeds_all.shape[1], device=embeds_all.device)
+    batch, num_cols = embeds_all.shape[:2]
+    cols = torch.arange(num_cols, device=embeds_all.device)
+    positions = cols if position_ids is None else position_ids  # [T] or [B, T]
+    mask = ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention)
+    run_step = draft.step
+    if getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled():
+        run_step = _checkpointed(draft.step)
     fused = _fused_features(draft, hidden_states)  # [B, T, H]
-    first_embeds = _shift_left(embeds_all, 1).to(fused.dtype)  # token x[t+1]
-    hidden, step0_kv = draft.step(fused, first_embeds, cols, cols, [], specialist=0)
-    prefix = PrefixKeys(draft, fused, first_embeds, cols)
+    embeds_rows = _padded_rows(embeds_all.to(fused.dtype), steps)  # [B*T + K, H]
+    first_embeds = _shifted(embeds_rows, 1, embeds_all.shape)  # token x[t+1]
+    hidden, step0_kv = run_step(fused, first_embeds, positions, cols, [], mask=mask, specialist=0)
+    prefix = PrefixKeys(draft, fused, first_embeds, positions)
     prefix.by_specialist[0] = step0_kv
     yield out(hidden)
     drafted_kv: List[KV] = []
     for step in range(1, steps):
         specialist = draft.specialist_for(step)
-        embeds = _shift_left(embeds_all, step + 1).to(hidden.dtype)  # token x[t+1+step]
-        hidden, kv = draft.step(hidden, embeds, cols + step, cols, [prefix[specialist], *drafted_kv],
-                                specialist=specialist)
+        embeds = _shifted(embeds_rows, step + 1, embeds_all.shape)  # token x[t+1+step]
+        hidden, kv = run_step(hidden, embeds, positions + step, cols, [prefix[specialist], *drafted_kv], mask=mask,
+                              specialist=specialist)
         drafted_kv.append(kv)
         yield out(hidden)
 
