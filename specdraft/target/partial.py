@@ -3,6 +3,8 @@
 (specdraft/runtime/target.py, `run_layers`)."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -22,10 +24,20 @@ def run_first_layers(model, hidden: torch.Tensor, positions: torch.Tensor, cache
 
     decoder = model.get_decoder()
     position_ids = positions[None]  # [1, N]
-    mask = create_causal_mask(config=model.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
-                              position_ids=position_ids)
+    cache_name = _cache_keyword(create_causal_mask)  # transformers renamed past_key_values to cache in 5.2x
+    mask_args = {"config": model.config, "attention_mask": None, cache_name: cache, "position_ids": position_ids}
+    mask_params = inspect.signature(create_causal_mask).parameters
+    mask_args["inputs_embeds" if "inputs_embeds" in mask_params else "input_embeds"] = hidden
+    if "cache_position" in mask_params:
+        mask_args["cache_position"] = positions
+    mask = create_causal_mask(**mask_args)
     rotary = decoder.rotary_emb(hidden, position_ids=position_ids)
+    layer_cache = {_cache_keyword(type(decoder.layers[0]).forward): cache}
     for layer in decoder.layers[:num_layers]:
-        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True,
-                       position_embeddings=rotary)
-    return hidden
+        hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                       position_embeddings=rotary, **layer_cache)
+    return hidden[0] if isinstance(hidden, tuple) else hidden
+
+
+def _cache_keyword(fn) -> str:
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
