@@ -49,6 +49,7 @@ from specdraft.methods.base import (
     TargetFeatures,
     TargetInfo,
 )
+from specdraft.runtime.drafter import draft_visible
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
@@ -485,12 +486,7 @@ class Eagle3Drafter:
         return self.draft.logits(self.last_hidden), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        slots_all = torch.arange(self.k_cache.shape[1], device=tokens.device)
-        relative = slots_all - self.prefix_len  # [S]
-        width = scratch_visible.shape[1]
-        own = scratch_visible & (torch.arange(width, device=tokens.device) > 0)  # nothing of ours at the root's slot
-        in_scratch = own[:, relative.clamp(0, width - 1)] & (relative >= 0) & (relative < width)  # [k, S]
-        visible = in_scratch | (relative < 0)
+        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=False)
         out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,
                           self.prefix_len + scratch_slots, visible)
         return self.draft.logits(out), out
