@@ -231,6 +231,38 @@ def _checkpointed(step):
     return run
 
 
+@dataclass
+class TTTInputs:
+    """What every step of a training-time-test unroll reads (eagle3 and the methods built on it)."""
+
+    fused: torch.Tensor  # [B, T, H] fc of the target features: step 0's hidden input
+    embeds_rows: torch.Tensor  # [B*T + K, H] the target embeddings, rows flattened and padded
+    shape: torch.Size  # [B, T, H]
+    cols: torch.Tensor  # [T] TTT columns
+    positions: torch.Tensor  # [T] or [B, T] rotary positions of step 0
+    mask: Any  # the attention mask of specdraft.kernels.ttt_attention.ttt_mask
+    run_step: Any  # draft.step, under activation checkpointing when the draft asks for it
+
+    def embeds(self, shift: int) -> torch.Tensor:  # [B, T, H]: column t holds the embedding of x[t + shift]
+        return _shifted(self.embeds_rows, shift, self.shape)
+
+
+def ttt_inputs(draft, hidden_states: Dict[int, torch.Tensor], steps: int, position_ids=None, document_ids=None,
+               attention: str = "auto", checkpointed=None) -> TTTInputs:
+    """`checkpointed(step)` wraps draft.step for activation checkpointing (default: this module's)."""
+    embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
+    batch, num_cols = embeds_all.shape[:2]
+    cols = torch.arange(num_cols, device=embeds_all.device)
+    run_step = draft.step
+    if getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled():
+        run_step = (checkpointed or _checkpointed)(draft.step)
+    fused = _fused_features(draft, hidden_states)
+    return TTTInputs(fused=fused, embeds_rows=_padded_rows(embeds_all.to(fused.dtype), steps),
+                     shape=embeds_all.shape, cols=cols,
+                     positions=cols if position_ids is None else position_ids,
+                     mask=ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention), run_step=run_step)
+
+
 def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int,
                position_ids: Optional[torch.Tensor] = None, document_ids: Optional[torch.Tensor] = None,
                attention: str = "auto", logits: bool = True):
@@ -239,19 +271,10 @@ def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps
     position_ids, document_ids [B, T] describe packed rows (positions restart at each document; attention stays
     within it); None is one document per row. `attention`: see specdraft.kernels.ttt_attention.ttt_mask.
     logits=False yields each step's hidden state [B, T, H] instead (draft.logits of it are the logits)."""
-    embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
-    batch, num_cols = embeds_all.shape[:2]
-    cols = torch.arange(num_cols, device=embeds_all.device)
-    positions = cols if position_ids is None else position_ids  # [T] or [B, T]
-    mask = ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention)
-    run_step = draft.step
-    if getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled():
-        run_step = _checkpointed(draft.step)
-    hidden, cache = _fused_features(draft, hidden_states), []
-    embeds_rows = _padded_rows(embeds_all.to(hidden.dtype), steps)  # [B*T + K, H]
+    ttt = ttt_inputs(draft, hidden_states, steps, position_ids, document_ids, attention)
+    hidden, cache = ttt.fused, []
     for step in range(steps):
-        embeds = _shifted(embeds_rows, step + 1, embeds_all.shape)  # token x[t+1+step]
-        hidden, kv = run_step(hidden, embeds, positions + step, cols, cache, mask=mask)
+        hidden, kv = ttt.run_step(hidden, ttt.embeds(step + 1), ttt.positions + step, ttt.cols, cache, mask=ttt.mask)
         cache.append(kv)
         yield draft.logits(hidden) if logits else hidden
 

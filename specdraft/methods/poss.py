@@ -39,7 +39,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError
-from specdraft.kernels.ttt_attention import ttt_mask
 from specdraft.layers import apply_rope, rope_cos_sin
 from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
 from specdraft.methods.eagle3 import (
@@ -49,11 +48,10 @@ from specdraft.methods.eagle3 import (
     Eagle3Draft,
     _fused_features,
     _hf_config,
-    _padded_rows,
-    _shifted,
     eagle3_feature_layers,
     eagle3_hf_keys,
     eagle3_loss,
+    ttt_inputs,
 )
 from specdraft.runtime.drafter import draft_visible
 
@@ -153,17 +151,9 @@ def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps:
     [B, T, H] with logits=False); column t of step i predicts x[t+2+i] and step i runs specialist_for(i).
     Packed rows, attention implementations and activation checkpointing as eagle3.ttt_unroll."""
     out = draft.logits if logits else (lambda hidden: hidden)
-    embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
-    batch, num_cols = embeds_all.shape[:2]
-    cols = torch.arange(num_cols, device=embeds_all.device)
-    positions = cols if position_ids is None else position_ids  # [T] or [B, T]
-    mask = ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention)
-    run_step = draft.step
-    if getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled():
-        run_step = _checkpointed(draft.step)
-    fused = _fused_features(draft, hidden_states)  # [B, T, H]
-    embeds_rows = _padded_rows(embeds_all.to(fused.dtype), steps)  # [B*T + K, H]
-    first_embeds = _shifted(embeds_rows, 1, embeds_all.shape)  # token x[t+1]
+    ttt = ttt_inputs(draft, hidden_states, steps, position_ids, document_ids, attention, _checkpointed)
+    fused, positions, cols, mask, run_step = ttt.fused, ttt.positions, ttt.cols, ttt.mask, ttt.run_step
+    first_embeds = ttt.embeds(1)  # token x[t+1]
     hidden, step0_kv = run_step(fused, first_embeds, positions, cols, [], mask=mask, specialist=0)
     prefix = PrefixKeys(draft, fused, first_embeds, positions)
     prefix.by_specialist[0] = step0_kv
@@ -171,7 +161,7 @@ def poss_unroll(draft: PossDraft, hidden_states: Dict[int, torch.Tensor], steps:
     drafted_kv: List[KV] = []
     for step in range(1, steps):
         specialist = draft.specialist_for(step)
-        embeds = _shifted(embeds_rows, step + 1, embeds_all.shape)  # token x[t+1+step]
+        embeds = ttt.embeds(step + 1)  # token x[t+1+step]
         hidden, kv = run_step(hidden, embeds, positions + step, cols, [prefix[specialist], *drafted_kv], mask=mask,
                               specialist=specialist)
         drafted_kv.append(kv)
