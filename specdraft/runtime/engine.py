@@ -59,6 +59,7 @@ class SpecEngine:
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
 
     # ---- pieces -------------------------------------------------------------------------------------------
@@ -150,10 +151,13 @@ class SpecEngine:
         prompt = torch.tensor(list(prompt_ids), device=self.device)
         generated = [self.prefill(prompt, temperature, generator)]
         result = GenerationResult(tokens=generated)
-        while not _finished(generated, eos_ids, max_new_tokens):
+        done = _finished(generated, generated, eos_ids, max_new_tokens)
+        while not done:
             out = self._cycle(temperature, generator)
             host = torch.cat([out.count, out.emitted]).tolist()  # the one host sync of a cycle
-            generated += host[1:1 + host[0]]
+            new_tokens = host[1:1 + host[0]]
+            generated += new_tokens
+            done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)
             if trace:
                 result.trace.append(_trace_row(out))
@@ -174,7 +178,6 @@ class SpecEngine:
                      temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> GenerationResult:
         """The target alone, one token per forward, in this runtime (static cache, CUDA graph on GPU)."""
         self._check_room(len(prompt_ids), max_new_tokens)
-        self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
@@ -185,10 +188,12 @@ class SpecEngine:
             step = self._graphs.get("plain") or self._graphs.setdefault(
                 "plain", CallGraph(self._plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
                                    example=(token,)))
-        while not _finished(generated, eos_ids, max_new_tokens):
+        done = _finished(generated, generated, eos_ids, max_new_tokens)
+        while not done:
             logits = step(token)
             token = sample_token(logits, temperature, generator)
             generated.append(int(token))
+            done = _finished(generated, generated[-1:], eos_ids, max_new_tokens)
         result = GenerationResult(tokens=_cut(generated, eos_ids, max_new_tokens))
         self._sync()
         result.seconds = time.perf_counter() - started
@@ -199,8 +204,9 @@ class SpecEngine:
             torch.cuda.synchronize(self.device)
 
 
-def _finished(generated: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> bool:
-    return len(generated) >= max_new_tokens or any(t in eos_ids for t in generated)
+def _finished(generated: List[int], new_tokens: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> bool:
+    """Whether to stop: enough tokens, or an EOS among the newest ones (the older ones were checked before)."""
+    return len(generated) >= max_new_tokens or any(t in eos_ids for t in new_tokens)
 
 
 def _cut(generated: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> List[int]:
