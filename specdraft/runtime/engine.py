@@ -5,7 +5,8 @@ One cycle, all on the device with static shapes (so that on a GPU it is one CUDA
   2. the target runs the tree's N nodes at cache slots P..P+N-1 with tree attention (P = confirmed tokens
      before the root), capturing the hidden states the drafter reads;
   3. acceptance: at T=0 the deepest path whose tokens are the target's argmax (`kernels.tree_verify`), at
-     T>0 recursive rejection sampling (`sampling.py`); the bonus token is the target's own next token;
+     T>0 recursive rejection sampling on the device (`sampling.py`, with uniforms drawn before the cycle);
+     the bonus token is the target's own next token;
   4. the accepted nodes' KV entries move to slots P..P+m (`kernels.kv_compact`) and their hidden states go to
      the drafter (`Drafter.ingest`); the bonus becomes the root.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
@@ -23,7 +24,7 @@ from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.tree_verify import verify_greedy
 from specdraft.runtime.drafter import Drafter
 from specdraft.runtime.graphs import CallGraph
-from specdraft.runtime.sampling import sample_token, verify_sampling
+from specdraft.runtime.sampling import draw_uniforms, sample_token, verify_sampling
 from specdraft.runtime.target import TargetModel
 from specdraft.runtime.tree import DraftTree, TreeShape, build_tree
 
@@ -116,15 +117,22 @@ class SpecEngine:
         accepted_nodes, accept_length, bonus = verify_greedy(logits, match_tokens, tree.parents, self.shape.depth)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
 
-    def _cycle_sampled(self, temperature: float, generator) -> CycleOutput:
+    def _cycle_sampled(self, temperature: float, uniforms: torch.Tensor) -> CycleOutput:
+        """uniforms [budget + 1]: the cycle's randomness (`sampling.draw_uniforms`)."""
         tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len)
         logits, captured = self._verify_forward(tree.tokens, self.prefix_len + tree.depths, tree.tree_mask)
-        accepted_nodes, accept_length, bonus = verify_sampling(logits, tree, self.shape.depth, temperature, generator)
+        accepted_nodes, accept_length, bonus = verify_sampling(logits, tree, self.shape.depth, temperature, uniforms)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
 
     def _cycle(self, temperature: float, generator) -> CycleOutput:
-        if temperature > 0:  # host-side walk over the tree: eager
-            return self._cycle_sampled(temperature, generator)
+        if temperature > 0:
+            uniforms = draw_uniforms(self.shape.budget, generator, self.device)
+            if not self.use_graphs:
+                return self._cycle_sampled(temperature, uniforms)
+            key = f"sampled@{temperature}"
+            graph = self._graphs.get(key) or self._graphs.setdefault(key, CallGraph(
+                lambda u: self._cycle_sampled(temperature, u), self._state_tensors(), example=(uniforms,)))
+            return graph(uniforms)
         if not self.use_graphs:
             return self._cycle_greedy()
         graph = self._graphs.get("cycle")

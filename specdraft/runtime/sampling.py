@@ -6,6 +6,12 @@ probability p_i(c_i), where p_1 = p and p_{i+1} is p_i with c_i removed and reno
 rejected, the bonus token is sampled from p_{k+1}. Then P(output = c_j) = p(c_j) and P(output = x) = p(x) for
 any other x: the output has exactly the target's distribution (recursive rejection sampling, as in SpecInfer,
 with point-mass drafts). The walk continues from an accepted child; a leaf's bonus is sampled from its p.
+
+`verify_sampling` runs the walk on the device with static shapes and no host sync, so that the whole T > 0
+cycle is captured in one CUDA graph like the greedy one. Its randomness comes in as a tensor of uniforms (one
+per node, for the test of that node as a child, and one for the bonus), drawn by the caller from its generator
+outside the graph. The sequential rule "accept c_i if u_i * (1 - p(c_1) - ... - p(c_{i-1})) < p(c_i)" is
+evaluated for all children at once with an exclusive cumulative sum; the first child that passes is accepted.
 """
 from __future__ import annotations
 
@@ -29,41 +35,51 @@ def sample_token(logits: torch.Tensor, temperature: float, generator: Optional[t
     return torch.multinomial(probs, 1, generator=generator)
 
 
-def _uniform(generator: Optional[torch.Generator]) -> float:
-    device = generator.device if generator is not None else "cpu"
-    return float(torch.rand(1, generator=generator, device=device))
+def draw_uniforms(num_nodes: int, generator: Optional[torch.Generator], device: torch.device) -> torch.Tensor:
+    """-> [num_nodes + 1] float32 uniforms in [0, 1) for `verify_sampling`, on `device`."""
+    source = generator.device if generator is not None else device
+    return torch.rand(num_nodes + 1, generator=generator, device=source).to(device)
 
 
-def _children(parents: List[int], valid: List[bool]) -> List[List[int]]:
-    kids: List[List[int]] = [[] for _ in parents]
-    for node, parent in enumerate(parents):
-        if parent >= 0 and valid[node]:
-            kids[parent].append(node)
-    return kids
+def _ban_rejected(probs: torch.Tensor, tokens: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """probs [V] without the tokens of the rejected nodes: tokens [N], rejected [N] bool -> [V] (unnormalised)."""
+    hits = torch.zeros_like(probs).index_add_(0, tokens, rejected.to(probs.dtype))  # [V] > 0 where banned
+    return torch.where(hits > 0, 0.0, probs)
+
+
+def _remaining_mass(probs: torch.Tensor) -> torch.Tensor:
+    """probs [N] of a node's children (0 elsewhere), in rank order -> [N]: the mass p_i still holds when node i
+    is tested, 1 - (sum of the probabilities of the children ranked before it)."""
+    return 1.0 - (torch.cumsum(probs, dim=0) - probs)
+
+
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """weights [V] >= 0 (unnormalised), uniform [1] -> [1] int64 index drawn with probability weights / sum."""
+    cdf = torch.cumsum(weights, dim=0)  # [V]
+    return torch.searchsorted(cdf, uniform * cdf[-1:], right=True).clamp(max=weights.shape[0] - 1)
 
 
 def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: int, temperature: float,
-                    generator: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """target_logits [N, V] -> (accepted_nodes [depth_limit + 1] (-1 padded), accept_length [1], bonus [1])."""
-    device = target_logits.device
+                    uniforms: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """target_logits [N, V], uniforms [N + 1] (`draw_uniforms`) -> (accepted_nodes [depth_limit + 1] (-1
+    padded), accept_length [1], bonus [1]). Static shapes, no host sync."""
     target_probs = torch.softmax(target_logits.float() / temperature, dim=-1)  # [N, V]
-    tokens = tree.tokens.tolist()
-    kids = _children(tree.parents.tolist(), tree.valid.tolist())
-    child_probs = target_probs[tree.parents.clamp(min=0), tree.tokens].tolist()  # p_parent(token) per node
-    path, node, rejected = [0], 0, []
-    while True:
-        remaining, accepted_child, rejected = 1.0, None, []
-        for child in kids[node]:
-            if _uniform(generator) * remaining < child_probs[child]:
-                accepted_child = child
-                break
-            remaining -= child_probs[child]
-            rejected.append(tokens[child])
-        if accepted_child is None:
-            break
-        path.append(accepted_child)
-        node = accepted_child
-    bonus = sample_token(target_logits[node:node + 1], temperature, generator, banned=rejected)
-    accepted = torch.full((depth_limit + 1,), -1, dtype=torch.long)
-    accepted[:len(path)] = torch.tensor(path)
-    return accepted.to(device), torch.tensor([len(path) - 1], device=device), bonus.to(device).view(1)
+    child_probs = target_probs[tree.parents.clamp(min=0), tree.tokens]  # [N] p_parent(token) per node
+    node_index = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)  # [N]
+    node = torch.zeros(1, dtype=torch.long, device=node_index.device)  # [1] the walk's current node
+    walking = torch.ones(1, dtype=torch.bool, device=node_index.device)
+    accepted = [node]
+    for _ in range(depth_limit):
+        is_child = (tree.parents == node) & tree.valid  # [N]
+        probs = torch.where(is_child, child_probs, 0.0)  # [N]
+        passes = is_child & (uniforms[:-1] * _remaining_mass(probs) < probs)  # [N]
+        step = walking & passes.any(dim=0, keepdim=True)  # [1]
+        child = torch.argmax(passes.to(torch.int8), dim=0, keepdim=True)  # [1] first passing child
+        accepted.append(torch.where(step, child, -1))
+        node = torch.where(step, child, node)
+        walking = step
+    accepted_nodes = torch.cat(accepted)  # [depth_limit + 1]
+    rejected = (tree.parents == node) & tree.valid  # [N] every child of the last node was rejected
+    weights = _ban_rejected(target_probs[node[0]], tree.tokens, rejected)  # [V]
+    bonus = _inverse_cdf(weights, uniforms[-1:])  # [1]
+    return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), bonus

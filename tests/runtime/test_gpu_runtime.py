@@ -39,3 +39,16 @@ def test_graphed_engine_equals_eager_engine(dtype, shape):
         assert graphed.decode_plain(prompt, 64).tokens == eager.decode_plain(prompt, 64).tokens
     if dtype == torch.float32:
         assert expected.tokens == eager.decode_plain(prompt, 64).tokens
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain(4), TreeShape(depth=4, topk=4, budget=16)])
+@torch.no_grad()
+def test_graphed_sampling_equals_eager_sampling(shape):
+    """T > 0: the captured cycle (sampling walk on the device) draws what the eager one draws, seed for seed."""
+    prompt = torch.randint(0, 300, (21,), generator=torch.Generator().manual_seed(1)).tolist()
+    _, eager = _engine(torch.float32, shape, use_graphs=False)
+    _, graphed = _engine(torch.float32, shape, use_graphs=True)
+    for seed in range(2):
+        runs = [engine.generate(prompt, 64, temperature=1.0,
+                                generator=torch.Generator(device="cuda").manual_seed(seed)) for engine in (eager, graphed)]
+        assert runs[1].tokens == runs[0].tokens and runs[1].accepted == runs[0].accepted

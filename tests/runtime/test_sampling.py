@@ -11,8 +11,8 @@ VOCAB, TRIALS = 6, 3000
 
 
 def _tree_and_logits():
-    """Root 0 with children tokens 2, 4 (nodes 1, 2); node 1 has children 1, 3 (nodes 3, 4)."""
-    tokens = torch.tensor([0, 2, 4, 1, 3])
+    """Root 0 with children tokens 4, 1 (nodes 1, 2); node 1 has children 1, 3 (nodes 3, 4)."""
+    tokens = torch.tensor([0, 4, 1, 1, 3])
     parents = torch.tensor([-1, 0, 0, 1, 1])
     generator = torch.Generator().manual_seed(3)
     logits = torch.randn(5, VOCAB, generator=generator) * 1.5
@@ -38,9 +38,10 @@ def _sample_counts():
     first = torch.zeros(VOCAB)
     second_after_node1 = torch.zeros(VOCAB)
     for _ in range(TRIALS):
-        out = _emitted(tree, logits, *sampling.verify_sampling(logits, tree, 2, 1.0, generator))
+        uniforms = sampling.draw_uniforms(tree.tokens.shape[0], generator, torch.device("cpu"))
+        out = _emitted(tree, logits, *sampling.verify_sampling(logits, tree, 2, 1.0, uniforms))
         first[out[0]] += 1
-        if len(out) > 1 and out[0] == 2:  # node 1 accepted: the next token is drawn at node 1
+        if len(out) > 1 and out[0] == 4:  # node 1 accepted: the next token is drawn at node 1
             second_after_node1[out[1]] += 1
     return logits, first, second_after_node1
 
@@ -56,12 +57,16 @@ def test_emitted_tokens_follow_the_target_distribution():
 
 
 def test_a_broken_acceptance_rule_is_caught(monkeypatch):
-    real = sampling.sample_token
+    def forgets_rejected(probs, tokens, rejected):  # the bonus may resample a rejected child
+        return probs
 
-    def forgets_rejected(logits, temperature, generator=None, banned=None):  # resamples rejected children
-        return real(logits, temperature, generator, banned=None)
+    monkeypatch.setattr(sampling, "_ban_rejected", forgets_rejected)
+    logits, first, _ = _sample_counts()
+    assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
 
-    monkeypatch.setattr(sampling, "sample_token", forgets_rejected)
+
+def test_a_walk_that_forgets_earlier_rejections_is_caught(monkeypatch):
+    monkeypatch.setattr(sampling, "_remaining_mass", torch.ones_like)  # later children accepted too rarely
     logits, first, _ = _sample_counts()
     assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
 
