@@ -16,7 +16,7 @@ import torch
 
 from specdraft.config import TrainConfig
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
-from specdraft.train.features import OnlineFeatures
+from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 
 
 class DraftModule(L.LightningModule):
@@ -28,6 +28,7 @@ class DraftModule(L.LightningModule):
         if isinstance(features, torch.nn.Module):
             features = OnlineFeatures(features, self.feature_layers)
         self.features = features  # holds the frozen target, not a submodule: never checkpointed
+        self.sharded_target = None  # ZeRO-3 with train.shard_target: the target, a submodule the engine gathers
         self.draft = None
         self._val_metrics = defaultdict(list)
         self._tokens_seen, self._fit_started = 0, None
@@ -38,6 +39,7 @@ class DraftModule(L.LightningModule):
         return getattr(self.features, "model", None)
 
     def configure_model(self):  # Lightning hook (sharded init); idempotent
+        self._build_sharded_target()
         if self.draft is None:
             self.draft = self.spec.build(self.method_cfg, self.ctx)
             if self.spec.initialize is not None:  # a resumed run's checkpoint overwrites it afterwards
@@ -45,6 +47,15 @@ class DraftModule(L.LightningModule):
                     self.spec.initialize(self.draft, self.method_cfg, self.ctx)
             if self.spec.bind_target is not None:
                 self.spec.bind_target(self.draft, self.target_model)
+
+    def _build_sharded_target(self):
+        """Under ZeRO-3 with a sharded target: build it here, inside zero.Init, as a submodule, so that DeepSpeed
+        partitions its weights and gathers them layer by layer in each forward. It is frozen (outside the
+        optimizer), left out of checkpoints (exclude_frozen_parameters) and rebuilt from its weights on resume."""
+        if not isinstance(self.features, ShardedOnlineFeatures) or self.sharded_target is not None:
+            return
+        self.sharded_target = self.features.build(self.trainer.strategy.config)
+        self.strict_loading = False  # checkpoints hold the draft only
 
     def on_fit_start(self):
         self.features.setup(self.device, self.global_rank)  # the frozen target in bf16 on GPUs
@@ -73,11 +84,11 @@ class DraftModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
-        for name, value in result.metrics.items():
-            self._val_metrics[name].append(float(value))
+        for name, value in result.metrics.items():  # kept on the device: no sync per batch
+            self._val_metrics[name].append(torch.as_tensor(value, device=self.device).detach().float())
 
     def on_validation_epoch_end(self):
-        means = {f"val/{k}": float(np.mean(v)) for k, v in self._val_metrics.items()}
+        means = {f"val/{k}": float(torch.stack(v).mean()) for k, v in self._val_metrics.items()}
         self._val_metrics.clear()
         for name, value in means.items():  # sync_dist averages the ranks' means
             self.log(name, value, prog_bar=name == "val/tau_sim", sync_dist=True)
