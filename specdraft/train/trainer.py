@@ -39,6 +39,14 @@ from specdraft.train.timing import StepTimes
 
 log = logging.getLogger(__name__)
 
+DEEPSPEED_NO_STEP_SYNCS = {"timers": {"throughput": {"enabled": False, "synchronized": False}},
+                           "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
+"""DeepSpeed's throughput timer synchronizes the device at every forward and step by default (two host stalls a
+step) and prints every 10 steps: the trainer logs its own rates (logs/step_times.csv)."""
+ZERO3_PREFETCH_ELEMENTS = 500_000_000
+"""ZeRO-3 prefetch bucket (elements): about two Llama-3.1-8B decoder layers, so that the all-gather of the next
+layer overlaps the current one's compute (DeepSpeed's default, 5e7, is a quarter of one layer)."""
+
 
 class DraftSnapshots(Callback):
     """After each validation, write last/ and (when val/tau_sim improves) best/ draft weights atomically."""
@@ -93,8 +101,12 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str]):
         return cfg.strategy
     if not torch.cuda.is_available():
         raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
-    return ReshardingDeepSpeedStrategy(stage=int(cfg.strategy[-1]), resume_from=resume_from,
-                                       exclude_frozen_parameters=True)
+    stage = int(cfg.strategy[-1])
+    strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, exclude_frozen_parameters=True)
+    strategy.config.update(DEEPSPEED_NO_STEP_SYNCS)
+    if stage == 3:  # gather the next layers of a partitioned target while this one runs
+        strategy.config["zero_optimization"]["stage3_prefetch_bucket_size"] = ZERO3_PREFETCH_ELEMENTS
+    return strategy
 
 
 def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
