@@ -162,19 +162,31 @@ def estimated_weight_bytes(info: TargetInfo, dtype: torch.dtype) -> int:
     return params * torch.tensor([], dtype=dtype).element_size()
 
 
-def load_sharded_target(cfg: TargetConfig, deepspeed_config: dict, torch_dtype: torch.dtype) -> torch.nn.Module:
+def zero3_config(torch_dtype: torch.dtype) -> dict:
+    """The DeepSpeed configuration that partitions a frozen model with ZeRO-3 in `torch_dtype` (no optimizer:
+    the training engine's own configuration governs how its forward gathers the weights)."""
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+            "bf16": {"enabled": torch_dtype == torch.bfloat16}, "fp16": {"enabled": torch_dtype == torch.float16}}
+
+
+def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn.Module:
     """The frozen target built inside DeepSpeed's zero.Init (ZeRO-3, train.shard_target): each rank keeps 1/N
-    of every weight. Call it within Lightning's model_sharded_context (LightningModule.configure_model), once
-    the ranks' process group exists. Transformers reads each weight file and writes every tensor straight into
-    its partitions while an HfDeepSpeedConfig of the run's DeepSpeed config is alive."""
+    of every weight, in `torch_dtype` whatever the training precision. Call it once the ranks' process group
+    exists and outside any other zero.Init (LightningModule.setup). Transformers reads each weight file and
+    writes every tensor straight into its partitions while an HfDeepSpeedConfig of the same configuration is
+    alive."""
+    import deepspeed
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
     source = _local_or_hub(cfg)
-    zero3 = HfDeepSpeedConfig(copy.deepcopy(deepspeed_config))  # noqa: F841 (transformers keeps a weak reference)
+    config = zero3_config(torch_dtype)
+    zero3 = HfDeepSpeedConfig(copy.deepcopy(config))  # noqa: F841 (transformers keeps a weak reference)
     try:
-        model = random_model(source, cfg, torch_dtype) if cfg.random_init else AutoModelForCausalLM.from_pretrained(
-            source, revision=cfg.revision, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
+        with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch_dtype):
+            model = random_model(source, cfg, torch_dtype) if cfg.random_init else \
+                AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError, RuntimeError) as err:
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
     finally:

@@ -71,19 +71,20 @@ class OnlineFeatures:
 
 
 class ShardedOnlineFeatures(OnlineFeatures):
-    """Online features from a target partitioned by ZeRO-3 (train.shard_target): the module's configure_model
-    calls `build` inside DeepSpeed's zero.Init and registers the target as its submodule, so DeepSpeed's engine
-    gathers each layer's weights as it runs (and prefetches the next); the engine's optimizer never sees them
-    (frozen). The LM head, which the loss reads outside any forward, is gathered once into a whole copy."""
+    """Online features from a target partitioned by ZeRO-3 (train.shard_target): the module's setup hook calls
+    `build` (DeepSpeed's zero.Init: each rank keeps 1/N of every weight) and registers the target as its
+    submodule, so that DeepSpeed's engine gathers each layer's weights as it runs (and prefetches the next); the
+    engine's optimizer never sees them (frozen). The LM head, which the loss reads outside any forward, is
+    gathered once into a whole copy on every GPU."""
 
-    def __init__(self, build: Callable[[dict], torch.nn.Module], layers: List[int]):
+    def __init__(self, build: Callable[[], torch.nn.Module], layers: List[int]):
         super().__init__(None, layers)
         self.build_target, self.lm_head = build, None
 
-    def build(self, deepspeed_config: dict) -> torch.nn.Module:
-        """The partitioned target (built once); call within the strategy's model_sharded_context."""
+    def build(self) -> torch.nn.Module:
+        """The partitioned target (built once), once the ranks' process group exists."""
         if self.model is None:
-            self.model = self.build_target(deepspeed_config)
+            self.model = self.build_target()
             self.lm_head = whole_copy(self.model.get_output_embeddings().weight)  # [V, H] on this rank's GPU
         return self.model
 
@@ -312,7 +313,7 @@ def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):
 
     info = load_target_info(recipe.target)
     dtype = feature_dtype(recipe.target, device)
-    source = ShardedOnlineFeatures(lambda config: load_sharded_target(recipe.target, config, dtype),
+    source = ShardedOnlineFeatures(lambda: load_sharded_target(recipe.target, dtype),
                                    spec.feature_layers(recipe.method, info))
     return source, info
 
@@ -347,7 +348,7 @@ def _hybrid(recipe: Recipe, spec: MethodSpec, dataset, device: torch.device):
 def build_features(recipe: Recipe, spec: MethodSpec, dataset, distill_dirs: List[str], device: torch.device,
                    shard_target: bool = False):
     """-> (feature source, the dataset the DataLoader reads, TargetInfo, DataModule class) for data.features.
-    `shard_target` (online only): the target is built later, partitioned, by the module's configure_model."""
+    `shard_target` (online only): the target is built later, partitioned, by the module's setup hook."""
     from specdraft.target.heads import load_target_heads
     from specdraft.target.load import load_target_info
 

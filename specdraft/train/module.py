@@ -39,8 +39,10 @@ class DraftModule(L.LightningModule):
         """The frozen target when features are computed online, else None."""
         return getattr(self.features, "model", None)
 
-    def configure_model(self):  # Lightning hook (sharded init); idempotent
+    def setup(self, stage: str):  # Lightning hook: the ranks' process group exists, no zero.Init is active
         self._build_sharded_target()
+
+    def configure_model(self):  # Lightning hook (sharded init); idempotent
         if self.draft is None:
             self.draft = self.spec.build(self.method_cfg, self.ctx)
             if self.spec.initialize is not None:  # a resumed run's checkpoint overwrites it afterwards
@@ -50,12 +52,14 @@ class DraftModule(L.LightningModule):
                 self.spec.bind_target(self.draft, self.target_model)
 
     def _build_sharded_target(self):
-        """Under ZeRO-3 with a sharded target: build it here, inside zero.Init, as a submodule, so that DeepSpeed
-        partitions its weights and gathers them layer by layer in each forward. It is frozen (outside the
-        optimizer), left out of checkpoints (exclude_frozen_parameters) and rebuilt from its weights on resume."""
+        """Under ZeRO-3 with a sharded target: build it partitioned (its own zero.Init, in the target's dtype
+        whatever the training precision) as a submodule, so that DeepSpeed's engine gathers its weights layer
+        by layer in each forward. It is frozen (outside the optimizer), left out of checkpoints
+        (exclude_frozen_parameters) and rebuilt from its weights on resume. Built before configure_model, whose
+        draft the DeepSpeed strategy creates under a zero.Init of the training precision."""
         if not isinstance(self.features, ShardedOnlineFeatures) or self.sharded_target is not None:
             return
-        self.sharded_target = self.features.build(self.trainer.strategy.config)
+        self.sharded_target = self.features.build()
         self.strict_loading = False  # checkpoints hold the draft only
 
     def on_fit_start(self):
