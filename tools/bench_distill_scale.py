@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,16 +40,19 @@ def _environment(args, index: int) -> dict:
 
 
 def _wait_all(processes: list, timeout: float) -> None:
-    """Wait for every worker until one shared deadline; on timeout stop them all and raise."""
+    """Wait for every worker until one shared deadline; then (on timeout too) kill whatever is left of each
+    worker's process group, so that no stray process holds a GPU for the next worker count."""
     deadline = time.monotonic() + timeout
     try:
         for process in processes:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
+    finally:
         for process in processes:
-            process.kill()
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group has exited already
             process.wait()
-        raise
 
 
 def run_workers(args, count: int) -> dict:
@@ -62,7 +66,7 @@ def run_workers(args, count: int) -> dict:
                 f"distill.output_dir={out}", f"distill.num_workers={count}", f"distill.worker_index={index}"]
         with open(logs / f"workers-{count}-{index}.log", "w") as log:
             processes.append(subprocess.Popen(argv, cwd=REPO, env=_environment(args, index), stdout=log,
-                                              stderr=subprocess.STDOUT))
+                                              stderr=subprocess.STDOUT, start_new_session=True))
     _wait_all(processes, args.timeout)
     failed = [i for i, process in enumerate(processes) if process.returncode != 0]
     if failed:

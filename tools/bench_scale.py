@@ -25,6 +25,7 @@ import argparse
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,6 +114,26 @@ def _environment(device: str) -> dict:
     return env
 
 
+def run_process_group(argv: list, env: dict, log, timeout: float) -> int:
+    """Run `argv` in a process group of its own -> its exit code; whatever is left of the group afterwards (the
+    ranks Lightning started, after a crash or the timeout) is killed, so the GPUs are free for the next run.
+    Raises subprocess.TimeoutExpired after `timeout` seconds."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group has exited already
+    process.wait()
+
+
 def _tail(path: Path, lines: int = 8) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
@@ -124,11 +145,10 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
     log_path = args.out / "logs" / f"{strategy.replace(':', '-')}-{gpus}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        done = subprocess.run(train_argv(work, args.recipe, strategy, gpus, args), cwd=REPO,
-                              env=_environment(args.device), stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"exit {done.returncode}: {_tail(log_path, 3)}")
+        returncode = run_process_group(train_argv(work, args.recipe, strategy, gpus, args),
+                                       _environment(args.device), log, args.timeout)
+    if returncode != 0:
+        raise RuntimeError(f"exit {returncode}: {_tail(log_path, 3)}")
     rows = read_step_times(run_dir(work, strategy, gpus) / "logs" / "step_times.csv")
     rate = steady_rate(rows, args.warmup)
     if rate is None:
