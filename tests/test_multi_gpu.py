@@ -2,15 +2,18 @@
 the target partitioned, train.shard_target=true; the resumed run with a whole copy: checkpoints hold the draft
 only, so either setting resumes the other).
 
-Each case is two `specdraft train` processes: 2 steps on 2 GPUs (micro-batch 2), saved, then resumed on 1 GPU
-(micro-batch 4) to step 4. The reference is one uninterrupted 4-step run on 1 GPU (micro-batch 4), in this
-process, shared by the cases. Every distilled row has the same length and the same answer tokens, so the
-2-GPU mean of per-rank losses is the 1-GPU loss, and the runs agree up to float32 rounding: the resumed
-weights must be within 5% of the reference's last two updates (losing the AdamW moments or the data position
-changes them by far more). Tiny model, float32, reference kernels (no compiles): about 7 process starts.
+Each case launches one `specdraft train` process: 2 steps on 2 GPUs (micro-batch 2), saved; the run is then
+resumed in this process on 1 GPU (micro-batch 4) to step 4. The reference is one uninterrupted 4-step run on
+1 GPU (micro-batch 4), in this process, shared by the cases. Every distilled row has the same length and the
+same answer tokens, so the 2-GPU mean of per-rank losses is the 1-GPU loss, and the runs agree up to float32
+rounding: the resumed weights must be within 1% of the reference's last two updates (losing the AdamW moments
+or the data position changes them by far more; the same comparison of ddp on 2 and 1 CPU processes differs by
+3e-7). Tiny model, float32, reference kernels (no compiles): three
+process launches in all.
 
     python -m pytest -q tests/test_multi_gpu.py -k deepspeed_stage_3
 """
+import logging
 import os
 import subprocess
 import sys
@@ -32,30 +35,39 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch.cuda.device_count() < 2)")]
 
 
+LAUNCHER_VARIABLES = ("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_")
+"""Set in this process by an in-process run (DeepSpeed's strategy exports them): a launched run that saw them
+would believe its ranks were started for it, and wait for them."""
+
+
 def _environment() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES)}
     env.update(PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}", SPECDRAFT_KERNELS="reference")
     return env
 
 
-def train(recipe_path: Path, gpus: int, *overrides: str) -> str:
-    """`specdraft train` on `gpus` GPUs (Lightning starts the ranks) -> its log."""
-    argv = [sys.executable, "-m", "specdraft.cli", "train", str(recipe_path), f"train.devices={gpus}",
-            f"train.micro_batch_size={GLOBAL_BATCH // gpus}", *overrides]
+def train_on_two_gpus(recipe_path: Path, *overrides: str) -> None:
+    """`specdraft train` on 2 GPUs (Lightning starts the second rank)."""
+    argv = [sys.executable, "-m", "specdraft.cli", "train", str(recipe_path), "train.devices=2",
+            f"train.micro_batch_size={GLOBAL_BATCH // 2}", *overrides]
     done = subprocess.run(argv, cwd=REPO, env=_environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    return done.stderr
+
+
+def train_on_one_gpu(recipe_path: Path, *overrides: str) -> None:
+    """`specdraft train` on 1 GPU in this process (reference kernels, as the launched runs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDRAFT_KERNELS", "reference")
+        run_train(load_recipe(recipe_path, ["train.devices=1", f"train.micro_batch_size={GLOBAL_BATCH}",
+                                            *overrides]))
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_target_dir, distilled) -> dict:
     """The uninterrupted run: 4 steps on 1 GPU, in this process -> its last draft weights."""
     work = tmp_path_factory.mktemp("reference")
-    recipe_path = make_recipe(work, tiny_target_dir, distilled, **SETTINGS)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SPECDRAFT_KERNELS", "reference")
-        run_train(load_recipe(recipe_path, ["train.devices=1", f"train.micro_batch_size={GLOBAL_BATCH}",
-                                            "train.max_steps=4"]))
+    train_on_one_gpu(make_recipe(work, tiny_target_dir, distilled, **SETTINGS), "train.max_steps=4")
     return load_file(work / "run" / "last" / "draft.safetensors")
 
 
@@ -68,14 +80,15 @@ def resume_message(strategy: str) -> str:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2", "deepspeed_stage_3"])
-def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, reference, strategy):
+def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, reference, strategy, caplog):
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, strategy=strategy, **SETTINGS)
     sharded = ["train.shard_target=true"] if strategy == "deepspeed_stage_3" else []
-    train(recipe_path, 2, *sharded)
+    train_on_two_gpus(recipe_path, *sharded)
     at_step_2 = load_file(tmp_path / "run" / "last" / "draft.safetensors")
-    log = train(recipe_path, 1, "train.max_steps=4", "train.shard_target=false")
-    assert f"at step 2: draft weights, AdamW state ({resume_message(strategy)})" in log
-    assert "data position (global sample 8)" in log
+    with caplog.at_level(logging.INFO, logger="specdraft.train.trainer"):
+        train_on_one_gpu(recipe_path, "train.max_steps=4", "train.shard_target=false")
+    assert f"at step 2: draft weights, AdamW state ({resume_message(strategy)})" in caplog.text
+    assert "data position (global sample 8)" in caplog.text
     resumed = load_file(tmp_path / "run" / "last" / "draft.safetensors")
     for name, weight in reference.items():
         if not weight.is_floating_point():
@@ -83,4 +96,4 @@ def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, refer
             continue
         update = (weight - at_step_2[name]).abs().mean()
         assert update > 0, name
-        assert (resumed[name] - weight).abs().mean() <= 0.05 * update, name
+        assert (resumed[name] - weight).abs().mean() <= 0.01 * update, name
