@@ -231,7 +231,9 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     quantized = quantization_config(cfg, device, torch_dtype) if quantize else None
-    placement = {"quantization_config": quantized, "device_map": {"": cuda_index(device)}} if quantized else {}
+    placement = {"quantization_config": quantized} if quantized else {}
+    if torch.device(device).type == "cuda":  # each tensor read straight onto the GPU: no whole copy in host memory
+        placement["device_map"] = {"": cuda_index(device)}
     try:
         model = random_model(source, cfg, torch_dtype, device) if cfg.random_init else \
             AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,

@@ -308,7 +308,7 @@ def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):
 
 
 def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):
-    """Online features from a target that configure_model builds partitioned (ZeRO-3, train.shard_target)."""
+    """Online features from a target that the module's setup hook builds partitioned (ZeRO-3, shard_target)."""
     from specdraft.target.load import load_sharded_target, load_target_info
 
     info = load_target_info(recipe.target)

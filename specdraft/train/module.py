@@ -62,6 +62,14 @@ class DraftModule(L.LightningModule):
         self.sharded_target = self.features.build()
         self.strict_loading = False  # checkpoints hold the draft only
 
+    def train(self, mode: bool = True):
+        """Lightning puts the module in training mode at every fit and after every validation; the frozen
+        target, a submodule when sharded, stays in eval mode (no dropout)."""
+        super().train(mode)
+        if self.sharded_target is not None:
+            self.sharded_target.eval()
+        return self
+
     def on_fit_start(self):
         self.features.setup(self.device, self.global_rank)  # the frozen target in bf16 on GPUs
         for module in self.draft.modules():  # ZeRO-3 moves parameters but leaves buffers where they were built
