@@ -21,6 +21,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
 QUANTIZATIONS = ("none", "8bit", "4bit")
 FEATURE_MODES = ("online", "offline", "hybrid")
+SHARD_TARGET = ("auto", "true", "false")
 
 
 def _check_choice(what: str, value: str, valid) -> None:
@@ -155,9 +156,21 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute the draft layers' activations in the backward instead of keeping them: less GPU memory (long
     sequences, large drafts) for about a tenth more draft compute. The frozen target never keeps activations."""
+    shard_target: str = "auto"
+    """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
+    ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
+    the layers as they run: about the target's bf16 size in communication per rank and step), false keeps a
+    whole bf16 copy on every GPU outside DeepSpeed's engine (no communication, the target's full size in memory
+    on each GPU). auto shards when the target's weights would take more than half of a GPU's memory. Other
+    strategies and features always replicate; true is an error with them."""
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)
+        self.shard_target = str(self.shard_target).lower()
+        _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
+        if self.shard_target == "true" and self.strategy != "deepspeed_stage_3":
+            raise SpecdraftError(f"train.shard_target=true partitions the target with ZeRO-3: it needs "
+                                 f"train.strategy=deepspeed_stage_3, got {self.strategy} (or train.shard_target=false)")
 
 
 @dataclass
@@ -191,6 +204,17 @@ class Recipe:
     distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        if self.train.shard_target != "true":
+            return
+        if self.data.features != "online":
+            raise SpecdraftError(f"train.shard_target=true needs data.features=online (the whole target runs in "
+                                 f"each step), got {self.data.features}; use train.shard_target=false")
+        if self.target.quantization != "none":
+            raise SpecdraftError(f"train.shard_target=true cannot partition bitsandbytes weights "
+                                 f"(target.quantization={self.target.quantization}); use train.shard_target=false "
+                                 f"or target.quantization=none")
 
 
 SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,

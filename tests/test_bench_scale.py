@@ -1,6 +1,6 @@
 """The scaling benchmarks in tiny CPU configurations: tools/bench_scale.py (ddp on 1 and 2 processes, the real
-`specdraft train` path on a random-weight target and synthetic rows) and tools/bench_distill_scale.py (1 and 2
-distill-data workers on a tiny target). Several processes each (about 30 s)."""
+`specdraft train` path on a random-weight target and synthetic rows; a failing configuration recorded) and
+tools/bench_distill_scale.py (1 and 2 distill-data workers on a tiny target). Several processes each."""
 import json
 import sys
 from pathlib import Path
@@ -12,22 +12,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import bench_scale  # noqa: E402
 
 
-def test_steady_rate_from_the_training_log(tmp_path):
-    metrics = tmp_path / "metrics.csv"
-    # 100 tokens a step; step s ends at 2 + 0.5 (s + 1) seconds: cumulative rate = 100 (s + 1) / elapsed
-    rows = [f"{s},{100 * (s + 1) / (2 + 0.5 * (s + 1))}" for s in range(10)]
-    metrics.write_text("step,train/tokens_per_s\n" + "\n".join(rows) + "\n,\n")
-    assert bench_scale.steady_tokens_per_s(metrics, tokens_per_step=100, warmup=3) == pytest.approx(200.0)
-
-
 @pytest.mark.slow
 def test_tiny_cpu_run(tmp_path, capsys):
-    report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "4", "--warmup", "2",
-                               "--rows", "16", "--out", str(tmp_path)])
+    """ddp on 1 and 2 processes measured; a DeepSpeed configuration fails on the CPU, is recorded, and the
+    benchmark goes on."""
+    report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "3", "--warmup", "1",
+                               "--rows", "16", "--strategies", "deepspeed_stage_2,ddp", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "bench_scale.json").read_text()) == report
-    assert [(r["strategy"], r["gpus"]) for r in report["results"]] == [("ddp", 1), ("ddp", 2)]
-    assert all(r["tokens_per_s"] > 0 for r in report["results"])
-    assert report["results"][0]["efficiency"] == 1.0 and 0 < report["results"][1]["efficiency"]
+    results = report["results"]
+    assert [(r["strategy"], r["gpus"]) for r in results] == [("deepspeed_stage_2", 1), ("deepspeed_stage_2", 2),
+                                                             ("ddp", 1), ("ddp", 2)]
+    assert all("needs CUDA GPUs" in r["status"] and r["efficiency"] is None for r in results[:2])
+    measured = results[2:]
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["timed_steps"] == 3 for r in measured)
+    assert measured[0]["efficiency"] == 1.0 and 0 < measured[1]["efficiency"]
     assert report["target"]["rope_scaling"]["rope_type"] == "llama3"
     assert "efficiency" in capsys.readouterr().out
 
@@ -42,9 +40,9 @@ def test_distill_scale_tiny_cpu(tmp_path, tiny_target_dir):
                  "distill.max_new_tokens=4", "distill.shard_size=2", "distill.batch_size=2"]
     report = bench_distill_scale.main(["--device", "cpu", "--workers", "1,2", "--out", str(tmp_path / "out"), "--",
                                        *overrides])
-    assert [r["workers"] for r in report["results"]] == [1, 2]
+    assert [(r["workers"], r["status"]) for r in report["results"]] == [(1, "ok"), (2, "ok")]
     first, second = report["results"]
     assert first["counts"] == second["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
     assert first["generated_tokens"] == second["generated_tokens"] > 0  # greedy: the same answers
-    assert first["efficiency"] == 1.0 and second["tokens_per_s"] > 0
+    assert first["efficiency"] == first["efficiency_generate"] == 1.0 and second["tokens_per_s"] > 0
     assert json.loads((tmp_path / "out" / "bench_distill_scale.json").read_text()) == report

@@ -1,13 +1,20 @@
-"""Resuming a run on another number of GPUs (marker `gpu`; needs 2 GPUs): ZeRO-2 and ZeRO-3 through DeepSpeed's
-universal checkpoint, and DDP. Each case trains 2 steps on A GPUs, then continues to step 4 from a copy of the
-run on A GPUs (the reference) and on B GPUs, with the same global batch (4 rows: micro-batch 4 / GPUs). The two
-must agree: the B run's last two updates within 5% of the reference's (losing the AdamW moments would change
-them by far more). Float32 draft. Three `specdraft train` processes per case, about a minute on an H100 pair.
+"""Training on 2 GPUs and resuming on 1 (marker `gpu`; needs 2 GPUs): DDP, ZeRO-2 and ZeRO-3 (its 2-GPU run with
+the target partitioned, train.shard_target=true; the resumed run with a whole copy: checkpoints hold the draft
+only, so either setting resumes the other).
 
-    python -m pytest -q tests/test_multi_gpu.py -k deepspeed_stage_2     # both directions
+Each case launches one `specdraft train` process: 2 steps on 2 GPUs (micro-batch 2), saved; the run is then
+resumed in this process on 1 GPU (micro-batch 4) to step 4. The reference is one uninterrupted 4-step run on
+1 GPU (micro-batch 4), in this process, shared by the cases. Every distilled row has the same length and the
+same answer tokens, so the 2-GPU mean of per-rank losses is the 1-GPU loss, and the runs agree up to float32
+rounding: the resumed weights must be within 1% of the reference's last two updates (losing the AdamW moments
+or the data position changes them by far more; the same comparison of ddp on 2 and 1 CPU processes differs by
+3e-7). Tiny model, float32, reference kernels (no compiles): three
+process launches in all.
+
+    python -m pytest -q tests/test_multi_gpu.py -k deepspeed_stage_3
 """
+import logging
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,55 +23,77 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specdraft.config import load_recipe
+from specdraft.train.trainer import run_train
 from tests.test_train_export_eval import make_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 4
+SETTINGS = dict(max_steps=2, val_every_steps=2, resume="auto", precision="32-true")
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch.cuda.device_count() < 2)")]
 
 
-def train(recipe_path: Path, gpus: int, *overrides: str) -> str:
-    """`specdraft train` on `gpus` GPUs (Lightning starts the ranks) -> its log."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    argv = [sys.executable, "-m", "specdraft.cli", "train", str(recipe_path), f"train.devices={gpus}",
-            f"train.micro_batch_size={GLOBAL_BATCH // gpus}", *overrides]
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+LAUNCHER_VARIABLES = ("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_")
+"""Set in this process by an in-process run (DeepSpeed's strategy exports them): a launched run that saw them
+would believe its ranks were started for it, and wait for them."""
+
+
+def _environment() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES)}
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}", SPECDRAFT_KERNELS="reference")
+    return env
+
+
+def train_on_two_gpus(recipe_path: Path, *overrides: str) -> None:
+    """`specdraft train` on 2 GPUs (Lightning starts the second rank)."""
+    argv = [sys.executable, "-m", "specdraft.cli", "train", str(recipe_path), "train.devices=2",
+            f"train.micro_batch_size={GLOBAL_BATCH // 2}", *overrides]
+    done = subprocess.run(argv, cwd=REPO, env=_environment(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    return done.stderr
 
 
-def resume_message(strategy: str, first: int, second: int) -> str:
-    """How the trainer's log line says the AdamW state came back."""
+def train_on_one_gpu(recipe_path: Path, *overrides: str) -> None:
+    """`specdraft train` on 1 GPU in this process (reference kernels, as the launched runs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDRAFT_KERNELS", "reference")
+        run_train(load_recipe(recipe_path, ["train.devices=1", f"train.micro_batch_size={GLOBAL_BATCH}",
+                                            *overrides]))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_target_dir, distilled) -> dict:
+    """The uninterrupted run: 4 steps on 1 GPU, in this process -> its last draft weights."""
+    work = tmp_path_factory.mktemp("reference")
+    train_on_one_gpu(make_recipe(work, tiny_target_dir, distilled, **SETTINGS), "train.max_steps=4")
+    return load_file(work / "run" / "last" / "draft.safetensors")
+
+
+def resume_message(strategy: str) -> str:
+    """How the trainer's log line says the AdamW state saved on 2 GPUs came back on 1."""
     if strategy == "ddp":
-        return f"full state, saved at world size {first}, loaded at world size {second}"
-    if first == second:
-        return f"ZeRO partitions loaded as saved, world size {second}"
-    return (f"ZeRO-{strategy[-1]} partitions of world size {first} re-partitioned for world size {second} "
+        return "full state, saved at world size 2, loaded at world size 1"
+    return (f"ZeRO-{strategy[-1]} partitions of world size 2 re-partitioned for world size 1 "
             f"through a DeepSpeed universal checkpoint")
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3", "ddp"])
-@pytest.mark.parametrize("first, second", [(1, 2), (2, 1)], ids=["1to2", "2to1"])
-def test_resume_on_another_number_of_gpus(tmp_path, tiny_target_dir, distilled, strategy, first, second):
-    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
-                              strategy=strategy, resume="auto", precision="32-true")
-    run, reference = tmp_path / "run", tmp_path / "reference"
-    train(recipe_path, first)
-    shutil.copytree(run, reference)
-    at_step_2 = load_file(run / "last" / "draft.safetensors")
-    reference_log = train(recipe_path, first, "train.max_steps=4", f"train.output_dir={reference}")
-    log = train(recipe_path, second, "train.max_steps=4")
-    assert f"at step 2: draft weights, AdamW state ({resume_message(strategy, first, first)})" in reference_log
-    assert f"at step 2: draft weights, AdamW state ({resume_message(strategy, first, second)})" in log
-    assert "data position (global sample 8)" in log
-    expected, resumed = (load_file(path / "last" / "draft.safetensors") for path in (reference, run))
-    for name, weight in expected.items():
+@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, reference, strategy, caplog):
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, strategy=strategy, **SETTINGS)
+    sharded = ["train.shard_target=true"] if strategy == "deepspeed_stage_3" else []
+    train_on_two_gpus(recipe_path, *sharded)
+    at_step_2 = load_file(tmp_path / "run" / "last" / "draft.safetensors")
+    with caplog.at_level(logging.INFO, logger="specdraft.train.trainer"):
+        train_on_one_gpu(recipe_path, "train.max_steps=4", "train.shard_target=false")
+    assert f"at step 2: draft weights, AdamW state ({resume_message(strategy)})" in caplog.text
+    assert "data position (global sample 8)" in caplog.text
+    resumed = load_file(tmp_path / "run" / "last" / "draft.safetensors")
+    for name, weight in reference.items():
         if not weight.is_floating_point():
             assert torch.equal(resumed[name], weight), name
             continue
         update = (weight - at_step_2[name]).abs().mean()
         assert update > 0, name
-        assert (resumed[name] - weight).abs().mean() <= 0.05 * update, name
+        assert (resumed[name] - weight).abs().mean() <= 0.01 * update, name

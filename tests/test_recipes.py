@@ -49,12 +49,25 @@ BASE = "method: {name: eagle3}\n"
     (BASE + "train: {strategy: fsdp9}\n", [], "unknown train.strategy 'fsdp9'; valid: auto, ddp, deepspeed_stage_1"),
     ("data: {}\n", [], "recipe has no method.name"),
     (BASE, ["train.max_steps"], "override 'train.max_steps' is not of the form key=value"),
+    (BASE, ["train.shard_target=maybe"], "unknown train.shard_target 'maybe'; valid: auto, true, false"),
+    (BASE + "train: {shard_target: true}\n", [], "train.shard_target=true partitions the target with ZeRO-3: "
+                                                  "it needs train.strategy=deepspeed_stage_3, got auto"),
+    (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["data.features=hybrid"],
+     "train.shard_target=true needs data.features=online"),
+    (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["target.quantization=4bit"],
+     "train.shard_target=true cannot partition bitsandbytes weights (target.quantization=4bit)"),
 ])
 def test_bad_recipes_name_the_problem(tmp_path, text, overrides, message):
     with pytest.raises(SpecdraftError) as err:
         load_recipe(_write(tmp_path, text), overrides)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value, expected", [("true", "true"), ("False", "false"), ("auto", "auto")])
+def test_shard_target_accepts_yaml_booleans(tmp_path, value, expected):
+    text = BASE + f"train: {{shard_target: {value}, strategy: deepspeed_stage_3}}\n"
+    assert load_recipe(_write(tmp_path, text)).train.shard_target == expected
 
 
 def test_missing_recipe_file(tmp_path):

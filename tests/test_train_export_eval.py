@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from specdraft import cli
 from specdraft.config import load_recipe
 from specdraft.train import trainer as trainer_module
+from specdraft.train.timing import read_step_times
 from specdraft.train.trainer import run_train
 from tests.distilled import write_distilled
 
@@ -40,6 +41,9 @@ def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
     assert meta["metrics"]["val/tau_sim"] >= 1.0 and "val/acc@1" in meta["metrics"]
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["steps"] == 20 and summary["tokens"] == 20 * 4 * 32  # steps x micro-batch x row length
+    steps = read_step_times(run / "logs" / "step_times.csv")
+    assert [(step, tokens) for step, _, tokens in steps] == [(s, s * 4 * 32) for s in (5, 10, 15, 20)]
+    assert summary["steady_tokens_per_s"] > 0
     for fmt in ("hf", "speculators"):
         assert cli.main(["export", str(run), "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
         config = json.loads((tmp_path / fmt / "config.json").read_text())

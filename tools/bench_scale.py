@@ -1,26 +1,31 @@
-"""EAGLE-3 training throughput at 1, 2 (and 4) GPUs, ZeRO-2 and ZeRO-3, through the real `specdraft train`.
+"""EAGLE-3 training throughput at 1, 2 and 4 GPUs, ZeRO-2 and ZeRO-3, through the real `specdraft train`.
 
 The target is Llama-3.1-8B-shaped (hidden 4096, 32 layers, 32 heads, 8 KV heads, MLP 14336, vocabulary
 128256, llama3 RoPE scaling) with random weights (`target.random_init`: a directory with config.json and a
 tokenizer only); the data are synthetic distilled rows of 2048 tokens (the last three quarters answers). Each
 (strategy, GPU count) is one `specdraft train` process (Lightning starts the ranks), micro-batch 1 per GPU, no
-checkpoints. Tokens/s are measured over the steps after --warmup, from the per-step training log (the module's
-cumulative tokens/s, at a known token count per step); efficiency(N) = tokens/s(N) / (N x tokens/s(1)).
+checkpoints. Tokens/s are steady-state: from the run's per-step wall times (RUN/logs/step_times.csv, the device
+synchronized at each step end), over the steps after --warmup (compiles, allocator growth);
+efficiency(N) = tokens/s(N) / (N x tokens/s(1)). A strategy `deepspeed_stage_3:shard` runs ZeRO-3 with the
+target partitioned across the GPUs (train.shard_target=true); plain `deepspeed_stage_3` replicates it (auto:
+an 8B target fits every GPU).
 
-    python tools/bench_scale.py --out runs/bench_scale                                # GPUs 1, 2 (4 if present)
-    python tools/bench_scale.py --strategies deepspeed_stage_3 --gpus 1,2 --out DIR   # one strategy
+    python tools/bench_scale.py --out runs/bench_scale                        # the GPUs present: 1, 2, 4
+    python tools/bench_scale.py --strategies deepspeed_stage_3:shard --gpus 2,4 --out DIR
     python tools/bench_scale.py --config tiny --device cpu --out /tmp/bench_scale     # tiny model, CPU, ddp
 
-Prints a table and writes DIR/bench_scale.json (each run's log in DIR/logs/). On the CPU DeepSpeed is not
-available (Lightning runs it on CUDA only), so the tiny CPU run measures ddp with 1 and 2 processes.
+A configuration that fails or outlasts --timeout is recorded with its error (and its log's last lines) and the
+next one runs; DIR/bench_scale.json is rewritten after every configuration, so an interrupted run keeps what it
+measured. Each run's log is DIR/logs/STRATEGY-N.log. On the CPU DeepSpeed is not available (Lightning runs it
+on CUDA only), so the tiny CPU run measures ddp with 1 and 2 processes.
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,56 +91,106 @@ train: {{micro_batch_size: 1, lr: 1.0e-4, warmup_steps: 1, log_every_steps: 1, s
     return path
 
 
-def steady_tokens_per_s(metrics_csv: Path, tokens_per_step: int, warmup: int) -> float:
-    """Tokens/s between the first logged step >= warmup and the last one. The module logs its cumulative
-    tokens/s since fit start at each step s, when (s + 1) * tokens_per_step tokens have been read."""
-    with open(metrics_csv) as handle:
-        logged = [(int(row["step"]), float(row["train/tokens_per_s"])) for row in csv.DictReader(handle)
-                  if row.get("train/tokens_per_s")]
-    elapsed = {step: (step + 1) * tokens_per_step / rate for step, rate in logged}  # seconds since fit start
-    first, last = min(s for s in elapsed if s >= warmup), max(elapsed)
-    if last <= first:
-        raise RuntimeError(f"{metrics_csv}: no logged steps after warm-up step {warmup}")
-    return (last - first) * tokens_per_step / (elapsed[last] - elapsed[first])
+def run_dir(work: Path, strategy: str, gpus: int) -> Path:
+    return work / "runs" / f"{strategy.replace(':', '-')}-{gpus}"
 
 
-def run_one(work: Path, recipe: Path, strategy: str, gpus: int, args, spec: dict) -> dict:
-    """One `specdraft train` process; -> tokens/s after warm-up."""
-    run_dir = work / "runs" / f"{strategy}-{gpus}"
+def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list:
+    """The `specdraft train` command of one configuration (`STRATEGY:shard`: the target partitioned)."""
+    name, _, option = strategy.partition(":")
     steps = args.warmup + args.steps
-    overrides = [f"train.output_dir={run_dir}", f"train.strategy={strategy}", f"train.devices={gpus}",
-                 f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}"]
+    overrides = [f"train.output_dir={run_dir(work, strategy, gpus)}", f"train.strategy={name}",
+                 f"train.devices={gpus}", f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}",
+                 f"train.shard_target={'true' if option == 'shard' else 'auto'}"]
+    return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
+
+
+def _environment(device: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}", HF_HUB_OFFLINE="1")
-    if args.device == "cpu":
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}", HF_HUB_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
+    if device == "cpu":
         env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    log_path = args.out / "logs" / f"{strategy}-{gpus}.log"
+    return env
+
+
+def run_process_group(argv: list, env: dict, log, timeout: float) -> int:
+    """Run `argv` in a process group of its own -> its exit code; whatever is left of the group afterwards (the
+    ranks Lightning started, after a crash or the timeout) is killed, so the GPUs are free for the next run.
+    Raises subprocess.TimeoutExpired after `timeout` seconds."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group has exited already
+    process.wait()
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def measure(work: Path, strategy: str, gpus: int, args) -> dict:
+    """One configuration's steady tokens/s from its step times; raises on a failed or unmeasurable run."""
+    from specdraft.train.timing import read_step_times, steady_rate
+
+    log_path = args.out / "logs" / f"{strategy.replace(':', '-')}-{gpus}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     with open(log_path, "w") as log:
-        done = subprocess.run([sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides], cwd=REPO,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{strategy} on {gpus}: exit {done.returncode}; see {log_path}")
-    rate = steady_tokens_per_s(next(run_dir.glob("logs/version_*/metrics.csv")), gpus * spec["seq_len"],
-                               args.warmup)
-    return {"strategy": strategy, "gpus": gpus, "tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus,
-            "timed_steps": args.steps, "wall_seconds": time.perf_counter() - started}
+        returncode = run_process_group(train_argv(work, args.recipe, strategy, gpus, args),
+                                       _environment(args.device), log, args.timeout)
+    if returncode != 0:
+        raise RuntimeError(f"exit {returncode}: {_tail(log_path, 3)}")
+    rows = read_step_times(run_dir(work, strategy, gpus) / "logs" / "step_times.csv")
+    rate = steady_rate(rows, args.warmup)
+    if rate is None:
+        raise RuntimeError(f"{len(rows)} timed steps: too few after {args.warmup} warm-up steps")
+    step_seconds = np.diff([seconds for _, seconds, _ in rows[max(0, args.warmup - 1):]])
+    return {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "timed_steps": len(step_seconds),
+            "step_seconds_median": float(np.median(step_seconds)), "first_step_seconds": rows[0][1]}
+
+
+def run_one(work: Path, strategy: str, gpus: int, args) -> dict:
+    """One configuration -> its result, status "ok" or the error (a failure never stops the benchmark)."""
+    result = {"strategy": strategy, "gpus": gpus, "status": "ok"}
+    started = time.perf_counter()
+    try:
+        result.update(measure(work, strategy, gpus, args))
+    except subprocess.TimeoutExpired:
+        result["status"] = f"timeout after {args.timeout} s"
+    except Exception as err:  # recorded; the next configuration still runs
+        result["status"] = f"error: {type(err).__name__}: {err}"[:2000]
+    result["wall_seconds"] = time.perf_counter() - started
+    print(f"{strategy} x{gpus}: {result['status'].splitlines()[0]} ({result['wall_seconds']:.0f} s)", flush=True)
+    return result
 
 
 def add_efficiency(results: list) -> list:
     for result in results:
-        base = next((r for r in results if r["strategy"] == result["strategy"] and r["gpus"] == 1), None)
-        result["efficiency"] = result["tokens_per_s"] / (result["gpus"] * base["tokens_per_s"]) if base else None
+        base = next((r for r in results if r["strategy"] == result["strategy"] and r["gpus"] == 1
+                     and r["status"] == "ok"), None)
+        ok = result["status"] == "ok" and base is not None
+        result["efficiency"] = result["tokens_per_s"] / (result["gpus"] * base["tokens_per_s"]) if ok else None
     return results
 
 
 def table(results: list) -> str:
-    lines = [f"{'strategy':<20} {'GPUs':>4} {'tokens/s':>10} {'per GPU':>9} {'efficiency':>10}"]
+    lines = [f"{'strategy':<24} {'GPUs':>4} {'tokens/s':>10} {'per GPU':>9} {'step s':>7} {'efficiency':>10}"]
     for r in results:
+        if r["status"] != "ok":
+            lines.append(f"{r['strategy']:<24} {r['gpus']:>4}  {r['status'].splitlines()[0][:90]}")
+            continue
         efficiency = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
-        lines.append(f"{r['strategy']:<20} {r['gpus']:>4} {r['tokens_per_s']:>10.0f} {r['tokens_per_s_per_gpu']:>9.0f} "
-                     f"{efficiency:>10}")
+        lines.append(f"{r['strategy']:<24} {r['gpus']:>4} {r['tokens_per_s']:>10.0f} {r['tokens_per_s_per_gpu']:>9.0f} "
+                     f"{r['step_seconds_median']:>7.3f} {efficiency:>10}")
     return "\n".join(lines)
 
 
@@ -145,11 +200,12 @@ def parse_args(argv=None):
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--gpus", default=None, help="GPU (process) counts, e.g. 1,2 (default 1,2 and 4 if present)")
     parser.add_argument("--strategies", default=None,
-                        help="default: deepspeed_stage_2,deepspeed_stage_3 on cuda, ddp on cpu")
-    parser.add_argument("--steps", type=int, default=15, help="timed steps after warm-up")
-    parser.add_argument("--warmup", type=int, default=5, help="steps not timed")
+                        help="default: deepspeed_stage_2,deepspeed_stage_3 on cuda, ddp on cpu; "
+                             "deepspeed_stage_3:shard partitions the target")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
+    parser.add_argument("--warmup", type=int, default=3, help="steps not timed (the first compiles)")
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows (cycled)")
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration (one process)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.gpus is None:
@@ -169,14 +225,16 @@ def main(argv=None) -> dict:
     work = args.out / "work"
     write_target(work / "target", spec["target"])
     write_rows(work / "data", args.rows, spec["seq_len"], spec["target"]["vocab_size"])
-    recipe = write_recipe(work, spec, "bfloat16" if args.device == "cuda" else "float32")
-    results = add_efficiency([run_one(work, recipe, strategy, gpus, args, spec)
-                              for strategy in args.strategies for gpus in args.gpus])
+    args.recipe = write_recipe(work, spec, "bfloat16" if args.device == "cuda" else "float32")
     report = {"config": args.config, "device": args.device, "device_name": _device_name(args.device),
               "seq_len": spec["seq_len"], "micro_batch_per_gpu": 1, "warmup_steps": args.warmup,
-              "timed_steps": args.steps, "target": spec["target"], "results": results}
-    (args.out / "bench_scale.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(table(results))
+              "timed_steps": args.steps, "target": spec["target"], "results": []}
+    for strategy in args.strategies:
+        for gpus in args.gpus:
+            report["results"].append(run_one(work, strategy, gpus, args))
+            add_efficiency(report["results"])
+            (args.out / "bench_scale.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report["results"]))
     print(f"-> {args.out / 'bench_scale.json'}")
     return report
 

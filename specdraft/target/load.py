@@ -6,6 +6,8 @@ safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the fi
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import importlib.util
 import logging
@@ -130,22 +132,66 @@ def _no_init_weights():
     return no_init_weights()
 
 
-def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn.Module:
+def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype,
+                 device: Optional[torch.device | str] = None) -> torch.nn.Module:
     """target.random_init (benchmarks only): the architecture of `source`'s config.json with random weights.
 
-    Built without the per-module init (minutes for an 8B model on a CPU), then filled in one pass: matrices
-    uniform with the config's initializer_range as standard deviation, vectors (norm weights) ones."""
+    Built on `device` (None: the current default; under DeepSpeed's zero.Init, each rank's partitions) without
+    the per-module init, then filled in one pass where the weights live: matrices uniform with the config's
+    initializer_range as standard deviation, vectors (norm weights) ones. A partitioned weight is filled in
+    its local partition only (the values do not matter, the shapes and dtype do)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    with _no_init_weights():
+    with _no_init_weights(), (torch.device(device) if device is not None else contextlib.nullcontext()):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
     bound = math.sqrt(3.0) * getattr(config, "initializer_range", 0.02)
     with torch.no_grad():
         for param in model.parameters():
-            param.fill_(1.0) if param.dim() == 1 else param.uniform_(-bound, bound)
+            values = getattr(param, "ds_tensor", param)  # [numel / ranks] under ZeRO-3, else the weight
+            values.fill_(1.0) if param.dim() == 1 else values.uniform_(-bound, bound)
     log.info("target %s: random weights (target.random_init, for benchmarks only)", cfg.path)
     return model
+
+
+def estimated_weight_bytes(info: TargetInfo, dtype: torch.dtype) -> int:
+    """The target's weights in `dtype`, estimated from its geometry (decoder layers, embedding, LM head)."""
+    q_width, kv_width = info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    layer = info.hidden_size * (2 * q_width + 2 * kv_width) + 3 * info.hidden_size * info.intermediate_size
+    params = info.num_layers * layer + 2 * info.vocab_size * info.hidden_size
+    return params * torch.tensor([], dtype=dtype).element_size()
+
+
+def zero3_config(torch_dtype: torch.dtype) -> dict:
+    """The DeepSpeed configuration that partitions a frozen model with ZeRO-3 in `torch_dtype` (no optimizer:
+    the training engine's own configuration governs how its forward gathers the weights)."""
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+            "bf16": {"enabled": torch_dtype == torch.bfloat16}, "fp16": {"enabled": torch_dtype == torch.float16}}
+
+
+def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn.Module:
+    """The frozen target built inside DeepSpeed's zero.Init (ZeRO-3, train.shard_target): each rank keeps 1/N
+    of every weight, in `torch_dtype` whatever the training precision. Call it once the ranks' process group
+    exists and outside any other zero.Init (LightningModule.setup). Transformers reads each weight file and
+    writes every tensor straight into its partitions while an HfDeepSpeedConfig of the same configuration is
+    alive."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+    source = _local_or_hub(cfg)
+    config = zero3_config(torch_dtype)
+    zero3 = HfDeepSpeedConfig(copy.deepcopy(config))  # noqa: F841 (transformers keeps a weak reference)
+    try:
+        with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch_dtype):
+            model = random_model(source, cfg, torch_dtype) if cfg.random_init else \
+                AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    finally:
+        del zero3
+    return model.requires_grad_(False).eval()
 
 
 def quantization_config(cfg: TargetConfig, device: torch.device | str, compute_dtype: torch.dtype):
@@ -185,10 +231,13 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     quantized = quantization_config(cfg, device, torch_dtype) if quantize else None
-    placement = {"quantization_config": quantized, "device_map": {"": cuda_index(device)}} if quantized else {}
+    placement = {"quantization_config": quantized} if quantized else {}
+    if torch.device(device).type == "cuda":  # each tensor read straight onto the GPU: no whole copy in host memory
+        placement["device_map"] = {"": cuda_index(device)}
     try:
-        model = random_model(source, cfg, torch_dtype) if cfg.random_init else AutoModelForCausalLM.from_pretrained(
-            source, revision=cfg.revision, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code, **placement)
+        model = random_model(source, cfg, torch_dtype, device) if cfg.random_init else \
+            AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                                 trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
     model.requires_grad_(False).eval()

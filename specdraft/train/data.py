@@ -169,9 +169,15 @@ class DistilledData(L.LightningDataModule):
         sampler = ResumableSampler(self.train_idx, cfg.seed, cfg.max_steps * self._samples_per_step(), self._start,
                                    lambda: self.trainer.global_rank, lambda: self.trainer.world_size)
         return DataLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
-                          collate_fn=self._collate, num_workers=cfg.num_workers)
+                          collate_fn=self._collate, **self._loader_options())
 
     def val_dataloader(self):
         subset = self.dataset.select(self.val_idx)
         return DataLoader(subset, batch_size=self.train_cfg.micro_batch_size, shuffle=False,
-                          collate_fn=self._collate, num_workers=self.train_cfg.num_workers)
+                          collate_fn=self._collate, **self._loader_options())
+
+    def _loader_options(self) -> Dict:
+        """Workers kept alive across validations (no re-spawn each time); pinned batches on GPUs, so that the
+        copy to the device does not wait for the host."""
+        workers = self.train_cfg.num_workers
+        return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available()}

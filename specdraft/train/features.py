@@ -16,7 +16,7 @@ import gc
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -68,6 +68,41 @@ class OnlineFeatures:
     def __call__(self, batch: Dict) -> TargetFeatures:
         return capture_features(self.model, batch["input_ids"], batch["attention_mask"], self.layers,
                                 position_ids=batch.get("position_ids"))
+
+
+class ShardedOnlineFeatures(OnlineFeatures):
+    """Online features from a target partitioned by ZeRO-3 (train.shard_target): the module's setup hook calls
+    `build` (DeepSpeed's zero.Init: each rank keeps 1/N of every weight) and registers the target as its
+    submodule, so that DeepSpeed's engine gathers each layer's weights as it runs (and prefetches the next); the
+    engine's optimizer never sees them (frozen). The LM head, which the loss reads outside any forward, is
+    gathered once into a whole copy on every GPU."""
+
+    def __init__(self, build: Callable[[], torch.nn.Module], layers: List[int]):
+        super().__init__(None, layers)
+        self.build_target, self.lm_head = build, None
+
+    def build(self) -> torch.nn.Module:
+        """The partitioned target (built once), once the ranks' process group exists."""
+        if self.model is None:
+            self.model = self.build_target()
+            self.lm_head = whole_copy(self.model.get_output_embeddings().weight)  # [V, H] on this rank's GPU
+        return self.model
+
+    def setup(self, device: torch.device, rank: int = 0) -> None:
+        """Nothing to move: zero.Init put each rank's partitions on its GPU."""
+
+    def __call__(self, batch: Dict) -> TargetFeatures:
+        features = super().__call__(batch)
+        features.lm_head = self.lm_head
+        return features
+
+
+def whole_copy(param: torch.Tensor) -> torch.Tensor:
+    """A ZeRO-3 partitioned parameter gathered into a plain tensor that every rank keeps."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+        return param.detach().clone()
 
 
 class OfflineFeatures:
@@ -263,12 +298,24 @@ class FeatureData(DistilledData):
 
 
 def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):
-    """The frozen target for online features: on the CPU until fit starts, or (quantized) straight on its GPU."""
+    """The frozen target for online features, loaded straight onto this rank's device in the dtype it computes
+    in there (bf16 on GPUs): no float32 copy in host memory (32 GB per rank for an 8B target), no copy later."""
     from specdraft.target.load import load_target
 
-    quantized = recipe.target.quantization != "none"
-    target = load_target(recipe.target, device if quantized else "cpu", quantize=True)
+    dtype = dtype_name(feature_dtype(recipe.target, device))
+    target = load_target(recipe.target, device, dtype=dtype, quantize=True)
     return target, OnlineFeatures(target.model, spec.feature_layers(recipe.method, target.info))
+
+
+def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):
+    """Online features from a target that the module's setup hook builds partitioned (ZeRO-3, shard_target)."""
+    from specdraft.target.load import load_sharded_target, load_target_info
+
+    info = load_target_info(recipe.target)
+    dtype = feature_dtype(recipe.target, device)
+    source = ShardedOnlineFeatures(lambda: load_sharded_target(recipe.target, dtype),
+                                   spec.feature_layers(recipe.method, info))
+    return source, info
 
 
 def _hybrid(recipe: Recipe, spec: MethodSpec, dataset, device: torch.device):
@@ -298,12 +345,17 @@ def _hybrid(recipe: Recipe, spec: MethodSpec, dataset, device: torch.device):
     return HybridFeatures(online, offline, store, len(dataset)), store, target.info
 
 
-def build_features(recipe: Recipe, spec: MethodSpec, dataset, distill_dirs: List[str], device: torch.device):
-    """-> (feature source, the dataset the DataLoader reads, TargetInfo, DataModule class) for data.features."""
+def build_features(recipe: Recipe, spec: MethodSpec, dataset, distill_dirs: List[str], device: torch.device,
+                   shard_target: bool = False):
+    """-> (feature source, the dataset the DataLoader reads, TargetInfo, DataModule class) for data.features.
+    `shard_target` (online only): the target is built later, partitioned, by the module's setup hook."""
     from specdraft.target.heads import load_target_heads
     from specdraft.target.load import load_target_info
 
     mode = recipe.data.features
+    if mode == "online" and shard_target:
+        source, info = _sharded_online(recipe, spec, device)
+        return source, dataset, info, DistilledData
     if mode == "online":
         target, online = _online(recipe, spec, device)
         return online, dataset, target.info, DistilledData

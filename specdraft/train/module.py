@@ -13,10 +13,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from specdraft.config import TrainConfig
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
-from specdraft.train.features import OnlineFeatures
+from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 
 
 class DraftModule(L.LightningModule):
@@ -28,6 +29,7 @@ class DraftModule(L.LightningModule):
         if isinstance(features, torch.nn.Module):
             features = OnlineFeatures(features, self.feature_layers)
         self.features = features  # holds the frozen target, not a submodule: never checkpointed
+        self.sharded_target = None  # ZeRO-3 with train.shard_target: the target, a submodule the engine gathers
         self.draft = None
         self._val_metrics = defaultdict(list)
         self._tokens_seen, self._fit_started = 0, None
@@ -37,6 +39,9 @@ class DraftModule(L.LightningModule):
         """The frozen target when features are computed online, else None."""
         return getattr(self.features, "model", None)
 
+    def setup(self, stage: str):  # Lightning hook: the ranks' process group exists, no zero.Init is active
+        self._build_sharded_target()
+
     def configure_model(self):  # Lightning hook (sharded init); idempotent
         if self.draft is None:
             self.draft = self.spec.build(self.method_cfg, self.ctx)
@@ -45,6 +50,25 @@ class DraftModule(L.LightningModule):
                     self.spec.initialize(self.draft, self.method_cfg, self.ctx)
             if self.spec.bind_target is not None:
                 self.spec.bind_target(self.draft, self.target_model)
+
+    def _build_sharded_target(self):
+        """Under ZeRO-3 with a sharded target: build it partitioned (its own zero.Init, in the target's dtype
+        whatever the training precision) as a submodule, so that DeepSpeed's engine gathers its weights layer
+        by layer in each forward. It is frozen (outside the optimizer), left out of checkpoints
+        (exclude_frozen_parameters) and rebuilt from its weights on resume. Built before configure_model, whose
+        draft the DeepSpeed strategy creates under a zero.Init of the training precision."""
+        if not isinstance(self.features, ShardedOnlineFeatures) or self.sharded_target is not None:
+            return
+        self.sharded_target = self.features.build()
+        self.strict_loading = False  # checkpoints hold the draft only
+
+    def train(self, mode: bool = True):
+        """Lightning puts the module in training mode at every fit and after every validation; the frozen
+        target, a submodule when sharded, stays in eval mode (no dropout)."""
+        super().train(mode)
+        if self.sharded_target is not None:
+            self.sharded_target.eval()
+        return self
 
     def on_fit_start(self):
         self.features.setup(self.device, self.global_rank)  # the frozen target in bf16 on GPUs
@@ -73,11 +97,11 @@ class DraftModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
-        for name, value in result.metrics.items():
-            self._val_metrics[name].append(float(value))
+        for name, value in result.metrics.items():  # kept on the device: no sync per batch
+            self._val_metrics[name].append(torch.as_tensor(value, device=self.device).detach().float())
 
     def on_validation_epoch_end(self):
-        means = {f"val/{k}": float(np.mean(v)) for k, v in self._val_metrics.items()}
+        means = {f"val/{k}": float(torch.stack(v).mean()) for k, v in self._val_metrics.items()}
         self._val_metrics.clear()
         for name, value in means.items():  # sync_dist averages the ranks' means
             self.log(name, value, prog_bar=name == "val/tau_sim", sync_dist=True)
@@ -86,9 +110,16 @@ class DraftModule(L.LightningModule):
         cfg = self.train_cfg
         groups = self.spec.param_groups(self.draft) if self.spec.param_groups else \
             [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+                                      fused=self._fused_adamw(groups))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, cfg))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _fused_adamw(self, groups) -> bool:
+        """One fused kernel for the whole AdamW update where every parameter is on a GPU (ddp, auto). Under
+        DeepSpeed the optimizer steps ZeRO's flat float32 partitions, one tensor per group: nothing to fuse."""
+        on_gpus = all(param.is_cuda for group in groups for param in group["params"])
+        return on_gpus and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["rng"] = rng_state()

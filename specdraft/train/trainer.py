@@ -5,9 +5,10 @@ RUN_DIR (train.output_dir)/
   checkpoints/last.ckpt         full training state (weights, optimizer, scheduler, step, RNG) for resume
   hpc_ckpt_N.ckpt               the same, saved by Lightning when SLURM signals a preemption (SIGUSR1)
   best/ last/                   draft.safetensors + meta.json (step, validation metrics): what export reads
-  logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim)
+  logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim); step_times.csv (per-step wall times)
   features/                     data.features=hybrid: the cached target features (specdraft.data.features)
-  train_summary.json            steps, tokens, seconds, tokens/s, best simulated acceptance length
+  train_summary.json            steps, tokens, seconds, tokens/s (start-up included), steady tokens/s (from the
+                                step times, warm-up left out), best simulated acceptance length
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import List, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import save_file
@@ -34,8 +35,17 @@ from specdraft.train.data import answer_token_counts, load_distilled, split_indi
 from specdraft.train.features import build_features
 from specdraft.train.module import DraftModule
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
+from specdraft.train.timing import StepTimes
 
 log = logging.getLogger(__name__)
+
+DEEPSPEED_NO_STEP_SYNCS = {"timers": {"throughput": {"enabled": False, "synchronized": False}},
+                           "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
+"""DeepSpeed's throughput timer synchronizes the device at every forward and step by default (two host stalls a
+step) and prints every 10 steps: the trainer logs its own rates (logs/step_times.csv)."""
+ZERO3_PREFETCH_ELEMENTS = 500_000_000
+"""ZeRO-3 prefetch bucket (elements): about two Llama-3.1-8B decoder layers, so that the all-gather of the next
+layer overlaps the current one's compute (DeepSpeed's default, 5e7, is a quarter of one layer)."""
 
 
 class DraftSnapshots(Callback):
@@ -91,7 +101,12 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str]):
         return cfg.strategy
     if not torch.cuda.is_available():
         raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
-    return ReshardingDeepSpeedStrategy(stage=int(cfg.strategy[-1]), resume_from=resume_from)
+    stage = int(cfg.strategy[-1])
+    strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, exclude_frozen_parameters=True)
+    strategy.config.update(DEEPSPEED_NO_STEP_SYNCS)
+    if stage == 3:  # gather the next layers of a partitioned target while this one runs
+        strategy.config["zero_optimization"]["stage3_prefetch_bucket_size"] = ZERO3_PREFETCH_ELEMENTS
+    return strategy
 
 
 def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
@@ -143,15 +158,38 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
+    # the progress bar reads the loss (a device sync) only when the logs do: not at every step
+    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport(),
+                 StepTimes(run_dir / "logs", cfg.log_every_steps), TQDMProgressBar(refresh_rate=cfg.log_every_steps)]
     return L.Trainer(
         accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg, resume_from),
         precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
         accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip or None,
         val_check_interval=cfg.val_every_steps * cfg.accumulate_grad_batches, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, use_distributed_sampler=False,
-        callbacks=[checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport()],
-        logger=CSVLogger(run_dir, name="logs"), default_root_dir=run_dir, enable_model_summary=False,
+        callbacks=callbacks, logger=CSVLogger(run_dir, name="logs"), default_root_dir=run_dir,
+        enable_model_summary=False,
     )
+
+
+def shard_target(recipe: Recipe, device: torch.device) -> bool:
+    """train.shard_target resolved: true, false, or (auto) whether the target's weights in its training dtype
+    would take more than half of this GPU's memory under deepspeed_stage_3 with online features."""
+    cfg = recipe.train
+    if cfg.shard_target != "auto":
+        return cfg.shard_target == "true"
+    shardable = cfg.strategy == "deepspeed_stage_3" and recipe.data.features == "online" \
+        and recipe.target.quantization == "none" and torch.device(device).type == "cuda"
+    if not shardable:
+        return False
+    from specdraft.target.load import estimated_weight_bytes, load_target_info
+    from specdraft.train.features import feature_dtype
+
+    weights = estimated_weight_bytes(load_target_info(recipe.target), feature_dtype(recipe.target, device))
+    shard = weights > torch.cuda.get_device_properties(device).total_memory / 2
+    log.info("train.shard_target=auto: the target's weights take about %.1f GiB: %s", weights / 2 ** 30,
+             "partitioned across the ranks (ZeRO-3)" if shard else "a whole copy on each GPU")
+    return shard
 
 
 class ResumeReport(Callback):
@@ -196,8 +234,9 @@ def run_train(recipe: Recipe) -> dict:
     resume_from = _resume_path(cfg, run_dir)
     trainer = build_trainer(cfg, run_dir, recipe, resume_from)  # checks the strategy before the target loads
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs,
-                                                      trainer.strategy.root_device)
+    device = trainer.strategy.root_device
+    features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs, device,
+                                                      shard_target(recipe, device))
     train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
     ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
                        activation_checkpointing=cfg.activation_checkpointing)
@@ -209,9 +248,11 @@ def run_train(recipe: Recipe) -> dict:
     if cfg.max_steps % cfg.val_every_steps:
         trainer.validate(module, datamodule=data, verbose=False)
     seconds = time.perf_counter() - started
+    step_times = next(c for c in trainer.callbacks if isinstance(c, StepTimes))
     summary = {"steps": trainer.global_step, "tokens": module._tokens_seen, "seconds": seconds,
-               "tokens_per_s": module._tokens_seen / seconds, "train_rows": len(train_idx),
-               "val_rows": len(val_idx),
+               "tokens_per_s": module._tokens_seen / seconds,
+               "steady_tokens_per_s": step_times.steady_tokens_per_s(max(1, len(step_times.rows) // 5)),
+               "train_rows": len(train_idx), "val_rows": len(val_idx),
                "best_tau_sim": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}
     if trainer.is_global_zero:
         write_json(run_dir / "train_summary.json", summary)

@@ -1,0 +1,87 @@
+"""Per-step wall times of a training run: what throughput is measured from, start-up excluded.
+
+`StepTimes` writes RUN_DIR/logs/step_times.csv on rank 0, one line per logged optimizer step
+(train.log_every_steps):
+
+    step          the global step just finished (1 = the first optimizer step)
+    fit_seconds   seconds from this fit's first training step start to the end of `step`, GPU work included
+    tokens        tokens all ranks have read since this fit started (attention mask ones, not padding)
+
+The device is synchronized at those steps only, so the time is the end of the GPU's work, not of the host's
+queueing; other steps run without a sync. A resumed run appends its own lines (steps continue, fit_seconds
+and tokens restart at 0). `steady_rate` gives tokens/s over the logged steps after the warm-up ones (compiles,
+allocator growth).
+"""
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+STEP_TIMES_FILE = "step_times.csv"
+COLUMNS = ("step", "fit_seconds", "tokens")
+
+
+class StepTimes(Callback):
+    """Records (step, fit_seconds, tokens) at every logged step; rank 0 appends them to logs/step_times.csv."""
+
+    def __init__(self, log_dir: Path, every_steps: int):
+        self.path, self.every_steps = Path(log_dir) / STEP_TIMES_FILE, max(1, every_steps)
+        self.rows: List[Tuple[int, float, int]] = []
+        self._started: Optional[float] = None
+        self._tokens_at_start = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._started is None:
+            self._started = time.perf_counter()
+            self._tokens_at_start = _tokens_before_this_batch(pl_module, batch, trainer.world_size)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step == 0 or step % self.every_steps or (self.rows and self.rows[-1][0] == step):
+            return  # not an optimizer step boundary to log (or gradient accumulation in progress)
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        row = (step, time.perf_counter() - self._started, pl_module._tokens_seen - self._tokens_at_start)
+        self.rows.append(row)
+        if trainer.is_global_zero:
+            self._append(row)
+
+    def _append(self, row: Tuple[int, float, int]) -> None:
+        new = not self.path.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", newline="") as handle:
+            writer = csv.writer(handle)
+            if new:
+                writer.writerow(COLUMNS)
+            writer.writerow([row[0], f"{row[1]:.6f}", row[2]])
+
+    def steady_tokens_per_s(self, warmup_rows: int) -> Optional[float]:
+        """Tokens/s of this fit after its first `warmup_rows` logged steps (None with too few of them)."""
+        return steady_rate(self.rows, warmup_rows)
+
+
+def _tokens_before_this_batch(pl_module, batch, world_size: int) -> int:
+    """The module's token count before `batch`, which it has already counted (on_before_batch_transfer)."""
+    return pl_module._tokens_seen - int(batch["attention_mask"].sum()) * world_size
+
+
+def steady_rate(rows: List[Tuple[int, float, int]], warmup_rows: int) -> Optional[float]:
+    """rows of (step, fit_seconds, tokens) of one fit -> tokens/s from the end of row `warmup_rows - 1` (the
+    first `warmup_rows` rows are warm-up) to the last row; None when that leaves no interval."""
+    start = max(0, warmup_rows - 1)
+    if len(rows) - start < 2 or rows[-1][1] <= rows[start][1]:
+        return None
+    return (rows[-1][2] - rows[start][2]) / (rows[-1][1] - rows[start][1])
+
+
+def read_step_times(path: Path) -> List[Tuple[int, float, int]]:
+    """The last fit's rows of a step_times.csv (a resumed run's fit starts where fit_seconds goes back)."""
+    with open(path) as handle:
+        rows = [(int(r["step"]), float(r["fit_seconds"]), int(r["tokens"])) for r in csv.DictReader(handle)]
+    start = max((i for i in range(1, len(rows)) if rows[i][1] < rows[i - 1][1]), default=0)
+    return rows[start:]
