@@ -1,0 +1,73 @@
+"""Kernel launches of one target decoder layer in a decode step (one token, bfloat16): 11 with the fused kernels,
+where the unfused layer (float32 RMSNorm as 8 ops twice, rope as 5 ops for q and for k plus the table gathers,
+index_copy cache writes, silu and mul apart) launched 38 with the same two tree-attention kernels. Counted on the CPU: every ATen op that computes (views,
+metadata and allocations launch no kernel) plus every Triton kernel (under the interpreter, whose own host
+copies are not counted), so a change that unfuses an op fails here."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specdraft.runtime.target import from_hf
+from specdraft.methods.base import TargetInfo
+from tests.tiny import tiny_llama_config
+
+NO_LAUNCH = {"view", "_unsafe_view", "t", "transpose", "split", "split_with_sizes", "slice", "select", "expand",
+             "unsqueeze", "squeeze", "permute", "as_strided", "alias", "detach", "empty", "empty_like",
+             "empty_strided", "new_empty", "_reshape_alias", "lift_fresh", "set_", "unbind", "chunk"}
+FUSED_BOUND = 12  # norm, qkv, rope + cache, attention (2 kernels), o, add + norm, gate/up, silu * up, down, add
+UNFUSED_AT_LEAST = 35  # the references: the unfused layer's ops, with the attention's reference
+
+
+class LaunchCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.launches, self.inside_triton = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.inside_triton and name not in NO_LAUNCH:
+            self.launches.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _count_triton(counter, monkeypatch):
+    from triton.runtime.interpreter import GridExecutor
+
+    launch = GridExecutor.__call__
+
+    def counted(executor, *args, **kwargs):
+        counter.launches.append(f"triton:{executor.fn.__name__}")
+        counter.inside_triton += 1
+        try:
+            return launch(executor, *args, **kwargs)
+        finally:
+            counter.inside_triton -= 1
+    monkeypatch.setattr(GridExecutor, "__call__", counted)
+
+
+def _decode_layer_launches(monkeypatch, kernels: str):
+    from transformers import LlamaForCausalLM
+
+    monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+    hf = LlamaForCausalLM(tiny_llama_config(layers=1)).eval().to(torch.bfloat16)  # casts count, as on a GPU
+    model = from_hf(hf, TargetInfo.from_hf_config(hf.config, "tiny"))
+    info, max_len = model.info, 16
+    cos, sin = torch.randn(2, max_len, info.head_dim)
+    model.allocate(max_len, cos, sin)
+    hidden, prefix_len = torch.randn(1, info.hidden_size, dtype=torch.bfloat16), torch.tensor([5])
+    positions, slots, tree_mask = prefix_len.clone(), prefix_len.clone(), torch.ones(1, 1, dtype=torch.bool)
+    counter = LaunchCounter()
+    _count_triton(counter, monkeypatch)
+    with torch.no_grad(), counter:
+        model.layers[0](hidden, (model.rope_cos, model.rope_sin), positions, model.k_cache[0], model.v_cache[0],
+                        slots, prefix_len, tree_mask, False)
+    return counter.launches
+
+
+@pytest.mark.triton_kernels
+def test_a_decode_layer_launches_few_kernels(monkeypatch):
+    fused = _decode_layer_launches(monkeypatch, "auto")
+    assert len(fused) <= FUSED_BOUND, fused
+    assert {"triton:_rms_norm_kernel", "triton:_rope_cache_kernel", "triton:_silu_mul_kernel"} <= set(fused)
+    unfused = _decode_layer_launches(monkeypatch, "reference")  # the references run the old layer's ops
+    assert len(unfused) >= UNFUSED_AT_LEAST, unfused
