@@ -50,7 +50,7 @@ class DecoderLayer(nn.Module):
                        v.view(n, self.kv_heads, self.head_dim), *rope, positions, k_cache, v_cache, slots)  # [Hq, N, D]
         attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill)  # [Hq, N, D]
         normed, hidden = rms_norm(self.wo(attn.transpose(0, 1).reshape(n, -1)), self.mlp_norm, self.eps, hidden)
-        return hidden + self.w2(silu_mul(self.w13(normed)))
+        return hidden + self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
 
     def _attend(self, q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill: bool) -> torch.Tensor:
         """q [Hq, N, D] over the cache (its N new keys already written) -> [Hq, N, D]."""
