@@ -35,6 +35,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError, choices_error
+from specdraft.kernels.rope_cache import rope_cache
+from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
 from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
@@ -49,7 +51,7 @@ from specdraft.methods.base import (
     TargetFeatures,
     TargetInfo,
 )
-from specdraft.runtime.drafter import draft_visible
+from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
@@ -458,6 +460,14 @@ def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
     return cfg, draft
 
 
+def layer_tail(layer: Eagle3DecoderLayer, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    """The runtime's midlayer after attention: hidden + attn_out, post-attention norm (one launch), SwiGLU with
+    silu * up in one launch. hidden, attn_out [M, H] -> [M, H], the bits of the module's own forward."""
+    normed, hidden = fused_norm(layer.post_attention_layernorm, attn_out, hidden)
+    mlp = layer.mlp
+    return hidden + mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed)))
+
+
 class Eagle3Drafter:
     """The runtime's EAGLE-3 drafter (specdraft/runtime/drafter.py): one draft KV cache of step-0 keys.
 
@@ -475,6 +485,7 @@ class Eagle3Drafter:
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope = rope_tables(max_len, self.head_dim, self.theta, device, self.draft.fc.weight.dtype)
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
 
@@ -484,16 +495,13 @@ class Eagle3Drafter:
     def _layer(self, hidden, embeds, rope_positions, slots, visible):
         """hidden, embeds [M, H]; rope_positions, slots [M]; visible [M, S] -> [M, H]: the midlayer, cached."""
         layer, attn, m = self.draft.midlayer, self.draft.midlayer.self_attn, hidden.shape[0]
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [M, 2H]
-        cos, sin = rope_cos_sin(rope_positions, self.head_dim, self.theta, x.dtype)  # [M, D]
-        q = apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)  # [Hq, M, D]
-        k = apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1), cos, sin)  # [Hkv, M, D]
-        self.k_cache.index_copy_(1, slots, k)
-        self.v_cache.index_copy_(1, slots, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1))
+        x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
+        q = rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
+                       attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, rope_positions, self.k_cache,
+                       self.v_cache, slots)  # [Hq, M, D]
         out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
                                              enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
-        hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(m, -1))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return layer_tail(layer, hidden, attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, slots_all = next_tokens.shape[0], torch.arange(self.k_cache.shape[1], device=next_tokens.device)

@@ -42,6 +42,15 @@ def test_triton_matches_reference_bits(dtype, tokens, q_heads, kv_heads, head_di
         assert torch.equal(e, g)
 
 
+def test_strided_positions_and_slots():
+    """Positions expanded from one value (stride 0) and slots read with a stride, as the tree builder passes them."""
+    (q, k, v, cos, sin, _), caches, _ = _inputs(3, 4, 2, 16, torch.bfloat16)
+    positions, slots = torch.tensor([7]).expand(3), torch.tensor([9, 0, 4, 0, 2, 0])[::2]
+    expected = _run(rope_cache_reference, (q, k, v, cos, sin, positions), caches, slots)
+    for e, g in zip(expected, _run(rope_cache_triton, (q, k, v, cos, sin, positions), caches, slots)):
+        assert torch.equal(e, g)
+
+
 def test_rows_without_positions_and_dispatch(monkeypatch):
     (q, k, v, cos, sin, positions), caches, slots = _inputs(3, 4, 2, 16, torch.bfloat16)
     args = (q, k, v, cos[positions], sin[positions], None)

@@ -1,8 +1,8 @@
 """Kernel launches of one target decoder layer in a decode step (one token, bfloat16): 11 with the fused kernels,
-where the unfused layer (float32 RMSNorm as 8 ops twice, rope as 5 ops for q and for k plus the table gathers,
-index_copy cache writes, silu and mul apart) launched 38 with the same two tree-attention kernels. Counted on the CPU: every ATen op that computes (views,
-metadata and allocations launch no kernel) plus every Triton kernel (under the interpreter, whose own host
-copies are not counted), so a change that unfuses an op fails here."""
+where the unfused layer (float32 RMSNorm as 8 ops twice, rope as 5 ops for q and for k, index_copy cache writes,
+silu and mul apart) launched 38 with the same two tree-attention kernels. Counted on the CPU: every ATen op that
+computes (views, metadata and allocations launch no kernel) plus every Triton kernel (under the interpreter,
+whose own host copies are not counted), so a change that unfuses an op fails here."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

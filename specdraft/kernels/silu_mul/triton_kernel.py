@@ -1,7 +1,8 @@
-"""silu(gate) * up in one launch (gate and up may be the two halves of one fused projection): programs over (row, column block), silu in float32 as gate / (1 + exp(-gate)),
-rounded to the storage dtype, then the product rounded (PyTorch's two ops' rounding). exp is the device's
-(numpy's under the interpreter), so a result may differ from PyTorch's by an ulp of the float32 silu, which the
-half-precision rounding hides except at rounding boundaries."""
+"""silu(gate) * up in one launch (gate and up may be the two halves of one fused projection): programs over
+(row, column block), silu in float32 as gate / (1 + exp(-gate)), rounded to the storage dtype, then the product
+rounded (PyTorch's two ops' rounding). exp is the device's (`tl.exp`; numpy's under the interpreter), so a
+result may differ from PyTorch's by an ulp of the float32 silu, which the half-precision rounding hides except
+at rounding boundaries."""
 import torch
 import triton
 import triton.language as tl
