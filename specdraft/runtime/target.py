@@ -38,19 +38,26 @@ class DecoderLayer(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(info.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(info.hidden_size))
 
-    def forward(self, hidden, rope, positions, k_cache, v_cache, slots, prefix_len, tree_mask, causal_prefill: bool):
-        """hidden [N, H]; rope (cos, sin) tables [S, D]; positions [N]; k/v_cache [Hkv, S, D] (this layer's);
-        slots [N] -> [N, H]. Launches: norm, qkv matmul, rope + cache write, attention, o matmul, residual add +
-        norm, gate/up matmul, silu * up, down matmul, residual add."""
+    def forward(self, hidden, pending, rope, positions, k_cache, v_cache, slots, prefix_len, tree_mask,
+                causal_prefill: bool):
+        """hidden [N, H] and pending [N, H] or None: the layer's input is hidden + pending (the previous layer's MLP
+        output, added in this layer's first norm launch); rope (cos, sin) tables [S, D]; positions [N]; k/v_cache
+        [Hkv, S, D] (this layer's); slots [N] -> (layer input, hidden after attention, MLP output), each [N, H].
+        Launches: add + norm, qkv matmul, rope + cache write, attention, o matmul, add + norm, gate/up matmul,
+        silu * up, down matmul."""
         n = hidden.shape[0]
-        qkv = self.wqkv(rms_norm(hidden, self.attn_norm, self.eps))  # [N, (Hq + 2 Hkv) D]
+        if pending is None:
+            normed = rms_norm(hidden, self.attn_norm, self.eps)
+        else:
+            normed, hidden = rms_norm(pending, self.attn_norm, self.eps, hidden)
+        qkv = self.wqkv(normed)  # [N, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                              self.kv_heads * self.head_dim], dim=-1)
         q = rope_cache(q.view(n, self.heads, self.head_dim), k.view(n, self.kv_heads, self.head_dim),
                        v.view(n, self.kv_heads, self.head_dim), *rope, positions, k_cache, v_cache, slots)  # [Hq, N, D]
         attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill)  # [Hq, N, D]
-        normed, hidden = rms_norm(self.wo(attn.transpose(0, 1).reshape(n, -1)), self.mlp_norm, self.eps, hidden)
-        return hidden + self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
+        normed, attended = rms_norm(self.wo(attn.transpose(0, 1).reshape(n, -1)), self.mlp_norm, self.eps, hidden)
+        return hidden, attended, self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
 
     def _attend(self, q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill: bool) -> torch.Tensor:
         """q [Hq, N, D] over the cache (its N new keys already written) -> [Hq, N, D]."""
@@ -104,12 +111,15 @@ class TargetModel(nn.Module):
         end_layer = self.info.num_layers if end_layer is None else end_layer
         capture = set(capture)
         slots = prefix_len + torch.arange(hidden.shape[0], device=hidden.device)  # [N]
-        captured = {}
-        for index in range(start_layer, end_layer):
+        captured, pending = {}, None
+        for index in range(start_layer, end_layer):  # each layer adds the previous one's MLP output
+            layer_input, hidden, pending = self.layers[index](
+                hidden, pending, (self.rope_cos, self.rope_sin), positions, self.k_cache[index], self.v_cache[index],
+                slots, prefix_len, tree_mask, tree_mask is None)
             if index in capture:
-                captured[index] = hidden
-            hidden = self.layers[index](hidden, (self.rope_cos, self.rope_sin), positions, self.k_cache[index],
-                                        self.v_cache[index], slots, prefix_len, tree_mask, tree_mask is None)
+                captured[index] = layer_input
+        if pending is not None:
+            hidden = hidden + pending
         if end_layer in capture:
             captured[end_layer] = hidden
         return hidden, captured
