@@ -1,8 +1,8 @@
 """silu(gate) * up in one launch (gate and up may be the two halves of one fused projection): programs over
-(row, column block), silu in float32 as gate / (1 + exp(-gate)), rounded to the storage dtype, then the product
-rounded (PyTorch's two ops' rounding). exp is the device's (`tl.exp`; numpy's under the interpreter), so a
-result may differ from PyTorch's by an ulp of the float32 silu, which the half-precision rounding hides except
-at rounding boundaries."""
+(row, column block), silu in float32 as gate / (1 + exp(-gate)) (division rounded to nearest, as PyTorch's),
+rounded to the storage dtype, then the product rounded (PyTorch's two ops' rounding). exp is `tl.exp` (the
+GPU's fast ex2.approx; numpy's under the interpreter), so the float32 silu may differ from PyTorch's by an ulp
+or two, which the half-precision rounding hides except where a value sits at a rounding boundary."""
 import torch
 import triton
 import triton.language as tl
@@ -20,7 +20,7 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, width, gate_stride, up_stride, B
     in_row = cols < width
     gate = tl.load(gate_ptr + row * gate_stride + cols, mask=in_row, other=0.0).to(tl.float32)
     up = tl.load(up_ptr + row * up_stride + cols, mask=in_row, other=0.0).to(tl.float32)
-    silu = round_as(gate / (1.0 + tl.exp(-gate)), dtype)
+    silu = round_as(tl.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
     tl.store(out_ptr + row * width + cols, round_as(silu * up, dtype).to(dtype), mask=in_row)
 
 
