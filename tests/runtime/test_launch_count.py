@@ -1,5 +1,6 @@
-"""Kernel launches of one target decoder layer in a decode step (one token, bfloat16): 10 with the fused kernels
-(the layer's closing residual add rides in the next layer's first norm), where the unfused layer (float32 RMSNorm as 8 ops twice, rope as 5 ops for q and for k, index_copy cache writes,
+"""Kernel launches of one target decoder layer in a decode step (one token, bfloat16) and in a verify pass (a
+tree of nodes): 10 with the fused kernels (the layer's closing residual add rides in the next layer's first norm,
+and tree attention writes its output token-major, so the o projection reads it without a copy), where the unfused layer (float32 RMSNorm as 8 ops twice, rope as 5 ops for q and for k, index_copy cache writes,
 silu and mul apart) launched 38 with the same two tree-attention kernels. Counted on the CPU: every ATen op that
 computes (views, metadata and allocations launch no kernel) plus every Triton kernel (under the interpreter,
 whose own host copies are not counted), so a change that unfuses an op fails here."""
@@ -45,7 +46,7 @@ def _count_triton(counter, monkeypatch):
     monkeypatch.setattr(GridExecutor, "__call__", counted)
 
 
-def _decode_layer_launches(monkeypatch, kernels: str):
+def _decode_layer_launches(monkeypatch, kernels: str, num_tokens: int = 1):
     from transformers import LlamaForCausalLM
 
     monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
@@ -54,9 +55,10 @@ def _decode_layer_launches(monkeypatch, kernels: str):
     info, max_len = model.info, 16
     cos, sin = torch.randn(2, max_len, info.head_dim)
     model.allocate(max_len, cos, sin)
-    hidden, pending = torch.randn(2, 1, info.hidden_size, dtype=torch.bfloat16)  # a layer inside the stack
+    hidden, pending = torch.randn(2, num_tokens, info.hidden_size, dtype=torch.bfloat16)  # a layer inside the stack
     prefix_len = torch.tensor([5])
-    positions, slots, tree_mask = prefix_len.clone(), prefix_len.clone(), torch.ones(1, 1, dtype=torch.bool)
+    positions = slots = prefix_len + torch.arange(num_tokens)  # [N] a chain after 5 confirmed tokens
+    tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
     counter = LaunchCounter()
     _count_triton(counter, monkeypatch)
     with torch.no_grad(), counter:
@@ -66,9 +68,10 @@ def _decode_layer_launches(monkeypatch, kernels: str):
 
 
 @pytest.mark.triton_kernels
-def test_a_decode_layer_launches_few_kernels(monkeypatch):
-    fused = _decode_layer_launches(monkeypatch, "auto")
+@pytest.mark.parametrize("num_tokens", [1, 4], ids=["decode", "verify"])
+def test_a_decode_layer_launches_few_kernels(monkeypatch, num_tokens):
+    fused = _decode_layer_launches(monkeypatch, "auto", num_tokens)
     assert len(fused) <= FUSED_BOUND, fused
     assert {"triton:_rms_norm_kernel", "triton:_rope_cache_kernel", "triton:_silu_mul_kernel"} <= set(fused)
-    unfused = _decode_layer_launches(monkeypatch, "reference")  # the references run the old layer's ops
+    unfused = _decode_layer_launches(monkeypatch, "reference", num_tokens)  # the references run the old layer's ops
     assert len(unfused) >= UNFUSED_AT_LEAST, unfused
