@@ -193,12 +193,12 @@ def rope_cases(models, rows_list, seq_len, device):
             args = (q.view(rows, q_heads, head_dim), k.view(rows, kv_heads, head_dim),
                     v.view(rows, kv_heads, head_dim), cos, sin, slots - 3)
 
-            def outputs(impl, args=args, slots=slots):
+            def outputs(impl, args=args, slots=slots, caches=caches):
                 fresh = [cache.clone() for cache in caches]
                 return [impl(*args, *fresh, slots), *fresh]
             yield _layer_case("rope_cache", f"{name} Hq={q_heads} Hkv={kv_heads} D={head_dim} N={rows}",
                               (rope_cache_reference, rope_cache_triton),
-                              lambda impl, a=args, s=slots: lambda: impl(*a, *caches, s), outputs)
+                              lambda impl, a=args, s=slots, c=caches: lambda: impl(*a, *c, s), outputs)
 
 
 def silu_mul_cases(models, rows_list, device):

@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.rope_cache import rope_cache
 from specdraft.layers import apply_rope, rope_cos_sin
 from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
 from specdraft.methods.eagle3 import (
@@ -54,7 +55,6 @@ from specdraft.methods.eagle3 import (
     layer_tail,
     ttt_inputs,
 )
-from specdraft.kernels.rope_cache import rope_cache
 from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
 
 

@@ -114,26 +114,26 @@ def test_rms_norm_on_gpu_and_in_a_graph(rows, hidden):
         assert (out != expected_out).sum() <= max(1, out.numel() // 1000)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tokens, q_heads, kv_heads, head_dim", [(1, 9, 3, 64), (64, 9, 3, 64), (8, 32, 8, 128)])
-def test_rope_cache_on_gpu_and_in_a_graph(tokens, q_heads, kv_heads, head_dim):
-    """bfloat16 and float32: the reference's bits (q, and both caches after the write)."""
-    for dtype in (torch.bfloat16, torch.float32):
-        qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=CUDA).to(dtype)
-        q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split([q_heads * head_dim, kv_heads * head_dim,
-                                                                    kv_heads * head_dim], dim=-1))
-        cos, sin = torch.randn(2, 1024, head_dim, device=CUDA).to(dtype)
-        k_cache, v_cache = torch.randn(2, kv_heads, 1024, head_dim, device=CUDA).to(dtype)
-        positions = torch.zeros(tokens, dtype=torch.int64, device=CUDA)
-        slots = torch.zeros_like(positions)
-        graph, q_rot = _captured(lambda: rope_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slots))
-        for start in (0, 500):
-            positions.copy_(torch.randperm(1024, device=CUDA)[:tokens])
-            slots.copy_(torch.arange(start, start + tokens, device=CUDA))
-            expected_k, expected_v = k_cache.clone(), v_cache.clone()
-            expected_q = rope_cache_reference(q, k, v, cos, sin, positions, expected_k, expected_v, slots)
-            graph.replay()
-            assert torch.equal(q_rot, expected_q)
-            assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+def test_rope_cache_on_gpu_and_in_a_graph(tokens, q_heads, kv_heads, head_dim, dtype):
+    """The reference's bits (q, and both caches after the write)."""
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=CUDA).to(dtype)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split([q_heads * head_dim, kv_heads * head_dim,
+                                                                kv_heads * head_dim], dim=-1))
+    cos, sin = torch.randn(2, 1024, head_dim, device=CUDA).to(dtype)
+    k_cache, v_cache = torch.randn(2, kv_heads, 1024, head_dim, device=CUDA).to(dtype)
+    positions = torch.zeros(tokens, dtype=torch.int64, device=CUDA)
+    slots = torch.zeros_like(positions)
+    graph, q_rot = _captured(lambda: rope_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slots))
+    for start in (0, 500):
+        positions.copy_(torch.randperm(1024, device=CUDA)[:tokens])
+        slots.copy_(torch.arange(start, start + tokens, device=CUDA))
+        expected_k, expected_v = k_cache.clone(), v_cache.clone()
+        expected_q = rope_cache_reference(q, k, v, cos, sin, positions, expected_k, expected_v, slots)
+        graph.replay()
+        assert torch.equal(q_rot, expected_q)
+        assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
 @pytest.mark.parametrize("rows, width", [(1, 1536), (64, 14336)])

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specdraft.runtime.target import from_hf
 from specdraft.methods.base import TargetInfo
+from specdraft.runtime.target import from_hf
 from tests.tiny import tiny_llama_config
 
 NO_LAUNCH = {"view", "_unsafe_view", "t", "transpose", "split", "split_with_sizes", "slice", "select", "expand",

@@ -4,7 +4,6 @@ the weight product in float32).
 Dispatch: the Triton kernel when `use_triton(x)`, else the reference (tests/kernels/test_rms_norm.py checks that
 both give the same bits).
 """
-from typing import Optional
 
 import torch
 
@@ -12,7 +11,7 @@ from specdraft.kernels import use_triton
 from specdraft.kernels.rms_norm.reference import rms_norm_reference
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None,
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
              weight_in_fp32: bool = False):
     """x [..., H]; weight [H]; residual [..., H] or None -> normed [..., H] in x's dtype, or (normed, x + residual)
     when a residual is given (the sum is the next residual). weight_in_fp32: multiply by the weight in float32

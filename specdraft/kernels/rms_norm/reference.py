@@ -5,12 +5,11 @@
     out = weight * normed.to(h.dtype)         # HF Llama: cast first, then the weight in h's dtype
     out = (normed * float32(weight)).to(h.dtype)   # weight_in_fp32=True: the draft heads' RMSNorm (layers/blocks.py)
 """
-from typing import Optional
 
 import torch
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None,
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
                        weight_in_fp32: bool = False):
     """x [..., H]; weight [H]; residual [..., H] or None -> out [..., H], or (out, x + residual) with a residual."""
     summed = x if residual is None else x + residual  # [..., H]

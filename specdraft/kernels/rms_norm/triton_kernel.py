@@ -5,7 +5,6 @@ dtype, the float32 mean of squares, rsqrt, and either the cast to the input dtyp
 in float32, so one rounding after it is what PyTorch's half-precision multiply does. Floating-point contraction
 into FMAs is disabled at launch, so float32 rounds as the reference's separate ops do. The only freedom left is
 the order of the float32 sum of squares, as between any two reductions."""
-from typing import Optional
 
 import torch
 import triton
@@ -38,7 +37,7 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr, hidde
     tl.store(out_ptr + row * hidden + cols, round_as(out, dtype).to(dtype), mask=in_row)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], weight_in_fp32: bool) -> None:
+def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, weight_in_fp32: bool) -> None:
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.stride(-1) != 1:
         raise SpecdraftError(f"rms_norm: x must be float32/bfloat16/float16 with a contiguous last dim, got {x.dtype}")
     if weight.shape != x.shape[-1:] or (not weight_in_fp32 and weight.dtype != x.dtype):
@@ -48,7 +47,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tenso
         raise SpecdraftError(f"rms_norm: residual {tuple(residual.shape)} {residual.dtype} does not match x")
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None,
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
                     weight_in_fp32: bool = False):
     """Same contract as `rms_norm`."""
     _check(x, weight, residual, weight_in_fp32)

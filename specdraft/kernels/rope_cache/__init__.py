@@ -4,7 +4,6 @@ into the static KV cache, in one launch.
 Dispatch: the Triton kernel when `use_triton(q)`, else the reference (tests/kernels/test_rope_cache.py checks
 that both give the same bits).
 """
-from typing import Optional
 
 import torch
 
@@ -13,7 +12,7 @@ from specdraft.kernels.rope_cache.reference import rope_cache_reference, rotate,
 
 
 def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
-               positions: Optional[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor,
+               positions: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                slots: torch.Tensor) -> torch.Tensor:
     """q [N, Hq, D]; k, v [N, Hkv, D]; cos_table, sin_table [P, D] (half-rotation layout); positions [N] int64 rows
     of the tables (None: row i for token i, P = N); k_cache, v_cache [Hkv, S, D], or [C, Hkv, S, D] to write the

@@ -7,7 +7,6 @@
 
 In half precision each of the two products and the sum is rounded to the dtype, as separate PyTorch ops round them.
 """
-from typing import Optional
 
 import torch
 
@@ -27,7 +26,7 @@ def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> 
 
 
 def rope_cache_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: torch.Tensor,
-                         sin_table: torch.Tensor, positions: Optional[torch.Tensor], k_cache: torch.Tensor,
+                         sin_table: torch.Tensor, positions: torch.Tensor | None, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """q [N, Hq, D]; k, v [N, Hkv, D]; cos_table, sin_table [P, D]; positions [N] int64 or None (P = N, row i);
     k_cache, v_cache [Hkv, S, D] or [C, Hkv, S, D]; slots [N] int64 -> rotated q [Hq, N, D]."""

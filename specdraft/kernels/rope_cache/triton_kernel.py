@@ -7,7 +7,6 @@ Rounding order, as the reference's separate ops: t1 = round(x * cos), t2 = round
 out = round(t1 + t2), `round` to the storage dtype (to nearest, ties to even; a no-op in float32). A product of
 two half-precision values is exact in float32, so computing it there and rounding once is PyTorch's
 half-precision multiply. Floating-point contraction into FMAs is disabled at launch, so float32 matches too."""
-from typing import Optional
 
 import torch
 import triton
@@ -88,7 +87,7 @@ def _check(q, k, v, cos_table, sin_table, k_cache, v_cache) -> None:
 
 
 def rope_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: torch.Tensor,
-                      sin_table: torch.Tensor, positions: Optional[torch.Tensor], k_cache: torch.Tensor,
+                      sin_table: torch.Tensor, positions: torch.Tensor | None, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Same contract as `rope_cache` (any strides but a contiguous last dim; positions and slots any stride)."""
     _check(q, k, v, cos_table, sin_table, k_cache, v_cache)
