@@ -305,11 +305,12 @@ class PossDrafter:
                           slots)
 
     def _attend(self, specialist: int, hidden, q, visible):
-        """hidden [M, H], q [Hq, M, D], visible [M, S] -> the specialist's output [M, H] over its cache."""
+        """hidden [M, H], q [Hq, M, D], visible [M, S] -> (the head's final norm of the specialist's output, the
+        output), each [M, H], over its cache."""
         layer, m = self.draft.specialists[specialist], hidden.shape[0]
         out = F.scaled_dot_product_attention(q[None], self.k_cache[specialist][None], self.v_cache[specialist][None],
                                              attn_mask=visible, enable_gqa=self.heads != self.kv_heads)[0]
-        return layer_tail(layer, hidden, layer.self_attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
+        return layer_tail(layer, self.draft.norm, hidden, layer.self_attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, device = next_tokens.shape[0], next_tokens.device
@@ -321,20 +322,20 @@ class PossDrafter:
             q = self._project(specialist, fused, embeds, columns, self.k_cache[specialist],
                               self.v_cache[specialist], columns)
         visible = torch.arange(self.k_cache.shape[2], device=device)[None, :] <= columns[:, None]  # [M, S]
-        hidden = self._attend(0, fused, q, visible)
+        _, hidden = self._attend(0, fused, q, visible)
         self.last_hidden.copy_(hidden[count - 1])
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
-        return self.draft.logits(self.last_hidden), self.last_hidden
+        return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         specialist = self.draft.specialist_for(depth)  # TTT step `depth` drafts depth + 1
         q = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.k_cache,
                           self.v_cache, self.prefix_len + scratch_slots)  # every specialist sees the chain
         visible = draft_visible(self.prefix_len, self.k_cache.shape[2], scratch_visible, root_written=False)
-        out = self._attend(specialist, hidden, q, visible)
-        return self.draft.logits(out), out
+        normed, out = self._attend(specialist, hidden, q, visible)
+        return self.draft.lm_head(normed), out
 
 
 def poss_runtime(draft: PossDraft, cfg: PossConfig, target_model) -> PossDrafter:
