@@ -52,6 +52,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     """Same contract as `rms_norm`."""
     _check(x, weight, residual, weight_in_fp32)
     hidden = x.shape[-1]
+    block = next_power_of_2(hidden)
     rows_in = x.reshape(-1, hidden)  # [R, H] (a view where the strides allow)
     out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     summed = torch.empty_like(out) if residual is not None else out
@@ -60,5 +61,5 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
         _rms_norm_kernel[(rows_in.shape[0],)](
             rows_in, residual_rows, weight, out, summed, hidden, eps, rows_in.stride(0), residual_rows.stride(0),
             HAS_RESIDUAL=residual is not None, WEIGHT_IN_FP32=weight_in_fp32,
-            BLOCK_H=next_power_of_2(hidden), num_warps=4, enable_fp_fusion=False)
+            BLOCK_H=block, num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16, enable_fp_fusion=False)
     return out if residual is None else (out, summed)
