@@ -5,7 +5,10 @@ On CUDA each implementation is captured in a CUDA graph of `--iters` calls (as t
 with CUDA events over `--reps` replays: the median per call is reported, launch overhead excluded, inputs warm in
 L2 (as they are when the runtime has just produced them). Prints a table and writes JSON (`--out`).
 `draft_topk vs torch.topk` times the kernel against the unfused eager ops (log_softmax, topk, gather), whose
-tie order is unspecified: a fairer bar than the reference's stable sort.
+tie order is unspecified: a fairer bar than the reference's stable sort. The decoder-layer ops (`rms_norm`,
+`add_rms_norm`, `rope_cache`, `silu_mul`) are timed against their references, which are the unfused layer's ops
+(`rope_cache`'s includes the cos/sin gathers, once per forward before the fusion); their `bitwise` field says
+whether the outputs are the same bits (`match` allows one bfloat16 rounding step).
 
     python tools/bench_kernels.py --out runs/bench_kernels.json     # CUDA GPU, about a minute (mostly compiling)
     python tools/bench_kernels.py --device cpu --out /tmp/k.json    # tiny shapes, the Triton interpreter
@@ -26,11 +29,12 @@ import torch
 
 MODELS = {
     "smollm2": {"layers": 30, "kv_heads": 3, "q_heads": 9, "head_dim": 64, "vocab": 49152,
-                "draft_vocabs": (8192, 32000)},
+                "draft_vocabs": (8192, 32000), "hidden": 576, "intermediate": 1536},
     "llama3": {"layers": 32, "kv_heads": 8, "q_heads": 32, "head_dim": 128, "vocab": 128256,
-               "draft_vocabs": (32000,)},
+               "draft_vocabs": (32000,), "hidden": 4096, "intermediate": 14336},
 }
-TINY = {"tiny": {"layers": 2, "kv_heads": 2, "q_heads": 4, "head_dim": 16, "vocab": 500, "draft_vocabs": (300,)}}
+TINY = {"tiny": {"layers": 2, "kv_heads": 2, "q_heads": 4, "head_dim": 16, "vocab": 500, "draft_vocabs": (300,),
+                 "hidden": 64, "intermediate": 128}}
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Case:
     reference: Callable[[], object]
     triton: Callable[[], object]
     check: Callable[[Case], bool]  # both implementations give the same outputs (within tolerance)
+    bitwise: Callable[[Case], bool] | None = None  # whether they give the same bits (ops that promise it)
 
 
 def _binary_tree(num_nodes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +144,75 @@ def attention_cases(models, nodes_list, seq_len, device):
                        _same(lambda e, g: torch.allclose(e.float(), g.float(), rtol=2e-2, atol=2e-2)))
 
 
+def _close_and_bitwise(pairs):
+    """(within one bfloat16 rounding step, the same bits) over pairs of output tensors."""
+    close = all(torch.allclose(e.float(), g.float(), rtol=2 ** -7, atol=1e-6) for e, g in pairs)
+    return close, all(torch.equal(e, g) for e, g in pairs)
+
+
+def _layer_case(op, shape, implementations, timed, outputs):
+    """implementations (reference, triton); timed(impl) -> the call to time; outputs(impl) -> its output tensors
+    (caches included) on fresh copies of the inputs."""
+    reference, fused = implementations
+
+    def compare():
+        return _close_and_bitwise(list(zip(outputs(reference), outputs(fused))))
+    return Case(op, shape, timed(reference), timed(fused), lambda case: compare()[0], lambda case: compare()[1])
+
+
+def _outputs(result):
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def norm_cases(models, rows_list, device, eps=1e-5):
+    from specdraft.kernels.rms_norm.reference import rms_norm_reference
+    from specdraft.kernels.rms_norm.triton_kernel import rms_norm_triton
+
+    for name, model in models.items():
+        hidden = model["hidden"]
+        weight = (1 + torch.randn(hidden, device=device) / 4).bfloat16()
+        for rows in rows_list:
+            x, residual = (torch.randn(rows, hidden, device=device).bfloat16() for _ in range(2))
+            for op, args in (("rms_norm", (x, weight, eps)), ("add_rms_norm", (x, weight, eps, residual))):
+                yield _layer_case(op, f"{name} N={rows} H={hidden}", (rms_norm_reference, rms_norm_triton),
+                                  lambda impl, a=args: lambda: impl(*a), lambda impl, a=args: _outputs(impl(*a)))
+
+
+def rope_cases(models, rows_list, seq_len, device):
+    from specdraft.kernels.rope_cache.reference import rope_cache_reference
+    from specdraft.kernels.rope_cache.triton_kernel import rope_cache_triton
+
+    for name, model in models.items():
+        q_heads, kv_heads, head_dim = model["q_heads"], model["kv_heads"], model["head_dim"]
+        cos, sin = (torch.randn(seq_len, head_dim, device=device).bfloat16() for _ in range(2))
+        caches = [torch.randn(kv_heads, seq_len, head_dim, device=device).bfloat16() for _ in range(2)]
+        for rows in rows_list:
+            qkv = torch.randn(rows, (q_heads + 2 * kv_heads) * head_dim, device=device).bfloat16()
+            q, k, v = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+            slots = torch.arange(rows, device=device) + seq_len // 2  # [N] the new tokens' cache slots
+            args = (q.view(rows, q_heads, head_dim), k.view(rows, kv_heads, head_dim),
+                    v.view(rows, kv_heads, head_dim), cos, sin, slots - 3)
+
+            def outputs(impl, args=args, slots=slots, caches=caches):
+                fresh = [cache.clone() for cache in caches]
+                return [impl(*args, *fresh, slots), *fresh]
+            yield _layer_case("rope_cache", f"{name} Hq={q_heads} Hkv={kv_heads} D={head_dim} N={rows}",
+                              (rope_cache_reference, rope_cache_triton),
+                              lambda impl, a=args, s=slots, c=caches: lambda: impl(*a, *c, s), outputs)
+
+
+def silu_mul_cases(models, rows_list, device):
+    from specdraft.kernels.silu_mul.reference import silu_mul_reference
+    from specdraft.kernels.silu_mul.triton_kernel import silu_mul_triton
+
+    for name, model in models.items():
+        for rows in rows_list:
+            halves = torch.randn(rows, 2 * model["intermediate"], device=device).bfloat16().chunk(2, dim=-1)
+            yield _layer_case("silu_mul", f"{name} N={rows} I={model['intermediate']}",
+                              (silu_mul_reference, silu_mul_triton), lambda impl, h=halves: lambda: impl(*h),
+                              lambda impl, h=halves: [impl(*h)])
+
+
 def all_cases(device: torch.device, ops: set):
     tiny = device.type == "cpu"
     models = TINY if tiny else MODELS
@@ -147,7 +221,10 @@ def all_cases(device: torch.device, ops: set):
     makers = {"draft_topk": lambda: topk_cases(models, nodes, device),
               "verify_greedy": lambda: verify_cases(models, nodes, device),
               "compact_kv": lambda: compact_cases(models, (4,) if tiny else (8, 16), seq_len, device),
-              "tree_attention": lambda: attention_cases(models, nodes, seq_len, device)}
+              "tree_attention": lambda: attention_cases(models, nodes, seq_len, device),
+              "rms_norm": lambda: norm_cases(models, nodes, device),
+              "rope_cache": lambda: rope_cases(models, nodes, seq_len, device),
+              "silu_mul": lambda: silu_mul_cases(models, nodes, device)}
     for op, make in makers.items():
         if op in ops:
             yield from make()
@@ -205,7 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench_kernels.json")
-    parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention")
+    parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
+                                         "silu_mul")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)
@@ -225,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"op": case.op, "shape": case.shape, "reference_us": round(reference_us, 2),
                      "triton_us": round(triton_us, 2), "speedup": round(reference_us / triton_us, 2),
                      "match": match, "timing": how if how == triton_how else f"{how}/{triton_how}"})
+        if case.bitwise is not None:
+            rows[-1]["bitwise"] = bool(case.bitwise(case))
         print(f"{case.op:<26} {case.shape:<52} {reference_us:>12.1f} {triton_us:>10.1f} "
               f"{reference_us / triton_us:>7.2f}x  {match}", flush=True)
     result = {"machine": _machine(device), "torch": torch.__version__, "triton": triton.__version__,

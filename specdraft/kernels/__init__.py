@@ -7,8 +7,10 @@ Triton kernels run on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1
 Ops: `soft_ce` (training loss); for the runtime, `draft_topk` (log-softmax + top-k + d2t over the draft
 vocabulary), `tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `kv_compact.compact_kv`
 (accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass attention over the prefix
-and the tree, flash-decoding style). The runtime ops are CUDA-graph capturable: static shapes, no host sync,
-per-call scalars as device tensors. `tools/bench_kernels.py` times each against its reference on a GPU.
+and the tree, flash-decoding style); in every decoder layer (the target's and the draft heads'), `rms_norm`
+((residual add +) RMSNorm), `rope_cache` (rotary q and k + the KV-cache write) and `silu_mul` (SwiGLU's
+activation), one launch each, rounding where the unfused ops round (`rounding.py`). The runtime ops are
+CUDA-graph capturable: static shapes, no host sync, per-call scalars as device tensors. `tools/bench_kernels.py` times each against its reference on a GPU.
 """
 import importlib.util
 import os

@@ -35,6 +35,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError, choices_error
+from specdraft.kernels.rope_cache import rope_cache
+from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
 from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
@@ -49,7 +51,7 @@ from specdraft.methods.base import (
     TargetFeatures,
     TargetInfo,
 )
-from specdraft.runtime.drafter import draft_visible
+from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
@@ -458,6 +460,15 @@ def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
     return cfg, draft
 
 
+def layer_tail(layer: Eagle3DecoderLayer, final_norm: RMSNorm, hidden: torch.Tensor, attn_out: torch.Tensor):
+    """The runtime's midlayer after attention, the bits of the modules' own forward: hidden + attn_out and the
+    post-attention norm (one launch), SwiGLU with silu * up in one launch, and the closing residual add with the
+    head's final norm (one launch). hidden, attn_out [M, H] -> (final_norm(out), out), each [M, H]."""
+    normed, hidden = fused_norm(layer.post_attention_layernorm, attn_out, hidden)
+    mlp = layer.mlp
+    return fused_norm(final_norm, mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed))), hidden)
+
+
 class Eagle3Drafter:
     """The runtime's EAGLE-3 drafter (specdraft/runtime/drafter.py): one draft KV cache of step-0 keys.
 
@@ -475,6 +486,7 @@ class Eagle3Drafter:
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope = rope_tables(max_len, self.head_dim, self.theta, device, self.draft.fc.weight.dtype)
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
 
@@ -482,18 +494,16 @@ class Eagle3Drafter:
         return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
     def _layer(self, hidden, embeds, rope_positions, slots, visible):
-        """hidden, embeds [M, H]; rope_positions, slots [M]; visible [M, S] -> [M, H]: the midlayer, cached."""
+        """hidden, embeds [M, H]; rope_positions, slots [M]; visible [M, S] -> (the head's final norm of the output,
+        the midlayer's output), each [M, H]; cached."""
         layer, attn, m = self.draft.midlayer, self.draft.midlayer.self_attn, hidden.shape[0]
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [M, 2H]
-        cos, sin = rope_cos_sin(rope_positions, self.head_dim, self.theta, x.dtype)  # [M, D]
-        q = apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)  # [Hq, M, D]
-        k = apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1), cos, sin)  # [Hkv, M, D]
-        self.k_cache.index_copy_(1, slots, k)
-        self.v_cache.index_copy_(1, slots, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1))
+        x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
+        q = rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
+                       attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, rope_positions, self.k_cache,
+                       self.v_cache, slots)  # [Hq, M, D]
         out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
                                              enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
-        hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(m, -1))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return layer_tail(layer, self.draft.norm, hidden, attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, slots_all = next_tokens.shape[0], torch.arange(self.k_cache.shape[1], device=next_tokens.device)
@@ -501,18 +511,18 @@ class Eagle3Drafter:
         hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
         columns = start + torch.arange(m, device=next_tokens.device)  # [M]
         visible = slots_all[None, :] <= columns[:, None]  # [M, S] causal over the prefix
-        hidden = self._layer(hidden, self.embed(next_tokens).to(hidden.dtype), columns, columns, visible)
+        _, hidden = self._layer(hidden, self.embed(next_tokens).to(hidden.dtype), columns, columns, visible)
         self.last_hidden.copy_(hidden[count - 1])
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
-        return self.draft.logits(self.last_hidden), self.last_hidden
+        return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=False)
-        out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,
-                          self.prefix_len + scratch_slots, visible)
-        return self.draft.logits(out), out
+        normed, out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,
+                                  self.prefix_len + scratch_slots, visible)
+        return self.draft.lm_head(normed), out
 
 
 def eagle3_runtime(draft: Eagle3Draft, cfg: Eagle3Config, target_model) -> Eagle3Drafter:

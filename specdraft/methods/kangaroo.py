@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.rms_norm import rms_norm
+from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
 from specdraft.methods.base import (
@@ -54,7 +56,7 @@ from specdraft.methods.base import (
     TargetInfo,
 )
 from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
-from specdraft.runtime.drafter import draft_visible
+from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
 from specdraft.target.partial import new_layer_cache, run_first_layers
 
 
@@ -315,6 +317,7 @@ class KangarooDrafter:
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope = rope_tables(max_len, self.head_dim, self.theta, device, dtype)
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.scratch_tokens = torch.zeros(scratch, dtype=torch.long, device=device)
         self.scratch_positions = torch.zeros(scratch, dtype=torch.long, device=device)
@@ -328,20 +331,20 @@ class KangarooDrafter:
     def _write_kv(self, shallow, positions, slots):
         """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
         attn, m = self.draft.self_attn, shallow.shape[0]
-        x = self.draft.input_layernorm(shallow)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)  # [M, D]
-        self.k_cache.index_copy_(1, slots, apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1),
-                                                      cos, sin))
-        self.v_cache.index_copy_(1, slots, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1))
-        return apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)
+        x = fused_norm(self.draft.input_layernorm, shallow)
+        return rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
+                          attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, positions, self.k_cache,
+                          self.v_cache, slots)
 
     def _adapter(self, shallow, positions, slots, visible):
-        """shallow [M, H] -> (logits [M, Vd], adapter output [M, H]); visible [M, S] over the adapter cache."""
+        """shallow [M, H] -> (logits [M, Vd], adapter output [M, H]); visible [M, S] over the adapter cache. The
+        residual add and the target's final norm are one launch (`draft.logits`' bits)."""
         q = self._write_kv(shallow, positions, slots)
         out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
                                              enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
-        hidden = shallow + self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
-        return self.draft.logits(hidden, self.target.final_norm, self.rows), hidden
+        attn_out = self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
+        normed, hidden = rms_norm(attn_out, self.target.norm, self.target.info.rms_norm_eps, shallow)
+        return F.linear(normed, self.rows.to(normed.dtype)), hidden
 
     def ingest(self, features, next_tokens, start, count) -> None:
         shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]

@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.rope_cache import rope_cache
 from specdraft.layers import apply_rope, rope_cos_sin
 from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
 from specdraft.methods.eagle3 import (
@@ -51,9 +52,10 @@ from specdraft.methods.eagle3 import (
     eagle3_feature_layers,
     eagle3_hf_keys,
     eagle3_loss,
+    layer_tail,
     ttt_inputs,
 )
-from specdraft.runtime.drafter import draft_visible
+from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
 
 
 @dataclass
@@ -285,29 +287,30 @@ class PossDrafter:
         shape = (len(self.draft.specialists), self.kv_heads, max_len, self.head_dim)
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope = rope_tables(max_len, self.head_dim, self.theta, device, self.draft.fc.weight.dtype)
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
 
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
-    def _project(self, specialist: int, hidden, embeds, rope_positions):
-        """hidden, embeds [M, H]; rope_positions [M] -> q [Hq, M, D], k and v [Hkv, M, D] of `specialist`."""
+    def _project(self, specialist: int, hidden, embeds, rope_positions, k_cache, v_cache, slots):
+        """hidden, embeds [M, H]; rope_positions, slots [M] -> q [Hq, M, D] of `specialist`; writes its keys and
+        values at the slots of k_cache, v_cache ([Hkv, S, D], or [C, Hkv, S, D]: into every specialist's)."""
         layer, m = self.draft.specialists[specialist], hidden.shape[0]
         attn = layer.self_attn
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [M, 2H]
-        cos, sin = rope_cos_sin(rope_positions, self.head_dim, self.theta, x.dtype)  # [M, D]
-        q = apply_rope(attn.q_proj(x).view(m, self.heads, -1).transpose(0, 1), cos, sin)
-        k = apply_rope(attn.k_proj(x).view(m, self.kv_heads, -1).transpose(0, 1), cos, sin)
-        return q, k, attn.v_proj(x).view(m, self.kv_heads, -1).transpose(0, 1)
+        x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
+        return rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
+                          attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, rope_positions, k_cache, v_cache,
+                          slots)
 
     def _attend(self, specialist: int, hidden, q, visible):
-        """hidden [M, H], q [Hq, M, D], visible [M, S] -> the specialist's output [M, H] over its cache."""
+        """hidden [M, H], q [Hq, M, D], visible [M, S] -> (the head's final norm of the specialist's output, the
+        output), each [M, H], over its cache."""
         layer, m = self.draft.specialists[specialist], hidden.shape[0]
         out = F.scaled_dot_product_attention(q[None], self.k_cache[specialist][None], self.v_cache[specialist][None],
                                              attn_mask=visible, enable_gqa=self.heads != self.kv_heads)[0]
-        hidden = hidden + layer.self_attn.o_proj(out.transpose(0, 1).reshape(m, -1))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return layer_tail(layer, self.draft.norm, hidden, layer.self_attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, device = next_tokens.shape[0], next_tokens.device
@@ -316,27 +319,23 @@ class PossDrafter:
         embeds = self.embed(next_tokens).to(fused.dtype)
         columns = start + torch.arange(m, device=device)  # [M]
         for specialist in reversed(range(len(self.draft.specialists))):  # ends with specialist 0's queries
-            q, k, v = self._project(specialist, fused, embeds, columns)
-            self.k_cache[specialist].index_copy_(1, columns, k)
-            self.v_cache[specialist].index_copy_(1, columns, v)
+            q = self._project(specialist, fused, embeds, columns, self.k_cache[specialist],
+                              self.v_cache[specialist], columns)
         visible = torch.arange(self.k_cache.shape[2], device=device)[None, :] <= columns[:, None]  # [M, S]
-        hidden = self._attend(0, fused, q, visible)
+        _, hidden = self._attend(0, fused, q, visible)
         self.last_hidden.copy_(hidden[count - 1])
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
-        return self.draft.logits(self.last_hidden), self.last_hidden
+        return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         specialist = self.draft.specialist_for(depth)  # TTT step `depth` drafts depth + 1
-        q, k, v = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1)
-        slots = self.prefix_len + scratch_slots
-        count = self.k_cache.shape[0]
-        self.k_cache.index_copy_(2, slots, k.expand(count, *k.shape))  # every specialist sees the chain
-        self.v_cache.index_copy_(2, slots, v.expand(count, *v.shape))
+        q = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.k_cache,
+                          self.v_cache, self.prefix_len + scratch_slots)  # every specialist sees the chain
         visible = draft_visible(self.prefix_len, self.k_cache.shape[2], scratch_visible, root_written=False)
-        out = self._attend(specialist, hidden, q, visible)
-        return self.draft.logits(out), out
+        normed, out = self._attend(specialist, hidden, q, visible)
+        return self.draft.lm_head(normed), out
 
 
 def poss_runtime(draft: PossDraft, cfg: PossConfig, target_model) -> PossDrafter:

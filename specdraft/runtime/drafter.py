@@ -27,9 +27,12 @@ Draft vocabulary index i is target token i + d2t[i].
 """
 from __future__ import annotations
 
-from typing import Dict, List, Protocol, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
+
+from specdraft.kernels.rms_norm import rms_norm
+from specdraft.layers import RMSNorm, rope_cos_sin
 
 
 class Drafter(Protocol):
@@ -64,3 +67,15 @@ def draft_visible(prefix_len: torch.Tensor, num_slots: int, scratch_visible: tor
                                                               scratch_visible[:, 1:]], dim=1)
     in_scratch = allowed[:, relative.clamp(0, width - 1)] & (relative >= 0) & (relative < width)  # [k, S]
     return in_scratch | (relative < 0)
+
+
+def fused_norm(norm: RMSNorm, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+    """A draft head's RMSNorm (`layers.RMSNorm`: weight product in float32) as one `kernels.rms_norm` launch, the
+    same bits: x [M, H] -> [M, H]; with a residual [M, H] -> (norm(x + residual), x + residual)."""
+    return rms_norm(x, norm.weight, norm.eps, residual, weight_in_fp32=True)
+
+
+def rope_tables(max_len: int, head_dim: int, theta: float, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_len, D] of positions 0..max_len-1, the rows `layers.rope_cos_sin` gives each position, for
+    `kernels.rope_cache` to gather inside its launch."""
+    return rope_cos_sin(torch.arange(max_len, device=device), head_dim, theta, dtype)

@@ -16,23 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.rms_norm import rms_norm
+from specdraft.kernels.rope_cache import rope_cache
+from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.tree_attention import tree_attention
 from specdraft.methods.base import TargetInfo
 
 SUPPORTED = ("llama", "qwen2", "mistral")
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Hugging Face's Llama RMSNorm, operation for operation: [..., H] -> [..., H]."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [heads, N, D]; cos, sin [N, D] (half-rotation layout)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class DecoderLayer(nn.Module):
@@ -48,26 +38,35 @@ class DecoderLayer(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(info.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(info.hidden_size))
 
-    def forward(self, hidden, cos, sin, k_cache, v_cache, slots, prefix_len, tree_mask, causal_prefill: bool):
-        """hidden [N, H]; cos/sin [N, D]; k/v_cache [Hkv, S, D] (this layer's); slots [N] -> [N, H]."""
+    def forward(self, hidden, pending, rope, positions, k_cache, v_cache, slots, prefix_len, tree_mask,
+                causal_prefill: bool):
+        """hidden [N, H] and pending [N, H] or None: the layer's input is hidden + pending (the previous layer's MLP
+        output, added in this layer's first norm launch); rope (cos, sin) tables [S, D]; positions [N]; k/v_cache
+        [Hkv, S, D] (this layer's); slots [N] -> (layer input, hidden after attention, MLP output), each [N, H].
+        Launches: add + norm, qkv matmul, rope + cache write, attention, o matmul, add + norm, gate/up matmul,
+        silu * up, down matmul."""
         n = hidden.shape[0]
-        qkv = self.wqkv(rms_norm(hidden, self.attn_norm, self.eps))  # [N, (Hq + 2 Hkv) D]
+        if pending is None:
+            normed = rms_norm(hidden, self.attn_norm, self.eps)
+        else:
+            normed, hidden = rms_norm(pending, self.attn_norm, self.eps, hidden)
+        qkv = self.wqkv(normed)  # [N, (Hq + 2 Hkv) D]
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                              self.kv_heads * self.head_dim], dim=-1)
-        q = rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)  # [Hq, N, D]
-        k = rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)  # [Hkv, N, D]
-        v = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-        k_cache.index_copy_(1, slots, k)
-        v_cache.index_copy_(1, slots, v)
+        q = rope_cache(q.view(n, self.heads, self.head_dim), k.view(n, self.kv_heads, self.head_dim),
+                       v.view(n, self.kv_heads, self.head_dim), *rope, positions, k_cache, v_cache, slots)  # [Hq, N, D]
+        attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill)  # [Hq, N, D]
+        normed, attended = rms_norm(self.wo(attn.transpose(0, 1).reshape(n, -1)), self.mlp_norm, self.eps, hidden)
+        return hidden, attended, self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
+
+    def _attend(self, q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill: bool) -> torch.Tensor:
+        """q [Hq, N, D] over the cache (its N new keys already written) -> [Hq, N, D]."""
         scale = self.head_dim ** -0.5
-        if causal_prefill:  # the whole prompt at once, from an empty cache
-            attn = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=scale,
-                                                  enable_gqa=self.heads != self.kv_heads)[0]
-        else:
-            attn = tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale)  # [Hq, N, D]
-        hidden = hidden + self.wo(attn.transpose(0, 1).reshape(n, -1))
-        gate, up = self.w13(rms_norm(hidden, self.mlp_norm, self.eps)).chunk(2, dim=-1)
-        return hidden + self.w2(F.silu(gate) * up)
+        if causal_prefill:  # the whole prompt at once, from an empty cache: its keys are slots 0..N-1
+            n = q.shape[1]
+            return F.scaled_dot_product_attention(q[None], k_cache[None, :, :n], v_cache[None, :, :n], is_causal=True,
+                                                  scale=scale, enable_gqa=self.heads != self.kv_heads)[0]
+        return tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale)
 
 
 class TargetModel(nn.Module):
@@ -111,14 +110,16 @@ class TargetModel(nn.Module):
         (None: a causal prefill from an empty cache) -> (hidden [N, H] after `end_layer`-1, {i: input of layer i})."""
         end_layer = self.info.num_layers if end_layer is None else end_layer
         capture = set(capture)
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [N, D]
         slots = prefix_len + torch.arange(hidden.shape[0], device=hidden.device)  # [N]
-        captured = {}
-        for index in range(start_layer, end_layer):
+        captured, pending = {}, None
+        for index in range(start_layer, end_layer):  # each layer adds the previous one's MLP output
+            layer_input, hidden, pending = self.layers[index](
+                hidden, pending, (self.rope_cos, self.rope_sin), positions, self.k_cache[index], self.v_cache[index],
+                slots, prefix_len, tree_mask, tree_mask is None)
             if index in capture:
-                captured[index] = hidden
-            hidden = self.layers[index](hidden, cos, sin, self.k_cache[index], self.v_cache[index], slots,
-                                        prefix_len, tree_mask, tree_mask is None)
+                captured[index] = layer_input
+        if pending is not None:
+            hidden = hidden + pending
         if end_layer in capture:
             captured[end_layer] = hidden
         return hidden, captured

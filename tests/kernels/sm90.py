@@ -19,7 +19,7 @@ import torch
 
 _POINTER_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",
                   torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
-_LAUNCH_OPTIONS = ("num_warps", "num_stages")
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion")
 
 
 @dataclass
@@ -126,6 +126,32 @@ def _cases():
             attention.tree_attention_triton(torch.empty(q_heads, num_nodes, head_dim, dtype=bf16), kv, kv, one,
                                             torch.ones(num_nodes, num_nodes, dtype=torch.bool), 0.1)
         yield attention, ["_split_kernel", "_combine_kernel"], run
+    yield from _layer_cases()
+
+
+def _layer_cases():
+    """The decoder-layer ops: rms_norm, rope_cache, silu_mul (bfloat16, SmolLM2-135M and Llama-3-8B shapes)."""
+    from specdraft.kernels.rms_norm import triton_kernel as norm
+    from specdraft.kernels.rope_cache import triton_kernel as rope
+    from specdraft.kernels.silu_mul import triton_kernel as silu
+
+    bf16, i64 = torch.bfloat16, torch.int64
+    for rows, hidden, residual in [(64, 4096, True), (1, 576, False)]:
+        x = torch.empty(rows, hidden, dtype=bf16)
+        yield norm, ["_rms_norm_kernel"], lambda x=x, residual=residual: norm.rms_norm_triton(
+            x, torch.empty(x.shape[1], dtype=bf16), 1e-5, x if residual else None, weight_in_fp32=not residual)
+    for tokens, q_heads, kv_heads, head_dim, copies in [(64, 9, 3, 64, None), (1, 32, 8, 128, None),
+                                                        (8, 32, 8, 128, 3)]:
+        def run(tokens=tokens, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, copies=copies):
+            cache = torch.empty(*(() if copies is None else (copies,)), kv_heads, 2048, head_dim, dtype=bf16)
+            q = torch.empty(tokens, q_heads, head_dim, dtype=bf16)
+            kv = torch.empty(tokens, kv_heads, head_dim, dtype=bf16)
+            table, index = torch.empty(2048, head_dim, dtype=bf16), torch.zeros(tokens, dtype=i64)
+            rope.rope_cache_triton(q, kv, kv, table, table, index, cache, cache, index)
+        yield rope, ["_rope_cache_kernel"], run
+    for rows, width in [(64, 14336), (1, 1536)]:
+        yield silu, ["_silu_mul_kernel"], lambda rows=rows, width=width: silu.silu_mul_triton(
+            *torch.empty(rows, 2 * width, dtype=bf16).chunk(2, dim=-1))
 
 
 def main() -> None:

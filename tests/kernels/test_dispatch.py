@@ -1,4 +1,4 @@
-"""The four runtime ops dispatch: Triton where `use_triton` says so (the interpreter here), the reference when
+"""The runtime ops dispatch: Triton where `use_triton` says so (the interpreter here), the reference when
 SPECDRAFT_KERNELS=reference or where triton is not installed (then the ops import and run without it)."""
 import subprocess
 import sys
@@ -9,6 +9,9 @@ import torch
 
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.kv_compact import compact_kv
+from specdraft.kernels.rms_norm import rms_norm
+from specdraft.kernels.rope_cache import rope_cache
+from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.tree_attention import tree_attention
 from specdraft.kernels.tree_verify import verify_greedy
 
@@ -24,6 +27,13 @@ CALLS = {  # module: (its dispatching function, the Triton launcher's name, a ca
     "tree_attention": (tree_attention, "tree_attention_triton",
                        lambda op: op(torch.randn(2, 2, 16), torch.randn(1, 8, 16), torch.randn(1, 8, 16),
                                      torch.tensor([4]), torch.tril(torch.ones(2, 2, dtype=torch.bool)), 0.25)),
+    "rms_norm": (rms_norm, "rms_norm_triton",
+                 lambda op: op(torch.randn(2, 24), torch.ones(24), 1e-5, torch.randn(2, 24))),
+    "rope_cache": (rope_cache, "rope_cache_triton",
+                   lambda op: op(torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.randn(6, 8),
+                                 torch.randn(6, 8), torch.tensor([1, 4]), torch.zeros(2, 6, 8), torch.zeros(2, 6, 8),
+                                 torch.tensor([2, 3]))),
+    "silu_mul": (silu_mul, "silu_mul_triton", lambda op: op(torch.randn(2, 12), torch.randn(2, 12))),
 }
 
 

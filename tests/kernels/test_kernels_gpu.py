@@ -5,6 +5,9 @@ import torch
 
 from specdraft.kernels.draft_topk import draft_topk, draft_topk_reference
 from specdraft.kernels.kv_compact import compact_kv, compact_kv_reference
+from specdraft.kernels.rms_norm import rms_norm, rms_norm_reference
+from specdraft.kernels.rope_cache import rope_cache, rope_cache_reference
+from specdraft.kernels.silu_mul import silu_mul, silu_mul_reference
 from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
 from specdraft.kernels.tree_verify import verify_greedy, verify_greedy_reference
 from tests.kernels.trees import ancestor_mask, random_parents
@@ -89,3 +92,57 @@ def test_tree_attention_on_gpu_and_in_a_graph(q_heads, kv_heads, num_nodes, head
         graph.replay()
         expected = tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, head_dim ** -0.5)
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def _within_one_bf16_step(got: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (64, 576), (8, 4096)])
+def test_rms_norm_on_gpu_and_in_a_graph(rows, hidden):
+    """bfloat16: the reference's bits, but where the float32 sums of squares of the two reductions round apart
+    (one bfloat16 step, rarely)."""
+    x, residual = torch.randn(2, rows, hidden, device=CUDA).mul(3).bfloat16()
+    weight = (1 + torch.randn(hidden, device=CUDA) / 4).bfloat16()
+    graph, (out, summed) = _captured(lambda: rms_norm(x, weight, 1e-5, residual))
+    for _ in range(2):
+        x.copy_(torch.randn_like(x, dtype=torch.float32))
+        graph.replay()
+        expected_out, expected_summed = rms_norm_reference(x, weight, 1e-5, residual)
+        assert torch.equal(summed, expected_summed)
+        _within_one_bf16_step(out, expected_out)
+        assert (out != expected_out).sum() <= max(1, out.numel() // 1000)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens, q_heads, kv_heads, head_dim", [(1, 9, 3, 64), (64, 9, 3, 64), (8, 32, 8, 128)])
+def test_rope_cache_on_gpu_and_in_a_graph(tokens, q_heads, kv_heads, head_dim, dtype):
+    """The reference's bits (q, and both caches after the write)."""
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=CUDA).to(dtype)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split([q_heads * head_dim, kv_heads * head_dim,
+                                                                kv_heads * head_dim], dim=-1))
+    cos, sin = torch.randn(2, 1024, head_dim, device=CUDA).to(dtype)
+    k_cache, v_cache = torch.randn(2, kv_heads, 1024, head_dim, device=CUDA).to(dtype)
+    positions = torch.zeros(tokens, dtype=torch.int64, device=CUDA)
+    slots = torch.zeros_like(positions)
+    graph, q_rot = _captured(lambda: rope_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slots))
+    for start in (0, 500):
+        positions.copy_(torch.randperm(1024, device=CUDA)[:tokens])
+        slots.copy_(torch.arange(start, start + tokens, device=CUDA))
+        expected_k, expected_v = k_cache.clone(), v_cache.clone()
+        expected_q = rope_cache_reference(q, k, v, cos, sin, positions, expected_k, expected_v, slots)
+        graph.replay()
+        assert torch.equal(q_rot, expected_q)
+        assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("rows, width", [(1, 1536), (64, 14336)])
+def test_silu_mul_on_gpu_and_in_a_graph(rows, width):
+    """bfloat16: within one step of the reference (the kernel's exp is the GPU's fast one)."""
+    gate_up = torch.randn(rows, 2 * width, device=CUDA).mul(3).bfloat16()
+    graph, out = _captured(lambda: silu_mul(*gate_up.chunk(2, dim=-1)))
+    for _ in range(2):
+        gate_up.copy_(torch.randn_like(gate_up, dtype=torch.float32).mul(3))
+        graph.replay()
+        expected = silu_mul_reference(*gate_up.chunk(2, dim=-1))
+        _within_one_bf16_step(out, expected)

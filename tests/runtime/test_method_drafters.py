@@ -138,3 +138,18 @@ def test_ingesting_in_pieces_equals_ingesting_at_once(method):
         drafter.ingest({i: h[rows] for i, h in captured.items()}, next_tokens[rows], torch.tensor([start]),
                        torch.tensor([stop - start]))
     assert torch.equal(build_tree(drafter, engine.shape, engine.root, engine.prefix_len).tokens, whole)
+
+
+@pytest.mark.triton_kernels
+@pytest.mark.parametrize("method", RUNTIME_METHODS)
+@torch.no_grad()
+def test_drafts_through_the_triton_kernels_equal_the_references(method, monkeypatch):
+    """The drafters' fused launches (rms_norm, rope_cache over their rope tables, silu_mul; the interpreter here)
+    draft the trees the references draft, and the output stays the target's greedy output."""
+    runs = {}
+    for kernels in ("reference", "auto"):
+        monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+        model, _, _, engine = _setup(method, TreeShape(depth=2, topk=2, budget=4))
+        runs[kernels] = engine.generate(PROMPT, 6, trace=True)
+    assert [row["tokens"] for row in runs["auto"].trace] == [row["tokens"] for row in runs["reference"].trace]
+    assert runs["auto"].tokens == runs["reference"].tokens == _hf_greedy(model, PROMPT, 6)

@@ -12,7 +12,8 @@ from specdraft.kernels.tree_attention.reference import tree_attention_reference,
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
                    tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Hq, N, D]; k_cache, v_cache [Hkv, S, D] (Hq % Hkv == 0); prefix_len [1] int64; tree_mask [N, N] bool
-    (node i sees node j) -> out [Hq, N, D] in q's dtype (softmax in float32)."""
+    (node i sees node j) -> out [Hq, N, D] in q's dtype (softmax in float32; the Triton kernel's is laid out
+    token-major, a transposed view of [N, Hq, D], so the output projection needs no copy)."""
     if use_triton(q):
         from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
 

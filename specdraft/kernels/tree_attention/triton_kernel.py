@@ -122,7 +122,8 @@ def _launch_shape(group_rows: int, kv_heads: int, seq_len: int, device: torch.de
 def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
                           tree_mask: torch.Tensor, scale: float, block_s: int | None = None,
                           split_size: int | None = None) -> torch.Tensor:
-    """Same contract as `tree_attention`. `block_s` (a power of two, >= 16) and `split_size` (a multiple of it)
+    """Same contract as `tree_attention`; the output is token-major in memory (out.transpose(0, 1) is contiguous,
+    so the o projection reads [N, Hq * D] without a copy). `block_s` (a power of two, >= 16) and `split_size` (a multiple of it)
     override the key block and the keys per split (tests use them to force several blocks and splits)."""
     q_heads, num_nodes, head_dim = q.shape
     kv_heads, seq_len, _ = k_cache.shape
@@ -146,7 +147,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     part_out = torch.empty(q_heads * num_nodes * num_splits, block_d, dtype=torch.float32, device=device)
     part_max = torch.empty(q_heads * num_nodes * num_splits, dtype=torch.float32, device=device)
     part_sum = torch.empty_like(part_max)
-    out = torch.empty(q_heads, num_nodes, head_dim, dtype=q.dtype, device=device)
+    out = torch.empty(num_nodes, q_heads, head_dim, dtype=q.dtype, device=device).transpose(0, 1)  # [Hq, N, D]
     tree_mask = tree_mask.contiguous().view(torch.uint8)
     grid = (num_splits, triton.cdiv(group * num_nodes, block_r), kv_heads)
     _split_kernel[grid](q, k_cache, v_cache, prefix_len, tree_mask, part_out, part_max, part_sum, q.stride(0),

@@ -1,0 +1,77 @@
+"""Kernel launches of one target decoder layer in a decode step (one token, bfloat16) and in a verify pass (a
+tree of nodes): 10 with the fused kernels (the layer's closing residual add rides in the next layer's first norm,
+and tree attention writes its output token-major, so the o projection reads it without a copy), where the unfused layer (float32 RMSNorm as 8 ops twice, rope as 5 ops for q and for k, index_copy cache writes,
+silu and mul apart) launched 38 with the same two tree-attention kernels. Counted on the CPU: every ATen op that
+computes (views, metadata and allocations launch no kernel) plus every Triton kernel (under the interpreter,
+whose own host copies are not counted), so a change that unfuses an op fails here."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specdraft.methods.base import TargetInfo
+from specdraft.runtime.target import from_hf
+from tests.tiny import tiny_llama_config
+
+NO_LAUNCH = {"view", "_unsafe_view", "t", "transpose", "split", "split_with_sizes", "slice", "select", "expand",
+             "unsqueeze", "squeeze", "permute", "as_strided", "alias", "detach", "empty", "empty_like",
+             "empty_strided", "new_empty", "_reshape_alias", "lift_fresh", "set_", "unbind", "chunk"}
+FUSED_BOUND = 10  # add + norm, qkv, rope + cache, attention (2 kernels), o, add + norm, gate/up, silu * up, down
+UNFUSED_AT_LEAST = 35  # the references: the unfused layer's ops, with the attention's reference
+
+
+class LaunchCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.launches, self.inside_triton = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.inside_triton and name not in NO_LAUNCH:
+            self.launches.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _count_triton(counter, monkeypatch):
+    from triton.runtime.interpreter import GridExecutor
+
+    launch = GridExecutor.__call__
+
+    def counted(executor, *args, **kwargs):
+        counter.launches.append(f"triton:{executor.fn.__name__}")
+        counter.inside_triton += 1
+        try:
+            return launch(executor, *args, **kwargs)
+        finally:
+            counter.inside_triton -= 1
+    monkeypatch.setattr(GridExecutor, "__call__", counted)
+
+
+def _decode_layer_launches(monkeypatch, kernels: str, num_tokens: int = 1):
+    from transformers import LlamaForCausalLM
+
+    monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+    hf = LlamaForCausalLM(tiny_llama_config(layers=1)).eval().to(torch.bfloat16)  # casts count, as on a GPU
+    model = from_hf(hf, TargetInfo.from_hf_config(hf.config, "tiny"))
+    info, max_len = model.info, 16
+    cos, sin = torch.randn(2, max_len, info.head_dim)
+    model.allocate(max_len, cos, sin)
+    hidden, pending = torch.randn(2, num_tokens, info.hidden_size, dtype=torch.bfloat16)  # a layer inside the stack
+    prefix_len = torch.tensor([5])
+    positions = slots = prefix_len + torch.arange(num_tokens)  # [N] a chain after 5 confirmed tokens
+    tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
+    counter = LaunchCounter()
+    _count_triton(counter, monkeypatch)
+    with torch.no_grad(), counter:
+        model.layers[0](hidden, pending, (model.rope_cos, model.rope_sin), positions, model.k_cache[0],
+                        model.v_cache[0], slots, prefix_len, tree_mask, False)
+    return counter.launches
+
+
+@pytest.mark.triton_kernels
+@pytest.mark.parametrize("num_tokens", [1, 4], ids=["decode", "verify"])
+def test_a_decode_layer_launches_few_kernels(monkeypatch, num_tokens):
+    fused = _decode_layer_launches(monkeypatch, "auto", num_tokens)
+    assert len(fused) <= FUSED_BOUND, fused
+    assert {"triton:_rms_norm_kernel", "triton:_rope_cache_kernel", "triton:_silu_mul_kernel"} <= set(fused)
+    unfused = _decode_layer_launches(monkeypatch, "reference", num_tokens)  # the references run the old layer's ops
+    assert len(unfused) >= UNFUSED_AT_LEAST, unfused
