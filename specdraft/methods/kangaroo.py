@@ -298,19 +298,29 @@ class KangarooDrafter:
     Adapter cache [Hkv, max_len, D]: `ingest` writes the confirmed positions' keys from the target's feature
     ℓ (computed by verification); `first` and `step` write the root's and the drafted nodes' at their scratch
     slots. Shallow layers: the nodes run through the target's own layers 0..ℓ-1 with its static cache; their
-    keys land at the target's scratch slots n + j (the verify pass rewrites those slots afterwards). As the
-    target's tree attention sees the whole prefix plus the new rows by a mask, `step` reruns every scratch
-    node drafted so far (W rows, static) with the scratch visibility it recorded: ancestors only, as in a tree.
-    The confidence exit η (`exit_threshold`) is an attribute for the engine; this drafter drafts every depth.
+    keys land at the target's scratch slots n + j. In a chain (k = 1) a step runs its one new node only: the
+    earlier scratch nodes are all its ancestors, so they count as prefix for the target's tree attention
+    (O(1) rows per depth). In a tree the target's attention sees the whole prefix plus the new rows by a mask,
+    so `step` reruns every scratch node drafted so far (W rows, static) with the scratch visibility it recorded.
+
+    Verification of a chain starts at layer ℓ (`verify_start_layer`): the shallow states of the scratch nodes
+    are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots the verify pass uses (chain
+    node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft). Trees
+    verify through every layer: their verified nodes are a budget-selected subset of the candidates, laid out
+    in another order than the scratch slots, and the leaves never ran through the shallow layers, so reuse
+    would need a KV permutation plus a partial shallow pass; not built.
     """
 
     def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
         self.draft, self.target = draft, target_model
         self.exit_layer, self.exit_threshold = draft.exit_layer, cfg.exit_threshold
+        self.verify_start_layer = draft.exit_layer
         self.feature_layers, self.d2t = [draft.exit_layer], draft.d2t
         attn = draft.self_attn
         self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
         self.rows = draft.head_rows(target_model.lm_head_weight)  # [Vd, H], gathered once
+        layer_params = sum(p.numel() for p in target_model.layers[0].parameters())
+        self.draft_cost_layers = self.exit_layer + sum(p.numel() for p in draft.self_attn.parameters()) / layer_params
 
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
@@ -319,11 +329,12 @@ class KangarooDrafter:
         self.scratch_tokens = torch.zeros(scratch, dtype=torch.long, device=device)
         self.scratch_positions = torch.zeros(scratch, dtype=torch.long, device=device)
         self.scratch_mask = torch.eye(scratch, dtype=torch.bool, device=device)  # row j: what node j sees
+        self.shallow_states = torch.zeros(scratch, self.rows.shape[1], device=device, dtype=dtype)  # [W, H]
         self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
 
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
-                self.scratch_mask]
+                self.scratch_mask, self.shallow_states]
 
     def _write_kv(self, shallow, positions, slots):
         """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
@@ -343,6 +354,15 @@ class KangarooDrafter:
         hidden = shallow + self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
         return self.draft.logits(hidden, self.target.final_norm, self.rows), hidden
 
+    def _shallow_chain(self, tokens, positions, first_slot):
+        """A chain segment tokens [m] at positions [m] after everything before target slot first_slot [1]
+        (confirmed prefix and earlier chain nodes) -> its states entering layer ℓ [m, H]; writes its shallow KV."""
+        m = tokens.shape[0]
+        causal = self.root_mask if m == 1 else torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
+        shallow, _ = self.target.run_layers(self.target.embed(tokens), positions, first_slot, causal, 0,
+                                            self.exit_layer)
+        return shallow
+
     def ingest(self, features, next_tokens, start, count) -> None:
         shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]
         columns = start + torch.arange(shallow.shape[0], device=shallow.device)
@@ -352,19 +372,36 @@ class KangarooDrafter:
     def first(self, root_token, position):
         self.scratch_tokens[:1] = root_token
         self.scratch_positions[:1] = position
-        shallow, _ = self.target.run_layers(self.target.embed(root_token), position, self.prefix_len,
-                                            self.root_mask, 0, self.exit_layer)  # [1, H]
+        shallow = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H]
+        self.shallow_states[:1] = shallow
         visible = torch.arange(self.k_cache.shape[1], device=shallow.device)[None, :] <= self.prefix_len
         return self._adapter(shallow, position, self.prefix_len, visible)
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        if tokens.shape[0] == 1:  # a chain: scratch slots 0..depth-1 are all ancestors, i.e. prefix
+            shallow = self._shallow_chain(tokens, positions, self.prefix_len + scratch_slots)  # [1, H]
+            self.shallow_states.index_copy_(0, scratch_slots, shallow)
+        else:
+            shallow = self._shallow_tree(tokens, positions, scratch_slots, scratch_visible)  # [k, H]
+        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
+        return self._adapter(shallow, positions, self.prefix_len + scratch_slots, visible)
+
+    def _shallow_tree(self, tokens, positions, scratch_slots, scratch_visible):
+        """Every scratch node so far through layers 0..ℓ-1 (W rows, tree mask) -> the k new nodes' [k, H]."""
         self.scratch_tokens.index_copy_(0, scratch_slots, tokens)
         self.scratch_positions.index_copy_(0, scratch_slots, positions)
         self.scratch_mask.index_copy_(0, scratch_slots, scratch_visible)
         shallow, _ = self.target.run_layers(self.target.embed(self.scratch_tokens), self.scratch_positions,
                                             self.prefix_len, self.scratch_mask, 0, self.exit_layer)  # [W, H]
-        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
-        return self._adapter(shallow[scratch_slots], positions, self.prefix_len + scratch_slots, visible)
+        return shallow[scratch_slots]
+
+    def chain_verify_states(self, tokens, positions, computed: int):
+        """tokens, positions [n] of the chain -> [n, H] entering layer ℓ (drafter.py); runs nodes computed..n-1."""
+        n = tokens.shape[0]
+        if computed >= n:
+            return self.shallow_states[:n]
+        tail = self._shallow_chain(tokens[computed:], positions[computed:], self.prefix_len + computed)
+        return torch.cat([self.shallow_states[:computed], tail])
 
 
 def kangaroo_runtime(draft: KangarooDraft, cfg: KangarooConfig, target_model) -> KangarooDrafter:
