@@ -148,3 +148,42 @@ def test_static_buffer_replays_give_the_eager_tokens(monkeypatch, options):
         expected, got = eager.generate(prompt, 24), replayed.generate(prompt, 24)
         assert got.tokens == expected.tokens and got.drafted == expected.drafted
     assert replayed.chain._graphs
+
+
+SAMPLING_TRIALS, TOP, CRITICAL = 400, 4, 18.5  # chi-square, TOP + 1 bins (4 degrees of freedom), p = 0.001
+
+
+def _first_cycle_tokens(engine, prompt, trials):
+    """Prefill at T=0 (a fixed root), then one cycle at T=1 from the same state -> (root, its first emitted token
+    per trial). A cycle writes cache slots from the prefix on only, so resetting the prefix and root resets it."""
+    generator, firsts = torch.Generator().manual_seed(0), []
+    root = engine.prefill(torch.tensor(prompt), 0.0)
+    saved = [t.clone() for t in (engine.prefix_len, engine.root, engine.drafter.prefix_len)]
+    for _ in range(trials):
+        for tensor, value in zip((engine.prefix_len, engine.root, engine.drafter.prefix_len), saved):
+            tensor.copy_(value)
+        out, _ = engine._cycle(1.0, generator)
+        firsts.append(int(out.emitted[0]))
+    return root, torch.tensor(firsts)
+
+
+def _chi_square_top(samples, probs):
+    """Chi-square of samples against probs [V] over the TOP most likely tokens and one bin for the rest."""
+    top = probs.topk(TOP).indices
+    expected = torch.cat([probs[top], 1 - probs[top].sum(0, keepdim=True)]) * samples.shape[0]
+    counts = torch.stack([(samples == t).sum() for t in top] + [(~torch.isin(samples, top)).sum()]).float()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@torch.no_grad()
+def test_sampled_chain_cycles_with_exits_keep_the_target_distribution(monkeypatch):
+    model, engine = _engine(exit_threshold=0.3, dynamic_exit=True)
+    root, firsts = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS)
+    probs = torch.softmax(model(torch.tensor([PROMPTS[0] + [root]])).logits[0, -1], -1)  # [V]
+    assert _chi_square_top(firsts, probs) < CRITICAL
+    from specdraft.runtime import sampling
+
+    real = sampling.sample_token
+    monkeypatch.setattr(sampling, "sample_token", lambda logits, t, g=None, banned=None: real(logits, t, g))
+    _, broken = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS // 2)  # resamples the rejected draft
+    assert _chi_square_top(broken, probs) > CRITICAL
