@@ -58,9 +58,31 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
 
 
+@dataclass(frozen=True)
+class ChainOptions:
+    """Chain-only engine options (engine.py, chain.py, dynamic_exit.py); a tree shape refuses them."""
+    exit_threshold: Optional[float] = None
+    """η: stop drafting once the draft's top-1 probability falls below it; None: the drafter's own
+    `exit_threshold` (Kangaroo's trained η) for chains, else off."""
+    dynamic_exit: bool = False
+    """DEL's draft length per context from acceptance statistics."""
+    reuse_shallow: bool = True
+    """Verify from the drafter's `verify_start_layer` (Kangaroo: ℓ) over the states it computed while drafting."""
+
+
+def _engine_options(drafter, shape: TreeShape, options: ChainOptions) -> dict:
+    if shape.topk != 1:
+        if (options.exit_threshold or 0) > 0 or options.dynamic_exit:
+            raise SpecdraftError("--exit-threshold and --dynamic-exit apply to chains: add --chain")
+        return {}
+    eta = options.exit_threshold
+    eta = float(getattr(drafter, "exit_threshold", 0.0)) if eta is None else eta
+    return {"exit_threshold": eta, "dynamic_exit": options.dynamic_exit, "reuse_shallow": options.reuse_shallow}
+
+
 def load_runtime(path: str | Path, target_path: Optional[str] = None, device: str = "auto", dtype: str = "auto",
                  shape: TreeShape = TreeShape(), max_len: int = 2048,
-                 use_graphs: Optional[bool] = None) -> Runtime:
+                 use_graphs: Optional[bool] = None, chain: ChainOptions = ChainOptions()) -> Runtime:
     """A run directory or export -> a ready SpecEngine over the target it was trained for (or `target_path`)."""
     path = Path(path)
     _check_export(path)
@@ -75,5 +97,6 @@ def load_runtime(path: str | Path, target_path: Optional[str] = None, device: st
     target_model: TargetModel = from_hf(target.model, target.info)
     draft = loaded.draft.to(device=torch_device, dtype=target.model.dtype)
     drafter = loaded.spec.runtime(draft, loaded.method_cfg, target_model)
-    engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len), use_graphs)
+    engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len), use_graphs,
+                        **_engine_options(drafter, shape, chain))
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer))
