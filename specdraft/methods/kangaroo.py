@@ -5,7 +5,7 @@ The draft is the target itself, cut after its first ℓ decoder layers, plus a s
 attention block (the target's head geometry) between a norm and a residual, no MLP. It reads the target's
 hidden state at index ℓ (specdraft's convention: the input of decoder layer ℓ, i.e. after layers 0..ℓ-1) and
 drafts through the target's own final norm and LM head, frozen and shared. Drafting stops early when the
-adapter's top-1 probability falls below η (`exit_threshold`; the second early exit, the runtime's business).
+adapter's top-1 probability falls below η (`exit_threshold`; the second early exit, the runtime's chain cycles).
 
 Exit layer ℓ (`exit_layer`): the paper exits Vicuna-7B after 2 of its 32 layers; its ablation over depth shows
 that deeper exits buy acceptance at the price of a costlier draft step, with the best speed-up that shallow.
@@ -30,7 +30,9 @@ train nothing a greedy chain uses. `ttt_steps` sets how far acc@k and tau_sim si
 step-0 predictions shifted by j); the loss is step 0's, the paper's objective (more steps would only rescale it).
 
 Inference: confirmed positions' adapter keys come from the target's own feature ℓ (computed by verification);
-each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter.
+each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter. In the
+runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states, and the engine's
+confidence exit (specdraft/runtime/chain.py) defaults to `exit_threshold`.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ as a tree's is. At T > 0 the verify's rejection sampling walks on the host (eage
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -138,7 +139,7 @@ class ChainCycles:
             drafted = depth
             if depth == max_depth:
                 break
-            hidden = self._run(("step", depth), lambda h, d=depth: self._step(d, h), hidden)
+            hidden = self._run(("step", depth), partial(self._step, depth), hidden)
             calls += 1
         return drafted, calls
 
@@ -151,5 +152,4 @@ class ChainCycles:
         drafted, computed = self.draft(max_depth)
         if temperature > 0:
             return self._verify_sampled(drafted, computed, temperature, generator), drafted
-        verify = lambda k=drafted, c=computed: self._verify_greedy(k, c)  # noqa: E731
-        return self._run(("verify", drafted, computed), verify), drafted
+        return self._run(("verify", drafted, computed), partial(self._verify_greedy, drafted, computed)), drafted
