@@ -64,6 +64,9 @@ def _runtime_args(cmd) -> None:
                           "default: the draft's own, e.g. Kangaroo's method.exit_threshold, else off)")
     cmd.add_argument("--dynamic-exit", action="store_true",
                      help="chains: choose the draft length per context from acceptance statistics (DEL)")
+    cmd.add_argument("--more-exits", nargs="+", default=(), metavar="EXPORT_DIR",
+                     help="chains, with --dynamic-exit: drafts of the same target at other exit layers; each cycle "
+                          "drafts with the one DEL's statistics favour")
     cmd.add_argument("--no-shallow-reuse", action="store_true",
                      help="chains: verify through every target layer even if the draft ran the shallow ones")
     cmd.add_argument("--max-len", type=int, default=2048, help="KV-cache slots (prompt + answer + tree)")
@@ -78,7 +81,7 @@ def _load_runtime(args):
 
     shape = TreeShape.chain(args.depth) if args.chain or args.topk == 1 else TreeShape(args.depth, args.topk,
                                                                                         args.budget)
-    chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse)
+    chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse, tuple(args.more_exits))
     return load_runtime(args.path, args.target, args.device, args.dtype, shape.validated(), args.max_len,
                         False if args.no_cuda_graphs else None, chain)
 

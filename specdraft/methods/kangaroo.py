@@ -305,8 +305,10 @@ class KangarooDrafter:
     (O(1) rows per depth). In a tree the target's attention sees the whole prefix plus the new rows by a mask,
     so `step` reruns every scratch node drafted so far (W rows, static) with the scratch visibility it recorded.
 
-    Verification of a chain starts at layer ℓ (`verify_start_layer`): the shallow states of the scratch nodes
-    are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots the verify pass uses (chain
+    Verification of a chain starts at layer ℓ (`verify_start_layer`; `set_verify_start_layer` lowers it, for
+    a set of drafts at several ℓ that share one verify, runtime/dynamic_exit.py): the shallow states of the
+    scratch nodes at that layer are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots
+    the verify pass uses (chain
     node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft). Trees
     verify through every layer: their verified nodes are a budget-selected subset of the candidates, laid out
     in another order than the scratch slots, and the leaves never ran through the shallow layers, so reuse
@@ -356,14 +358,21 @@ class KangarooDrafter:
         hidden = shallow + self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
         return self.draft.logits(hidden, self.target.final_norm, self.rows), hidden
 
-    def _shallow_chain(self, tokens, positions, first_slot):
+    def set_verify_start_layer(self, layer: int) -> None:
+        """Keep the chain's states entering `layer` (<= ℓ) for the verify instead of those entering ℓ."""
+        if not 0 < layer <= self.exit_layer:
+            raise SpecdraftError(f"verify start layer {layer} out of range 1..{self.exit_layer}")
+        self.verify_start_layer = layer
+
+    def _shallow_chain(self, tokens, positions, first_slot, end_layer: Optional[int] = None):
         """A chain segment tokens [m] at positions [m] after everything before target slot first_slot [1]
-        (confirmed prefix and earlier chain nodes) -> its states entering layer ℓ [m, H]; writes its shallow KV."""
-        m = tokens.shape[0]
+        (confirmed prefix and earlier chain nodes) through layers 0..end_layer-1 (default ℓ) -> (states entering
+        end_layer [m, H], states entering verify_start_layer [m, H]); writes its shallow KV."""
+        m, end_layer = tokens.shape[0], self.exit_layer if end_layer is None else end_layer
         causal = self.root_mask if m == 1 else torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
-        shallow, _ = self.target.run_layers(self.target.embed(tokens), positions, first_slot, causal, 0,
-                                            self.exit_layer)
-        return shallow
+        shallow, captured = self.target.run_layers(self.target.embed(tokens), positions, first_slot, causal, 0,
+                                                   end_layer, capture=[self.verify_start_layer])
+        return shallow, captured[self.verify_start_layer]
 
     def ingest(self, features, next_tokens, start, count) -> None:
         shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]
@@ -374,15 +383,15 @@ class KangarooDrafter:
     def first(self, root_token, position):
         self.scratch_tokens[:1] = root_token
         self.scratch_positions[:1] = position
-        shallow = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H]
-        self.shallow_states[:1] = shallow
+        shallow, kept = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H] each
+        self.shallow_states[:1] = kept
         visible = torch.arange(self.k_cache.shape[1], device=shallow.device)[None, :] <= self.prefix_len
         return self._adapter(shallow, position, self.prefix_len, visible)
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         if tokens.shape[0] == 1:  # a chain: scratch slots 0..depth-1 are all ancestors, i.e. prefix
-            shallow = self._shallow_chain(tokens, positions, self.prefix_len + scratch_slots)  # [1, H]
-            self.shallow_states.index_copy_(0, scratch_slots, shallow)
+            shallow, kept = self._shallow_chain(tokens, positions, self.prefix_len + scratch_slots)  # [1, H] each
+            self.shallow_states.index_copy_(0, scratch_slots, kept)
         else:
             shallow = self._shallow_tree(tokens, positions, scratch_slots, scratch_visible)  # [k, H]
         visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
@@ -398,11 +407,13 @@ class KangarooDrafter:
         return shallow[scratch_slots]
 
     def chain_verify_states(self, tokens, positions, computed: int):
-        """tokens, positions [n] of the chain -> [n, H] entering layer ℓ (drafter.py); runs nodes computed..n-1."""
+        """tokens, positions [n] of the chain -> [n, H] entering verify_start_layer (drafter.py); runs nodes
+        computed..n-1 through the layers below it."""
         n = tokens.shape[0]
         if computed >= n:
             return self.shallow_states[:n]
-        tail = self._shallow_chain(tokens[computed:], positions[computed:], self.prefix_len + computed)
+        tail, _ = self._shallow_chain(tokens[computed:], positions[computed:], self.prefix_len + computed,
+                                      self.verify_start_layer)
         return torch.cat([self.shallow_states[:computed], tail])
 
 

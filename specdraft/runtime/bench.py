@@ -68,7 +68,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         run = engine.decode_plain if mode == "plain" else engine.generate
         run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0]}
-    accepted, drafted, same_as_plain, plain_matches_hf = [], [], 0, 0
+    accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
         plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
         spec = engine.generate(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
@@ -78,6 +78,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
             totals[name][1] += result.seconds
         accepted += spec.accepted
         drafted += spec.drafted
+        exits += spec.exits
         same_as_plain += spec.tokens == plain.tokens
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
         if settings.hf_baseline:
@@ -85,12 +86,13 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
             totals["hf"][0] += len(hf_tokens)
             totals["hf"][1] += seconds
             plain_matches_hf += hf_tokens == plain.tokens
-    return _summary(runtime, totals, (accepted, drafted), same_as_plain, plain_matches_hf, len(prompts), temperature,
+    return _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts), temperature,
                     settings)
 
 
 def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):
-    accepted, drafted = cycles
+    accepted, drafted, exits = cycles
+    exit_layers = getattr(runtime.engine.drafter, "exit_layers", None)
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
     depth = runtime.engine.shape.depth
     greedy = temperature == 0
@@ -100,6 +102,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
+        "cycles_by_exit_layer": {layer: exits.count(i) for i, layer in enumerate(exit_layers)} if exit_layers else None,
         "accepted_histogram": [accepted.count(a) for a in range(depth + 1)],
         "cycles": len(accepted),
         "tokens_per_s": speed["spec"],
@@ -154,7 +157,8 @@ def _chain_settings(engine) -> Optional[Dict]:
     if engine.chain is None:
         return None
     return {"exit_threshold": engine.exit_threshold, "dynamic_exit": engine.dynamic_exit is not None,
-            "verify_start_layer": engine.chain.start_layer}
+            "verify_start_layer": engine.chain.start_layer,
+            "exit_layers": getattr(engine.drafter, "exit_layers", None)}
 
 
 def format_table(report: dict) -> str:

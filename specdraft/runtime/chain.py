@@ -12,7 +12,7 @@ while drafting (`chain_verify_states`): layers 0..ℓ-1 never rerun, except for 
 
 CUDA graphs (GPU): one graph for `first`, one per draft depth d (`step(d)`), one verify per (k', computed)
 (k' = 0..K; `computed` is how many chain nodes went through the drafter, k' or k'+1): at most 3K + 2 graphs,
-each replayed from static buffers. Without exits (η = 0, no dynamic exit) the whole cycle is one graph,
+each replayed from static buffers (and each per drafter `variant`, when a drafter holds several drafts). Without exits (η = 0, no dynamic exit) the whole cycle is one graph,
 as a tree's is. At T > 0 the verify's rejection sampling walks on the host (eager); the draft graphs still run.
 """
 from __future__ import annotations
@@ -119,8 +119,10 @@ class ChainCycles:
 
     # ---- host loop ------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
+        """fn(*args), replayed from a CUDA graph per key and drafter variant (dynamic_exit.ExitChoice's draft)."""
         if not self.engine.use_graphs:
             return fn(*args)
+        key = key + (getattr(self.engine.drafter, "variant", 0),)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = CallGraph(fn, self.engine._state_tensors() + self._state(), example=args)

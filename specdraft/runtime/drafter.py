@@ -39,6 +39,9 @@ Optional, for drafters that run the target's own shallow layers (self-speculatio
       The confidence exit η the method was trained for (the engine's default when none is given).
   draft_cost_layers: float
       What one draft step costs, in target-layer equivalents (dynamic_exit.py's cost model).
+  exit_costs: List[float], select_exit(index), variant: int
+      A drafter holding several drafts (dynamic_exit.ExitChoice): each one's draft-step cost, the switch
+      between cycles, and the one drafting now (the engine captures its CUDA graphs per variant).
 """
 from __future__ import annotations
 

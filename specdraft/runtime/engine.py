@@ -38,6 +38,7 @@ class GenerationResult:
     tokens: List[int]  # new tokens (prompt excluded), cut after EOS or at max_new_tokens
     accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
     drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (varies with exits)
+    exits: List[int] = field(default_factory=list)  # the drafter's exit index per cycle (dynamic_exit.ExitChoice)
     seconds: float = 0.0
     trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
 
@@ -73,6 +74,7 @@ class SpecEngine:
         self._graphs: Dict[str, CallGraph] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
+        self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
         self.set_exit_threshold(exit_threshold)
 
     def set_exit_threshold(self, eta: float) -> None:
@@ -84,10 +86,10 @@ class SpecEngine:
             self.chain.set_exit_threshold(eta)
 
     def _dynamic_exit(self) -> DynamicExit:
-        """DEL's cost model in target-layer equivalents: a draft step, and a verify above the shallow layers."""
-        layers = self.target.info.num_layers
-        return DynamicExit(self.shape.depth, float(getattr(self.drafter, "draft_cost_layers", 1.0)),
-                           float(layers - self.chain.start_layer))
+        """DEL's cost model in target-layer equivalents: a draft step at each exit the drafter offers
+        (`exit_costs`, else its one `draft_cost_layers`), and a verify above the shallow layers."""
+        costs = getattr(self.drafter, "exit_costs", [float(getattr(self.drafter, "draft_cost_layers", 1.0))])
+        return DynamicExit(self.shape.depth, costs, float(self.target.info.num_layers - self.chain.start_layer))
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -152,7 +154,11 @@ class SpecEngine:
     def _cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
         """One cycle -> (its output, the drafted tokens it verified)."""
         if self.chain is not None:
-            max_depth = self.dynamic_exit.choose() if self.dynamic_exit is not None else None
+            max_depth = None
+            if self.dynamic_exit is not None:
+                self.exit_index, max_depth = self.dynamic_exit.choose()
+                if hasattr(self.drafter, "select_exit"):
+                    self.drafter.select_exit(self.exit_index)
             return self.chain.cycle(temperature, generator, max_depth)
         return self._tree_cycle(temperature, generator), self.shape.budget - 1
 
@@ -196,8 +202,9 @@ class SpecEngine:
             done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)
             result.drafted.append(drafted)
+            result.exits.append(self.exit_index)
             if self.dynamic_exit is not None:
-                self.dynamic_exit.update(drafted, host[0] - 1)
+                self.dynamic_exit.update(self.exit_index, drafted, host[0] - 1)
             if trace:
                 result.trace.append(_trace_row(out))
         result.tokens = _cut(generated, eos_ids, max_new_tokens)

@@ -1,5 +1,6 @@
-"""Kangaroo exports end to end on the CPU: `specdraft bench --chain --exit-threshold`, and the ℓ × η sweep of
-tools/bench_kangaroo.py over two exports (ℓ = 1, 2) of a tiny target."""
+"""Kangaroo exports end to end on the CPU: `specdraft bench --chain --exit-threshold`, `generate --more-exits`,
+and the ℓ × η sweep of tools/bench_kangaroo.py over two exports (ℓ = 1, 2) of a tiny target, with the exit
+chosen per cycle among both."""
 import importlib.util
 import json
 from pathlib import Path
@@ -49,8 +50,19 @@ def test_bench_runs_a_chain_with_the_confidence_exit(exports, tmp_path):
                      "--dynamic-exit", "--temperature", "0", "--no-hf", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["lossless"] is True
-    assert report["settings"]["chain"] == {"exit_threshold": 0.2, "dynamic_exit": True, "verify_start_layer": 1}
+    assert report["settings"]["chain"] == {"exit_threshold": 0.2, "dynamic_exit": True, "verify_start_layer": 1,
+                                           "exit_layers": None}
     assert 0 <= report["runs"][0]["drafted_per_cycle"] <= 3
+
+
+def test_generate_chooses_among_exports_at_several_exit_layers(exports, capsys):
+    assert cli.main(["generate", str(exports[1]), "--prompt", "question 1?", "--max-new-tokens", "12", "--device",
+                     "cpu", "--max-len", "256", "--chain", "--depth", "3", "--dynamic-exit", "--more-exits",
+                     str(exports[0])]) == 0
+    assert "tokens/s" in capsys.readouterr().err
+    assert cli.main(["generate", str(exports[1]), "--prompt", "x", "--device", "cpu", "--max-len", "256",
+                     "--chain", "--more-exits", str(exports[0])]) == 2
+    assert "--dynamic-exit" in capsys.readouterr().err
 
 
 def test_exit_threshold_on_a_tree_is_a_one_line_error(exports, capsys):
@@ -63,8 +75,10 @@ def test_sweep_tool_tables_every_exit_layer_and_threshold(exports, tmp_path, cap
     prompts = exports[0].parent / "eval.jsonl"
     assert _tool().main([*map(str, exports), "--eta", "0", "0.5", "--prompts", str(prompts), "--max-prompts", "1",
                          "--max-new-tokens", "8", "--depth", "3", "--device", "cpu", "--max-len", "256",
-                         "--out", str(tmp_path)]) == 0
+                         "--choose-exit", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
-    assert [(r["exit_layer"], r["eta"]) for r in rows] == [(1, 0.0), (1, 0.5), (2, 0.0), (2, 0.5)]
+    assert [(r["exit_layer"], r["eta"]) for r in rows] == [("1", 0.0), ("1", 0.5), ("2", 0.0), ("2", 0.5),
+                                                           ("1+2", 0.0), ("1+2", 0.5)]
+    assert sum(rows[-1]["cycles_by_exit_layer"].values()) == rows[-1]["cycles"]
     assert all(r["lossless"] and r["adapter_params"] > 0 and r["speedup_vs_plain"] > 0 for r in rows)
     assert "| ℓ | η | τ |" in capsys.readouterr().out

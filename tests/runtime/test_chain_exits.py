@@ -1,14 +1,16 @@
 """Chain cycles (specdraft/runtime/chain.py) with Kangaroo's drafter on a tiny trained target (CPU, fp32): the
 confidence exit η, the verify that starts at the exit layer over the drafter's shallow states, and the dynamic
 draft length stay lossless; η makes the drafted length vary and the verify run fewer rows; drafting a chain
-runs one shallow row per depth; a verify that starts at the wrong layer is caught."""
+runs one shallow row per depth; a verify that starts at the wrong layer is caught; choosing among drafts at two
+exit layers per cycle stays lossless."""
 import dataclasses
 
 import pytest
 import torch
 
 from specdraft.runtime import chain
-from specdraft.runtime.dynamic_exit import DynamicExit
+from specdraft.methods.base import DraftContext
+from specdraft.runtime.dynamic_exit import DynamicExit, ExitChoice
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape
@@ -96,18 +98,27 @@ def test_a_reuse_that_skips_the_last_drafts_shallow_pass_is_caught(monkeypatch):
 
 
 def test_dynamic_exit_prefers_short_chains_when_drafts_fail_and_long_ones_when_they_land():
-    exit_ = DynamicExit(max_depth=6, draft_cost=2.3, verify_cost=28.0)
+    exit_ = DynamicExit(max_depth=6, draft_costs=[2.3], verify_cost=28.0)
     for _ in range(40):
-        exit_.update(drafted=6, accepted=6)
-    assert exit_.choose() == 6
+        exit_.update(0, drafted=6, accepted=6)
+    assert exit_.choose() == (0, 6)
     for _ in range(40):
-        exit_.update(drafted=6, accepted=0)
-    assert exit_.choose() == 1
-    cheap_verify = DynamicExit(max_depth=6, draft_cost=2.3, verify_cost=1.0, prior=0.5)
-    assert cheap_verify.choose() < 6  # drafting costs more than it returns
+        exit_.update(0, drafted=6, accepted=0)
+    assert exit_.choose() == (0, 1)
+    cheap_verify = DynamicExit(max_depth=6, draft_costs=[2.3], verify_cost=1.0, prior=0.5)
+    assert cheap_verify.choose()[1] < 6  # drafting costs more than it returns
     for _ in range(400):  # unreached positions drift back toward the prior
-        exit_.update(drafted=1, accepted=1)
-    assert exit_.rates[5] > 0.5
+        exit_.update(0, drafted=1, accepted=1)
+    assert exit_.rates[0][5] > 0.5
+
+
+def test_dynamic_exit_picks_the_exit_whose_drafts_pay_for_their_layers():
+    exit_ = DynamicExit(max_depth=4, draft_costs=[2.0, 5.0], verify_cost=20.0)
+    assert exit_.choose()[0] == 0  # same prior rates: the cheaper exit
+    for _ in range(60):
+        exit_.update(0, drafted=4, accepted=0)
+        exit_.update(1, drafted=4, accepted=4)
+    assert exit_.choose() == (1, 4)
 
 
 class _ReplayOnCpu:
@@ -187,3 +198,34 @@ def test_sampled_chain_cycles_with_exits_keep_the_target_distribution(monkeypatc
     monkeypatch.setattr(sampling, "sample_token", lambda logits, t, g=None, banned=None: real(logits, t, g))
     _, broken = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS // 2)  # resamples the rejected draft
     assert _chi_square_top(broken, probs) > CRITICAL
+
+
+def _exit_choice_engine(use_graphs=False):
+    """Drafts at ℓ = 2 (trained) and ℓ = 1 (untrained: its drafts fail) over one target, DEL choosing."""
+    model, spec, cfg, trained = _trained("kangaroo")
+    shallow_cfg = dataclasses.replace(cfg, exit_layer=1)
+    torch.manual_seed(1)
+    untrained = spec.build(shallow_cfg, DraftContext(_info(model))).eval()
+    target = from_hf(model, _info(model))
+    choice = ExitChoice([spec.runtime(trained, cfg, target), spec.runtime(untrained, shallow_cfg, target)])
+    engine = SpecEngine(target, choice, TreeShape.chain(DEPTH), 256, hf_rope_tables(model, 256), use_graphs,
+                        exit_threshold=0.2, dynamic_exit=True)
+    chosen, select = [], choice.select_exit
+    choice.select_exit = lambda index: chosen.append(choice.exit_layers[index]) or select(index)
+    return model, engine, chosen
+
+
+@torch.no_grad()
+def test_choosing_the_exit_layer_per_cycle_is_lossless(monkeypatch):
+    model, engine, chosen = _exit_choice_engine()
+    assert engine.chain.start_layer == 1 and engine.drafter.exit_layers == [1, 2]
+    results = [engine.generate(prompt, 32) for prompt in PROMPTS]
+    for prompt, result in zip(PROMPTS, results):
+        assert result.tokens == _hf_greedy(model, prompt, 32)
+    assert chosen[0] == 1 and set(chosen) == {1, 2}  # the cheap exit first, the one whose drafts land later
+    monkeypatch.setattr(chain, "CallGraph", _ReplayOnCpu)
+    _, replayed, replayed_chosen = _exit_choice_engine(use_graphs=True)
+    for prompt, result in zip(PROMPTS, results):
+        got = replayed.generate(prompt, 32)
+        assert got.tokens == result.tokens and got.drafted == result.drafted
+    assert replayed_chosen == chosen and {key[-1] for key in replayed.chain._graphs} == {0, 1}
