@@ -20,11 +20,11 @@ DEPTH = 5
 PROMPTS = (PROMPT, PROMPT[3:] + PROMPT[:3])  # learnt, and not learnt
 
 
-def _engine(use_graphs=False, **options):
+def _engine(use_graphs=False, max_len=256, **options):
     model, spec, cfg, draft = _trained("kangaroo")
     target = from_hf(model, _info(model))
-    engine = SpecEngine(target, spec.runtime(draft, cfg, target), TreeShape.chain(DEPTH), 256,
-                        hf_rope_tables(model, 256), use_graphs, **options)
+    engine = SpecEngine(target, spec.runtime(draft, cfg, target), TreeShape.chain(DEPTH), max_len,
+                        hf_rope_tables(model, max_len), use_graphs, **options)
     return model, engine
 
 
@@ -78,6 +78,16 @@ def test_eta_varies_the_drafted_length_and_the_verify_runs_fewer_rows():
     shallow_rows = [rows for rows, start, end in calls if end == exit_layer]
     assert set(shallow_rows) == {1}  # one shallow row per draft step, and for the one node no step ran
     assert sum(early.drafted) / len(early.drafted) < DEPTH
+
+
+@pytest.mark.triton_kernels
+@torch.no_grad()
+def test_a_short_chain_with_exits_through_the_triton_kernels_is_lossless(monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")  # training the draft (cached) with the references
+    model, engine = _engine(max_len=48, exit_threshold=0.3)
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "auto")
+    result = engine.generate(PROMPTS[0], 8)
+    assert result.tokens == _hf_greedy(model, PROMPTS[0], 8) and sum(result.accepted) > 0
 
 
 @torch.no_grad()
