@@ -6,6 +6,7 @@
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
     specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
     specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
+        (generate and bench, chains: [--chain --depth K] [--exit-threshold ETA] [--dynamic-exit [--more-exits DIR ...]])
     specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
                     [--dry-run] [key=value ...]
 """
