@@ -6,6 +6,7 @@
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
     specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
     specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
+        (generate and bench, chains: [--chain --depth K] [--exit-threshold ETA] [--dynamic-exit [--more-exits DIR ...]])
     specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
                     [--dry-run] [key=value ...]
 """
@@ -59,6 +60,16 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--topk", type=int, default=8, help="children per expanded node (1: a chain)")
     cmd.add_argument("--budget", type=int, default=48, help="tree nodes verified, the root included")
     cmd.add_argument("--chain", action="store_true", help="a chain of --depth drafts (same as --topk 1)")
+    cmd.add_argument("--exit-threshold", type=float, default=None, metavar="ETA",
+                     help="chains: stop drafting once the draft's top-1 probability falls below ETA (0: off; "
+                          "default: the draft's own, e.g. Kangaroo's method.exit_threshold, else off)")
+    cmd.add_argument("--dynamic-exit", action="store_true",
+                     help="chains: choose the draft length per context from acceptance statistics (DEL)")
+    cmd.add_argument("--more-exits", nargs="+", default=(), metavar="EXPORT_DIR",
+                     help="chains, with --dynamic-exit: drafts of the same target at other exit layers; each cycle "
+                          "drafts with the one DEL's statistics favour")
+    cmd.add_argument("--no-shallow-reuse", action="store_true",
+                     help="chains: verify through every target layer even if the draft ran the shallow ones")
     cmd.add_argument("--max-len", type=int, default=2048, help="KV-cache slots (prompt + answer + tree)")
     cmd.add_argument("--no-cuda-graphs", action="store_true")
     cmd.add_argument("--max-new-tokens", type=int, default=256)
@@ -66,13 +77,14 @@ def _runtime_args(cmd) -> None:
 
 
 def _load_runtime(args):
-    from specdraft.runtime.load import load_runtime
+    from specdraft.runtime.load import ChainOptions, load_runtime
     from specdraft.runtime.tree import TreeShape
 
     shape = TreeShape.chain(args.depth) if args.chain or args.topk == 1 else TreeShape(args.depth, args.topk,
                                                                                         args.budget)
+    chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse, tuple(args.more_exits))
     return load_runtime(args.path, args.target, args.device, args.dtype, shape.validated(), args.max_len,
-                        False if args.no_cuda_graphs else None)
+                        False if args.no_cuda_graphs else None, chain)
 
 
 def _generate(args) -> None:

@@ -18,7 +18,8 @@ def test_methods45_script_trains_benches_and_plots(tmp_path, tiny_target_dir, di
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(ROOT), "WORK": str(tmp_path), "GGUF": str(tiny_target_dir), "DATA": str(distilled),
            "RUNS": "poss1 kangaroo2", "STEPS": "2", "TREE": "0", "MAX_PROMPTS": "1", "EVAL_TOKENS": "12",
-           "EVAL_PROMPTS": str(prompts), "TRITON_INTERPRET": "0", "SPECDRAFT_KERNELS": "reference"}  # plain CPU
+           "EVAL_PROMPTS": str(prompts), "TRITON_INTERPRET": "0", "SPECDRAFT_KERNELS": "reference",  # plain CPU
+           "KANGAROO_ETAS": "0 0.5"}
     result = subprocess.run(["bash", "tools/gpu/methods45.sh", "train.micro_batch_size=2"], cwd=ROOT, env=env,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -31,3 +32,5 @@ def test_methods45_script_trains_benches_and_plots(tmp_path, tiny_target_dir, di
     assert config["poss_config"]["specialist_by_depth"] == [0, 1, 2, 3, 4, 5, 5]
     assert json.loads((root / "kangaroo2" / "params.json").read_text())["trainable_params"] > 0
     assert "| kangaroo2 |" in result.stdout
+    sweep = json.loads((root / "kangaroo_sweep" / "sweep.json").read_text())["rows"]
+    assert [(row["exit_layer"], row["eta"]) for row in sweep] == [("2", 0.0), ("2", 0.5)]

@@ -8,7 +8,7 @@ tokens. The output is the target's greedy output by construction; the evaluator 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -63,10 +63,13 @@ def chain_generate(target, propose: Callable[[ChainState, int], torch.Tensor], l
         accepted_counts.append(accepted)
 
 
-def acceptance_by_position(accepted: Sequence[int], num_draft: int) -> List[float]:
-    """P(draft i accepted | drafts < i accepted), i = 1..k, over cycles."""
+def acceptance_by_position(accepted: Sequence[int], num_draft: int,
+                           drafted: Optional[Sequence[int]] = None) -> List[float]:
+    """P(draft i accepted | drafts < i accepted), i = 1..k, over cycles; with `drafted` (chains whose length
+    varies per cycle, e.g. under a confidence exit) only over the cycles that drafted position i."""
+    drafted = [num_draft] * len(accepted) if drafted is None else drafted
     rates = []
     for position in range(num_draft):
-        reached = sum(1 for a in accepted if a >= position)
-        rates.append(sum(1 for a in accepted if a > position) / reached if reached else 0.0)
+        reached = [a for a, d in zip(accepted, drafted) if a >= position and d > position]
+        rates.append(sum(1 for a in reached if a > position) / len(reached) if reached else 0.0)
     return rates

@@ -5,7 +5,7 @@ The draft is the target itself, cut after its first ℓ decoder layers, plus a s
 attention block (the target's head geometry) between a norm and a residual, no MLP. It reads the target's
 hidden state at index ℓ (specdraft's convention: the input of decoder layer ℓ, i.e. after layers 0..ℓ-1) and
 drafts through the target's own final norm and LM head, frozen and shared. Drafting stops early when the
-adapter's top-1 probability falls below η (`exit_threshold`; the second early exit, the runtime's business).
+adapter's top-1 probability falls below η (`exit_threshold`; the second early exit, the runtime's chain cycles).
 
 Exit layer ℓ (`exit_layer`): the paper exits Vicuna-7B after 2 of its 32 layers; its ablation over depth shows
 that deeper exits buy acceptance at the price of a costlier draft step, with the best speed-up that shallow.
@@ -30,7 +30,9 @@ train nothing a greedy chain uses. `ttt_steps` sets how far acc@k and tau_sim si
 step-0 predictions shifted by j); the loss is step 0's, the paper's objective (more steps would only rescale it).
 
 Inference: confirmed positions' adapter keys come from the target's own feature ℓ (computed by verification);
-each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter.
+each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter. In the
+runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states, and the engine's
+confidence exit (specdraft/runtime/chain.py) defaults to `exit_threshold`.
 """
 from __future__ import annotations
 
@@ -300,19 +302,31 @@ class KangarooDrafter:
     Adapter cache [Hkv, max_len, D]: `ingest` writes the confirmed positions' keys from the target's feature
     ℓ (computed by verification); `first` and `step` write the root's and the drafted nodes' at their scratch
     slots. Shallow layers: the nodes run through the target's own layers 0..ℓ-1 with its static cache; their
-    keys land at the target's scratch slots n + j (the verify pass rewrites those slots afterwards). As the
-    target's tree attention sees the whole prefix plus the new rows by a mask, `step` reruns every scratch
-    node drafted so far (W rows, static) with the scratch visibility it recorded: ancestors only, as in a tree.
-    The confidence exit η (`exit_threshold`) is an attribute for the engine; this drafter drafts every depth.
+    keys land at the target's scratch slots n + j. In a chain (k = 1) a step runs its one new node only: the
+    earlier scratch nodes are all its ancestors, so they count as prefix for the target's tree attention
+    (O(1) rows per depth). In a tree the target's attention sees the whole prefix plus the new rows by a mask,
+    so `step` reruns every scratch node drafted so far (W rows, static) with the scratch visibility it recorded.
+
+    Verification of a chain starts at layer ℓ (`verify_start_layer`; `set_verify_start_layer` lowers it, for
+    a set of drafts at several ℓ that share one verify, runtime/dynamic_exit.py): the shallow states of the
+    scratch nodes at that layer are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots
+    the verify pass uses (chain
+    node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft). Trees
+    verify through every layer: their verified nodes are a budget-selected subset of the candidates, laid out
+    in another order than the scratch slots, and the leaves never ran through the shallow layers, so reuse
+    would need a KV permutation plus a partial shallow pass; not built.
     """
 
     def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
         self.draft, self.target = draft, target_model
         self.exit_layer, self.exit_threshold = draft.exit_layer, cfg.exit_threshold
+        self.verify_start_layer = draft.exit_layer
         self.feature_layers, self.d2t = [draft.exit_layer], draft.d2t
         attn = draft.self_attn
         self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
         self.rows = draft.head_rows(target_model.lm_head_weight)  # [Vd, H], gathered once
+        layer_params = sum(p.numel() for p in target_model.layers[0].parameters())
+        self.draft_cost_layers = self.exit_layer + sum(p.numel() for p in draft.self_attn.parameters()) / layer_params
 
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
@@ -322,11 +336,12 @@ class KangarooDrafter:
         self.scratch_tokens = torch.zeros(scratch, dtype=torch.long, device=device)
         self.scratch_positions = torch.zeros(scratch, dtype=torch.long, device=device)
         self.scratch_mask = torch.eye(scratch, dtype=torch.bool, device=device)  # row j: what node j sees
+        self.shallow_states = torch.zeros(scratch, self.rows.shape[1], device=device, dtype=dtype)  # [W, H]
         self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
 
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
-                self.scratch_mask]
+                self.scratch_mask, self.shallow_states]
 
     def _write_kv(self, shallow, positions, slots):
         """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
@@ -346,6 +361,22 @@ class KangarooDrafter:
         normed, hidden = rms_norm(attn_out, self.target.norm, self.target.info.rms_norm_eps, shallow)
         return F.linear(normed, self.rows.to(normed.dtype)), hidden
 
+    def set_verify_start_layer(self, layer: int) -> None:
+        """Keep the chain's states entering `layer` (<= ℓ) for the verify instead of those entering ℓ."""
+        if not 0 < layer <= self.exit_layer:
+            raise SpecdraftError(f"verify start layer {layer} out of range 1..{self.exit_layer}")
+        self.verify_start_layer = layer
+
+    def _shallow_chain(self, tokens, positions, first_slot, end_layer: Optional[int] = None):
+        """A chain segment tokens [m] at positions [m] after everything before target slot first_slot [1]
+        (confirmed prefix and earlier chain nodes) through layers 0..end_layer-1 (default ℓ) -> (states entering
+        end_layer [m, H], states entering verify_start_layer [m, H]); writes its shallow KV."""
+        m, end_layer = tokens.shape[0], self.exit_layer if end_layer is None else end_layer
+        causal = self.root_mask if m == 1 else torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril()
+        shallow, captured = self.target.run_layers(self.target.embed(tokens), positions, first_slot, causal, 0,
+                                                   end_layer, capture=[self.verify_start_layer])
+        return shallow, captured[self.verify_start_layer]
+
     def ingest(self, features, next_tokens, start, count) -> None:
         shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]
         columns = start + torch.arange(shallow.shape[0], device=shallow.device)
@@ -355,19 +386,38 @@ class KangarooDrafter:
     def first(self, root_token, position):
         self.scratch_tokens[:1] = root_token
         self.scratch_positions[:1] = position
-        shallow, _ = self.target.run_layers(self.target.embed(root_token), position, self.prefix_len,
-                                            self.root_mask, 0, self.exit_layer)  # [1, H]
+        shallow, kept = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H] each
+        self.shallow_states[:1] = kept
         visible = torch.arange(self.k_cache.shape[1], device=shallow.device)[None, :] <= self.prefix_len
         return self._adapter(shallow, position, self.prefix_len, visible)
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        if tokens.shape[0] == 1:  # a chain: scratch slots 0..depth-1 are all ancestors, i.e. prefix
+            shallow, kept = self._shallow_chain(tokens, positions, self.prefix_len + scratch_slots)  # [1, H] each
+            self.shallow_states.index_copy_(0, scratch_slots, kept)
+        else:
+            shallow = self._shallow_tree(tokens, positions, scratch_slots, scratch_visible)  # [k, H]
+        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
+        return self._adapter(shallow, positions, self.prefix_len + scratch_slots, visible)
+
+    def _shallow_tree(self, tokens, positions, scratch_slots, scratch_visible):
+        """Every scratch node so far through layers 0..ℓ-1 (W rows, tree mask) -> the k new nodes' [k, H]."""
         self.scratch_tokens.index_copy_(0, scratch_slots, tokens)
         self.scratch_positions.index_copy_(0, scratch_slots, positions)
         self.scratch_mask.index_copy_(0, scratch_slots, scratch_visible)
         shallow, _ = self.target.run_layers(self.target.embed(self.scratch_tokens), self.scratch_positions,
                                             self.prefix_len, self.scratch_mask, 0, self.exit_layer)  # [W, H]
-        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
-        return self._adapter(shallow[scratch_slots], positions, self.prefix_len + scratch_slots, visible)
+        return shallow[scratch_slots]
+
+    def chain_verify_states(self, tokens, positions, computed: int):
+        """tokens, positions [n] of the chain -> [n, H] entering verify_start_layer (drafter.py); runs nodes
+        computed..n-1 through the layers below it."""
+        n = tokens.shape[0]
+        if computed >= n:
+            return self.shallow_states[:n]
+        tail, _ = self._shallow_chain(tokens[computed:], positions[computed:], self.prefix_len + computed,
+                                      self.verify_start_layer)
+        return torch.cat([self.shallow_states[:computed], tail])
 
 
 def kangaroo_runtime(draft: KangarooDraft, cfg: KangarooConfig, target_model) -> KangarooDrafter:

@@ -59,7 +59,7 @@ def _timed(fn, device: torch.device):
     return result, time.perf_counter() - started
 
 
-def _run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, temperature: float,
+def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, temperature: float,
                      traces: List[dict]) -> dict:
     engine, device = runtime.engine, runtime.engine.device
     generator = torch.Generator(device=device).manual_seed(settings.seed)
@@ -68,7 +68,7 @@ def _run_temperature(runtime: Runtime, prompts: List[List[int]], settings: Bench
         run = engine.decode_plain if mode == "plain" else engine.generate
         run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0]}
-    accepted, same_as_plain, plain_matches_hf = [], 0, 0
+    accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
         plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
         spec = engine.generate(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
@@ -77,6 +77,8 @@ def _run_temperature(runtime: Runtime, prompts: List[List[int]], settings: Bench
             totals[name][0] += len(result.tokens)
             totals[name][1] += result.seconds
         accepted += spec.accepted
+        drafted += spec.drafted
+        exits += spec.exits
         same_as_plain += spec.tokens == plain.tokens
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
         if settings.hf_baseline:
@@ -84,17 +86,23 @@ def _run_temperature(runtime: Runtime, prompts: List[List[int]], settings: Bench
             totals["hf"][0] += len(hf_tokens)
             totals["hf"][1] += seconds
             plain_matches_hf += hf_tokens == plain.tokens
-    return _summary(runtime, totals, accepted, same_as_plain, plain_matches_hf, len(prompts), temperature, settings)
+    return _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts), temperature,
+                    settings)
 
 
-def _summary(runtime, totals, accepted, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):
+def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):
+    accepted, drafted, exits = cycles
+    exit_layers = getattr(runtime.engine.drafter, "exit_layers", None)
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
     depth = runtime.engine.shape.depth
     greedy = temperature == 0
+    chain = runtime.engine.chain is not None
     return {
         "temperature": temperature,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
-        "acceptance_by_position": acceptance_by_position(accepted, depth),
+        "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
+        "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
+        "cycles_by_exit_layer": {layer: exits.count(i) for i, layer in enumerate(exit_layers)} if exit_layers else None,
         "accepted_histogram": [accepted.count(a) for a in range(depth + 1)],
         "cycles": len(accepted),
         "tokens_per_s": speed["spec"],
@@ -116,7 +124,7 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path) ->
     """Bench every temperature of `settings`; write bench.json (+ bench.png, trace.jsonl) under out_dir."""
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
     traces: List[dict] = []
-    runs = [_run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
+    runs = [run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
     greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
@@ -138,10 +146,19 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
     return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
             "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
+            "chain": _chain_settings(engine),
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}
+
+
+def _chain_settings(engine) -> Optional[Dict]:
+    if engine.chain is None:
+        return None
+    return {"exit_threshold": engine.exit_threshold, "dynamic_exit": engine.dynamic_exit is not None,
+            "verify_start_layer": engine.chain.start_layer,
+            "exit_layers": getattr(engine.drafter, "exit_layers", None)}
 
 
 def format_table(report: dict) -> str:

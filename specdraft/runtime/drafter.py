@@ -23,7 +23,25 @@ position n + d. One draft-verify cycle (batch 1) calls, in order:
 
 Every tensor argument is on the engine's device and every shape is static for a given (k, depth, W), so the
 engine can capture `ingest`, `first` and `step` in CUDA graphs: no host syncs, no data-dependent shapes.
-Draft vocabulary index i is target token i + d2t[i].
+Draft vocabulary index i is target token i + d2t[i]. With k = 1 (a chain) `scratch_slots` is [depth] and every
+scratch slot 0..depth is visible: all earlier nodes are ancestors.
+
+Optional, for drafters that run the target's own shallow layers (self-speculation, e.g. Kangaroo):
+  verify_start_layer: int
+      Chain verification may start at this target layer: the drafter ran the chain's nodes through layers
+      0..verify_start_layer-1 while drafting (their KV is in the target cache at the nodes' slots).
+  chain_verify_states(tokens, positions, computed) -> hidden [n, H]
+      The chain's n nodes (root, then the drafts; tokens [n], positions [n]) entering layer verify_start_layer.
+      The first `computed` (a Python int) went through the shallow layers in `first`/`step` (scratch slots
+      0..computed-1); the drafter runs the rest (the last drafted token, which no step read) through them now,
+      writing their shallow KV at target slots prefix + computed...
+  exit_threshold: float
+      The confidence exit η the method was trained for (the engine's default when none is given).
+  draft_cost_layers: float
+      What one draft step costs, in target-layer equivalents (dynamic_exit.py's cost model).
+  exit_costs: List[float], select_exit(index), variant: int
+      A drafter holding several drafts (dynamic_exit.ExitChoice): each one's draft-step cost, the switch
+      between cycles, and the one drafting now (the engine captures its CUDA graphs per variant).
 """
 from __future__ import annotations
 

@@ -9,20 +9,25 @@ One cycle, all on the device with static shapes (so that on a GPU it is one CUDA
      the bonus token is the target's own next token;
   4. the accepted nodes' KV entries move to slots P..P+m (`kernels.kv_compact`) and their hidden states go to
      the drafter (`Drafter.ingest`); the bonus becomes the root.
+Chains (shape.topk == 1) run through `chain.ChainCycles`: the same steps, plus the confidence exit η, the
+dynamic draft length (`dynamic_exit.py`) and, for drafters that run the target's shallow layers, a verify that
+starts above them. η and the dynamic exit apply to chains only; a tree shape ignores them.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.tree_verify import verify_greedy
+from specdraft.runtime.chain import ChainCycles
 from specdraft.runtime.drafter import Drafter
+from specdraft.runtime.dynamic_exit import DynamicExit
 from specdraft.runtime.graphs import CallGraph
 from specdraft.runtime.sampling import draw_uniforms, sample_token, verify_sampling
 from specdraft.runtime.target import TargetModel
@@ -33,6 +38,8 @@ from specdraft.runtime.tree import DraftTree, TreeShape, build_tree
 class GenerationResult:
     tokens: List[int]  # new tokens (prompt excluded), cut after EOS or at max_new_tokens
     accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
+    drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (varies with exits)
+    exits: List[int] = field(default_factory=list)  # the drafter's exit index per cycle (dynamic_exit.ExitChoice)
     seconds: float = 0.0
     trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
 
@@ -46,10 +53,14 @@ class CycleOutput:
 
 
 class SpecEngine:
-    """Owns a TargetModel (with its static cache) and a Drafter; `generate` runs speculative decoding."""
+    """Owns a TargetModel (with its static cache) and a Drafter; `generate` runs speculative decoding.
+
+    Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
+    from the drafter's `verify_start_layer` when it has one)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
-                 rope_tables, use_graphs: Optional[bool] = None):
+                 rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
+                 dynamic_exit: bool = False, reuse_shallow: bool = True):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
         self.device = target.lm_head_weight.device
         self.dtype = target.lm_head_weight.dtype
@@ -62,6 +73,24 @@ class SpecEngine:
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
+        self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
+        self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
+        self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
+        self.set_exit_threshold(exit_threshold)
+
+    def set_exit_threshold(self, eta: float) -> None:
+        """η for chains: stop drafting once the draft's top-1 probability falls below it (0: never)."""
+        if not 0.0 <= eta < 1.0:
+            raise SpecdraftError(f"the exit threshold must be in [0, 1), got {eta}")
+        self.exit_threshold = eta
+        if self.chain is not None:
+            self.chain.set_exit_threshold(eta)
+
+    def _dynamic_exit(self) -> DynamicExit:
+        """DEL's cost model in target-layer equivalents: a draft step at each exit the drafter offers
+        (`exit_costs`, else its one `draft_cost_layers`), and a verify above the shallow layers."""
+        costs = getattr(self.drafter, "exit_costs", [float(getattr(self.drafter, "draft_cost_layers", 1.0))])
+        return DynamicExit(self.shape.depth, costs, float(self.target.info.num_layers - self.chain.start_layer))
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -124,7 +153,18 @@ class SpecEngine:
         accepted_nodes, accept_length, bonus = verify_sampling(logits, tree, self.shape.depth, temperature, uniforms)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
 
-    def _cycle(self, temperature: float, generator) -> CycleOutput:
+    def _cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
+        """One cycle -> (its output, the drafted tokens it verified)."""
+        if self.chain is not None:
+            max_depth = None
+            if self.dynamic_exit is not None:
+                self.exit_index, max_depth = self.dynamic_exit.choose()
+                if hasattr(self.drafter, "select_exit"):
+                    self.drafter.select_exit(self.exit_index)
+            return self.chain.cycle(temperature, generator, max_depth)
+        return self._tree_cycle(temperature, generator), self.shape.budget - 1
+
+    def _tree_cycle(self, temperature: float, generator) -> CycleOutput:
         if temperature > 0:
             uniforms = draw_uniforms(self.shape.budget, generator, self.device)
             if not self.use_graphs:
@@ -159,14 +199,20 @@ class SpecEngine:
         prompt = torch.tensor(list(prompt_ids), device=self.device)
         generated = [self.prefill(prompt, temperature, generator)]
         result = GenerationResult(tokens=generated)
+        if self.dynamic_exit is not None:
+            self.dynamic_exit.reset()
         done = _finished(generated, generated, eos_ids, max_new_tokens)
         while not done:
-            out = self._cycle(temperature, generator)
+            out, drafted = self._cycle(temperature, generator)
             host = torch.cat([out.count, out.emitted]).tolist()  # the one host sync of a cycle
             new_tokens = host[1:1 + host[0]]
             generated += new_tokens
             done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)
+            result.drafted.append(drafted)
+            result.exits.append(self.exit_index)
+            if self.dynamic_exit is not None:
+                self.dynamic_exit.update(self.exit_index, drafted, host[0] - 1)
             if trace:
                 result.trace.append(_trace_row(out))
         result.tokens = _cut(generated, eos_ids, max_new_tokens)

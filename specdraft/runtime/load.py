@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
 from specdraft.drafts import LoadedDraft, load_draft
 from specdraft.errors import SpecdraftError
+from specdraft.runtime.dynamic_exit import ExitChoice
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import TargetModel, from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape
@@ -58,9 +59,53 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
 
 
+@dataclass(frozen=True)
+class ChainOptions:
+    """Chain-only engine options (engine.py, chain.py, dynamic_exit.py); a tree shape refuses them."""
+    exit_threshold: Optional[float] = None
+    """η: stop drafting once the draft's top-1 probability falls below it; None: the drafter's own
+    `exit_threshold` (Kangaroo's trained η) for chains, else off."""
+    dynamic_exit: bool = False
+    """DEL's draft length per context from acceptance statistics."""
+    reuse_shallow: bool = True
+    """Verify from the drafter's `verify_start_layer` (Kangaroo: ℓ) over the states it computed while drafting."""
+    more_exits: Tuple[str, ...] = ()
+    """Further drafts of the same target at other exit layers (Kangaroo exports): the dynamic exit picks one per
+    cycle (dynamic_exit.ExitChoice)."""
+
+
+def _engine_options(drafter, shape: TreeShape, options: ChainOptions) -> dict:
+    if shape.topk != 1:
+        if (options.exit_threshold or 0) > 0 or options.dynamic_exit or options.more_exits:
+            raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
+        return {}
+    eta = options.exit_threshold
+    eta = float(getattr(drafter, "exit_threshold", 0.0)) if eta is None else eta
+    return {"exit_threshold": eta, "dynamic_exit": options.dynamic_exit, "reuse_shallow": options.reuse_shallow}
+
+
+def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: TargetModel):
+    draft = loaded.draft.to(device=target_model.lm_head_weight.device, dtype=target.model.dtype)
+    return loaded.spec.runtime(draft, loaded.method_cfg, target_model)
+
+
+def _exit_choice(drafter, chain: ChainOptions, target: LoadedTarget, target_model: TargetModel) -> ExitChoice:
+    """The first draft and those of `chain.more_exits`, which must run the target's shallow layers."""
+    if not chain.dynamic_exit:
+        raise SpecdraftError("--more-exits needs --dynamic-exit (it chooses the exit per cycle)")
+    drafters = [drafter]
+    for path in chain.more_exits:
+        loaded = load_draft(Path(path))
+        _check_geometry(loaded, target)
+        drafters.append(_drafter(loaded, target, target_model))
+    if not all(hasattr(d, "set_verify_start_layer") for d in drafters):
+        raise SpecdraftError("--more-exits takes drafts that run the target's own shallow layers (Kangaroo)")
+    return ExitChoice(drafters)
+
+
 def load_runtime(path: str | Path, target_path: Optional[str] = None, device: str = "auto", dtype: str = "auto",
                  shape: TreeShape = TreeShape(), max_len: int = 2048,
-                 use_graphs: Optional[bool] = None) -> Runtime:
+                 use_graphs: Optional[bool] = None, chain: ChainOptions = ChainOptions()) -> Runtime:
     """A run directory or export -> a ready SpecEngine over the target it was trained for (or `target_path`)."""
     path = Path(path)
     _check_export(path)
@@ -73,7 +118,9 @@ def load_runtime(path: str | Path, target_path: Optional[str] = None, device: st
     _check_geometry(loaded, target)
     max_len = min(max_len, target.info.max_position_embeddings)
     target_model: TargetModel = from_hf(target.model, target.info)
-    draft = loaded.draft.to(device=torch_device, dtype=target.model.dtype)
-    drafter = loaded.spec.runtime(draft, loaded.method_cfg, target_model)
-    engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len), use_graphs)
+    drafter = _drafter(loaded, target, target_model)
+    if chain.more_exits:
+        drafter = _exit_choice(drafter, chain, target, target_model)
+    engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len), use_graphs,
+                        **_engine_options(drafter, shape, chain))
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer))

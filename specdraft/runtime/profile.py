@@ -18,25 +18,44 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _draft(engine):
+    """One cycle's drafting -> what `_verify` takes; a chain drafts as the engine's chain cycles do (exits)."""
+    if engine.chain is not None:
+        return engine.chain.draft(engine.shape.depth)  # (drafted, computed)
+    return build_tree(engine.drafter, engine.shape, engine.root, engine.prefix_len)
+
+
+def _verify(engine, drafted):
+    """The target's pass over what `_draft` drafted -> (logits [N, V], captured, tree); a chain's starts at the
+    drafter's verify_start_layer when the engine reuses the shallow states."""
+    if engine.chain is not None:
+        return engine.chain._verify_forward(*drafted)
+    tree = drafted
+    logits, captured = engine._verify_forward(tree.tokens, engine.prefix_len + tree.depths, tree.tree_mask)
+    return logits, captured, tree
+
+
 @torch.no_grad()
 def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
     engine = runtime.engine
     device, shape = engine.device, engine.shape
     totals = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
     engine.prefill(torch.tensor(prompt, device=device), 0.0)
+    use_graphs, engine.use_graphs = engine.use_graphs, False  # phase by phase, eagerly
     for _ in range(cycles):
         started = _clock(device)
-        tree = build_tree(engine.drafter, shape, engine.root, engine.prefix_len)
-        drafted = _clock(device)
-        logits, captured = engine._verify_forward(tree.tokens, engine.prefix_len + tree.depths, tree.tree_mask)
+        drafted = _draft(engine)
+        draft_done = _clock(device)
+        logits, captured, tree = _verify(engine, drafted)
         verified = _clock(device)
         match_tokens = torch.where(tree.valid, tree.tokens, -1)
         nodes, length, bonus = verify_greedy(logits, match_tokens, tree.parents, shape.depth)
         engine._commit(tree, captured, nodes, length, bonus)
         done = _clock(device)
-        totals["draft"] += drafted - started
-        totals["verify"] += verified - drafted
+        totals["draft"] += draft_done - started
+        totals["verify"] += verified - draft_done
         totals["bookkeeping"] += done - verified
+    engine.use_graphs = use_graphs
     engine.prefill(torch.tensor(prompt, device=device), 0.0)
     engine._cycle(0.0, None)  # captures the graph if the engine uses one
     started = _clock(device)

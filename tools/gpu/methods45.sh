@@ -6,9 +6,11 @@
 # and the default EAGLE-2 tree (depth 6, top-8, 48 nodes). Needs tools/gpu/env.sh sourced, $GGUF, the distilled
 # set in $DATA (train_head.sh's default: .data/prev/data) and .data/mt_bench.jsonl.
 # Usage: [RUNS="eagle3 poss1 poss2 poss3 kangaroo2 kangaroo4 kangaroo8"] [STEPS=N] [MAX_PROMPTS=80]
-#        [EVAL_TOKENS=256] [EVAL_PROMPTS=FILE] [TREE=0] bash tools/gpu/methods45.sh [train overrides for every run]
+#        [EVAL_TOKENS=256] [EVAL_PROMPTS=FILE] [TREE=0] [KANGAROO_ETAS="0 0.3 0.5 0.7 0.9"]
+#        bash tools/gpu/methods45.sh [train overrides for every run]
 # Writes $WORK/methods45/<run>/{train,export,bench_chain,bench_tree,params.json}, then acceptance_chain.png/.json
-# (and acceptance_tree.*) with their τ tables (tools/plot_acceptance.py).
+# (and acceptance_tree.*) with their τ tables (tools/plot_acceptance.py); with KANGAROO_ETAS, the Kangaroo runs'
+# ℓ × η sweep (tools/bench_kangaroo.py, DEL choosing ℓ among them too) in $WORK/methods45/kangaroo_sweep/.
 set -euo pipefail
 root=${WORK:-$HOME/work}/methods45
 runs=${RUNS:-eagle3 poss1 poss2 poss3 kangaroo2 kangaroo4 kangaroo8}
@@ -37,7 +39,8 @@ for name in $runs; do
 print(json.dumps({'trainable_params': sum(p.numel() for p in d.parameters())}))" "$export_dir" \
     | tee "$root/$name/params.json"
   echo "=== $name bench $(date +%T)"
-  python3 -m specdraft.cli bench "$export_dir" --chain --depth 6 "${bench[@]}" --out "$root/$name/bench_chain"
+  python3 -m specdraft.cli bench "$export_dir" --chain --depth 6 --exit-threshold 0 "${bench[@]}" \
+    --out "$root/$name/bench_chain"  # every method's full chain of 6; η is the Kangaroo sweep's (below)
   if [ "${TREE:-1}" = 1 ]; then
     python3 -m specdraft.cli bench "$export_dir" --depth 6 --topk 8 --budget 48 "${bench[@]}" \
       --out "$root/$name/bench_tree"
@@ -49,4 +52,16 @@ for kind in chain tree; do
   for name in $runs; do labels+=("$name=$root/$name/bench_$kind/bench.json"); done
   python3 tools/plot_acceptance.py --out "$root/acceptance_$kind.png" --title "MT-bench, T=0, $kind" "${labels[@]}"
 done
+if [ -n "${KANGAROO_ETAS:-}" ]; then  # the ℓ × η sweep of the Kangaroo runs, and DEL choosing among them
+  exports=()
+  for name in $runs; do [[ $name == kangaroo* ]] && exports+=("$root/$name/export"); done
+  if [ ${#exports[@]} -gt 0 ]; then
+    read -r -a etas <<< "$KANGAROO_ETAS"
+    choose=(); [ ${#exports[@]} -gt 1 ] && choose=(--choose-exit)
+    echo "=== kangaroo sweep $(date +%T)"
+    python3 tools/bench_kangaroo.py "${exports[@]}" --eta "${etas[@]}" --depth 6 "${choose[@]}" \
+      --prompts "${EVAL_PROMPTS:-$PWD/.data/mt_bench.jsonl}" --max-new-tokens "${EVAL_TOKENS:-256}" \
+      ${MAX_PROMPTS:+--max-prompts "$MAX_PROMPTS"} --out "$root/kangaroo_sweep"
+  fi
+fi
 echo "=== done $(date +%T)"

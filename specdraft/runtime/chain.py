@@ -1,0 +1,173 @@
+"""Chain cycles with a confidence exit and shallow-state reuse (Kangaroo's double early exit, arXiv:2404.18911).
+
+Drafting: the drafter proposes one token per depth (its top-1). With an exit threshold η > 0 the engine reads
+the draft's top-1 probability after every depth (one host read of one bool) and stops once it falls below η:
+that token is not drafted, and the cycle verifies only the k' tokens drafted before it (k' = 0 verifies the
+root alone, a plain decoding step). A dynamic exit (dynamic_exit.py) caps the depth per cycle as well. Both
+save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs.
+
+Verification: the chain's k'+1 nodes (root and drafts) in one target pass with causal attention. If the drafter
+has `verify_start_layer` ℓ (drafter.py), the pass starts at layer ℓ from the states the drafter computed
+while drafting (`chain_verify_states`): layers 0..ℓ-1 never rerun, except for the one node no draft step read.
+
+CUDA graphs (GPU): one graph for `first`, one per draft depth d (`step(d)`), one verify per (k', computed)
+(k' = 0..K; `computed` is how many chain nodes went through the drafter, k' or k'+1): at most 3K + 2 graphs,
+each replayed from static buffers (and each per drafter `variant`, when a drafter holds several drafts).
+Without exits (η = 0, no dynamic exit) the whole cycle is one graph, as a tree's is. At T > 0 the verify's
+rejection sampling runs on the device too (sampling.py), from uniforms drawn before the graph replays.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from specdraft.errors import SpecdraftError
+from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.tree_verify import verify_greedy
+from specdraft.runtime.graphs import CallGraph
+from specdraft.runtime.sampling import draw_uniforms, verify_sampling
+from specdraft.runtime.tree import DraftTree
+
+
+class ChainCycles:
+    """The chain cycles of a SpecEngine (shape.topk == 1); `cycle` drafts, verifies and commits one cycle."""
+
+    def __init__(self, engine, reuse_shallow: bool = True):
+        self.engine = engine
+        drafter, depth, device = engine.drafter, engine.shape.depth, engine.device
+        self.start_layer = getattr(drafter, "verify_start_layer", 0) if reuse_shallow else 0
+        if self.start_layer and min(engine.capture, default=self.start_layer) < self.start_layer:
+            raise SpecdraftError(f"the drafter's verify_start_layer {self.start_layer} is above the feature "
+                                 f"layers {engine.capture} it reads; the verify could not capture them")
+        self.tokens = torch.zeros(depth + 1, dtype=torch.long, device=device)  # [K+1] root, then drafts
+        self.logprobs = torch.zeros(depth + 1, device=device)  # [K+1] each draft's top-1 log-probability
+        self.stop = torch.zeros(1, dtype=torch.bool, device=device)  # the newest draft is below η
+        self.log_eta = torch.full((1,), -math.inf, device=device)
+        self.exit_threshold = 0.0
+        index = torch.arange(depth + 1, device=device)
+        self.depths = index  # [K+1] chain node j is at depth j
+        self.parents = index - 1  # [K+1]
+        self.causal = index[:, None] >= index[None, :]  # [K+1, K+1]
+        self.slots = [index[d:d + 1] for d in range(depth + 1)]  # scratch slot of depth d, [1] each
+        self.visible = [(index <= d)[None] for d in range(depth + 1)]  # [1, W] scratch slots 0..d
+        self._graphs: Dict[Tuple, CallGraph] = {}
+
+    def set_exit_threshold(self, eta: float) -> None:
+        """η in [0, 1): stop drafting once the draft's top-1 probability falls below it (0: never)."""
+        self.exit_threshold = eta
+        self.log_eta.fill_(math.log(eta) if eta > 0 else -math.inf)
+
+    # ---- device work (graph bodies) ---------------------------------------------------------------------
+    def _record(self, depth: int, logits: torch.Tensor) -> None:
+        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth], stop."""
+        scores, ids = draft_topk(logits, self.engine.drafter.d2t, 1)  # [1, 1]
+        self.tokens[depth:depth + 1].copy_(ids[0])
+        self.logprobs[depth:depth + 1].copy_(scores[0])
+        self.stop.copy_(scores[0] < self.log_eta)
+
+    def _first(self) -> torch.Tensor:
+        engine = self.engine
+        self.tokens[:1].copy_(engine.root)
+        logits, hidden = engine.drafter.first(engine.root, engine.prefix_len)  # [1, Vd], [1, Hd]
+        self._record(1, logits)
+        return hidden
+
+    def _step(self, depth: int, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [1, Hd]: the output at depth-1 -> the output at depth; proposes the token of depth+1."""
+        engine = self.engine
+        positions = engine.prefix_len + depth  # [1]
+        logits, hidden = engine.drafter.step(depth, hidden, self.tokens[depth:depth + 1], positions,
+                                             self.slots[depth], self.visible[depth])
+        self._record(depth + 1, logits)
+        return hidden
+
+    def _verify_forward(self, drafted: int, computed: int):
+        """The chain's drafted+1 nodes through the target -> (logits [n, V], captured, tree)."""
+        engine, n = self.engine, drafted + 1
+        tokens, positions = self.tokens[:n], engine.prefix_len + self.depths[:n]  # [n]
+        mask = self.causal[:n, :n]
+        if self.start_layer:
+            states = engine.drafter.chain_verify_states(tokens, positions, computed)  # [n, H] entering ℓ
+        else:
+            states = engine.target.embed(tokens)
+        hidden, captured = engine.target.run_layers(states, positions, engine.prefix_len, mask, self.start_layer,
+                                                    capture=engine.capture)
+        tree = DraftTree(tokens=tokens, parents=self.parents[:n], depths=self.depths[:n],
+                         valid=torch.ones_like(tokens, dtype=torch.bool), tree_mask=mask,
+                         joint_logprobs=torch.cumsum(self.logprobs[:n], 0))  # logprobs[0] (root) stays 0
+        return engine.target.logits(hidden), captured, tree
+
+    def _verify_greedy(self, drafted: int, computed: int):
+        logits, captured, tree = self._verify_forward(drafted, computed)
+        nodes, length, bonus = verify_greedy(logits, tree.tokens, tree.parents, self.engine.shape.depth)
+        return self.engine._commit(tree, captured, nodes, length, bonus)
+
+    def _verify_sampled(self, drafted: int, computed: int, temperature: float, uniforms: torch.Tensor):
+        """uniforms [drafted + 2] (`sampling.draw_uniforms`): the verify's randomness, drawn outside any graph."""
+        logits, captured, tree = self._verify_forward(drafted, computed)
+        nodes, length, bonus = verify_sampling(logits, tree, self.engine.shape.depth, temperature, uniforms)
+        return self.engine._commit(tree, captured, nodes, length, bonus)
+
+    def _draft_all(self) -> None:
+        hidden = self._first()
+        for d in range(1, self.engine.shape.depth):
+            hidden = self._step(d, hidden)
+
+    def _whole_greedy(self):
+        """No exits: K drafts and their verify, one graph on GPU."""
+        self._draft_all()
+        return self._verify_greedy(self.engine.shape.depth, self.engine.shape.depth)
+
+    def _whole_sampled(self, temperature: float, uniforms: torch.Tensor):
+        """No exits at T > 0: K drafts and their sampled verify, one graph on GPU."""
+        self._draft_all()
+        depth = self.engine.shape.depth
+        return self._verify_sampled(depth, depth, temperature, uniforms)
+
+    # ---- host loop ------------------------------------------------------------------------------------
+    def _run(self, key: Tuple, fn, *args):
+        """fn(*args), replayed from a CUDA graph per key and drafter variant (dynamic_exit.ExitChoice's draft)."""
+        if not self.engine.use_graphs:
+            return fn(*args)
+        key = key + (getattr(self.engine.drafter, "variant", 0),)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = CallGraph(fn, self.engine._state_tensors() + self._state(), example=args)
+        return graph(*args)
+
+    def _state(self):
+        return [self.tokens, self.logprobs, self.stop]
+
+    def draft(self, max_depth: int) -> Tuple[int, int]:
+        """Draft up to max_depth tokens, stopping below η -> (drafted k', drafter calls = chain nodes computed)."""
+        check = self.exit_threshold > 0
+        hidden, calls, drafted = self._run(("first",), self._first), 1, 0
+        for depth in range(1, max_depth + 1):
+            if check and bool(self.stop):  # the one host read of a depth
+                break
+            drafted = depth
+            if depth == max_depth:
+                break
+            hidden = self._run(("step", depth), partial(self._step, depth), hidden)
+            calls += 1
+        return drafted, calls
+
+    def cycle(self, temperature: float, generator, max_depth: Optional[int] = None):
+        """One cycle -> (CycleOutput, drafted k')."""
+        depth = self.engine.shape.depth
+        max_depth = depth if max_depth is None else max_depth
+        whole = self.exit_threshold <= 0 and max_depth == depth
+        if whole and temperature <= 0:
+            return self._run(("whole",), self._whole_greedy), depth
+        if whole:
+            uniforms = draw_uniforms(depth + 1, generator, self.engine.device)
+            return self._run(("whole", temperature), partial(self._whole_sampled, temperature), uniforms), depth
+        drafted, computed = self.draft(max_depth)
+        if temperature > 0:
+            uniforms = draw_uniforms(drafted + 1, generator, self.engine.device)
+            return self._run(("verify", drafted, computed, temperature),
+                             partial(self._verify_sampled, drafted, computed, temperature), uniforms), drafted
+        return self._run(("verify", drafted, computed), partial(self._verify_greedy, drafted, computed)), drafted

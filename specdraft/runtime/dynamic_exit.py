@@ -1,0 +1,115 @@
+"""Dynamic exit layer and draft length from acceptance statistics gathered while decoding, after DEL
+("Context-Aware Dynamic Exit Layer for Efficient Self-Speculative Decoding", Zarch et al., 2025). Off by default
+(`--dynamic-exit`); the exit-layer choice needs several drafts at different exit layers (`--more-exits`).
+
+DEL picks, per context, the exit layer and the speculation length that maximise tokens per layer run. Here,
+per exit e (one per draft): running per-position acceptance rates r_{e,i} = P(draft i accepted | drafts < i
+accepted), exponentially weighted so that they follow the current context, give the tokens a cycle of k drafts
+emits, E_e(k) = 1 + sum_{j<=k} prod_{i<=j} r_{e,i}; a cycle costs k * draft_cost_e + verify_cost target-layer
+equivalents (a Kangaroo draft step: ℓ layers + the adapter; its verify: the L - ℓ layers above the exit, L
+without shallow reuse). `choose` returns the (e, k), k in 1..K, of the highest E_e(k) / cost; the confidence exit
+η may still stop a cycle earlier. Rates a cycle did not observe (positions it did not reach, exits it did not
+use) drift back toward the prior, so an exit or a length dropped after a bad stretch is tried again later.
+
+`ExitChoice` is the drafter for several drafts at different exit layers over one target (Kangaroo exports at
+several ℓ): every draft ingests the accepted tokens (each reads the feature at its own ℓ), the chosen one
+drafts. They share one verify, which starts at the lowest ℓ: the chosen draft keeps its chain's states at that
+layer while it runs its own deeper shallow layers. The price: a cycle drafted at a deeper ℓ reruns the layers
+between the lowest ℓ and its own in the verify. DEL's shadow-token statistics (the acceptance every layer would
+have had, from one pass) are not built: an exit's statistics come from the cycles that used it.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+
+
+class DynamicExit:
+    def __init__(self, max_depth: int, draft_costs: Sequence[float], verify_cost: float, decay: float = 0.9,
+                 prior: float = 0.7, drift: float = 0.02):
+        """draft_costs: target-layer equivalents per draft step of each exit; verify_cost: per verify pass;
+        decay: weight of the history in each rate update; prior: the rates before any cycle; drift: the pull of
+        an unobserved rate back toward the prior, per cycle."""
+        self.max_depth, self.draft_costs, self.verify_cost = max_depth, list(draft_costs), verify_cost
+        self.decay, self.prior, self.drift = decay, prior, drift
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the statistics (a new context)."""
+        self.rates: List[List[float]] = [[self.prior] * self.max_depth for _ in self.draft_costs]  # [exit][i-1]
+
+    def expected_tokens(self, exit_index: int, depth: int) -> float:
+        """E_e(k): tokens a cycle of `depth` drafts at exit e emits (accepted drafts + the bonus)."""
+        total, alive = 1.0, 1.0
+        for rate in self.rates[exit_index][:depth]:
+            alive *= rate
+            total += alive
+        return total
+
+    def tokens_per_cost(self, exit_index: int, depth: int) -> float:
+        cost = depth * self.draft_costs[exit_index] + self.verify_cost
+        return self.expected_tokens(exit_index, depth) / cost
+
+    def choose(self) -> Tuple[int, int]:
+        """(exit, draft length 1..K) of the next cycle."""
+        options = [(e, k) for e in range(len(self.draft_costs)) for k in range(1, self.max_depth + 1)]
+        return max(options, key=lambda option: self.tokens_per_cost(*option))
+
+    def update(self, exit_index: int, drafted: int, accepted: int) -> None:
+        """A cycle at exit `exit_index` drafted `drafted` tokens, of which the first `accepted` were accepted."""
+        for index, rates in enumerate(self.rates):
+            for position in range(self.max_depth):  # position i-1 holds r_i
+                observed = index == exit_index and (position < accepted or position == accepted < drafted)
+                if observed:
+                    rates[position] = self.decay * rates[position] + (1 - self.decay) * (position < accepted)
+                else:
+                    rates[position] += self.drift * (self.prior - rates[position])
+
+
+class ExitChoice:
+    """Drafts at several exit layers over one target, one drafting per cycle (module docstring). A Drafter
+    (drafter.py) with the shallow-reuse hooks; `select_exit` switches drafts between cycles."""
+
+    def __init__(self, drafters: Sequence):
+        self.drafters = sorted(drafters, key=lambda d: d.verify_start_layer)
+        self.verify_start_layer = self.drafters[0].verify_start_layer
+        for drafter in self.drafters:
+            drafter.set_verify_start_layer(self.verify_start_layer)
+        self.feature_layers = sorted({layer for d in self.drafters for layer in d.feature_layers})
+        self.exit_layers = [d.verify_start_layer if not hasattr(d, "exit_layer") else d.exit_layer
+                            for d in self.drafters]
+        self.exit_costs = [float(d.draft_cost_layers) for d in self.drafters]
+        self.exit_threshold = float(getattr(self.drafters[0], "exit_threshold", 0.0))
+        self.variant = 0  # the drafting draft; CUDA graphs are captured per variant
+
+    @property
+    def active(self):
+        return self.drafters[self.variant]
+
+    @property
+    def d2t(self) -> torch.Tensor:
+        return self.active.d2t
+
+    def select_exit(self, index: int) -> None:
+        self.variant = index
+
+    def allocate(self, max_len, scratch, device, dtype) -> None:
+        for drafter in self.drafters:
+            drafter.allocate(max_len, scratch, device, dtype)
+
+    def state_tensors(self):
+        return [t for d in self.drafters for t in getattr(d, "state_tensors", lambda: [])()]
+
+    def ingest(self, features, next_tokens, start, count) -> None:
+        for drafter in self.drafters:
+            drafter.ingest(features, next_tokens, start, count)
+
+    def first(self, root_token, position):
+        return self.active.first(root_token, position)
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        return self.active.step(depth, hidden, tokens, positions, scratch_slots, scratch_visible)
+
+    def chain_verify_states(self, tokens, positions, computed: int):
+        return self.active.chain_verify_states(tokens, positions, computed)
