@@ -204,8 +204,7 @@ def test_sampled_chain_cycles_with_exits_keep_the_target_distribution(monkeypatc
     assert _chi_square_top(firsts, probs) < CRITICAL
     from specdraft.runtime import sampling
 
-    real = sampling.sample_token
-    monkeypatch.setattr(sampling, "sample_token", lambda logits, t, g=None, banned=None: real(logits, t, g))
+    monkeypatch.setattr(sampling, "_ban_rejected", lambda probs, tokens, rejected: probs)
     _, broken = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS // 2)  # resamples the rejected draft
     assert _chi_square_top(broken, probs) > CRITICAL
 
