@@ -12,7 +12,7 @@
 # Usage (after the two SmolLM2 calls of ../shared/gpu/README.md): DEEPSPEED=1 source tools/gpu/env.sh;
 #   setsid nohup bash tools/gpu/session4.sh > $HOME/session.log 2>&1 &
 set -u
-export RESULTS=${RESULTS:-$HOME/results} WORK=${WORK:-$HOME/work} STEPS=${STEPS:-1200}
+export RESULTS=${RESULTS:-$HOME/results} WORK=${WORK:-$HOME/work} STEPS=${STEPS:-1000}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$RESULTS" "$WORK"
 stamp() { echo "=== $* $(date +%T)"; }
@@ -39,8 +39,6 @@ lane0() {
   wait
   stamp lane0 runtime bench
   runtime_bench
-  stamp lane0 bench_kernels
-  timeout 240 python3 tools/bench_kernels.py --out "$RESULTS/bench_kernels.json" > "$RESULTS/bench_kernels.log" 2>&1
   stamp lane0 done
 }
 
@@ -60,7 +58,7 @@ kangaroo_sweep() {  # η × exit layer on every Kangaroo export that finished
     sleep 5; waited=$((waited + 5))
   done
   for dir in "$WORK"/methods45/kangaroo*/export; do [ -f "$dir/model.safetensors" ] && exports+=("$dir"); done
-  [ ${#exports[@]} -gt 0 ] && timeout 420 python3 tools/bench_kangaroo.py "${exports[@]}" --eta 0 0.2 0.4 0.6 0.8 \
+  [ ${#exports[@]} -gt 0 ] && timeout 420 python3 tools/bench_kangaroo.py "${exports[@]}" --eta 0 0.2 0.4 0.6 0.8 --choose-exit \
     --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts "${BENCH_PROMPTS:-10}" --max-new-tokens 256 \
     --out "$RESULTS/kangaroo_sweep" > "$RESULTS/kangaroo_sweep.log" 2>&1
   stamp kangaroo sweep done
@@ -94,8 +92,9 @@ all_gpus() {  # timings that need the whole machine to themselves
   timeout 240 python3 tools/bench_distill_scale.py --workers 1,2,4 --timeout 150 --out "$RESULTS/bench_distill" -- \
     "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts2.jsonl]" data.max_samples=1024 \
     distill.batch_size=256 distill.shard_size=256 distill.max_new_tokens=256 > "$RESULTS/bench_distill.log" 2>&1
+  pack
   stamp all bench_scale
-  timeout 500 python3 tools/bench_scale.py --gpus 1,2,4 --warmup 3 --steps 6 --timeout 110 --out "$RESULTS/bench_scale" \
+  timeout 420 python3 tools/bench_scale.py --gpus 1,2,4 --warmup 3 --steps 6 --timeout 100 --out "$RESULTS/bench_scale" \
     > "$RESULTS/bench_scale.log" 2>&1
   stamp all done
 }
@@ -111,18 +110,28 @@ data_stage() {  # -> $DATA: run 1's conversations plus 7,500 new ones (falls bac
     export DATA=$WORK/data_all
   fi
   stamp data ready: "${DATA:-.data/prev/data}"
+  pack
+}
+
+pack() {  # $HOME/results.tgz: the small files of $RESULTS (what a device call copies back), rewritten at each stage
+  (cd "$RESULTS" && find . -type f \( -name '*.json' -o -name '*.log' -o -name '*.png' -o -name '*.txt' -o -name '*.csv' \) \
+     -size -4M -not -path './bench_scale/work/*' -not -path '*/dataset/*' -not -path '*/shards/*' -print0 \
+     | tar czf "$HOME/results.tgz.part" --null -T - ) && mv "$HOME/results.tgz.part" "$HOME/results.tgz"
 }
 
 stamp session start
 data_stage
 multi_gpu_tests &
 lane0 & pids=($!)
-lane_pair 1 poss1 poss2 & pids+=($!)
+( lane_pair 1 poss1 poss2; stamp bench_kernels
+  timeout 240 python3 tools/bench_kernels.py --out "$RESULTS/bench_kernels.json" > "$RESULTS/bench_kernels.log" 2>&1
+) & pids+=($!)
 lane_pair 2 poss3 kangaroo2 & pids+=($!)
 ( lane_pair 3 kangaroo4 kangaroo8; kangaroo_sweep ) & pids+=($!)
 wait "${pids[@]}"
 plots
+pack
 wait  # the multi-GPU tests
 all_gpus
-rm -rf "$RESULTS/bench_scale/work" "$RESULTS/bench_distill"/workers-*/dataset "$RESULTS/bench_distill"/workers-*/shards
+pack
 stamp session done
