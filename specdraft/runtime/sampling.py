@@ -80,6 +80,6 @@ def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: i
         walking = step
     accepted_nodes = torch.cat(accepted)  # [depth_limit + 1]
     rejected = (tree.parents == node) & tree.valid  # [N] every child of the last node was rejected
-    weights = _ban_rejected(target_probs[node[0]], tree.tokens, rejected)  # [V]
+    weights = _ban_rejected(target_probs.index_select(0, node)[0], tree.tokens, rejected)  # [V] (no host read)
     bonus = _inverse_cdf(weights, uniforms[-1:])  # [1]
     return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), bonus

@@ -13,7 +13,6 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from specdraft.config import TrainConfig
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
@@ -110,16 +109,11 @@ class DraftModule(L.LightningModule):
         cfg = self.train_cfg
         groups = self.spec.param_groups(self.draft) if self.spec.param_groups else \
             [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
-                                      fused=self._fused_adamw(groups))
+        # PyTorch's default multi-tensor (foreach) AdamW on GPUs; not fused=True, which Lightning's mixed precision
+        # refuses with gradient clipping ("performs unscaling of gradients internally"), seen on an H100.
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, cfg))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    def _fused_adamw(self, groups) -> bool:
-        """One fused kernel for the whole AdamW update where every parameter is on a GPU (ddp, auto). Under
-        DeepSpeed the optimizer steps ZeRO's flat float32 partitions, one tensor per group: nothing to fuse."""
-        on_gpus = all(param.is_cuda for group in groups for param in group["params"])
-        return on_gpus and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["rng"] = rng_state()
