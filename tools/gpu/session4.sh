@@ -11,6 +11,7 @@
 #   all GPUs:       tools/bench_distill_scale.py (1, 2, 4 workers), tools/bench_scale.py (1, 2, 4 GPUs, ZeRO-2/3).
 # Usage (after the two SmolLM2 calls of ../shared/gpu/README.md): DEEPSPEED=1 source tools/gpu/env.sh;
 #   setsid nohup bash tools/gpu/session4.sh > $HOME/session.log 2>&1 &
+# `session4.sh runtime` (one GPU): the GPU runtime tests, an EAGLE-3 head on run 1's data, the runtime bench.
 set -u
 export RESULTS=${RESULTS:-$HOME/results} WORK=${WORK:-$HOME/work} STEPS=${STEPS:-1000}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -24,6 +25,7 @@ runtime_bench() {  # the EAGLE-3 export on MT-bench: the issue-3 measurements
     --out "$RESULTS/runtime_tree" > "$RESULTS/runtime_tree.log" 2>&1
   python3 -m specdraft.cli bench "$export_dir" --temperature 0 "${mt_bench[@]}" --chain --depth 6 --no-hf \
     --out "$RESULTS/runtime_chain" > "$RESULTS/runtime_chain.log" 2>&1
+  [ "${QUICK:-0}" = 1 ] && return
   python3 -m specdraft.cli bench "$export_dir" --temperature 0 "${mt_bench[@]}" "${tree[@]}" --no-hf --dtype float32 \
     --out "$RESULTS/runtime_tree_fp32" > "$RESULTS/runtime_tree_fp32.log" 2>&1
   SPECDRAFT_KERNELS=reference python3 -m specdraft.cli bench "$export_dir" --temperature 0 "${mt_bench[@]}" \
@@ -118,6 +120,17 @@ pack() {  # $HOME/results.tgz: the small files of $RESULTS (what a device call c
      -size -4M -not -path './bench_scale/work/*' -not -path '*/dataset/*' -not -path '*/shards/*' -print0 \
      | tar czf "$HOME/results.tgz.part" --null -T - ) && mv "$HOME/results.tgz.part" "$HOME/results.tgz"
 }
+
+if [ "${1:-all}" = runtime ]; then  # one GPU: GPU runtime tests and an EAGLE-3 head on run 1's data, then the runtime bench
+  export CUDA_VISIBLE_DEVICES=0 QUICK=1
+  ( timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime > "$RESULTS/gpu_tests_runtime.log" 2>&1 ) &
+  NAME=methods45/eagle3 RECIPE=recipes/eagle3_smollm2.yaml bash tools/gpu/train_head.sh > "$RESULTS/train_eagle3.log" 2>&1
+  wait
+  runtime_bench
+  pack
+  stamp session done
+  exit 0
+fi
 
 stamp session start
 data_stage
