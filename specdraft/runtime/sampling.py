@@ -30,7 +30,7 @@ def sample_token(logits: torch.Tensor, temperature: float, generator: Optional[t
     probs = torch.softmax(logits[0].float() / temperature, dim=-1)  # [V]
     if banned:
         probs[torch.tensor(banned, device=probs.device)] = 0.0
-    if generator is not None and generator.device != probs.device:
+    if generator is not None and generator.device.type != probs.device.type:
         return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
     return torch.multinomial(probs, 1, generator=generator)
 

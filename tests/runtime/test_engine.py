@@ -102,6 +102,25 @@ def test_speculative_sampling_runs_and_stays_in_vocabulary():
     assert len(result.trace) == len(result.accepted) and result.trace[0]["accepted_nodes"][0] == 0
 
 
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=7)])
+def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatch, shape):
+    """T > 0 with graphs on (a CPU stand-in with a CUDA graph's aliasing): the same draws as the eager cycles."""
+    from specdraft.runtime import chain, engine as engine_module
+    from tests.runtime.test_chain_exits import _ReplayOnCpu
+
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,)).tolist()
+    drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
+    runs = []
+    for use_graphs in (False, True):
+        monkeypatch.setattr(engine_module, "CallGraph", _ReplayOnCpu)
+        monkeypatch.setattr(chain, "CallGraph", _ReplayOnCpu)
+        engine = _engine(model, OracleDrafter(drafter_tokens, 320), shape)
+        engine.use_graphs = use_graphs
+        runs.append(engine.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(0)))
+    assert runs[1].tokens == runs[0].tokens and runs[1].accepted == runs[0].accepted
+
+
 def test_prompt_longer_than_the_cache_is_a_clear_error():
     from specdraft.errors import SpecdraftError
 
