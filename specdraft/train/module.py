@@ -70,10 +70,13 @@ class DraftModule(L.LightningModule):
         return self
 
     def on_fit_start(self):
-        self.features.setup(self.device, self.global_rank)  # the frozen target in bf16 on GPUs
+        # The rank's device from the strategy: under ZeRO-3 the module itself is never moved (zero.Init places
+        # its parameters), so its `device` still reads cpu; a replicated target set up there ran on the CPU.
+        device = self.trainer.strategy.root_device
+        self.features.setup(device, self.global_rank)  # the frozen target in bf16 on GPUs
         for module in self.draft.modules():  # ZeRO-3 moves parameters but leaves buffers where they were built
             for name, buffer in module.named_buffers(recurse=False):
-                module._buffers[name] = buffer.to(self.device)
+                module._buffers[name] = buffer.to(device)
         self._fit_started = time.perf_counter()
 
     def _draft_batch(self, batch) -> DraftBatch:
@@ -97,7 +100,8 @@ class DraftModule(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
         for name, value in result.metrics.items():  # kept on the device: no sync per batch
-            self._val_metrics[name].append(torch.as_tensor(value, device=self.device).detach().float())
+            self._val_metrics[name].append(torch.as_tensor(value, device=self.trainer.strategy.root_device)
+                                           .detach().float())
 
     def on_validation_epoch_end(self):
         means = {f"val/{k}": float(torch.stack(v).mean()) for k, v in self._val_metrics.items()}
