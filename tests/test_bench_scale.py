@@ -2,14 +2,12 @@
 `specdraft train` path on a random-weight target and synthetic rows; a failing configuration recorded) and
 tools/bench_distill_scale.py (1 and 2 distill-data workers on a tiny target). Several processes each."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from tests.tools import load_tool
 
-import bench_scale  # noqa: E402
+bench_scale = load_tool("bench_scale")
 
 
 @pytest.mark.slow
@@ -32,7 +30,7 @@ def test_tiny_cpu_run(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_distill_scale_tiny_cpu(tmp_path, tiny_target_dir):
-    import bench_distill_scale
+    bench_distill_scale = load_tool("bench_distill_scale")
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(6)))

@@ -1,23 +1,14 @@
 """tools/bench_train.py in its tiny CPU configuration: every row runs and the JSON report has its fields. CPU."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench_train.py"
-
+from tests.tools import load_tool
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_train", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_train"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["bench_train"]
+    return load_tool("bench_train")
 
 
 def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):

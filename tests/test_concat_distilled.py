@@ -1,15 +1,14 @@
 """tools/concat_distilled.py: two distilled runs become one dataset, counts summed; unfinished inputs refused."""
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import concat_distilled  # noqa: E402
+from specdraft.data.format import counts_path, dataset_dir
+from tests.tools import load_tool
 
-from specdraft.data.format import counts_path, dataset_dir  # noqa: E402
+concat_distilled = load_tool("concat_distilled")
 
 
 def _with_counts(source: Path, directory: Path, ok: int) -> Path:

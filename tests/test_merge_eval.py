@@ -1,19 +1,12 @@
 """tools/merge_eval.py: reports of disjoint prompt ranges merge into the report of the whole range. CPU."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from specdraft.eval.chain import acceptance_by_position
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "merge_eval.py"
-
+from tests.tools import load_tool
 
 def _merge():
-    spec = importlib.util.spec_from_file_location("merge_eval", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.merge
+    return load_tool("merge_eval").merge
 
 
 def _report(accepted, k=3):

@@ -1,20 +1,13 @@
 """tools/plot_acceptance.py: several eval reports -> one plot, a table and a JSON of τ and rates. CPU."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from specdraft.eval.chain import acceptance_by_position
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "plot_acceptance.py"
-
+from tests.tools import load_tool
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("plot_acceptance", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("plot_acceptance")
 
 
 def _write(path, accepted, k):

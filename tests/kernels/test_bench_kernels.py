@@ -1,18 +1,12 @@
 """tools/bench_kernels.py in its tiny CPU configuration (the Triton interpreter): every op is timed against its
 reference, the outputs match, and the JSON holds one row per (op, shape)."""
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tools import load_tool
 
 
-def test_bench_kernels_cpu(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "tools" / "bench_kernels.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_kernels", bench)  # dataclasses look their module up
-    spec.loader.exec_module(bench)
+def test_bench_kernels_cpu(tmp_path):
+    bench = load_tool("bench_kernels")
     result = bench.main(["--device", "cpu", "--out", str(tmp_path / "kernels.json")])
     assert json.loads((tmp_path / "kernels.json").read_text()) == result
     assert result["all_match"] and all(row["match"] for row in result["rows"])

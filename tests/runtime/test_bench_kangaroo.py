@@ -1,22 +1,16 @@
 """Kangaroo exports end to end on the CPU: `specdraft bench --chain --exit-threshold`, `generate --more-exits`,
 and the ℓ × η sweep of tools/bench_kangaroo.py over two exports (ℓ = 1, 2) of a tiny target, with the exit
 chosen per cycle among both."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from specdraft import cli
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_kangaroo.py"
-
+from tests.tools import load_tool
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_kangaroo", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_kangaroo")
 
 
 def _export(tmp, target_dir, distill_dir, exit_layer: int) -> Path:
