@@ -2,7 +2,7 @@
 # Every GPU measurement of docs/benchmarks.md ("Session 4") on one 4-GPU machine: four lanes at once (one per
 # GPU), then a stage that uses all GPUs. Results (JSON, PNG, logs) go to $RESULTS.
 #   data (all GPUs): 4 distill-data workers regenerate .data/train_prompts2.jsonl (7,500 prompts); with run 1's
-#                   3,775 conversations (.data/prev/data) that is the training set of every method below.
+#                   3,775 conversations (.data/prev/data, train.extra_distilled) that is every method's training set.
 #   lane 0 (GPU 0): GPU tests while the EAGLE-3 head trains; then `specdraft bench` on MT-bench (HF generate,
 #                   plain and speculative, tree and chain, T=0 and T=1; an fp32 lossless run); tools/bench_kernels.py.
 #   lanes 1-3:      two method runs per GPU at once (tools/gpu/methods45.sh: same data, steps, seed as EAGLE-3):
@@ -18,6 +18,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 mkdir -p "$RESULTS" "$WORK"
 stamp() { echo "=== $* $(date +%T)"; }
 mt_bench=(--prompts "$PWD/.data/mt_bench.jsonl" --max-prompts "${BENCH_PROMPTS:-10}" --max-new-tokens 256)
+
+extra_data() {  # the train override that adds the data stage's conversations, if it produced them
+  [ -n "${EXTRA_DATA:-}" ] && echo "train.extra_distilled=[$EXTRA_DATA]"
+}
 
 runtime_bench() {  # the EAGLE-3 export on MT-bench: the issue-3 measurements
   local export_dir=$WORK/methods45/eagle3/export tree=(--depth 6 --topk 8 --budget 48)
@@ -37,7 +41,8 @@ lane0() {
   ( timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/test_multi_gpu.py \
       > "$RESULTS/gpu_tests.log" 2>&1; stamp lane0 gpu tests done ) &
   stamp lane0 eagle3
-  RUNS=eagle3 MAX_PROMPTS=${METHOD_PROMPTS:-20} bash tools/gpu/methods45.sh > "$RESULTS/methods45_eagle3.log" 2>&1
+  RUNS=eagle3 MAX_PROMPTS=${METHOD_PROMPTS:-20} bash tools/gpu/methods45.sh $(extra_data) \
+    > "$RESULTS/methods45_eagle3.log" 2>&1
   wait
   stamp lane0 runtime bench
   runtime_bench
@@ -47,7 +52,8 @@ lane0() {
 lane_pair() {  # GPU $1 trains and benches runs $2 and $3 at once
   export CUDA_VISIBLE_DEVICES=$1
   for run in $2 $3; do
-    ( RUNS=$run MAX_PROMPTS=${METHOD_PROMPTS:-20} bash tools/gpu/methods45.sh > "$RESULTS/methods45_$run.log" 2>&1
+    ( RUNS=$run MAX_PROMPTS=${METHOD_PROMPTS:-20} bash tools/gpu/methods45.sh $(extra_data) \
+        > "$RESULTS/methods45_$run.log" 2>&1
       stamp "lane$1 $run done" ) &
   done
   wait
@@ -101,17 +107,14 @@ all_gpus() {  # timings that need the whole machine to themselves
   stamp all done
 }
 
-data_stage() {  # -> $DATA: run 1's conversations plus 7,500 new ones (falls back to run 1's alone)
+data_stage() {  # -> $EXTRA_DATA: 7,500 new conversations, trained on beside run 1's (train.extra_distilled)
   stamp data distill
   timeout 300 python3 tools/bench_distill_scale.py --workers 4 --out "$WORK/distill4" -- "target.path=$GGUF" \
     "data.prompts=[$PWD/.data/train_prompts2.jsonl]" distill.batch_size=256 distill.shard_size=256 \
     distill.max_new_tokens=256 > "$RESULTS/distill_data.log" 2>&1
   cp "$WORK/distill4/bench_distill_scale.json" "$RESULTS/distill_data_4workers.json" 2>/dev/null
-  if python3 tools/concat_distilled.py "$WORK/data_all" "$PWD/.data/prev/data" "$WORK/distill4/workers-4" \
-      > "$RESULTS/data_all_counts.json" 2>> "$RESULTS/distill_data.log"; then
-    export DATA=$WORK/data_all
-  fi
-  stamp data ready: "${DATA:-.data/prev/data}"
+  [ -f "$WORK/distill4/workers-4/counts.json" ] && export EXTRA_DATA=$WORK/distill4/workers-4
+  stamp data ready: "${EXTRA_DATA:-run 1 only}"
   pack
 }
 
