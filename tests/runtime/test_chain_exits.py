@@ -8,12 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from specdraft.runtime import chain
 from specdraft.methods.base import DraftContext
+from specdraft.runtime import chain
 from specdraft.runtime.dynamic_exit import DynamicExit, ExitChoice
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape
+from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
 
 DEPTH = 5
@@ -131,38 +132,11 @@ def test_dynamic_exit_picks_the_exit_whose_drafts_pay_for_their_layers():
     assert exit_.choose() == (1, 4)
 
 
-class _ReplayOnCpu:
-    """A stand-in for CallGraph on the CPU with a graph's aliasing: inputs are copied into static tensors, and
-    every replay writes its outputs into the tensors the first call returned."""
-
-    def __init__(self, fn, state, example=()):
-        self.fn, self.inputs, self.output = fn, [t.clone() for t in example], None
-
-    def __call__(self, *args):
-        for static, value in zip(self.inputs, args):
-            static.copy_(value)
-        out = self.fn(*self.inputs)
-        self.output = out if self.output is None else _copy_into(self.output, out)
-        return self.output
-
-
-def _copy_into(static, value):
-    if isinstance(static, torch.Tensor):
-        return static.copy_(value)
-    if dataclasses.is_dataclass(static):
-        for f in dataclasses.fields(static):
-            _copy_into(getattr(static, f.name), getattr(value, f.name))
-        return static
-    if isinstance(static, (tuple, list)):
-        return type(static)(_copy_into(s, v) for s, v in zip(static, value))
-    return static
-
-
 @pytest.mark.parametrize("options", [{}, {"exit_threshold": 0.6}, {"exit_threshold": 0.3, "dynamic_exit": True}],
                          ids=["whole", "eta", "eta_del"])
 @torch.no_grad()
 def test_static_buffer_replays_give_the_eager_tokens(monkeypatch, options):
-    monkeypatch.setattr(chain, "CallGraph", _ReplayOnCpu)
+    monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
     _, eager = _engine(**options)
     _, replayed = _engine(use_graphs=True, **options)
     for prompt in PROMPTS:
@@ -232,7 +206,7 @@ def test_choosing_the_exit_layer_per_cycle_is_lossless(monkeypatch):
     for prompt, result in zip(PROMPTS, results):
         assert result.tokens == _hf_greedy(model, prompt, 32)
     assert chosen[0] == 1 and set(chosen) == {1, 2}  # the cheap exit first, the one whose drafts land later
-    monkeypatch.setattr(chain, "CallGraph", _ReplayOnCpu)
+    monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
     _, replayed, replayed_chosen = _exit_choice_engine(use_graphs=True)
     for prompt, result in zip(PROMPTS, results):
         got = replayed.generate(prompt, 32)

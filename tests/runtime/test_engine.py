@@ -105,16 +105,17 @@ def test_speculative_sampling_runs_and_stays_in_vocabulary():
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=7)])
 def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatch, shape):
     """T > 0 with graphs on (a CPU stand-in with a CUDA graph's aliasing): the same draws as the eager cycles."""
-    from specdraft.runtime import chain, engine as engine_module
-    from tests.runtime.test_chain_exits import _ReplayOnCpu
+    from specdraft.runtime import chain
+    from specdraft.runtime import engine as engine_module
+    from tests.runtime.replay import ReplayOnCpu
 
     model = _tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,)).tolist()
     drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
     runs = []
     for use_graphs in (False, True):
-        monkeypatch.setattr(engine_module, "CallGraph", _ReplayOnCpu)
-        monkeypatch.setattr(chain, "CallGraph", _ReplayOnCpu)
+        monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
+        monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
         engine = _engine(model, OracleDrafter(drafter_tokens, 320), shape)
         engine.use_graphs = use_graphs
         runs.append(engine.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(0)))

@@ -1,7 +1,6 @@
 """Lossless sampling at T > 0: the first token a cycle emits, and the second given an accepted first, follow the
 target's distribution exactly. A chi-square test on a 6-token vocabulary with a fixed seed; a broken acceptance
 rule fails it."""
-import pytest
 import torch
 
 from specdraft.runtime import sampling
