@@ -41,6 +41,7 @@ from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
 from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import (
     ChainState,
     DraftBatch,
@@ -164,9 +165,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
         self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)
         self._set_vocab(ctx.token_counts, vocab, target.vocab_size)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=cfg.init_std)
+        init_linear_normal_(self, cfg.init_std)  # gathers ZeRO-3 partitions: zero.Init split them as built
 
     def _set_vocab(self, token_counts: Optional[torch.Tensor], draft_vocab: int, target_vocab: int) -> None:
         """d2t [Vd] offsets (target id - draft id, as SGLang reads them) and t2d [V] membership mask.

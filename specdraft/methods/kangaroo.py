@@ -48,6 +48,7 @@ from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
+from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import (
     ChainState,
     DraftBatch,
@@ -136,9 +137,7 @@ class KangarooDraft(nn.Module):
         self.feature_layers = [self.exit_layer]
         self.input_layernorm = RMSNorm(target.hidden_size, target.rms_norm_eps)
         self.self_attn = AdapterAttention(target)
-        for module in self.self_attn.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=cfg.init_std)
+        init_linear_normal_(self.self_attn, cfg.init_std)  # gathers ZeRO-3 partitions: zero.Init split them
         vocab = min(cfg.draft_vocab_size or target.vocab_size, target.vocab_size)
         self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
         self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from specdraft.errors import SpecdraftError
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.layers import apply_rope, rope_cos_sin
+from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
 from specdraft.methods.eagle3 import (
     KV,
@@ -88,9 +89,7 @@ class PossDraft(Eagle3Draft):
         first = self._modules.pop("midlayer")  # EAGLE-3's layer becomes specialist 0
         width = first.mlp.gate_proj.out_features
         others = [Eagle3DecoderLayer(ctx.target, width) for _ in range(cfg.num_specialists - 1)]
-        for module in nn.ModuleList(others).modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=cfg.init_std)
+        init_linear_normal_(nn.ModuleList(others), cfg.init_std)  # gathers ZeRO-3 partitions (zero.Init)
         self.specialists = nn.ModuleList([first, *others])
         self.positions_per_specialist = cfg.positions_per_specialist
 

@@ -3,7 +3,6 @@ or features stored on disk) gives each batch's target features, the method's hoo
 knows a method's name."""
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 
 from specdraft.config import TrainConfig
+from specdraft.layers.zero import gathered
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 
@@ -125,15 +125,6 @@ class DraftModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint):
         if "rng" in checkpoint:
             set_rng_state(checkpoint["rng"])
-
-
-def gathered(params):
-    """A context in which ZeRO-3 partitioned parameters are whole and writable from rank 0 (a no-op otherwise)."""
-    if not any(hasattr(p, "ds_id") for p in params):
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
 def rng_state() -> dict:

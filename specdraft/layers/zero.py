@@ -1,0 +1,31 @@
+"""Draft heads built under DeepSpeed's zero.Init (ZeRO-3: Lightning's configure_model runs inside one).
+
+zero.Init partitions a module's parameters as soon as that module's own __init__ returns: a parent's __init__
+then sees each child's weight as an empty tensor (its values live in `ds_tensor`, 1/N of them per rank), and
+whatever it writes there is lost. A draft that re-initializes its linear layers after building them (e.g.
+N(0, init_std)) must gather them whole for that, or under ZeRO-3 it keeps PyTorch's default initialization."""
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+
+
+def gathered(params):
+    """A context in which ZeRO-3 partitioned parameters are whole and writable from rank 0 (a no-op otherwise)."""
+    params = list(params)
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+
+
+def init_linear_normal_(module: nn.Module, std: float) -> None:
+    """Every nn.Linear weight in `module` (in `module.modules()` order) drawn from N(0, std); ZeRO-3 partitions
+    are gathered for it and rank 0's draw kept, so a draft built under zero.Init starts where one built plainly
+    (same seed) does."""
+    weights = [m.weight for m in module.modules() if isinstance(m, nn.Linear)]
+    with gathered(weights):
+        for weight in weights:
+            nn.init.normal_(weight, std=std)
