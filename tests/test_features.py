@@ -234,3 +234,23 @@ def test_distill_data_dumps_features_and_a_rerun_loads_nothing(tmp_path, tiny_ta
     monkeypatch.setattr(load_module, "load_target", _no_target)
     assert cli.main(["distill-data", str(recipe_path)]) == 0
     assert [f.stat().st_mtime_ns for f in files] == stamps
+
+
+def test_online_target_keeps_its_float32_rotary_frequencies(tiny_target_dir):
+    """A bf16 target set up for online features keeps what from_pretrained gives it, the rotary inv_freq in float32
+    included: the features are those of the target as evaluated and served (and as the offline dump stores
+    them), not those of rotary angles rounded through bf16 frequencies."""
+    from specdraft.config import TargetConfig
+
+    cfg = TargetConfig(path=str(tiny_target_dir))
+    as_loaded = load_target(cfg, "cpu", dtype="bfloat16").model
+    online = OnlineFeatures(load_target(cfg, "cpu", dtype="bfloat16").model, [1, 2])
+    online.setup(torch.device("cpu"))
+    assert {b.dtype for b in online.model.buffers()} == {torch.float32}
+    assert {p.dtype for p in online.model.parameters()} == {torch.bfloat16}
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))  # [B, T]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    got, expected = online(batch), OnlineFeatures(as_loaded, [1, 2])(batch)
+    assert torch.equal(got.final_hidden, expected.final_hidden)
+    for index, hidden in expected.hidden_states.items():
+        assert torch.equal(got.hidden_states[index], hidden), index

@@ -1,9 +1,13 @@
-"""A draft built under DeepSpeed's zero.Init (deepspeed_stage_3: Lightning builds the draft in one) starts from
-the same weights as one built plainly with the same seed. zero.Init partitions each submodule as soon as it is
-built, so a draft's own re-initialization of its linear layers (N(0, init_std)) used to write into empty
-tensors and be lost: ZeRO-3 runs trained from PyTorch's default initialization instead (2-3.5x the std), and
-the ZeRO-3 case of tests/test_multi_gpu.py failed on the first weight it compares (fc.weight). One DeepSpeed
-rank on the CPU (gloo), in a process of its own (about 10 s)."""
+"""Models built under DeepSpeed's zero.Init (ZeRO-3's partitioned construction) are the models built plainly.
+One DeepSpeed rank on the CPU (gloo), in a process of its own (tests/zero_init_run.py; about 10 s each).
+
+zero.Init partitions each submodule as soon as its own __init__ returns, and while it is active casts every
+floating-point tensor that torch.arange, torch.zeros, ... make to its dtype. Two consequences once bit us:
+- a draft's re-initialization of its linear layers (N(0, init_std)) wrote into empty tensors and was lost, so
+  deepspeed_stage_3 runs trained from PyTorch's default initialization (2 to 3.5 times the std): the ZeRO-3 case
+  of tests/test_multi_gpu.py failed on the first weight it compares (fc.weight);
+- the target that train.shard_target partitions computed its rotary inv_freq in bf16, unlike the target that
+  evaluation and serving run (float32)."""
 import json
 import os
 import socket
@@ -25,14 +29,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_drafts_built_under_zero_init_keep_their_initialization():
+def differences(*args: str) -> list:
+    """tests/zero_init_run.py on one rank -> the differences it found."""
     pytest.importorskip("deepspeed")
-    assert set(CASES) == set(METHODS)
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(_free_port()),
            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "tests.zero_init_run", json.dumps(CASES)], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "tests.zero_init_run", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "done" in done.stdout, (done.stdout + done.stderr)[-3000:]
-    differing = [line for line in done.stdout.splitlines() if line.startswith("differs")]
-    assert not differing, differing
+    return [line for line in done.stdout.splitlines() if line.startswith("differs")]
+
+
+@pytest.mark.slow
+def test_drafts_built_under_zero_init_keep_their_initialization():
+    assert set(CASES) == set(METHODS)
+    assert differences("drafts", json.dumps(CASES)) == []
+
+
+@pytest.mark.slow
+def test_sharded_target_is_the_target_with_its_float32_rotary_frequencies(tiny_target_dir):
+    assert differences("target", str(tiny_target_dir)) == []

@@ -1,9 +1,13 @@
-"""One rank (gloo, CPU) that builds every method's draft twice with the same seed: plainly, and under DeepSpeed's
-zero.Init as Lightning's configure_model does under deepspeed_stage_3. For tests/test_zero_init.py.
+"""One DeepSpeed rank (gloo, CPU) that builds models under zero.Init, ZeRO-3's partitioned construction, and
+compares them with the same models built plainly. For tests/test_zero_init.py.
 
-    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run '{"eagle3": {"ttt_steps": 3}, ...}'
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run drafts '{"eagle3": {"ttt_steps": 3}, ...}'
+        every method's draft, same seed, under the zero.Init Lightning enters for deepspeed_stage_3
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR
+        the frozen target as train.shard_target builds it (bf16) against load_target's (bf16): its buffers and
+        the features it gives
 
-Prints `differs METHOD PARAM` for each parameter whose gathered ZeRO-3 value is not the plain one, then `done`.
+Prints `differs WHAT NAME` for each difference found, then `done`.
 """
 import json
 import os
@@ -12,17 +16,22 @@ import sys
 import torch
 
 
-def main(cases: dict) -> None:
+def _init() -> None:
+    import deepspeed
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["LOCAL_RANK"] = os.environ["RANK"]
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+
+
+def drafts(cases: dict) -> None:
     import deepspeed
 
     from specdraft.methods import get_method
     from specdraft.methods.base import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     ctx = DraftContext(target=TargetInfo.from_hf_config(tiny_llama_config(), "tiny"))
     for name, settings in cases.items():
@@ -39,8 +48,38 @@ def main(cases: dict) -> None:
             for key, value in plain.named_parameters():
                 if not torch.equal(params[key].detach(), value.detach()):
                     print("differs", name, key, flush=True)
-    print("done", flush=True)
+
+
+def target(directory: str) -> None:
+    import deepspeed
+    import torch._dynamo  # noqa: F401  (imported before zero.Init patches torch's constructors, as in training:
+    from transformers import LlamaForCausalLM  # noqa: F401  imported inside it, they fail)
+
+    from specdraft.config import TargetConfig
+    from specdraft.target.features import capture_features
+    from specdraft.target.load import load_sharded_target, load_target
+
+    cfg = TargetConfig(path=directory)
+    sharded = load_sharded_target(cfg, torch.bfloat16)
+    plain = load_target(cfg, "cpu", dtype="bfloat16").model
+    for (name, buffer), (_, expected) in zip(sharded.named_buffers(), plain.named_buffers()):
+        if buffer.dtype != expected.dtype or not torch.equal(buffer, expected):
+            print("differs buffer", name, buffer.dtype, expected.dtype, flush=True)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))  # [B, T]
+    with deepspeed.zero.GatheredParameters(list(sharded.parameters())):
+        got = capture_features(sharded, ids, torch.ones_like(ids), [1, 2])
+    expected = capture_features(plain, ids, torch.ones_like(ids), [1, 2])
+    for index, hidden in expected.hidden_states.items():
+        if not torch.equal(got.hidden_states[index], hidden):
+            print("differs hidden_state", index, flush=True)
+    if not torch.equal(got.final_hidden, expected.final_hidden):
+        print("differs final_hidden -", flush=True)
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    _init()
+    if sys.argv[1] == "drafts":
+        drafts(json.loads(sys.argv[2]))
+    else:
+        target(sys.argv[2])
+    print("done", flush=True)

@@ -179,11 +179,19 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
+    try:
+        from transformers.integrations.deepspeed import prevent_arange_dtype_change
+    except ImportError:  # older transformers: no guard (the rotary inv_freq is then computed in torch_dtype)
+        prevent_arange_dtype_change = contextlib.nullcontext
+
     source = _local_or_hub(cfg)
     config = zero3_config(torch_dtype)
     zero3 = HfDeepSpeedConfig(copy.deepcopy(config))  # noqa: F841 (transformers keeps a weak reference)
     try:
-        with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch_dtype):
+        # zero.Init casts every floating-point tensor that torch.arange makes to torch_dtype, the rotary inv_freq
+        # included (computed in bf16); Transformers' guard against it must be entered first, as here: the one
+        # from_pretrained enters inside this zero.Init comes too late (the constructors are patched once).
+        with prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=config, dtype=torch_dtype):
             model = random_model(source, cfg, torch_dtype) if cfg.random_init else \
                 AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
                                                      trust_remote_code=cfg.trust_remote_code)
