@@ -73,6 +73,17 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return root / "gguf" / f"{gguf.stem}-{_file_digest(gguf)[:16]}"
 
 
+def _materialize_tied(model: torch.nn.Module, gguf: Path) -> None:
+    """A GGUF of a tied-embedding model (SmolLM2) stores the embedding only; the LM head must share it. Seen in a
+    full test session: the head was left on the meta device after loading, so it is tied again here, and any
+    weight still without data is a clear error rather than a failure deep inside save_pretrained."""
+    if any(param.is_meta for param in model.parameters()):
+        model.tie_weights()
+    missing = [name for name, param in model.named_parameters() if param.is_meta]
+    if missing:
+        raise SpecdraftError(f"GGUF target {gguf}: no data for {', '.join(missing[:5])}")
+
+
 def _convert_gguf(gguf: Path) -> Path:
     """Dequantize a GGUF target once into an HF directory (safetensors + tokenizer); atomic."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -86,6 +97,7 @@ def _convert_gguf(gguf: Path) -> Path:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as err:  # transformers raises many kinds for a corrupt file
         raise SpecdraftError(f"cannot read GGUF target {gguf}: {type(err).__name__}: {err}") from None
+    _materialize_tied(model, gguf)
     model.hf_quantizer = None  # the weights are plain dequantized tensors now; save them as such
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
