@@ -65,3 +65,8 @@ def main(mode: str, stage: int, checkpoint: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The work is done and written. Interpreter teardown with ZeRO's threads and gloo still alive sometimes
+    # aborted ("terminate called without an active exception", exit -6) and failed the test: skip it.
+    os._exit(0)
