@@ -49,3 +49,24 @@ def test_random_init_needs_only_config_and_tokenizer(tmp_path):
     assert float(layer.mlp.up_proj.weight.float().std()) == pytest.approx(0.02, rel=0.1)
     assert bool((loaded.model.model.norm.weight == 1).all())
     assert all(torch.isfinite(p.float()).all() for p in loaded.model.parameters())
+
+
+def test_a_gguf_head_left_on_meta_is_tied_to_the_embedding(tmp_path):
+    """llama.cpp's convention (no output.weight: tied). If loading leaves the head on the meta device, the
+    conversion ties it before saving, and the saved target's head is the embedding."""
+    from pathlib import Path
+
+    from transformers import LlamaForCausalLM
+
+    from specdraft.target.load import _materialize_tied
+    from tests.tiny import tiny_llama_config
+
+    config = tiny_llama_config()
+    config.tie_word_embeddings = False
+    model = LlamaForCausalLM(config)
+    model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
+    _materialize_tied(model, Path("smol.gguf"))
+    model.save_pretrained(tmp_path)
+    saved = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert saved.config.tie_word_embeddings
+    assert torch.equal(saved.lm_head.weight, model.model.embed_tokens.weight)

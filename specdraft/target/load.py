@@ -74,11 +74,14 @@ def _gguf_cache_dir(gguf: Path) -> Path:
 
 
 def _materialize_tied(model: torch.nn.Module, gguf: Path) -> None:
-    """A GGUF of a tied-embedding model (SmolLM2) stores the embedding only; the LM head must share it. Seen in a
-    full test session: the head was left on the meta device after loading, so it is tied again here, and any
-    weight still without data is a clear error rather than a failure deep inside save_pretrained."""
-    if any(param.is_meta for param in model.parameters()):
-        model.tie_weights()
+    """llama.cpp's convention: a GGUF without `output.weight` (SmolLM2) ties the LM head to the token embedding.
+    Transformers usually ties it; in one full test session it reported the head MISSING and left it on the meta
+    device (root cause not found), so it is tied here when that happens; any weight still without data is a
+    clear error rather than a failure deep inside save_pretrained."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight.is_meta and embed.weight.shape == head.weight.shape:
+        head.weight = embed.weight
+        model.config.tie_word_embeddings = True
     missing = [name for name, param in model.named_parameters() if param.is_meta]
     if missing:
         raise SpecdraftError(f"GGUF target {gguf}: no data for {', '.join(missing[:5])}")
