@@ -63,6 +63,10 @@ class DataConfig:
     """What to do with a prompt longer than max_length: error (exit 2) or skip (counted as skipped)."""
     val_fraction: float = 0.02
     """Share of conversations held out for validation (at least one)."""
+    pad_to_multiple: int = 64
+    """Unpacked batches are padded to a multiple of this many tokens (at most max_length), not just to their
+    longest row: a GPU then sees a few distinct shapes, each planned once (cuDNN attention, compiled flex
+    attention), where every new length cost milliseconds of host time in every layer. 1 pads to the longest."""
     pack_length: Optional[int] = None
     """Pack each micro-batch's conversations (first-fit decreasing) into rows of exactly this many tokens, with
     per-conversation positions and attention (the target's too); None pads each conversation to the longest.
@@ -79,6 +83,8 @@ class DataConfig:
         if self.pack_length is not None and self.pack_length < self.max_length:
             raise SpecdraftError(f"data.pack_length must be None or >= data.max_length ({self.max_length}), "
                                  f"got {self.pack_length}")
+        if self.pad_to_multiple < 1:
+            raise SpecdraftError(f"data.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise SpecdraftError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
 

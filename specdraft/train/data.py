@@ -46,9 +46,11 @@ def answer_token_counts(dataset, indices, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(counts)
 
 
-def collate(rows: List[Dict[str, np.ndarray]], max_length: int) -> Dict[str, torch.Tensor]:
-    """Right-pad to the longest row (cut at max_length) -> input_ids, loss_mask, attention_mask [B, T]."""
-    length = min(max_length, max(len(r["input_ids"]) for r in rows))
+def collate(rows: List[Dict[str, np.ndarray]], max_length: int, pad_to_multiple: int = 1) -> Dict[str, torch.Tensor]:
+    """Right-pad to the longest row rounded up to a multiple of pad_to_multiple (cut at max_length) ->
+    input_ids, loss_mask, attention_mask [B, T]."""
+    longest = max(len(r["input_ids"]) for r in rows)
+    length = min(max_length, -(-longest // pad_to_multiple) * pad_to_multiple)
     input_ids = torch.zeros(len(rows), length, dtype=torch.long)
     loss_mask = torch.zeros(len(rows), length, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), length, dtype=torch.long)
@@ -144,7 +146,7 @@ class DistilledData(L.LightningDataModule):
     def _collate(self, rows):
         if self.data_cfg.pack_length:
             return collate_packed(rows, self.data_cfg.max_length, self.data_cfg.pack_length)
-        return collate(rows, self.data_cfg.max_length)
+        return collate(rows, self.data_cfg.max_length, self.data_cfg.pad_to_multiple)
 
     def _samples_per_step(self) -> int:
         """Samples one rank reads per optimizer step."""

@@ -239,9 +239,9 @@ class FeatureRows(torch.utils.data.Dataset):
         return FeatureRows(self.dataset.select(indices), self.lookup, self.row_ids[np.asarray(indices)])
 
 
-def collate_with_features(rows: List[Dict], max_length: int) -> Dict:
+def collate_with_features(rows: List[Dict], max_length: int, pad_to_multiple: int = 1) -> Dict:
     """`collate` plus row_ids [B] and, when every row has them, features {name: [B, T, H]}."""
-    batch = collate(rows, max_length)
+    batch = collate(rows, max_length, pad_to_multiple)
     batch["row_ids"] = torch.tensor([row["row_id"] for row in rows], dtype=torch.long)
     if all(row["features"] is not None for row in rows):
         batch["features"] = stack_features([row["features"] for row in rows], batch)
@@ -306,7 +306,7 @@ class FeatureData(DistilledData):
     """DistilledData whose rows carry their stored features (offline and hybrid)."""
 
     def _collate(self, rows):
-        return collate_with_features(rows, self.data_cfg.max_length)
+        return collate_with_features(rows, self.data_cfg.max_length, self.data_cfg.pad_to_multiple)
 
 
 def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):

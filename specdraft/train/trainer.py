@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import lightning as L
 import torch
@@ -154,13 +154,14 @@ def _plugins() -> list:
     return []
 
 
-def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None) -> L.Trainer:
+def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
+                  extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
     # the progress bar reads the loss (a device sync) only when the logs do: not at every step
     callbacks = [checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport(),
-                 StepTimes(run_dir / "logs", cfg.log_every_steps), TQDMProgressBar(refresh_rate=cfg.log_every_steps)]
+                 StepTimes(run_dir / "logs", cfg.log_every_steps), TQDMProgressBar(refresh_rate=cfg.log_every_steps), *extra_callbacks]
     return L.Trainer(
         accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg, resume_from),
         precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
@@ -225,14 +226,15 @@ class ResumeReport(Callback):
                  "sample %d) and RNG restored", path, trainer.global_step, how, trainer.datamodule.global_position())
 
 
-def run_train(recipe: Recipe) -> dict:
-    """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json."""
+def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
+    """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json.
+    `extra_callbacks` join the trainer's own (tools/profile_train.py profiles steps with one)."""
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
     distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
     dataset = load_distilled(distill_dirs)
     resume_from = _resume_path(cfg, run_dir)
-    trainer = build_trainer(cfg, run_dir, recipe, resume_from)  # checks the strategy before the target loads
+    trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks)  # checks the strategy before the target loads
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     device = trainer.strategy.root_device
     features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs, device,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 5's GPU measurements (docs/benchmarks.md, "Session 5"). Run from a copy of the repository on the GPU
+# machine after the SmolLM2 calls of ../shared/gpu/README.md, with tools/gpu/env.sh sourced (DEEPSPEED=1 for x4).
+#   probe (one GPU):  where a SmolLM2 training step's time goes (tools/profile_train.py), bench_train's rows at
+#                     2048 tokens on this card, and the runtime's GPU tests.
+# Results go to $RESULTS; `pack` bundles the small ones into $HOME/results.tgz (what a device call brings back).
+set -u
+export RESULTS=${RESULTS:-$HOME/results} WORK=${WORK:-$HOME/work}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$RESULTS" "$WORK"
+stamp() { echo "=== $* $(date +%T)"; }
+DATA=${DATA:-$PWD/.data/prev/data}
+head_args=("target.path=$GGUF" "distill.output_dir=$DATA" train.micro_batch_size=16 train.lr=3e-4
+           train.warmup_steps=100 train.seed=0 data.max_length=1024 data.val_fraction=0.02)
+
+pack() {
+  (cd "$RESULTS" && find . -type f \( -name '*.json' -o -name '*.log' -o -name '*.png' -o -name '*.txt' -o -name '*.csv' \) \
+     -size -4M -not -path '*/train/*' -print0 | tar czf "$HOME/results.tgz.part" --null -T - ) \
+     && mv "$HOME/results.tgz.part" "$HOME/results.tgz"
+}
+
+probe() {
+  export CUDA_VISIBLE_DEVICES=0
+  stamp profile smollm2 eagle3
+  timeout 240 python3 tools/profile_train.py recipes/eagle3_smollm2.yaml "${head_args[@]}" --warmup 30 --steps 10 \
+    --top 30 --out "$RESULTS/profile_eagle3" > "$RESULTS/profile_eagle3.log" 2>&1
+  pack
+  stamp bench_train
+  timeout 300 python3 tools/bench_train.py --seq-lens 2048 --rows ours ours-no-ckpt offline \
+    --out "$RESULTS/bench_train.json" > "$RESULTS/bench_train.log" 2>&1
+  pack
+  stamp gpu runtime tests
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime > "$RESULTS/gpu_tests_runtime.log" 2>&1
+  pack
+  stamp probe done
+}
+
+"${1:-probe}"

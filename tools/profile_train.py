@@ -1,0 +1,121 @@
+"""Where the time of a `specdraft train` step goes: the recipe's own run, with a few steps under torch.profiler.
+
+The run is `specdraft train RECIPE [overrides]` itself (same data, features, draft, strategy), stopped after
+--warmup + --steps optimizer steps with no validation. The profiled steps give:
+  - the wall time of a step and the device's busy time in it (the sum of kernel times): a step whose wall time
+    is well above its busy time is bound by the host (Python, launches, syncs), not by the GPU;
+  - the ops with the most device time, and those with the most host time (self time, per step);
+  - Lightning's phases (training step, backward, optimizer step) by host time.
+
+    python tools/profile_train.py recipes/eagle3_smollm2.yaml target.path=... --warmup 30 --steps 10 --out runs/prof
+
+Writes OUT/profile_train.json (and OUT/trace.json, a Chrome trace, with --trace). Prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.profiler import ProfilerActivity, profile
+
+PHASES = ("training_step", "backward", "optimizer_step", "on_train_batch_end", "get_next_batch")
+"""Substrings of Lightning's profiler ranges ([Strategy]..., [LightningModule]..., [_TrainingEpochLoop]...)."""
+
+
+class ProfileSteps(Callback):
+    """Profiles optimizer steps warmup+1 .. warmup+steps of the fit (batches, with no gradient accumulation)."""
+
+    def __init__(self, warmup: int, steps: int, trace: Optional[Path] = None):
+        self.warmup, self.steps, self.trace = warmup, steps, trace
+        self.profiler: Optional[profile] = None
+        self.started = self.wall_seconds = None
+
+    def _sync(self, pl_module):
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.warmup and self.profiler is None:
+            self._sync(pl_module)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.profiler = profile(activities=activities)
+            self.profiler.__enter__()
+            self.started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.profiler is not None and self.wall_seconds is None \
+                and trainer.global_step >= self.warmup + self.steps:
+            self._sync(pl_module)
+            self.wall_seconds = time.perf_counter() - self.started
+            self.profiler.__exit__(None, None, None)
+            if self.trace is not None:
+                self.profiler.export_chrome_trace(str(self.trace))
+
+    def report(self, top: int) -> Dict:
+        if self.wall_seconds is None:
+            raise SystemExit(f"the run ended before step {self.warmup + self.steps}: raise train.max_steps "
+                             f"or lower --warmup/--steps")
+        events = self.profiler.key_averages()
+        per_step = 1e3 / self.steps  # us over all profiled steps -> ms per step
+        device_us = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        busy_ms = sum(device_us(e) for e in events) / 1e3 / self.steps
+        ops = lambda key: [{"name": e.key, "calls_per_step": e.count / self.steps,
+                            "device_ms": device_us(e) / 1e3 / self.steps,
+                            "host_ms": e.self_cpu_time_total / 1e3 / self.steps}
+                           for e in sorted(events, key=key, reverse=True)[:top]]
+        phases = {phase: sum(e.cpu_time_total for e in events if phase in e.key) * per_step / 1e3
+                  for phase in PHASES}
+        return {"steps": self.steps, "step_ms": self.wall_seconds * 1e3 / self.steps, "device_busy_ms": busy_ms,
+                "kernel_launches_per_step": sum(e.count for e in events if device_us(e) > 0) / self.steps,
+                "phases_host_ms": phases,
+                "top_device": ops(device_us), "top_host": ops(lambda e: e.self_cpu_time_total)}
+
+
+def print_report(report: Dict) -> None:
+    print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
+          f"({100 * report['device_busy_ms'] / report['step_ms']:.0f}%), "
+          f"~{report['kernel_launches_per_step']:.0f} kernel launches per step")
+    print("phases (host ms per step): " + ", ".join(f"{k} {v:.1f}" for k, v in report["phases_host_ms"].items()))
+    for title, key in (("most device time", "top_device"), ("most host time", "top_host")):
+        print(f"\n{title} (per step)\n| op | calls | device ms | host ms |\n|---|---|---|---|")
+        for op in report[key]:
+            print(f"| {op['name'][:60]} | {op['calls_per_step']:.0f} | {op['device_ms']:.2f} | {op['host_ms']:.2f} |")
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe")
+    parser.add_argument("overrides", nargs="*", help="key=value recipe overrides, as for `specdraft train`")
+    parser.add_argument("--warmup", type=int, default=20, help="optimizer steps before profiling")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps profiled")
+    parser.add_argument("--top", type=int, default=20, help="rows of each op table")
+    parser.add_argument("--trace", action="store_true", help="also write OUT/trace.json (Chrome trace)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    from specdraft.config import load_recipe
+    from specdraft.train.trainer import run_train
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    total = args.warmup + args.steps
+    recipe = load_recipe(args.recipe, [*args.overrides, f"train.max_steps={total}",
+                                       f"train.val_every_steps={total + 1}", "train.accumulate_grad_batches=1",
+                                       f"train.output_dir={out / 'train'}"])
+    profiler = ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
+    summary = run_train(recipe, extra_callbacks=[profiler])
+    report = {"recipe": args.recipe, "overrides": args.overrides, "train_summary": summary,
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              **profiler.report(args.top)}
+    print_report(report)
+    (out / "profile_train.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
