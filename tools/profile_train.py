@@ -112,6 +112,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     report = {"recipe": args.recipe, "overrides": args.overrides, "train_summary": summary,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               **profiler.report(args.top)}
+    print(f"run: {json.dumps(summary)}")
     print_report(report)
     (out / "profile_train.json").write_text(json.dumps(report, indent=1))
     return report

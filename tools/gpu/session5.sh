@@ -35,4 +35,19 @@ probe() {
   stamp probe done
 }
 
+speed() {  # steps per second of the SmolLM2 heads at two micro-batch sizes (a few profiled steps at the end)
+  export CUDA_VISIBLE_DEVICES=0
+  for run in "eagle3 16 recipes/eagle3_smollm2.yaml" "eagle3 64 recipes/eagle3_smollm2.yaml" \
+             "poss2 64 recipes/poss_smollm2.yaml method.positions_per_specialist=2 method.num_specialists=3" \
+             "kangaroo4 64 recipes/kangaroo_smollm2.yaml method.exit_layer=4"; do
+    read -r -a words <<< "$run"
+    stamp "speed ${words[0]} batch ${words[1]}"
+    timeout 150 python3 tools/profile_train.py "${words[2]}" "${head_args[@]}" "train.micro_batch_size=${words[1]}" \
+      "${words[@]:3}" --warmup 60 --steps 5 --top 40 --out "$RESULTS/speed_${words[0]}_b${words[1]}" \
+      > "$RESULTS/speed_${words[0]}_b${words[1]}.log" 2>&1
+    grep -h "steady\|step .* ms wall" "$RESULTS/speed_${words[0]}_b${words[1]}.log" | tail -2
+  done
+  pack
+}
+
 "${1:-probe}"
