@@ -45,7 +45,7 @@ speed() {  # steps per second of the SmolLM2 heads at two micro-batch sizes (a f
     timeout 150 python3 tools/profile_train.py "${words[2]}" "${head_args[@]}" "train.micro_batch_size=${words[1]}" \
       "${words[@]:3}" --warmup 60 --steps 5 --top 40 --out "$RESULTS/speed_${words[0]}_b${words[1]}" \
       > "$RESULTS/speed_${words[0]}_b${words[1]}.log" 2>&1
-    grep -h "steady\|step .* ms wall" "$RESULTS/speed_${words[0]}_b${words[1]}.log" | tail -2
+    grep -h "^run: \|ms wall" "$RESULTS/speed_${words[0]}_b${words[1]}.log" | tail -2
   done
   pack
 }
