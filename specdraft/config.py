@@ -170,9 +170,8 @@ class TrainConfig:
     activations): none; swiglu (the MLP keeps its gate and up projections only, silu and their product are
     recomputed: pointwise work, no matmul); selective (attention's activations are kept, the post-attention
     norm and MLP block and the LM head with its loss are recomputed: their gate, up and LM-head matmuls run
-    twice); full (the whole step, about a quarter more draft compute). true is full, false is none. At
-    Llama-3.1-8B widths (MLP 14336, 32000-token draft vocabulary) a step keeps about 0.5 GB per 1000 tokens
-    with none, a fifth less with swiglu, a fifth of it with selective; docs/training.md has the numbers."""
+    twice); full (the whole step, about a quarter more draft compute). true is full, false is none.
+    docs/training.md gives what each keeps at Llama-3.1-8B widths (tools/bench_activations.py)."""
     optimizer: str = "adamw"
     """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter) or adamw8bit (bitsandbytes'
     AdamW8bit, blockwise 8-bit moments: 2 bytes per parameter, about 2.5 GB less for an 8B-target EAGLE-3
