@@ -99,3 +99,23 @@ def test_compiled_target_layers_capture_the_same_features(target):
     for index, hidden in eager.hidden_states.items():
         torch.testing.assert_close(compiled.hidden_states[index], hidden, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(compiled.final_hidden, eager.final_hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_training_with_adamw8bit_and_selective_checkpointing(tmp_path, tiny_target_dir, distilled, monkeypatch):
+    """`train` with train.optimizer=adamw8bit and train.activation_checkpointing=selective (compile: auto, eager
+    on the CPU): the optimizer is bitsandbytes', the draft runs selective, and the run finishes."""
+    from specdraft.config import load_recipe
+    from specdraft.train.trainer import run_train
+    from tests.test_train_export_eval import make_recipe
+
+    recipe = load_recipe(make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
+                                     optimizer="adamw8bit", activation_checkpointing="selective"))
+    assert recipe.train.compile == "auto"
+    from specdraft.train import module as module_file
+
+    built = []
+    monkeypatch.setattr(module_file, "build_optimizer",
+                        lambda *args, **kwargs: built.append(build_optimizer(*args, **kwargs)) or built[-1])
+    summary = run_train(recipe)
+    assert summary["steps"] == 2 and summary["best_tau_sim"] >= 1.0
+    assert type(built[0]).__name__ == "AdamW8bit"
