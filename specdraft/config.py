@@ -22,11 +22,23 @@ STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspee
 QUANTIZATIONS = ("none", "8bit", "4bit")
 FEATURE_MODES = ("online", "offline", "hybrid")
 SHARD_TARGET = ("auto", "true", "false")
+CHECKPOINTING = ("none", "swiglu", "selective", "full")
+CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
+OPTIMIZERS = ("adamw", "adamw8bit")
+COMPILE = ("auto", "true", "false")
 
 
 def _check_choice(what: str, value: str, valid) -> None:
     if value not in valid:
         raise choices_error(what, value, valid)
+
+
+def checkpointing_mode(value) -> str:
+    """train.activation_checkpointing as one of CHECKPOINTING: true is full, false (or None) is none."""
+    mode = "none" if value is None else CHECKPOINTING_ALIASES.get(str(value).lower(), str(value).lower())
+    if mode not in CHECKPOINTING:
+        raise choices_error("train.activation_checkpointing", value, [*CHECKPOINTING, *CHECKPOINTING_ALIASES])
+    return mode
 
 
 @dataclass
@@ -159,9 +171,22 @@ class TrainConfig:
     """DataLoader worker processes."""
     extra_distilled: List[str] = field(default_factory=list)
     """More `distill-data` output directories to train on, besides distill.output_dir (e.g. earlier runs)."""
-    activation_checkpointing: bool = False
-    """Recompute the draft layers' activations in the backward instead of keeping them: less GPU memory (long
-    sequences, large drafts) for about a tenth more draft compute. The frozen target never keeps activations."""
+    activation_checkpointing: str = "none"
+    """What of each draft step the backward recomputes instead of keeping (the frozen target never keeps
+    activations): none; swiglu (the MLP keeps its gate and up projections only, silu and their product are
+    recomputed: pointwise work, no matmul); selective (attention's activations are kept, the post-attention
+    norm and MLP block and the LM head with its loss are recomputed: their gate, up and LM-head matmuls run
+    twice); full (the whole step, about a quarter more draft compute). true is full, false is none.
+    docs/training.md gives what each keeps at Llama-3.1-8B widths (tools/bench_activations.py)."""
+    optimizer: str = "adamw"
+    """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter) or adamw8bit (bitsandbytes'
+    AdamW8bit, blockwise 8-bit moments: 2 bytes per parameter, about 2.5 GB less for an 8B-target EAGLE-3
+    draft). weight_decay and the LR schedule apply to both."""
+    compile: str = "auto"
+    """torch.compile the pointwise-heavy parts of training: the frozen target's decoder layers (online
+    features) and the draft's decoder layer around its attention call. auto: on CUDA devices (not for a
+    bitsandbytes-quantized target, nor a ZeRO-3 sharded one); true: wherever training runs; false: never (eager).
+    A compile failure stops training with an error naming this key."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -172,6 +197,10 @@ class TrainConfig:
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)
+        self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
+        _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        self.compile = str(self.compile).lower()
+        _check_choice("train.compile", self.compile, COMPILE)
         self.shard_target = str(self.shard_target).lower()
         _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
         if self.shard_target == "true" and self.strategy != "deepspeed_stage_3":

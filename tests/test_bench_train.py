@@ -25,6 +25,9 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
                 "phases_ms", "flop_per_token"} <= set(row)
         assert set(row["phases_ms"]) == {"target", "teacher", "draft_forward", "loss", "backward", "optimizer",
                                          "other"}
+    assert not any(row["compiled"] for row in report["rows"])  # train.compile=auto: eager on the CPU
+    assert {row["checkpointing"] for row in report["rows"]} == {"none", "swiglu", "selective", "full"}
+    assert {row["optimizer"] for row in report["rows"]} == {"adamw", "adamw8bit"}
     offline = next(r for r in report["rows"] if r["row"] == "offline")
     assert offline["phases_ms"]["target"] < 1.0  # no target forward
     assert "ms per step by phase" in capsys.readouterr().out
@@ -47,7 +50,7 @@ def test_out_of_memory_is_a_status_not_a_crash(bench, monkeypatch):
         raise bench.torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
 
     monkeypatch.setattr(bench, "Trainee", out_of_memory)
-    assert bench.run_row(SimpleNamespace(cuda=False), bench.ROWS["baseline"], 8192, 1, 1)["status"] == "OOM"
+    assert bench.run_row(SimpleNamespace(cuda=False, target=None), bench.ROWS["baseline"], 8192, 1, 1)["status"] == "OOM"
 
 
 @pytest.mark.gpu

@@ -97,10 +97,11 @@ def test_flex_attention_gives_the_dense_loss_on_packed_rows(target):
     torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-6)
 
 
-def test_activation_checkpointing_gives_the_same_loss_and_gradients(target):
+@pytest.mark.parametrize("checkpointing", ["swiglu", "selective", "full", True])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(target, checkpointing):
     batch = collate_packed(_conversations(), max_length=16, pack_length=24)
     plain, plain_grads = _run(target, batch)
-    recomputed, recomputed_grads = _run(target, batch, checkpointing=True)
+    recomputed, recomputed_grads = _run(target, batch, checkpointing=checkpointing)
     torch.testing.assert_close(recomputed.loss, plain.loss)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(recomputed_grads[name], grad, msg=name)

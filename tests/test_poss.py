@@ -201,7 +201,8 @@ def _packing_run(target, batch, attention="dense", checkpointing=False):
     return out, {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("attention, checkpointing", [("dense", False), ("flex", False), ("dense", True)])
+@pytest.mark.parametrize("attention, checkpointing", [("dense", False), ("flex", False), ("dense", True),
+                                                      ("dense", "selective"), ("dense", "swiglu")])
 def test_packed_rows_give_the_unpacked_loss_and_gradients(target, attention, checkpointing):
     """Several conversations per row (per-document positions and attention, prefix keys of every specialist
     included), flex attention and activation checkpointing: the loss of one conversation per row."""

@@ -50,6 +50,10 @@ BASE = "method: {name: eagle3}\n"
     ("data: {}\n", [], "recipe has no method.name"),
     (BASE, ["train.max_steps"], "override 'train.max_steps' is not of the form key=value"),
     (BASE, ["train.shard_target=maybe"], "unknown train.shard_target 'maybe'; valid: auto, true, false"),
+    (BASE, ["train.activation_checkpointing=mlp"], "unknown train.activation_checkpointing 'mlp'; valid: none, "
+                                                   "swiglu, selective, full, false, true"),
+    (BASE, ["train.optimizer=adam8"], "unknown train.optimizer 'adam8'; valid: adamw, adamw8bit"),
+    (BASE, ["train.compile=eager"], "unknown train.compile 'eager'; valid: auto, true, false"),
     (BASE + "train: {shard_target: true}\n", [], "train.shard_target=true partitions the target with ZeRO-3: "
                                                   "it needs train.strategy=deepspeed_stage_3, got auto"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["data.features=hybrid"],
@@ -68,6 +72,18 @@ def test_bad_recipes_name_the_problem(tmp_path, text, overrides, message):
 def test_shard_target_accepts_yaml_booleans(tmp_path, value, expected):
     text = BASE + f"train: {{shard_target: {value}, strategy: deepspeed_stage_3}}\n"
     assert load_recipe(_write(tmp_path, text)).train.shard_target == expected
+
+
+@pytest.mark.parametrize("value, expected", [("true", "full"), ("false", "none"), ("False", "none"),
+                                             ("selective", "selective"), ("swiglu", "swiglu"), ("full", "full")])
+def test_activation_checkpointing_takes_a_mode_or_a_yaml_boolean(tmp_path, value, expected):
+    text = BASE + f"train: {{activation_checkpointing: {value}}}\n"
+    assert load_recipe(_write(tmp_path, text)).train.activation_checkpointing == expected
+
+
+@pytest.mark.parametrize("value, expected", [("true", "true"), ("false", "false"), ("auto", "auto")])
+def test_compile_accepts_yaml_booleans(tmp_path, value, expected):
+    assert load_recipe(_write(tmp_path, BASE + f"train: {{compile: {value}}}\n")).train.compile == expected
 
 
 def test_missing_recipe_file(tmp_path):

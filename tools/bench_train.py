@@ -8,14 +8,21 @@ their values); the draft comes from the method registry. Each row runs a few war
     python tools/bench_train.py --config tiny --device cpu --out /tmp/bench.json     # the same rows, tiny, CPU
 
 Rows (--rows, in this order at each sequence length):
-  ours          flex attention with block masks, the Triton soft cross-entropy, hook-captured target features,
-                draft activation checkpointing
-  ours-no-ckpt  ours without activation checkpointing (what checkpointing costs in time and saves in memory)
-  ours-packed   ours on a row of 4 packed conversations (per-document masks in the target and the draft)
-  offline       ours fed precomputed hidden states, as `train` reading dumped features does: no target layers
-                run (the target's LM head stays, for the teacher)
-  baseline      the first implementation: the target's full-vocabulary logits from its Hugging Face forward,
-                dense TTT masks, the reference soft cross-entropy (float32 [B, T, Vd] softmaxes), no checkpointing
+  ours              flex attention with block masks, the Triton soft cross-entropy, hook-captured target features,
+                    draft activation checkpointing
+  ours-no-ckpt      ours without activation checkpointing (what checkpointing costs in time and saves in memory)
+  ours-packed       ours on a row of 4 packed conversations (per-document masks in the target and the draft)
+  offline           ours fed precomputed hidden states, as `train` reading dumped features does: no target layers
+                    run (the target's LM head stays, for the teacher)
+  baseline          the first implementation: the target's full-vocabulary logits from its Hugging Face forward,
+                    dense TTT masks, the reference soft cross-entropy (float32 [B, T, Vd] softmaxes), no checkpointing
+  ours-selective    ours with selective checkpointing (attention kept; MLP block, LM head and loss recomputed)
+                    and train.compile (the target's decoder layers, the draft layer around its attention)
+  ours-swiglu       ours-selective with swiglu checkpointing instead (only silu and the product recomputed)
+  ours-8bit         ours-selective with bitsandbytes' AdamW8bit (2 bytes of optimizer state per parameter)
+  ours-swiglu-8bit  ours-swiglu with AdamW8bit
+Compiling rows compile on CUDA only (train.compile=auto): on a CPU they run eagerly, and the report's
+`compiled` says which ran compiled.
 A row that runs out of memory is reported as OOM; any other failure is reported and the next row runs.
 
 Model FLOPs are counted two ways: issue 6's count (15.6 GFLOP/token target forward + 17.4 GFLOP/token draft, 7
@@ -42,7 +49,9 @@ import torch
 from specdraft.methods import eagle3 as eagle3_module
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
+from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.target.features import capture_features
+from specdraft.train.module import build_optimizer
 
 TTT_STEPS = 7
 REFERENCE_PEAK_TFLOPS = 790.0  # a large bf16 matmul on an H200 (issue 6)
@@ -68,17 +77,31 @@ class Row:
     """online (hooks, no full logits), full-logits (the first implementation), offline (precomputed)."""
     kernels: str
     """auto (Triton soft CE and flex attention on CUDA) or reference (SPECDRAFT_KERNELS=reference, dense)."""
-    checkpointing: bool
+    checkpointing: str
+    """train.activation_checkpointing: none, swiglu, selective or full."""
     documents: int = 1
+    compile: bool = False
+    """train.compile=auto (compiled on CUDA) instead of false."""
+    optimizer: str = "adamw"
+    """adamw (PyTorch's, fused on CUDA) or adamw8bit (bitsandbytes)."""
 
 
 ROWS = {row.name: row for row in (
-    Row("ours", "online", "auto", True),
-    Row("ours-no-ckpt", "online", "auto", False),
-    Row("ours-packed", "online", "auto", True, documents=4),
-    Row("offline", "offline", "auto", True),
-    Row("baseline", "full-logits", "reference", False),
+    Row("ours", "online", "auto", "full"),
+    Row("ours-no-ckpt", "online", "auto", "none"),
+    Row("ours-packed", "online", "auto", "full", documents=4),
+    Row("offline", "offline", "auto", "full"),
+    Row("baseline", "full-logits", "reference", "none"),
+    Row("ours-selective", "online", "auto", "selective", compile=True),
+    Row("ours-swiglu", "online", "auto", "swiglu", compile=True),
+    Row("ours-8bit", "online", "auto", "selective", compile=True, optimizer="adamw8bit"),
+    Row("ours-swiglu-8bit", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit"),
 )}
+
+
+def row_compiles(row: Row, cuda: bool) -> bool:
+    """Whether `row` runs compiled on this device (train.compile=auto: on CUDA only)."""
+    return compile_enabled("auto" if row.compile else "false", "cuda" if cuda else "cpu")
 
 
 class PhaseTimer:
@@ -266,18 +289,37 @@ def kernels_env(kernels: str):
             os.environ["SPECDRAFT_KERNELS"] = previous
 
 
+@contextmanager
+def compiled_target(model, enabled: bool):
+    """The target's decoder layers compiled (train.compile) while the row runs, eager again afterwards."""
+    if not enabled:
+        yield
+        return
+    compile_decoder_layers(model)
+    try:
+        yield
+    finally:
+        for layer in model.get_decoder().layers:
+            layer.__dict__.pop("forward", None)  # back to the class's forward
+
+
 class Trainee:
-    """A fresh draft, its AdamW and one row's step function."""
+    """A fresh draft, its optimizer and one row's step function."""
 
     def __init__(self, bench: Bench, row: Row, seq_len: int):
         self.bench, self.row = bench, row
         self.cfg = bench.spec.config(ttt_steps=TTT_STEPS, draft_vocab_size=bench.draft_vocab,
                                      attention="dense" if row.kernels == "reference" else bench.attention)
         counts = torch.randint(0, 1000, (bench.info.vocab_size,))
-        context = DraftContext(bench.info, counts, activation_checkpointing=row.checkpointing)
+        context = DraftContext(bench.info, counts, activation_checkpointing=row.checkpointing,
+                               compile=row_compiles(row, bench.cuda))
         with torch.device(bench.device):
             self.draft = bench.spec.build(self.cfg, context)
-        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=bench.cuda)
+        if row.optimizer == "adamw":
+            self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=1e-4, betas=(0.9, 0.95),
+                                               fused=bench.cuda)
+        else:
+            self.optimizer = build_optimizer(row.optimizer, self.draft.parameters(), lr=1e-4, weight_decay=0.0)
         self.batch = bench.inputs(row, seq_len)
         self.features = bench.feature_source(row, self.batch)
 
@@ -344,9 +386,10 @@ def run_row(bench: Bench, row: Row, seq_len: int, warmup: int, steps: int) -> di
     """One row at one sequence length -> its result (status ok, OOM or error: ...)."""
     _free_memory(bench.cuda)
     resident = torch.cuda.memory_allocated() if bench.cuda else 0
-    result = {"row": row.name, "seq_len": seq_len, "tokens_per_step": seq_len, "status": "ok"}
+    result = {"row": row.name, "seq_len": seq_len, "tokens_per_step": seq_len, "status": "ok",
+              "checkpointing": row.checkpointing, "optimizer": row.optimizer, "compiled": row_compiles(row, bench.cuda)}
     try:
-        with kernels_env(row.kernels):
+        with kernels_env(row.kernels), compiled_target(bench.target, result["compiled"] and row.features == "online"):
             trainee = Trainee(bench, row, seq_len)
             spans, peak = _timed_steps(trainee, bench.cuda, warmup, steps)
     except torch.cuda.OutOfMemoryError:
@@ -377,22 +420,22 @@ def add_mfu(result: dict, ceiling_tflops: float) -> None:
 def print_tables(report: dict) -> None:
     print(f"device: {report['device']}; torch {report['torch']}; matmul ceiling "
           f"{report['matmul_ceiling_tflops']:.3g} TFLOP/s ({report['ceiling_size']}^3 {report['dtype']})")
-    header = f"{'row':<13}{'T':>6}  {'status':<8}{'tok/s':>9}{'step ms':>9}{'MFU/ceil':>9}{'MFU/790':>9}" \
+    header = f"{'row':<18}{'T':>6}  {'status':<8}{'tok/s':>9}{'step ms':>9}{'MFU/ceil':>9}{'MFU/790':>9}" \
              f"{'shapes/ceil':>12}{'GiB>w':>8}"
     print(header)
     for r in report["rows"]:
         if r["status"] != "ok":
-            print(f"{r['row']:<13}{r['seq_len']:>6}  {r['status']}")
+            print(f"{r['row']:<18}{r['seq_len']:>6}  {r['status']}")
             continue
         memory = "-" if r["peak_gib_beyond_resident"] is None else f"{r['peak_gib_beyond_resident']:.2f}"
-        print(f"{r['row']:<13}{r['seq_len']:>6}  {'ok':<8}{r['tokens_per_s']:>9.0f}{r['step_ms']:>9.1f}"
+        print(f"{r['row']:<18}{r['seq_len']:>6}  {'ok':<8}{r['tokens_per_s']:>9.0f}{r['step_ms']:>9.1f}"
               f"{r['mfu_issue_vs_ceiling']:>9.1%}{r['mfu_issue_vs_790']:>9.1%}{r['mfu_shapes_vs_ceiling']:>12.1%}"
               f"{memory:>8}")
     phases = ["target", "teacher", "draft_forward", "loss", "backward", "optimizer", "other"]
-    print("\nms per step by phase\n" + f"{'row':<13}{'T':>6}" + "".join(f"{p:>14}" for p in phases))
+    print("\nms per step by phase\n" + f"{'row':<18}{'T':>6}" + "".join(f"{p:>14}" for p in phases))
     for r in report["rows"]:
         if r["status"] == "ok":
-            print(f"{r['row']:<13}{r['seq_len']:>6}" + "".join(f"{r['phases_ms'][p]:>14.1f}" for p in phases))
+            print(f"{r['row']:<18}{r['seq_len']:>6}" + "".join(f"{r['phases_ms'][p]:>14.1f}" for p in phases))
     counts = report["flop_per_token_2048_online"]
     if counts:
         print("\nGFLOP/token (online, T=2048): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counts.items()))

@@ -37,6 +37,28 @@ class RMSNorm(nn.Module):
         return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
+class _SwiGLUDownFunction(torch.autograd.Function):
+    """down_proj(silu(gate) * up), keeping only gate and up for the backward: silu(gate) and the product (two
+    more [..., I] tensors that plain autograd keeps, for the product's and down_proj's gradients) are
+    recomputed there, a few pointwise ops and no matmul. Computes in gate's dtype (autocast's, when the
+    projections ran under it) with the same ops as plain autograd, so gradients match it exactly."""
+
+    @staticmethod
+    def forward(ctx, gate, up, down_weight):
+        ctx.save_for_backward(gate, up, down_weight)
+        return F.linear(F.silu(gate) * up, down_weight.to(gate.dtype))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        gate, up, down_weight = ctx.saved_tensors
+        grad_out = grad_out.to(gate.dtype)
+        silu_gate = F.silu(gate)  # [..., I]
+        grad_product = grad_out @ down_weight.to(gate.dtype)  # [..., I]
+        grad_weight = grad_out.flatten(0, -2).T @ (silu_gate * up).flatten(0, -2)  # [H, I]
+        grad_gate = torch.ops.aten.silu_backward(grad_product * up, gate)
+        return grad_gate, grad_product * silu_gate, grad_weight.to(down_weight.dtype)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -44,7 +66,10 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+    def forward(self, x: torch.Tensor, recompute_pointwise: bool = False) -> torch.Tensor:  # [..., H] -> [..., H]
+        """recompute_pointwise: keep only the gate and up projections for the backward (_SwiGLUDownFunction)."""
+        if recompute_pointwise and torch.is_grad_enabled():
+            return _SwiGLUDownFunction.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

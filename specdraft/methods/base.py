@@ -6,7 +6,7 @@ them branches on a method's name. A new method that needs something else from th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -64,8 +64,11 @@ class DraftContext:
     target: TargetInfo
     token_counts: Optional[torch.Tensor] = None
     """[V] int64: how often each target token is an answer token in the training data (None when loading)."""
-    activation_checkpointing: bool = False
-    """Recompute draft layers' activations in the backward instead of keeping them (train.activation_checkpointing)."""
+    activation_checkpointing: Union[str, bool] = "none"
+    """What the backward recomputes of each draft step: none, swiglu, selective or full (true is full, false is
+    none), as train.activation_checkpointing."""
+    compile: bool = False
+    """torch.compile the draft's pointwise-heavy layer parts (train.compile, resolved for the device)."""
 
 
 @dataclass

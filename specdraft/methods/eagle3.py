@@ -40,7 +40,9 @@ from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
 from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
+from specdraft.config import checkpointing_mode
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from specdraft.layers.compile import maybe_compiled
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import (
     ChainState,
@@ -113,27 +115,40 @@ class Eagle3Attention(nn.Module):
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, T, heads*D] -> [B, heads, T, D]
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, query_cols: torch.Tensor,
-                cache: List[KV], mask: Optional[TTTMask] = None) -> Tuple[torch.Tensor, KV]:
-        """x [B, Tq, 2H]; positions [Tq] or [B, Tq] rotary positions; query_cols [Tq] TTT columns of the queries.
-
-        cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column, within the column's
-        document); cache[1:] hold later steps' keys aligned with the queries (attended on the diagonal). `mask`
-        (built once per unroll by `ttt_mask`) carries document ids and, for flex attention, the block mask;
-        None is one causal document per row, dense. Returns [B, Tq, H] and this step's KV.
-        """
+    def project(self, x: torch.Tensor, positions: torch.Tensor):
+        """x [B, Tq, 2H]; positions [Tq] or [B, Tq] rotary positions -> rotated q [B, h, Tq, D], rotated k and v
+        [B, kvh, Tq, D]."""
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
         q = apply_rope(self._split(self.q_proj(x), self.heads), cos, sin)  # [B, h, Tq, D]
         k = apply_rope(self._split(self.k_proj(x), self.kv_heads), cos, sin)  # [B, kvh, Tq, D]
-        v = self._split(self.v_proj(x), self.kv_heads)
-        new_kv = (k, v)
-        out = ttt_attention(q, cache + [new_kv], query_cols, mask)  # the first call of a chain writes step 0
-        out = out.transpose(1, 2).reshape(*x.shape[:2], -1)
-        return self.o_proj(out), new_kv
+        return q, k, self._split(self.v_proj(x), self.kv_heads)
+
+
+def _attention_inputs(layer: "Eagle3DecoderLayer", hidden, embeds, positions):
+    """The layer up to its attention call: norms, [embedding ; hidden], q/k/v projections, rotary.
+    hidden, embeds [B, T, H] -> q [B, h, T, D], k, v [B, kvh, T, D]."""
+    attn_in = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+    return layer.self_attn.project(attn_in, positions)
+
+
+def _attention_residual(layer: "Eagle3DecoderLayer", hidden, attn):  # [B, T, H], [B, h, T, D] -> [B, T, H]
+    return hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(*hidden.shape[:2], -1))
+
+
+def _mlp_residual(layer: "Eagle3DecoderLayer", hidden):  # [B, T, H] -> [B, T, H]
+    lean = layer.checkpointing != "none"
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden), recompute_pointwise=lean)
 
 
 class Eagle3DecoderLayer(nn.Module):
-    """`midlayer`: attention over [norm(embedding) ; norm(hidden)], residual on the hidden state, SwiGLU MLP."""
+    """`midlayer`: attention over [norm(embedding) ; norm(hidden)], residual on the hidden state, SwiGLU MLP.
+
+    `checkpointing` (train.activation_checkpointing, set for each unroll by ttt_inputs): from swiglu on, the
+    MLP keeps its gate and up projections only; selective recomputes the post-attention norm and MLP in the
+    backward. `compiled` (train.compile) runs the parts around the attention call under torch.compile."""
+
+    checkpointing = "none"
+    compiled = False
 
     def __init__(self, target: TargetInfo, intermediate_size: int):
         super().__init__()
@@ -143,11 +158,21 @@ class Eagle3DecoderLayer(nn.Module):
         self.self_attn = Eagle3Attention(target)
         self.mlp = SwiGLU(target.hidden_size, intermediate_size)
 
-    def forward(self, hidden, embeds, positions, query_cols, cache, mask=None):  # [B, T, H] x2 -> [B, T, H], KV
-        attn_in = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        attn_out, new_kv = self.self_attn(attn_in, positions, query_cols, cache, mask=mask)
-        hidden = hidden + attn_out
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)), new_kv
+    def forward(self, hidden, embeds, positions, query_cols, cache: List[KV], mask: Optional[TTTMask] = None):
+        """hidden, embeds [B, Tq, H]; positions [Tq] or [B, Tq] rotary positions; query_cols [Tq] TTT columns of
+        the queries -> new hidden [B, Tq, H] and this step's KV.
+
+        cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column, within the column's
+        document); cache[1:] hold later steps' keys aligned with the queries (attended on the diagonal). `mask`
+        (built once per unroll by `ttt_mask`) carries document ids and, for flex attention, the block mask;
+        None is one causal document per row, dense. The first call of a chain writes step 0."""
+        q, k, v = maybe_compiled(_attention_inputs, self.compiled)(self, hidden, embeds, positions)
+        attn = ttt_attention(q, cache + [(k, v)], query_cols, mask)  # [B, h, T, D]
+        hidden = maybe_compiled(_attention_residual, self.compiled)(self, hidden, attn)
+        mlp_residual = maybe_compiled(_mlp_residual, self.compiled)
+        if self.checkpointing == "selective" and torch.is_grad_enabled():
+            return checkpoint(mlp_residual, self, hidden, use_reentrant=False), (k, v)
+        return mlp_residual(self, hidden), (k, v)
 
 
 class Eagle3Draft(nn.Module):
@@ -161,7 +186,8 @@ class Eagle3Draft(nn.Module):
         self.midlayer = Eagle3DecoderLayer(target, cfg.intermediate_size or target.intermediate_size)
         self.norm = RMSNorm(hidden, target.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
-        self.activation_checkpointing = ctx.activation_checkpointing
+        self.activation_checkpointing = ctx.activation_checkpointing  # none, swiglu, selective, full (or a bool)
+        self.compile_layers = ctx.compile
         self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
         self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)
         self._set_vocab(ctx.token_counts, vocab, target.vocab_size)
@@ -224,6 +250,22 @@ def _fused_features(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor]) 
     return draft.fc(aux.to(_compute_dtype(draft.fc.weight)))  # [B, T, H]
 
 
+def draft_checkpointing(draft) -> str:
+    """The draft's activation checkpointing mode for this forward (CHECKPOINTING): none without autograd."""
+    if not torch.is_grad_enabled():
+        return "none"
+    return checkpointing_mode(getattr(draft, "activation_checkpointing", "none"))
+
+
+def _configure_layers(draft, mode: str) -> None:
+    """Every Eagle3DecoderLayer of the draft (PosS: each specialist) runs this unroll with `mode` and, when the
+    draft asks for it (compile_layers), its compiled parts."""
+    compiled = bool(getattr(draft, "compile_layers", False))
+    for module in draft.modules():
+        if isinstance(module, Eagle3DecoderLayer):
+            module.checkpointing, module.compiled = mode, compiled
+
+
 def _checkpointed(step):
     """`step` under activation checkpointing: its activations are recomputed in the backward, not kept. The
     recomputation sees a snapshot of `cache` (the unroll appends to the list afterwards)."""
@@ -242,7 +284,7 @@ class TTTInputs:
     cols: torch.Tensor  # [T] TTT columns
     positions: torch.Tensor  # [T] or [B, T] rotary positions of step 0
     mask: Any  # the attention mask of specdraft.kernels.ttt_attention.ttt_mask
-    run_step: Any  # draft.step, under activation checkpointing when the draft asks for it
+    run_step: Any  # draft.step, under activation checkpointing of the whole step when the draft asks for it
 
     def embeds(self, shift: int) -> torch.Tensor:  # [B, T, H]: column t holds the embedding of x[t + shift]
         return _shifted(self.embeds_rows, shift, self.shape)
@@ -250,13 +292,14 @@ class TTTInputs:
 
 def ttt_inputs(draft, hidden_states: Dict[int, torch.Tensor], steps: int, position_ids=None, document_ids=None,
                attention: str = "auto", checkpointed=None) -> TTTInputs:
-    """`checkpointed(step)` wraps draft.step for activation checkpointing (default: this module's)."""
+    """`checkpointed(step)` wraps draft.step for full activation checkpointing (default: this module's); the
+    lighter modes act inside the decoder layers, which this sets up for the unroll."""
     embeds_all = hidden_states[0]  # [B, T, H] target embeddings of x
     batch, num_cols = embeds_all.shape[:2]
     cols = torch.arange(num_cols, device=embeds_all.device)
-    run_step = draft.step
-    if getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled():
-        run_step = (checkpointed or _checkpointed)(draft.step)
+    mode = draft_checkpointing(draft)
+    _configure_layers(draft, mode)
+    run_step = (checkpointed or _checkpointed)(draft.step) if mode == "full" else draft.step
     fused = _fused_features(draft, hidden_states)
     return TTTInputs(fused=fused, embeds_rows=_padded_rows(embeds_all.to(fused.dtype), steps),
                      shape=embeds_all.shape, cols=cols,
@@ -324,8 +367,7 @@ def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config, unroll
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
     steps = unroll(draft, feats.hidden_states, cfg.ttt_steps, batch.position_ids, batch.document_ids,
                    cfg.attention, logits=False)
-    checkpointing = getattr(draft, "activation_checkpointing", False) and torch.is_grad_enabled()
-    head_loss = _checkpointed_head_loss if checkpointing else _head_loss
+    head_loss = _checkpointed_head_loss if draft_checkpointing(draft) in ("selective", "full") else _head_loss
     for step, hidden in enumerate(steps):
         target_rows = teacher[step + 1: step + 1 + valid_all.numel()]  # [B*T, Vd] the target's view at t+1+step
         in_vocab = _shift_left(in_vocab_all, step + 1)

@@ -36,6 +36,7 @@ from specdraft.data.features import (
     write_feature_file,
 )
 from specdraft.errors import SpecdraftError
+from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods.base import MethodSpec, TargetFeatures
 from specdraft.target.features import capture_features
 from specdraft.target.load import is_quantized, resolve_dtype
@@ -68,14 +69,18 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
 class OnlineFeatures:
     """The frozen target runs on every batch."""
 
-    def __init__(self, model: torch.nn.Module, layers: List[int]):
-        self.model, self.layers = model, list(layers)
+    def __init__(self, model: torch.nn.Module, layers: List[int], compile: str = "false"):
+        """compile: train.compile (auto compiles the decoder layers on CUDA, unless bitsandbytes-quantized)."""
+        self.model, self.layers, self.compile = model, list(layers), compile
 
     def setup(self, device: torch.device, rank: int = 0) -> None:
-        if not is_quantized(self.model):  # bitsandbytes weights were loaded onto their GPU already
+        quantized = is_quantized(self.model)
+        if not quantized:  # bitsandbytes weights were loaded onto their GPU already
             dtype = on_device_dtype(next(self.model.parameters()).dtype, device)
             self.model.to(device=device)
             cast_parameters(self.model, dtype)
+        if compile_enabled(self.compile, device) and not (quantized and self.compile == "auto"):
+            compile_decoder_layers(self.model)
 
     def __call__(self, batch: Dict) -> TargetFeatures:
         return capture_features(self.model, batch["input_ids"], batch["attention_mask"], self.layers,
@@ -316,7 +321,7 @@ def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):
 
     dtype = dtype_name(feature_dtype(recipe.target, device))
     target = load_target(recipe.target, device, dtype=dtype, quantize=True)
-    return target, OnlineFeatures(target.model, spec.feature_layers(recipe.method, target.info))
+    return target, OnlineFeatures(target.model, spec.feature_layers(recipe.method, target.info), recipe.train.compile)
 
 
 def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):

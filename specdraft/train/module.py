@@ -13,7 +13,8 @@ import lightning as L
 import numpy as np
 import torch
 
-from specdraft.config import TrainConfig
+from specdraft.config import OPTIMIZERS, TrainConfig
+from specdraft.errors import choices_error
 from specdraft.layers.zero import gathered
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
@@ -113,9 +114,7 @@ class DraftModule(L.LightningModule):
         cfg = self.train_cfg
         groups = self.spec.param_groups(self.draft) if self.spec.param_groups else \
             [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
-        # PyTorch's default multi-tensor (foreach) AdamW on GPUs; not fused=True, which Lightning's mixed precision
-        # refuses with gradient clipping ("performs unscaling of gradients internally"), seen on an H100.
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        optimizer = build_optimizer(cfg.optimizer, groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, cfg))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -125,6 +124,20 @@ class DraftModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint):
         if "rng" in checkpoint:
             set_rng_state(checkpoint["rng"])
+
+
+def build_optimizer(name: str, groups, lr: float, weight_decay: float, betas=(0.9, 0.95)) -> torch.optim.Optimizer:
+    """train.optimizer over the parameter groups: adamw is PyTorch's default multi-tensor (foreach) AdamW on
+    GPUs, not fused=True, which Lightning's mixed precision refuses with gradient clipping ("performs unscaling
+    of gradients internally"), seen on an H100; adamw8bit is bitsandbytes' AdamW8bit (blockwise 8-bit moments
+    for tensors of 4096 elements or more, float32 below)."""
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=betas)
+    if name == "adamw8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(groups, lr=lr, weight_decay=weight_decay, betas=betas)
+    raise choices_error("train.optimizer", name, OPTIMIZERS)
 
 
 def rng_state() -> dict:

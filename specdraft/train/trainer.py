@@ -29,6 +29,7 @@ from specdraft.config import Recipe, TrainConfig, save_recipe
 from specdraft.drafts import SNAPSHOT_FILE
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_dir, write_json
+from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftContext
 from specdraft.train.data import answer_token_counts, load_distilled, split_indices
@@ -241,7 +242,8 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
                                                       shard_target(recipe, device))
     train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
     ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
-                       activation_checkpointing=cfg.activation_checkpointing)
+                       activation_checkpointing=cfg.activation_checkpointing,
+                       compile=compile_enabled(cfg.compile, device))
     module = DraftModule(spec, recipe.method, cfg, ctx, features)
     data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
     save_recipe(recipe, run_dir)

@@ -1,0 +1,121 @@
+"""Training's throughput and memory options: train.optimizer (adamw8bit), train.compile (torch.compile of the
+draft layer's parts and of the target's decoder layers) and their errors. CPU; compiling tests are `slow`."""
+import pytest
+import torch
+
+from specdraft.config import TargetConfig
+from specdraft.errors import SpecdraftError
+from specdraft.layers.compile import Compiled, compile_decoder_layers, compile_enabled
+from specdraft.methods.base import DraftBatch, DraftContext
+from specdraft.target import capture_features, load_target
+from specdraft.train.module import build_optimizer
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_dir):
+    return load_target(TargetConfig(path=str(tiny_target_dir)))
+
+
+def test_adamw8bit_keeps_8_bit_moments_and_trains():
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(64, 128))
+    optimizer = build_optimizer("adamw8bit", [{"params": [weight]}], lr=1e-2, weight_decay=0.0)
+    losses = []
+    for _ in range(5):
+        loss = (weight ** 2).sum()
+        losses.append(float(loss.detach()))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state = optimizer.state[weight]
+    assert state["state1"].dtype == torch.uint8 and state["state2"].dtype == torch.uint8
+    assert losses[-1] < losses[0]
+
+
+def test_unknown_optimizer_is_an_error():
+    with pytest.raises(SpecdraftError, match="unknown train.optimizer 'sgd'; valid: adamw, adamw8bit"):
+        build_optimizer("sgd", [{"params": [torch.nn.Parameter(torch.zeros(2))]}], lr=1e-3, weight_decay=0.0)
+
+
+@pytest.mark.parametrize("setting, device, expected", [("auto", "cpu", False), ("auto", "cuda", True),
+                                                       ("true", "cpu", True), ("false", "cuda", False)])
+def test_compile_setting_resolves_per_device(setting, device, expected):
+    assert compile_enabled(setting, device) is expected
+
+
+def test_a_compile_failure_names_the_key_to_turn_it_off(monkeypatch):
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("no C++ compiler")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=failing_backend))
+    torch._dynamo.reset()
+    with pytest.raises(SpecdraftError, match=r"torch.compile of the part failed .*set train.compile=false"):
+        Compiled(lambda x: x + 1, "the part")(torch.ones(2))
+
+
+def _loss_and_grads(target, compiled, checkpointing, batch):
+    from specdraft.methods.eagle3 import SPEC
+
+    cfg = SPEC.config(ttt_steps=3, draft_vocab_size=256, attention="dense")
+    torch.manual_seed(0)
+    draft = SPEC.build(cfg, DraftContext(target.info, torch.arange(target.info.vocab_size),
+                                         activation_checkpointing=checkpointing, compile=compiled))
+    features = capture_features(target.model, batch["input_ids"], batch["attention_mask"],
+                                SPEC.feature_layers(cfg, target.info))
+    out = SPEC.loss(draft, DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features), cfg)
+    out.loss.backward()
+    return out.loss.detach(), {name: p.grad for name, p in draft.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", ["none", "selective", "full"])
+def test_compiled_draft_layer_gives_the_eager_loss_and_gradients(target, checkpointing):
+    """The draft layer's parts under torch.compile (Inductor on the CPU) compute what the eager ones do, with
+    each activation checkpointing mode around them."""
+    torch._dynamo.reset()
+    ids = torch.randint(0, target.info.vocab_size, (2, 24))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    eager_loss, eager_grads = _loss_and_grads(target, False, checkpointing, batch)
+    compiled_loss, compiled_grads = _loss_and_grads(target, True, checkpointing, batch)
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_compiled_target_layers_capture_the_same_features(target):
+    """Compiling the target's decoder layers (their forward) leaves capture_features' hooks working."""
+    import copy
+
+    torch._dynamo.reset()
+    ids = torch.randint(0, target.info.vocab_size, (1, 16))
+    eager = capture_features(target.model, ids, torch.ones_like(ids), [1, 2])
+    model = copy.deepcopy(target.model)
+    assert compile_decoder_layers(model) == len(model.get_decoder().layers)
+    assert compile_decoder_layers(model) == 0  # idempotent
+    compiled = capture_features(model, ids, torch.ones_like(ids), [1, 2])
+    assert set(compiled.hidden_states) == set(eager.hidden_states) == {0, 1, 2}
+    for index, hidden in eager.hidden_states.items():
+        torch.testing.assert_close(compiled.hidden_states[index], hidden, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled.final_hidden, eager.final_hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_training_with_adamw8bit_and_selective_checkpointing(tmp_path, tiny_target_dir, distilled, monkeypatch):
+    """`train` with train.optimizer=adamw8bit and train.activation_checkpointing=selective (compile: auto, eager
+    on the CPU): the optimizer is bitsandbytes', the draft runs selective, and the run finishes."""
+    from specdraft.config import load_recipe
+    from specdraft.train.trainer import run_train
+    from tests.test_train_export_eval import make_recipe
+
+    recipe = load_recipe(make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
+                                     optimizer="adamw8bit", activation_checkpointing="selective"))
+    assert recipe.train.compile == "auto"
+    from specdraft.train import module as module_file
+
+    built = []
+    monkeypatch.setattr(module_file, "build_optimizer",
+                        lambda *args, **kwargs: built.append(build_optimizer(*args, **kwargs)) or built[-1])
+    summary = run_train(recipe)
+    assert summary["steps"] == 2 and summary["best_tau_sim"] >= 1.0
+    assert type(built[0]).__name__ == "AdamW8bit"
