@@ -50,4 +50,23 @@ speed() {  # steps per second of the SmolLM2 heads at two micro-batch sizes (a f
   pack
 }
 
+compiled() {  # train.compile on and off for the SmolLM2 EAGLE-3 head; bench_train's rows at 2048
+  export CUDA_VISIBLE_DEVICES=0
+  for setting in true false; do
+    stamp "speed eagle3 batch 64 compile=$setting"
+    TORCH_LOGS=recompiles timeout 200 python3 tools/profile_train.py recipes/eagle3_smollm2.yaml "${head_args[@]}" \
+      train.micro_batch_size=64 "train.compile=$setting" --warmup 60 --steps 5 --top 40 \
+      --out "$RESULTS/compile_${setting}" > "$RESULTS/compile_${setting}.log" 2>&1
+    grep -h "^run: \|ms wall" "$RESULTS/compile_${setting}.log" | tail -2
+    grep -c "Recompiling" "$RESULTS/compile_${setting}.log"
+  done
+  pack
+  stamp bench_train
+  TORCH_LOGS=recompiles timeout 330 python3 tools/bench_train.py --seq-lens 2048 --warmup 3 --steps 6 \
+    --rows ours-no-ckpt ours-swiglu ours-selective ours ${BENCH_TRAIN_ROWS:-} --out "$RESULTS/bench_train_perf.json" \
+    > "$RESULTS/bench_train_perf.log" 2>&1
+  grep -v Recompil "$RESULTS/bench_train_perf.log" | tail -12
+  pack
+}
+
 "${1:-probe}"
