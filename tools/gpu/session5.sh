@@ -3,6 +3,9 @@
 # machine after the SmolLM2 calls of ../shared/gpu/README.md, with tools/gpu/env.sh sourced (DEEPSPEED=1 for x4).
 #   probe (one GPU):  where a SmolLM2 training step's time goes (tools/profile_train.py), bench_train's rows at
 #                     2048 tokens on this card, and the runtime's GPU tests.
+#   x4 (4 GPUs):      distill the second prompt set on 4 GPUs; EAGLE-3, PosS-1, PosS-2 and Kangaroo (ℓ 2, 4) heads
+#                     trained with the same data, steps and seed (batch 64, train.compile) and benched on MT-bench;
+#                     the runtime bench of the EAGLE-3 head; tests/test_multi_gpu.py; bench_scale with ZeRO-3.
 # Results go to $RESULTS; `pack` bundles the small ones into $HOME/results.tgz (what a device call brings back).
 set -u
 export RESULTS=${RESULTS:-$HOME/results} WORK=${WORK:-$HOME/work}
@@ -67,6 +70,81 @@ compiled() {  # train.compile on and off for the SmolLM2 EAGLE-3 head; bench_tra
     > "$RESULTS/bench_train_perf.log" 2>&1
   grep -v Recompil "$RESULTS/bench_train_perf.log" | tail -12
   pack
+}
+
+heads() {  # GPU $1: method runs $2.. one after another, each retried eagerly if its compiled run failed
+  export CUDA_VISIBLE_DEVICES=$1; shift
+  for run in "$@"; do
+    local common=(train.micro_batch_size=64 train.val_every_steps=400 $(extra_data))
+    RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" train.compile=true \
+      > "$RESULTS/methods45_$run.log" 2>&1 \
+      || RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" train.compile=false \
+      > "$RESULTS/methods45_${run}_eager.log" 2>&1
+    stamp "head $run done"
+  done
+}
+
+extra_data() { [ -n "${EXTRA_DATA:-}" ] && echo "train.extra_distilled=[$EXTRA_DATA]"; }
+
+data_stage() {  # -> $EXTRA_DATA: the second prompt set's conversations, beside run 1's (.data/prev/data)
+  stamp data distill
+  CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 300 python3 tools/bench_distill_scale.py --workers 4 --out "$WORK/distill4" -- \
+    "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts2.jsonl]" distill.batch_size=256 \
+    distill.shard_size=256 distill.max_new_tokens=256 > "$RESULTS/distill_data.log" 2>&1
+  [ -f "$WORK/distill4/workers-4/counts.json" ] && export EXTRA_DATA=$WORK/distill4/workers-4
+  cp "$WORK/distill4/workers-4/counts.json" "$RESULTS/distill_counts.json" 2>/dev/null
+  stamp data ready: "${EXTRA_DATA:-run 1 only}"
+}
+
+runtime_bench() {  # issue 3 on the EAGLE-3 head: HF generate, plain and speculative (tree and chain, T=0 and T=1)
+  export CUDA_VISIBLE_DEVICES=0
+  local export_dir=$WORK/methods45/eagle3/export mt=(--prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 10 --max-new-tokens 256)
+  python3 -m specdraft.cli bench "$export_dir" --temperature 0 1 "${mt[@]}" --depth 6 --topk 8 --budget 48 \
+    --out "$RESULTS/runtime_tree" > "$RESULTS/runtime_tree.log" 2>&1
+  python3 -m specdraft.cli bench "$export_dir" --temperature 0 "${mt[@]}" --chain --depth 6 --no-hf \
+    --out "$RESULTS/runtime_chain" > "$RESULTS/runtime_chain.log" 2>&1
+  python3 -m specdraft.cli bench "$export_dir" --temperature 0 "${mt[@]}" --depth 8 --topk 8 --budget 64 --no-hf \
+    --out "$RESULTS/runtime_tree_d8" > "$RESULTS/runtime_tree_d8.log" 2>&1
+  stamp runtime bench done
+}
+
+kangaroo_sweep() {
+  export CUDA_VISIBLE_DEVICES=3
+  timeout 300 python3 tools/bench_kangaroo.py "$WORK"/methods45/kangaroo2/export "$WORK"/methods45/kangaroo4/export \
+    --eta 0 0.2 0.4 0.6 --choose-exit --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 10 --max-new-tokens 256 \
+    --out "$RESULTS/kangaroo_sweep" > "$RESULTS/kangaroo_sweep.log" 2>&1
+  stamp kangaroo sweep done
+}
+
+collect() {  # each head's params, train summary and benches into $RESULTS/methods/<run>
+  for dir in "$WORK"/methods45/*/; do
+    name=$(basename "$dir"); mkdir -p "$RESULTS/methods/$name"
+    cp "$dir"/params.json "$dir"/train/train_summary.json "$RESULTS/methods/$name/" 2>/dev/null
+    for kind in chain tree; do cp "$dir/bench_$kind/bench.json" "$RESULTS/methods/$name/bench_$kind.json" 2>/dev/null; done
+  done
+}
+
+x4() {
+  rm -rf "$RESULTS"/*; mkdir -p "$RESULTS"
+  export STEPS=${STEPS:-1000}
+  stamp x4 start
+  data_stage; pack
+  ( heads 0 eagle3; runtime_bench; touch "$WORK/lane0.done" ) &
+  ( heads 1 poss1; touch "$WORK/lane1.done" ) &
+  ( heads 2 poss2; touch "$WORK/lane2.done" ) &
+  ( heads 3 kangaroo2 & heads 3 kangaroo4; wait; kangaroo_sweep; touch "$WORK/lane3.done" ) &
+  while [ ! -f "$WORK/lane1.done" ] || [ ! -f "$WORK/lane2.done" ]; do sleep 5; done
+  stamp multi-gpu tests
+  CUDA_VISIBLE_DEVICES=1,2 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py \
+    > "$RESULTS/gpu_tests_multi.log" 2>&1
+  stamp multi-gpu tests done; collect; pack
+  wait
+  collect; pack
+  stamp bench_scale zero3
+  CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 300 python3 tools/bench_scale.py --gpus 1,2,4 --strategies deepspeed_stage_3 \
+    --warmup 3 --steps 6 --timeout 90 --out "$RESULTS/bench_scale_zero3" > "$RESULTS/bench_scale_zero3.log" 2>&1
+  pack
+  stamp x4 done
 }
 
 "${1:-probe}"
