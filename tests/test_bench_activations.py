@@ -16,3 +16,16 @@ def test_each_mode_keeps_less_than_the_one_before(tmp_path, capsys):
     assert rows["selective"]["head_loss"] < rows["none"]["head_loss"]
     assert rows["full"]["weight_casts"] == 0
     assert "kept for the backward" in capsys.readouterr().out
+
+
+def test_the_compiled_layer_keeps_no_more_than_the_eager_one(tmp_path):
+    """train.compile casts the layer's weights outside the compiled parts, once per unroll: it keeps one bf16
+    copy of each for the backward, as eager autocast does, not one per TTT step."""
+    bench = load_tool("bench_activations")
+    kept = {}
+    for flags in ([], ["--compile"]):
+        out = tmp_path / f"activations{len(flags)}.json"
+        bench.main(["--config", "tiny", "--modes", "none", "selective", *flags, "--out", str(out)])
+        rows = json.loads(out.read_text())["rows"]
+        kept[bool(flags)] = {row["mode"]: row["layer"] + row["weight_casts"] for row in rows}
+    assert all(kept[True][mode] <= kept[False][mode] for mode in ("none", "selective")), kept

@@ -8,8 +8,8 @@ tensor autograd keeps, counted once per storage. Parameters are left out; the re
   head_loss    tensors with the draft vocabulary as last dimension (LM head and soft cross-entropy). On a CPU
                the loss is the reference soft cross-entropy; the Triton kernel on a GPU keeps 2 B x Vd per token
                and step instead (checkpointed by selective and full: nothing).
-  weight_casts autocast's bf16 copies of the float32 weights, kept for the weights' own gradients (once per
-               forward; a mode that recomputes a matmul casts its weight again there instead)
+  weight_casts bf16 copies of the float32 weights (q/k/v and gate/up joined), kept for the weights' own
+               gradients (once per forward, compiled or not; full checkpointing casts them again in the backward)
   dense_attn   the dense TTT attention's [.., T, keys] scores, probabilities and masks: the CPU's attention;
                flex attention on a GPU keeps none of them (its q, k, v, output and log-sum-exp are in `layer`)
 
@@ -18,6 +18,7 @@ recomputes one step at a time there).
 
     python tools/bench_activations.py --seq-len 256 --out runs/bench_activations.json    # CPU, about 2 minutes
     python tools/bench_activations.py --config tiny --out /tmp/activations.json
+    python tools/bench_activations.py --config tiny --compile --out /tmp/activations.json    # train.compile on
 """
 from __future__ import annotations
 
@@ -72,10 +73,18 @@ def category(tensor: torch.Tensor, param_shapes: set, draft_vocab: int, seq_len:
     return "layer"
 
 
+def joined_weight_shapes(draft) -> set:
+    """Shapes of the layers' joined matmul weights (q/k/v, gate/up: specdraft.layers.cast) as they compute."""
+    with torch.no_grad():
+        layers = [module for module in draft.modules() if hasattr(module, "compute_weights")]
+        joined = [weights for layer in layers for weights in (layer.compute_weights(),)]
+        return {tuple(weight.shape) for weights in joined for weight in (weights.qkv, weights.gate_up)}
+
+
 def saved_bytes(draft, batch: DraftBatch, cfg, draft_vocab: int) -> Dict[str, int]:
     """The loss's forward under bf16 autocast -> bytes kept for the backward by category (see the docstring)."""
     params = {p.untyped_storage().data_ptr() for p in draft.parameters()}
-    param_shapes = {tuple(p.shape) for p in draft.parameters()}
+    param_shapes = {tuple(p.shape) for p in draft.parameters()} | joined_weight_shapes(draft)
     kept: Dict[int, tuple] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -94,7 +103,7 @@ def saved_bytes(draft, batch: DraftBatch, cfg, draft_vocab: int) -> Dict[str, in
     return totals
 
 
-def run(config_name: str, seq_len: Optional[int], modes: List[str]) -> dict:
+def run(config_name: str, seq_len: Optional[int], modes: List[str], compile_layers: bool = False) -> dict:
     config = CONFIGS[config_name]
     seq_len = seq_len or config["seq_len"]
     info = target_info(config)
@@ -102,6 +111,7 @@ def run(config_name: str, seq_len: Optional[int], modes: List[str]) -> dict:
     cfg = spec.config(ttt_steps=TTT_STEPS, draft_vocab_size=config["draft_vocab"], attention="dense")
     torch.manual_seed(0)
     draft = spec.build(cfg, DraftContext(info, torch.randint(0, 1000, (info.vocab_size,))))
+    draft.compile_layers = compile_layers
     batch = random_batch(info, spec.feature_layers(cfg, info), seq_len)
     rows = []
     for mode in modes:
@@ -111,7 +121,7 @@ def run(config_name: str, seq_len: Optional[int], modes: List[str]) -> dict:
         rows.append({"mode": mode, **totals, "layer_per_step": totals["layer"] / TTT_STEPS,
                      "seconds": time.perf_counter() - started})
         print(f"{mode}: {totals}", flush=True)
-    return {"config": config_name, "seq_len": seq_len, "ttt_steps": TTT_STEPS, "draft_vocab": config["draft_vocab"],
+    return {"config": config_name, "seq_len": seq_len, "ttt_steps": TTT_STEPS, "compile": compile_layers, "draft_vocab": config["draft_vocab"],
             "hidden_size": info.hidden_size, "intermediate_size": info.intermediate_size,
             "draft_parameters": sum(p.numel() for p in draft.parameters()), "rows": rows}
 
@@ -133,9 +143,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="llama3-8b")
     parser.add_argument("--seq-len", type=int, help="default: the config's (256 for the 8B)")
     parser.add_argument("--modes", nargs="+", choices=CHECKPOINTING, default=list(CHECKPOINTING))
+    parser.add_argument("--compile", action="store_true", help="the draft layer's parts under torch.compile")
     parser.add_argument("--out", default="runs/bench_activations.json")
     args = parser.parse_args(argv)
-    report = run(args.config, args.seq_len, args.modes)
+    report = run(args.config, args.seq_len, args.modes, args.compile)
     print_table(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

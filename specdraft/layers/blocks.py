@@ -73,6 +73,16 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def swiglu(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
+           recompute_pointwise: bool = False) -> torch.Tensor:
+    """SwiGLU.forward from weights: gate_up_weight [2I, H] (gate's rows, then up's), down_weight [H, I].
+    x [..., H] -> [..., H]; gate and up come from one matmul."""
+    gate, up = F.linear(x, gate_up_weight).chunk(2, dim=-1)  # [..., I] each
+    if recompute_pointwise and torch.is_grad_enabled():
+        return _SwiGLUDownFunction.apply(gate, up, down_weight)
+    return F.linear(F.silu(gate) * up, down_weight)
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """positions [T] or [B, T] -> cos, sin [.., T, D] (Llama's half-rotation layout)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)

@@ -26,6 +26,7 @@ mask on CUDA and densely elsewhere (specdraft/kernels/ttt_attention); the loss i
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -42,6 +43,8 @@ from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
 from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
 from specdraft.config import checkpointing_mode
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from specdraft.layers.cast import UnrollCasts
+from specdraft.layers.decoder_parts import LayerWeights, attention_inputs, attention_residual, mlp_residual
 from specdraft.layers.compile import maybe_compiled
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import (
@@ -115,29 +118,15 @@ class Eagle3Attention(nn.Module):
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, T, heads*D] -> [B, heads, T, D]
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """x [B, Tq, 2H]; positions [Tq] or [B, Tq] rotary positions -> rotated q [B, h, Tq, D], rotated k and v
-        [B, kvh, Tq, D]."""
+    def project(self, x: torch.Tensor, positions: torch.Tensor, qkv_weight: torch.Tensor):
+        """x [B, Tq, 2H]; positions [Tq] or [B, Tq] rotary positions; qkv_weight [(h + 2 kvh) D, 2H] (q_proj's,
+        k_proj's, v_proj's rows) -> rotated q [B, h, Tq, D], rotated k and v [B, kvh, Tq, D]."""
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
-        q = apply_rope(self._split(self.q_proj(x), self.heads), cos, sin)  # [B, h, Tq, D]
-        k = apply_rope(self._split(self.k_proj(x), self.kv_heads), cos, sin)  # [B, kvh, Tq, D]
-        return q, k, self._split(self.v_proj(x), self.kv_heads)
-
-
-def _attention_inputs(layer: "Eagle3DecoderLayer", hidden, embeds, positions):
-    """The layer up to its attention call: norms, [embedding ; hidden], q/k/v projections, rotary.
-    hidden, embeds [B, T, H] -> q [B, h, T, D], k, v [B, kvh, T, D]."""
-    attn_in = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-    return layer.self_attn.project(attn_in, positions)
-
-
-def _attention_residual(layer: "Eagle3DecoderLayer", hidden, attn):  # [B, T, H], [B, h, T, D] -> [B, T, H]
-    return hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(*hidden.shape[:2], -1))
-
-
-def _mlp_residual(layer: "Eagle3DecoderLayer", hidden):  # [B, T, H] -> [B, T, H]
-    lean = layer.checkpointing != "none"
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden), recompute_pointwise=lean)
+        kv_width = self.kv_heads * self.head_dim
+        q, k, v = F.linear(x, qkv_weight).split([self.heads * self.head_dim, kv_width, kv_width], dim=-1)
+        q = apply_rope(self._split(q, self.heads), cos, sin)  # [B, h, Tq, D]
+        k = apply_rope(self._split(k, self.kv_heads), cos, sin)  # [B, kvh, Tq, D]
+        return q, k, self._split(v, self.kv_heads)
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -145,7 +134,8 @@ class Eagle3DecoderLayer(nn.Module):
 
     `checkpointing` (train.activation_checkpointing, set for each unroll by ttt_inputs): from swiglu on, the
     MLP keeps its gate and up projections only; selective recomputes the post-attention norm and MLP in the
-    backward. `compiled` (train.compile) runs the parts around the attention call under torch.compile."""
+    backward. `compiled` (train.compile) runs the parts around the attention call under torch.compile, with
+    matmul weights cast outside it (compute_weights; an unroll passes `weights_for` to cast them once)."""
 
     checkpointing = "none"
     compiled = False
@@ -158,21 +148,33 @@ class Eagle3DecoderLayer(nn.Module):
         self.self_attn = Eagle3Attention(target)
         self.mlp = SwiGLU(target.hidden_size, intermediate_size)
 
-    def forward(self, hidden, embeds, positions, query_cols, cache: List[KV], mask: Optional[TTTMask] = None):
+    def compute_weights(self) -> LayerWeights:
+        return LayerWeights(self)
+
+    def forward(self, hidden, embeds, positions, query_cols, cache: List[KV], mask: Optional[TTTMask] = None,
+                weights_for=None):
         """hidden, embeds [B, Tq, H]; positions [Tq] or [B, Tq] rotary positions; query_cols [Tq] TTT columns of
         the queries -> new hidden [B, Tq, H] and this step's KV.
 
         cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column, within the column's
         document); cache[1:] hold later steps' keys aligned with the queries (attended on the diagonal). `mask`
         (built once per unroll by `ttt_mask`) carries document ids and, for flex attention, the block mask;
-        None is one causal document per row, dense. The first call of a chain writes step 0."""
-        q, k, v = maybe_compiled(_attention_inputs, self.compiled)(self, hidden, embeds, positions)
+        None is one causal document per row, dense. The first call of a chain writes step 0. `weights_for(layer)`
+        (specdraft.layers.cast.UnrollCasts) gives the layer's LayerWeights; None casts them for this call."""
+        weights = weights_for(self) if weights_for else self.compute_weights()
+        q, k, v = maybe_compiled(attention_inputs, self.compiled)(self, hidden, embeds, positions, weights.qkv)
         attn = ttt_attention(q, cache + [(k, v)], query_cols, mask)  # [B, h, T, D]
-        hidden = maybe_compiled(_attention_residual, self.compiled)(self, hidden, attn)
-        mlp_residual = maybe_compiled(_mlp_residual, self.compiled)
+        hidden = maybe_compiled(attention_residual, self.compiled)(hidden, attn, weights.o)
         if self.checkpointing == "selective" and torch.is_grad_enabled():
-            return checkpoint(mlp_residual, self, hidden, use_reentrant=False), (k, v)
-        return mlp_residual(self, hidden), (k, v)
+            return checkpoint(self._recast_mlp_residual, hidden, use_reentrant=False), (k, v)
+        return self._mlp_residual(hidden, weights), (k, v)
+
+    def _mlp_residual(self, hidden, weights: LayerWeights):  # [B, T, H] -> [B, T, H]
+        return maybe_compiled(mlp_residual, self.compiled)(self, hidden, weights.gate_up, weights.down)
+
+    def _recast_mlp_residual(self, hidden):
+        """The MLP with its weights cast here: selective recomputes the casts with it, keeping none."""
+        return self._mlp_residual(hidden, self.compute_weights())
 
 
 class Eagle3Draft(nn.Module):
@@ -210,9 +212,9 @@ class Eagle3Draft(nn.Module):
     def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
 
-    def step(self, hidden, embeds, positions, query_cols, cache, mask=None):
+    def step(self, hidden, embeds, positions, query_cols, cache, mask=None, weights_for=None):
         """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV."""
-        return self.midlayer(hidden, embeds, positions, query_cols, cache, mask=mask)
+        return self.midlayer(hidden, embeds, positions, query_cols, cache, mask=mask, weights_for=weights_for)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, Vd]
         return self.lm_head(self.norm(hidden))
@@ -284,7 +286,7 @@ class TTTInputs:
     cols: torch.Tensor  # [T] TTT columns
     positions: torch.Tensor  # [T] or [B, T] rotary positions of step 0
     mask: Any  # the attention mask of specdraft.kernels.ttt_attention.ttt_mask
-    run_step: Any  # draft.step, under activation checkpointing of the whole step when the draft asks for it
+    run_step: Any  # draft.step: its layers' weights cast once for the unroll, or (full) each step checkpointed
 
     def embeds(self, shift: int) -> torch.Tensor:  # [B, T, H]: column t holds the embedding of x[t + shift]
         return _shifted(self.embeds_rows, shift, self.shape)
@@ -299,7 +301,8 @@ def ttt_inputs(draft, hidden_states: Dict[int, torch.Tensor], steps: int, positi
     cols = torch.arange(num_cols, device=embeds_all.device)
     mode = draft_checkpointing(draft)
     _configure_layers(draft, mode)
-    run_step = (checkpointed or _checkpointed)(draft.step) if mode == "full" else draft.step
+    run_step = (checkpointed or _checkpointed)(draft.step) if mode == "full" else \
+        functools.partial(draft.step, weights_for=UnrollCasts())
     fused = _fused_features(draft, hidden_states)
     return TTTInputs(fused=fused, embeds_rows=_padded_rows(embeds_all.to(fused.dtype), steps),
                      shape=embeds_all.shape, cols=cols,

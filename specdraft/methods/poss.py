@@ -102,9 +102,10 @@ class PossDraft(Eagle3Draft):
         """The specialist that runs TTT step `step` (which drafts the token at depth step + 1)."""
         return min(step // self.positions_per_specialist, len(self.specialists) - 1)
 
-    def step(self, hidden, embeds, positions, query_cols, cache, mask=None, specialist: int = 0):
+    def step(self, hidden, embeds, positions, query_cols, cache, mask=None, specialist: int = 0, weights_for=None):
         """One draft step through `specialist`: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H], this KV."""
-        return self.specialists[specialist](hidden, embeds, positions, query_cols, cache, mask=mask)
+        return self.specialists[specialist](hidden, embeds, positions, query_cols, cache, mask=mask,
+                                            weights_for=weights_for)
 
 
 def specialist_prefix_kv(layer: Eagle3DecoderLayer, fused: torch.Tensor, embeds: torch.Tensor,
