@@ -71,14 +71,21 @@ class DraftModule(L.LightningModule):
         return self
 
     def on_fit_start(self):
-        # The rank's device from the strategy: under ZeRO-3 the module itself is never moved (zero.Init places
-        # its parameters), so its `device` still reads cpu; a replicated target set up there ran on the CPU.
+        self._place_on_device()
+        self._fit_started = time.perf_counter()
+
+    def on_validation_start(self):  # `trainer.validate` after fit (or alone) has no fit start
+        self._place_on_device()
+
+    def _place_on_device(self):
+        """The frozen target and the draft's buffers on the rank's device (idempotent). The device comes from the
+        strategy: under ZeRO-3 the module itself is never moved (zero.Init places its parameters), so its
+        `device` still reads cpu, and DeepSpeed leaves buffers where they were built."""
         device = self.trainer.strategy.root_device
         self.features.setup(device, self.global_rank)  # the frozen target in bf16 on GPUs
-        for module in self.draft.modules():  # ZeRO-3 moves parameters but leaves buffers where they were built
+        for module in self.draft.modules():
             for name, buffer in module.named_buffers(recurse=False):
                 module._buffers[name] = buffer.to(device)
-        self._fit_started = time.perf_counter()
 
     def _draft_batch(self, batch) -> DraftBatch:
         return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],

@@ -161,7 +161,7 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
     # the progress bar reads the loss (a device sync) only when the logs do: not at every step
-    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport(),
+    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport(), FinishLastStep(cfg, run_dir / "checkpoints"),
                  StepTimes(run_dir / "logs", cfg.log_every_steps), TQDMProgressBar(refresh_rate=cfg.log_every_steps), *extra_callbacks]
     return L.Trainer(
         accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg, resume_from),
@@ -192,6 +192,27 @@ def shard_target(recipe: Recipe, device: torch.device) -> bool:
     log.info("train.shard_target=auto: the target's weights take about %.1f GiB: %s", weights / 2 ** 30,
              "partitioned across the ranks (ZeRO-3)" if shard else "a whole copy on each GPU")
     return shard
+
+
+class FinishLastStep(Callback):
+    """When max_steps is not a multiple of val_every_steps: validation (so the best/ and last/ snapshots) and
+    checkpoints/last.ckpt at the last step too, not only at the last multiple. The validation runs inside the
+    fit loop, which validates before stopping when asked to stop: a separate `trainer.validate` after fit set the
+    model up again, and under ZeRO-3 found buffers and weights off the rank's GPU (seen on H100s)."""
+
+    def __init__(self, cfg: TrainConfig, checkpoint_dir: Path):
+        self.max_steps, self.every, self.checkpoint_dir = cfg.max_steps, cfg.val_every_steps, checkpoint_dir
+
+    def _off_schedule(self, trainer) -> bool:
+        return trainer.global_step >= self.max_steps and trainer.global_step % self.every != 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._off_schedule(trainer):
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module):
+        if self._off_schedule(trainer):  # every rank calls it: DeepSpeed saves its partitions collectively
+            trainer.save_checkpoint(self.checkpoint_dir / "last.ckpt")
 
 
 class ResumeReport(Callback):
@@ -249,8 +270,6 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
     save_recipe(recipe, run_dir)
     started = time.perf_counter()
     trainer.fit(module, datamodule=data, ckpt_path=resume_from)
-    if cfg.max_steps % cfg.val_every_steps:
-        trainer.validate(module, datamodule=data, verbose=False)
     seconds = time.perf_counter() - started
     step_times = next(c for c in trainer.callbacks if isinstance(c, StepTimes))
     summary = {"steps": trainer.global_step, "tokens": module._tokens_seen, "seconds": seconds,
