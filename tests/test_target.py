@@ -54,19 +54,44 @@ def test_random_init_needs_only_config_and_tokenizer(tmp_path):
 def test_a_gguf_head_left_on_meta_is_tied_to_the_embedding(tmp_path):
     """llama.cpp's convention (no output.weight: tied). If loading leaves the head on the meta device, the
     conversion ties it before saving, and the saved target's head is the embedding."""
-    from pathlib import Path
-
     from transformers import LlamaForCausalLM
 
-    from specdraft.target.load import _materialize_tied
+    from specdraft.target.load import _tie_meta_head
     from tests.tiny import tiny_llama_config
 
     config = tiny_llama_config()
     config.tie_word_embeddings = False
     model = LlamaForCausalLM(config)
     model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
-    _materialize_tied(model, Path("smol.gguf"))
+    _tie_meta_head(model, "smol.gguf", tied=True)
     model.save_pretrained(tmp_path)
     saved = LlamaForCausalLM.from_pretrained(tmp_path)
     assert saved.config.tie_word_embeddings
     assert torch.equal(saved.lm_head.weight, model.model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_loading_ties_a_meta_head_only_when_the_config_says_tied(tmp_path, monkeypatch, tied):
+    """load_target: a tied head left on the meta device (seen in full test sessions) is tied again; an untied
+    one is a clear error naming the weight, not a failure inside Module.to()."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    directory = save_tiny_target(tmp_path / "target")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": tied}))
+    real = AutoModelForCausalLM.from_pretrained
+
+    def head_on_meta(*args, **kwargs):
+        model = real(*args, **kwargs)
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", head_on_meta)
+    if tied:
+        model = load_target(TargetConfig(path=str(directory))).model
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    else:
+        with pytest.raises(SpecdraftError, match="no data for lm_head.weight"):
+            load_target(TargetConfig(path=str(directory)))

@@ -7,18 +7,20 @@ N(0, init_std)) must gather them whole for that, or under ZeRO-3 it keeps PyTorc
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 from torch import nn
 
 
-def gathered(params):
-    """A context in which ZeRO-3 partitioned parameters are whole and writable from rank 0 (a no-op otherwise)."""
+def gathered(params, modifier_rank: Optional[int] = 0):
+    """A context in which ZeRO-3 partitioned parameters are whole (a no-op for plain ones): what rank
+    `modifier_rank` writes in it is kept and shared; None gathers them read-only (every rank reads them whole)."""
     params = list(params)
     if not any(hasattr(p, "ds_id") for p in params):
         return contextlib.nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
 
 
 def init_linear_normal_(module: nn.Module, std: float) -> None:

@@ -73,18 +73,21 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return root / "gguf" / f"{gguf.stem}-{_file_digest(gguf)[:16]}"
 
 
-def _materialize_tied(model: torch.nn.Module, gguf: Path) -> None:
-    """llama.cpp's convention: a GGUF without `output.weight` (SmolLM2) ties the LM head to the token embedding.
-    Transformers usually ties it; in one full test session it reported the head MISSING and left it on the meta
-    device (root cause not found), so it is tied here when that happens; any weight still without data is a
-    clear error rather than a failure deep inside save_pretrained."""
+def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
+    """A tied LM head that loading left on the meta device is tied to the token embedding again; any weight
+    still without data is a clear error rather than a failure deep inside `.to()` or save_pretrained.
+
+    `tied`: the model's head is tied (its config says so; a GGUF without `output.weight`, such as SmolLM2, is tied
+    by llama.cpp's convention). Transformers ties such a head itself, but in full test sessions it has reported
+    the head MISSING and left it on the meta device (root cause not found: some state earlier tests leave)."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is not None and head.weight.is_meta and embed.weight.shape == head.weight.shape:
+    if tied and head is not None and head.weight.is_meta and embed.weight.shape == head.weight.shape:
+        log.warning("target %s: the LM head was left without data; tied to the token embedding", source)
         head.weight = embed.weight
         model.config.tie_word_embeddings = True
     missing = [name for name, param in model.named_parameters() if param.is_meta]
     if missing:
-        raise SpecdraftError(f"GGUF target {gguf}: no data for {', '.join(missing[:5])}")
+        raise SpecdraftError(f"target {source}: no data for {', '.join(missing[:5])}")
 
 
 def _convert_gguf(gguf: Path) -> Path:
@@ -100,7 +103,7 @@ def _convert_gguf(gguf: Path) -> Path:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as err:  # transformers raises many kinds for a corrupt file
         raise SpecdraftError(f"cannot read GGUF target {gguf}: {type(err).__name__}: {err}") from None
-    _materialize_tied(model, gguf)
+    _tie_meta_head(model, str(gguf), tied=True)
     model.hf_quantizer = None  # the weights are plain dequantized tensors now; save them as such
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -265,6 +268,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
     model.requires_grad_(False).eval()
     if not is_quantized(model):
+        _tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
         model.to(device)
     return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path))
 

@@ -37,6 +37,7 @@ from specdraft.data.features import (
 )
 from specdraft.errors import SpecdraftError
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
+from specdraft.layers.zero import gathered
 from specdraft.methods.base import MethodSpec, TargetFeatures
 from specdraft.target.features import capture_features
 from specdraft.target.load import is_quantized, resolve_dtype
@@ -116,9 +117,7 @@ class ShardedOnlineFeatures(OnlineFeatures):
 
 def whole_copy(param: torch.Tensor) -> torch.Tensor:
     """A ZeRO-3 partitioned parameter gathered into a plain tensor that every rank keeps."""
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+    with gathered([param], modifier_rank=None):
         return param.detach().clone()
 
 

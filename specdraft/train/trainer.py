@@ -29,6 +29,7 @@ from specdraft.config import Recipe, TrainConfig, save_recipe
 from specdraft.drafts import SNAPSHOT_FILE
 from specdraft.errors import SpecdraftError
 from specdraft.io import atomic_dir, write_json
+from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftContext
@@ -87,12 +88,7 @@ def full_draft_state(draft: torch.nn.Module) -> dict:
         return {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
                 for k, v in module.state_dict().items()}
 
-    params = list(draft.parameters())
-    if not any(hasattr(p, "ds_id") for p in params):
-        return to_cpu(draft)
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+    with gathered(draft.parameters(), modifier_rank=None):
         return to_cpu(draft)
 
 
