@@ -49,3 +49,11 @@ def test_drafts_built_under_zero_init_keep_their_initialization():
 @pytest.mark.slow
 def test_sharded_target_is_the_target_with_its_float32_rotary_frequencies(tiny_target_dir):
     assert differences("target", str(tiny_target_dir)) == []
+
+
+@pytest.mark.slow
+def test_drafts_train_under_the_zero3_engine_as_built_plainly():
+    """Loss and gradients of the TTT drafts (whose layers read their submodules' weights directly, one joined
+    q/k/v matmul) under DeepSpeed's ZeRO-3 engine equal the plain draft's."""
+    cases = {name: CASES[name] for name in ("eagle3", "poss")}
+    assert differences("losses", json.dumps(cases)) == []

@@ -3,6 +3,10 @@ compares them with the same models built plainly. For tests/test_zero_init.py.
 
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run drafts '{"eagle3": {"ttt_steps": 3}, ...}'
         every method's draft, same seed, under the zero.Init Lightning enters for deepspeed_stage_3
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run losses '{"eagle3": {"ttt_steps": 3}, ...}'
+        each draft under DeepSpeed's ZeRO-3 engine: its training loss and gradients on random target features
+        against the same draft's built plainly (a draft that reads a submodule's weight outside that submodule's
+        forward must register it with DeepSpeed, or finds it partitioned)
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR
         the frozen target as train.shard_target builds it (bf16) against load_target's (bf16): its buffers and
         the features it gives
@@ -50,6 +54,52 @@ def drafts(cases: dict) -> None:
                     print("differs", name, key, flush=True)
 
 
+def _random_batch(spec, cfg, info, generator):
+    from specdraft.methods.base import DraftBatch, TargetFeatures
+
+    ids = torch.randint(0, info.vocab_size, (2, 16), generator=generator)  # [B, T]
+    layers = sorted({0, *spec.feature_layers(cfg, info)})
+    hidden = {i: torch.randn(2, 16, info.hidden_size, generator=generator) for i in layers}  # [B, T, H] each
+    features = TargetFeatures(hidden_states=hidden, final_hidden=torch.randn(2, 16, info.hidden_size, generator=generator),
+                              lm_head=torch.randn(info.vocab_size, info.hidden_size, generator=generator))
+    return DraftBatch(ids, torch.ones_like(ids), torch.ones_like(ids), features)
+
+
+def losses(cases: dict) -> None:
+    import deepspeed
+
+    from specdraft.methods import get_method
+    from specdraft.methods.base import DraftContext, TargetInfo
+    from tests.tiny import tiny_llama_config
+
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
+    ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
+    for name, settings in cases.items():
+        spec = get_method(name)
+        cfg = spec.config(**settings)
+        torch.manual_seed(0)
+        plain = spec.build(cfg, ctx)
+        torch.manual_seed(0)
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            sharded = spec.build(cfg, ctx)
+        engine, *_ = deepspeed.initialize(model=sharded, config=config, model_parameters=sharded.parameters())
+        batch = _random_batch(spec, cfg, info, torch.Generator().manual_seed(0))
+        expected = spec.loss(plain, batch, cfg).loss
+        expected.backward()
+        got = spec.loss(engine.module, batch, cfg).loss
+        engine.backward(got)
+        if not torch.allclose(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6):
+            print("differs", name, "loss", float(got), float(expected), flush=True)
+        for key, param in engine.module.named_parameters():
+            grad = deepspeed.utils.safe_get_full_grad(param)
+            reference = dict(plain.named_parameters())[key].grad
+            if (grad is None) != (reference is None) or (grad is not None and not
+                                                         torch.allclose(grad, reference, rtol=1e-4, atol=1e-6)):
+                print("differs", name, "grad", key, flush=True)
+
+
 def target(directory: str) -> None:
     import deepspeed
     import torch._dynamo  # noqa: F401  (imported before zero.Init patches torch's constructors, as in training:
@@ -80,6 +130,8 @@ if __name__ == "__main__":
     _init()
     if sys.argv[1] == "drafts":
         drafts(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "losses":
+        losses(json.loads(sys.argv[2]))
     else:
         target(sys.argv[2])
     print("done", flush=True)

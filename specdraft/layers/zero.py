@@ -31,3 +31,17 @@ def init_linear_normal_(module: nn.Module, std: float) -> None:
     with gathered(weights):
         for weight in weights:
             nn.init.normal_(weight, std=std)
+
+
+def register_external(module: nn.Module, params) -> None:
+    """Under ZeRO-3 (partitioned parameters; a no-op otherwise): `module`'s forward reads `params`, weights of
+    its submodules, directly (one joined matmul, say) rather than through the submodules' own forwards, which
+    is when DeepSpeed gathers them. Registered, they are gathered for `module`'s forward and backward too;
+    unregistered, the forward finds empty partitions."""
+    params = [p for p in params if hasattr(p, "ds_id")]
+    if not params:
+        return
+    import deepspeed
+
+    for param in params:
+        deepspeed.zero.register_external_parameter(module, param)

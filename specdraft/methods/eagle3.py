@@ -46,7 +46,7 @@ from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from specdraft.layers.cast import UnrollCasts
 from specdraft.layers.decoder_parts import LayerWeights, attention_inputs, attention_residual, mlp_residual
 from specdraft.layers.compile import maybe_compiled
-from specdraft.layers.zero import init_linear_normal_
+from specdraft.layers.zero import init_linear_normal_, register_external
 from specdraft.methods.base import (
     ChainState,
     DraftBatch,
@@ -147,6 +147,7 @@ class Eagle3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(target.hidden_size, target.rms_norm_eps)
         self.self_attn = Eagle3Attention(target)
         self.mlp = SwiGLU(target.hidden_size, intermediate_size)
+        register_external(self, [*self.self_attn.parameters(), *self.mlp.parameters()])  # read by LayerWeights
 
     def compute_weights(self) -> LayerWeights:
         return LayerWeights(self)
