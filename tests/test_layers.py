@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specdraft.layers import RMSNorm, SwiGLU
-from specdraft.layers.blocks import _RMSNormFunction, _SwiGLUDownFunction
+from specdraft.layers.blocks import _RMSNormFunction, _SwiGLUDownFunction, swiglu
 
 
 def _autograd_rms_norm(x, weight, eps):
@@ -35,9 +35,14 @@ def test_rms_norm_keeps_the_input_dtype():
     assert x.grad.dtype == torch.bfloat16 and norm.weight.grad.dtype == torch.float32
 
 
+def _swiglu(mlp, x, recompute_pointwise):  # the functional SwiGLU on the module's weights
+    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    return swiglu(x, gate_up, mlp.down_proj.weight, recompute_pointwise=recompute_pointwise)
+
+
 def _swiglu_grads(mlp, x, out_grad, recompute_pointwise, autocast):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = mlp(x, recompute_pointwise=recompute_pointwise)
+        out = _swiglu(mlp, x, recompute_pointwise)
     params = [x, *mlp.parameters()]
     return out, torch.autograd.grad(out, params, out_grad.to(out.dtype))
 
@@ -51,6 +56,8 @@ def test_swiglu_recomputing_pointwise_matches_autograd(autocast):
     x = torch.randn(2, 5, 8, requires_grad=True)
     out_grad = torch.randn(2, 5, 8)
     plain_out, plain_grads = _swiglu_grads(mlp, x, out_grad, False, autocast)
+    if not autocast:  # the functional SwiGLU (one gate/up matmul) is the module's
+        torch.testing.assert_close(plain_out, mlp(x))
     lean_out, lean_grads = _swiglu_grads(mlp, x, out_grad, True, autocast)
     assert lean_out.dtype == plain_out.dtype == (torch.bfloat16 if autocast else torch.float32)
     torch.testing.assert_close(lean_out, plain_out, rtol=0, atol=0)
@@ -67,7 +74,7 @@ def test_swiglu_recomputing_pointwise_keeps_two_intermediate_tensors():
     for lean, expected in ((False, 4), (True, 2)):
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            mlp(x, recompute_pointwise=lean)
+            _swiglu(mlp, x, lean)
         assert sum(1 for t in saved if t.shape == (3, 24)) == expected
 
 

@@ -66,10 +66,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, recompute_pointwise: bool = False) -> torch.Tensor:  # [..., H] -> [..., H]
-        """recompute_pointwise: keep only the gate and up projections for the backward (_SwiGLUDownFunction)."""
-        if recompute_pointwise and torch.is_grad_enabled():
-            return _SwiGLUDownFunction.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
