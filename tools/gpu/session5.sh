@@ -4,7 +4,7 @@
 #   probe (one GPU):  where a SmolLM2 training step's time goes (tools/profile_train.py), bench_train's rows at
 #                     2048 tokens on this card, and the runtime's GPU tests.
 #   x4 (4 GPUs):      distill the second prompt set on 4 GPUs; EAGLE-3, PosS-1, PosS-2 and Kangaroo (ℓ 2, 4) heads
-#                     trained with the same data, steps and seed (batch 64, train.compile) and benched on MT-bench;
+#                     trained with the same data, steps and seed (micro-batch 64) and benched on MT-bench;
 #                     the runtime bench of the EAGLE-3 head; tests/test_multi_gpu.py; bench_scale with ZeRO-3.
 # Results go to $RESULTS; `pack` bundles the small ones into $HOME/results.tgz (what a device call brings back).
 set -u
@@ -72,11 +72,11 @@ compiled() {  # train.compile on and off for the SmolLM2 EAGLE-3 head; bench_tra
   pack
 }
 
-heads() {  # GPU $1: method runs $2.. one after another, each retried eagerly if its compiled run failed
+heads() {  # GPU $1: method runs $2.. one after another (COMPILE=true: compiled, retried eagerly if that failed)
   export CUDA_VISIBLE_DEVICES=$1; shift
   for run in "$@"; do
     local common=(train.micro_batch_size=64 train.val_every_steps=400 $(extra_data))
-    RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" train.compile=true \
+    RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" "train.compile=${COMPILE:-false}" \
       > "$RESULTS/methods45_$run.log" 2>&1 \
       || RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" train.compile=false \
       > "$RESULTS/methods45_${run}_eager.log" 2>&1
