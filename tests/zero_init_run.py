@@ -74,8 +74,11 @@ def losses(cases: dict) -> None:
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    from transformers import LlamaForCausalLM
+
     info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
     ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
+    target_model = LlamaForCausalLM(tiny_llama_config()).eval()  # for drafts that run the target's own parts
     for name, settings in cases.items():
         spec = get_method(name)
         cfg = spec.config(**settings)
@@ -84,6 +87,9 @@ def losses(cases: dict) -> None:
         torch.manual_seed(0)
         with deepspeed.zero.Init(config_dict_or_path=config):
             sharded = spec.build(cfg, ctx)
+        if spec.bind_target is not None:
+            spec.bind_target(plain, target_model)
+            spec.bind_target(sharded, target_model)
         engine, *_ = deepspeed.initialize(model=sharded, config=config, model_parameters=sharded.parameters())
         batch = _random_batch(spec, cfg, info, torch.Generator().manual_seed(0))
         expected = spec.loss(plain, batch, cfg).loss
