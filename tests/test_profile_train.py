@@ -11,7 +11,8 @@ def test_profile_train_reports_steps_and_ops(tmp_path, tiny_target_dir, distille
                                               "--out", str(tmp_path / "prof")])
     assert report["steps"] == 3 and report["train_summary"]["steps"] == 5
     assert report["step_ms"] > 0 and len(report["top_host"]) == 5
-    assert report["phases_host_ms"]["backward"] > 0  # Lightning's backward range was seen
+    assert report["device_busy_ms"] == 0 and report["kernel_launches_per_step"] == 0  # no GPU: no kernels
+    assert any(op["name"].startswith("aten::") for op in report["top_host"])
     saved = json.loads((tmp_path / "prof" / "profile_train.json").read_text())
     assert saved["step_ms"] == report["step_ms"]
     assert "most host time" in capsys.readouterr().out
