@@ -33,6 +33,15 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
     assert "ms per step by phase" in capsys.readouterr().out
 
 
+def test_profile_adds_op_tables_to_a_row(bench, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--warmup", "1", "--steps", "1",
+                "--rows", "ours-no-ckpt", "--profile", "1", "--out", str(out)])
+    ops = json.loads(out.read_text())["rows"][0]["ops"]
+    assert ops["top_host"] and any(op["name"].startswith("aten::") for op in ops["top_host"])
+    assert "ours-no-ckpt T=32, most device time" in capsys.readouterr().out
+
+
 def test_flop_counts_match_issue_6_at_llama_8b(bench):
     """The shape-based count lands near the issue's 15.6 + 17.4 GFLOP per token at 2048 tokens."""
     from transformers import LlamaConfig

@@ -6,6 +6,7 @@ their values); the draft comes from the method registry. Each row runs a few war
 
     python tools/bench_train.py --out runs/bench_train.json                         # one GPU, about 3 minutes
     python tools/bench_train.py --config tiny --device cpu --out /tmp/bench.json     # the same rows, tiny, CPU
+    python tools/bench_train.py --seq-lens 2048 --rows ours-no-ckpt --profile 2     # and where its step goes
 
 Rows (--rows, in this order at each sequence length):
   ours              flex attention with block masks, the Triton soft cross-entropy, hook-captured target features,
@@ -46,12 +47,13 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods import eagle3 as eagle3_module
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
-from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.target.features import capture_features
 from specdraft.train.module import build_optimizer
+from specdraft.train.profiling import op_report, print_op_tables
 
 TTT_STEPS = 7
 REFERENCE_PEAK_TFLOPS = 790.0  # a large bf16 matmul on an H200 (issue 6)
@@ -382,8 +384,22 @@ def _timed_steps(trainee: Trainee, cuda: bool, warmup: int, steps: int):
     return dict(totals), (torch.cuda.max_memory_allocated() if cuda else None)
 
 
-def run_row(bench: Bench, row: Row, seq_len: int, warmup: int, steps: int) -> dict:
-    """One row at one sequence length -> its result (status ok, OOM or error: ...)."""
+def _profiled_ops(trainee: Trainee, cuda: bool, steps: int, top: int = 15) -> dict:
+    """Op tables (specdraft.train.profiling) of `steps` more steps under torch.profiler, after the timed ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            trainee.step(PhaseTimer(cuda))
+        if cuda:
+            torch.cuda.synchronize()
+    return op_report(profiler, steps, top)
+
+
+def run_row(bench: Bench, row: Row, seq_len: int, warmup: int, steps: int, profile_steps: int = 0) -> dict:
+    """One row at one sequence length -> its result (status ok, OOM or error: ...); with profile_steps, its op
+    tables from that many more steps under torch.profiler ("ops")."""
     _free_memory(bench.cuda)
     resident = torch.cuda.memory_allocated() if bench.cuda else 0
     result = {"row": row.name, "seq_len": seq_len, "tokens_per_step": seq_len, "status": "ok",
@@ -392,6 +408,8 @@ def run_row(bench: Bench, row: Row, seq_len: int, warmup: int, steps: int) -> di
         with kernels_env(row.kernels), compiled_target(bench.target, result["compiled"] and row.features == "online"):
             trainee = Trainee(bench, row, seq_len)
             spans, peak = _timed_steps(trainee, bench.cuda, warmup, steps)
+            if profile_steps:
+                result["ops"] = _profiled_ops(trainee, bench.cuda, profile_steps)
     except torch.cuda.OutOfMemoryError:
         result["status"] = "OOM"
     except Exception as err:  # a failing row is reported, the others still run
@@ -436,13 +454,18 @@ def print_tables(report: dict) -> None:
     for r in report["rows"]:
         if r["status"] == "ok":
             print(f"{r['row']:<18}{r['seq_len']:>6}" + "".join(f"{r['phases_ms'][p]:>14.1f}" for p in phases))
+    for r in report["rows"]:
+        if "ops" in r:
+            print(f"\n{r['row']} T={r['seq_len']}: device busy {r['ops']['device_busy_ms']:.1f} ms per step, "
+                  f"{r['ops']['kernel_launches_per_step']:.0f} kernel launches")
+            print_op_tables({**r["ops"], "top_host": []}, prefix=f"{r['row']} T={r['seq_len']}, ")
     counts = report["flop_per_token_2048_online"]
     if counts:
         print("\nGFLOP/token (online, T=2048): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counts.items()))
 
 
 def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], warmup: int, steps: int,
-        attention: str = "auto") -> dict:
+        attention: str = "auto", profile_steps: int = 0) -> dict:
     config = CONFIGS[config_name]
     bench_started = time.perf_counter()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -453,7 +476,7 @@ def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], war
         if bench.cuda:
             torch._dynamo.reset()  # each length gets its own static compile of the flex call
         for name in rows:
-            result = run_row(bench, ROWS[name], seq_len, warmup, steps)
+            result = run_row(bench, ROWS[name], seq_len, warmup, steps, profile_steps)
             add_mfu(result, ceiling)
             results.append(result)
             print(f"[{time.perf_counter() - bench_started:6.1f} s] {name} T={seq_len}: {result['status']}",
@@ -479,6 +502,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--steps", type=int, default=6, help="timed steps per row")
     parser.add_argument("--attention", choices=["auto", "dense", "flex"], default="auto",
                         help="TTT attention of the rows other than baseline (method.attention)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after each row's timed steps, profile this many more: its op tables (most device "
+                             "time) go into the JSON (`ops`) and the printout")
     parser.add_argument("--out", default="runs/bench_train.json")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -487,7 +513,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         torch.set_num_threads(1)
     try:
         report = run(args.config, args.device, args.seq_lens or CONFIGS[args.config]["seq_lens"], args.rows,
-                     args.warmup, args.steps, args.attention)
+                     args.warmup, args.steps, args.attention, args.profile)
     finally:
         torch.set_num_threads(threads)
     print_tables(report)

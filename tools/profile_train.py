@@ -25,6 +25,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.profiler import ProfilerActivity, profile
 
+from specdraft.train.profiling import op_report, print_op_tables
+
+
 class ProfileSteps(Callback):
     """Profiles optimizer steps warmup+1 .. warmup+steps of the fit (batches, with no gradient accumulation)."""
 
@@ -58,28 +61,15 @@ class ProfileSteps(Callback):
         if self.wall_seconds is None:
             raise SystemExit(f"the run ended before step {self.warmup + self.steps}: raise train.max_steps "
                              f"or lower --warmup/--steps")
-        events = self.profiler.key_averages()
-        device_us = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
-        kernels = [e for e in events if device_us(e) > 0 and e.device_type == torch.autograd.DeviceType.CUDA
-                   and not getattr(e, "is_user_annotation", False)]  # not the ops they run for, nor named ranges
-        busy_ms = sum(device_us(e) for e in kernels) / 1e3 / self.steps
-        ops = lambda key: [{"name": e.key, "calls_per_step": e.count / self.steps,
-                            "device_ms": device_us(e) / 1e3 / self.steps,
-                            "host_ms": e.self_cpu_time_total / 1e3 / self.steps}
-                           for e in sorted(events, key=key, reverse=True)[:top]]
-        return {"steps": self.steps, "step_ms": self.wall_seconds * 1e3 / self.steps, "device_busy_ms": busy_ms,
-                "kernel_launches_per_step": sum(e.count for e in kernels) / self.steps,
-                "top_device": ops(device_us), "top_host": ops(lambda e: e.self_cpu_time_total)}
+        return {"steps": self.steps, "step_ms": self.wall_seconds * 1e3 / self.steps,
+                **op_report(self.profiler, self.steps, top)}
 
 
 def print_report(report: Dict) -> None:
     print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
           f"({100 * report['device_busy_ms'] / report['step_ms']:.0f}%), "
           f"~{report['kernel_launches_per_step']:.0f} kernel launches per step")
-    for title, key in (("most device time", "top_device"), ("most host time", "top_host")):
-        print(f"\n{title} (per step)\n| op | calls | device ms | host ms |\n|---|---|---|---|")
-        for op in report[key]:
-            print(f"| {op['name'][:60]} | {op['calls_per_step']:.0f} | {op['device_ms']:.2f} | {op['host_ms']:.2f} |")
+    print_op_tables(report)
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
