@@ -3,6 +3,7 @@
 # machine after the SmolLM2 calls of ../shared/gpu/README.md, with tools/gpu/env.sh sourced (DEEPSPEED=1 for x4).
 #   probe (one GPU):  where a SmolLM2 training step's time goes (tools/profile_train.py), bench_train's rows at
 #                     2048 tokens on this card, and the runtime's GPU tests.
+#   scale (2+ GPUs):  issue 7's checks: tests/test_multi_gpu.py, the compiled-gradients GPU test, ZeRO-3 scaling.
 #   x4 (4 GPUs):      distill the second prompt set on 4 GPUs; EAGLE-3, PosS-1, PosS-2 and Kangaroo (ℓ 2, 4) heads
 #                     trained with the same data, steps and seed (micro-batch 64) and benched on MT-bench;
 #                     the runtime bench of the EAGLE-3 head; tests/test_multi_gpu.py; bench_scale with ZeRO-3.
@@ -66,7 +67,7 @@ compiled() {  # train.compile on and off for the SmolLM2 EAGLE-3 head; bench_tra
   pack
   stamp bench_train
   TORCH_LOGS=recompiles timeout 330 python3 tools/bench_train.py --seq-lens 2048 --warmup 3 --steps 6 \
-    --rows ours-no-ckpt ours-swiglu ours-selective ours ${BENCH_TRAIN_ROWS:-} --out "$RESULTS/bench_train_perf.json" \
+    --rows ours-no-ckpt ours-swiglu ours-selective ours ${BENCH_TRAIN_ROWS:-} --profile 2 --out "$RESULTS/bench_train_perf.json" \
     > "$RESULTS/bench_train_perf.log" 2>&1
   grep -v Recompil "$RESULTS/bench_train_perf.log" | tail -12
   pack
@@ -145,6 +146,21 @@ x4() {
     --warmup 3 --steps 6 --timeout 90 --out "$RESULTS/bench_scale_zero3" > "$RESULTS/bench_scale_zero3.log" 2>&1
   pack
   stamp x4 done
+}
+
+scale() {  # no SmolLM2 needed: tiny targets and random 8B-shaped ones
+  rm -rf "$RESULTS"/*; mkdir -p "$RESULTS"
+  stamp scale tests
+  CUDA_VISIBLE_DEVICES=0,1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py \
+    > "$RESULTS/gpu_tests_multi.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_train_perf.py \
+    > "$RESULTS/gpu_tests_compile.log" 2>&1
+  pack
+  stamp scale bench_scale zero3
+  timeout 330 python3 tools/bench_scale.py --strategies deepspeed_stage_3 --warmup 3 --steps 6 --timeout 100 \
+    --out "$RESULTS/bench_scale_zero3" > "$RESULTS/bench_scale_zero3.log" 2>&1
+  pack
+  stamp scale done
 }
 
 "${1:-probe}"
