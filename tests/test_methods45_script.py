@@ -34,3 +34,10 @@ def test_methods45_script_trains_benches_and_plots(tmp_path, tiny_target_dir, di
     assert "| kangaroo2 |" in result.stdout
     sweep = json.loads((root / "kangaroo_sweep" / "sweep.json").read_text())["rows"]
     assert [(row["exit_layer"], row["eta"]) for row in sweep] == [("2", 0.0), ("2", 0.5)]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "tools" / "gpu").glob("*.sh")))
+def test_gpu_scripts_parse(script):
+    """Every GPU script at least parses (they run only on the lent machines, where a syntax error costs a call)."""
+    result = subprocess.run(["bash", "-n", f"tools/gpu/{script}"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
