@@ -95,3 +95,35 @@ def test_loading_ties_a_meta_head_only_when_the_config_says_tied(tmp_path, monke
     else:
         with pytest.raises(SpecdraftError, match="no data for lm_head.weight"):
             load_target(TargetConfig(path=str(directory)))
+
+
+def test_models_are_built_one_at_a_time(tiny_target_dir, monkeypatch):
+    """Transformers swaps PreTrainedModel.tie_weights class-wide while it builds a model: two loads at once in
+    threads (distill-data workers, in tests) once left it a no-op for the rest of the process, and every later
+    tied model kept its LM head on the meta device. Loads overlap nowhere, and tie_weights is left as it was."""
+    import threading
+    import time
+
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    real, tie_weights = AutoModelForCausalLM.from_pretrained, PreTrainedModel.tie_weights
+    inside, most = [0], [0]
+
+    def slow_load(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.2)  # without the lock the other thread enters meanwhile
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", slow_load)
+    threads = [threading.Thread(target=load_target, args=(TargetConfig(path=str(tiny_target_dir)),))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1
+    assert PreTrainedModel.tie_weights is tie_weights

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from specdraft.config import TargetConfig
 from specdraft.errors import SpecdraftError
 from specdraft.methods.base import TargetInfo
-from specdraft.target.load import _local_or_hub, resolve_dtype
+from specdraft.target.load import MODEL_BUILD_LOCK, _local_or_hub, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _tensor_names(config, cfg: TargetConfig) -> Dict[str, List[str]]:
     """{"lm_head": names, "embed": names}: every parameter name the model gives each matrix (tied: both)."""
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
+    with MODEL_BUILD_LOCK, torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     wanted = {"lm_head": model.get_output_embeddings().weight, "embed": model.get_input_embeddings().weight}
     named = list(model.named_parameters(remove_duplicate=False))

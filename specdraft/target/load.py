@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
@@ -27,6 +28,12 @@ from specdraft.io import package_file
 from specdraft.methods.base import TargetInfo
 
 log = logging.getLogger(__name__)
+
+MODEL_BUILD_LOCK = threading.RLock()
+"""Held while Transformers builds a model. It builds with `PreTrainedModel.tie_weights` swapped for a no-op,
+class-wide (transformers.initialization.no_tie_weights), and then puts back what it found there: two builds at
+once in one process (distill-data workers run as threads, in tests) can put the no-op back for good, after which
+every tied model loads with its LM head left on the meta device. One build at a time."""
 
 
 @dataclass
@@ -78,8 +85,9 @@ def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
     still without data is a clear error rather than a failure deep inside `.to()` or save_pretrained.
 
     `tied`: the model's head is tied (its config says so; a GGUF without `output.weight`, such as SmolLM2, is tied
-    by llama.cpp's convention). Transformers ties such a head itself, but in full test sessions it has reported
-    the head MISSING and left it on the meta device (root cause not found: some state earlier tests leave)."""
+    by llama.cpp's convention). Transformers ties such a head itself, unless its class-wide `tie_weights` was left
+    a no-op by two models built at once (MODEL_BUILD_LOCK now prevents that within specdraft): then it reported
+    the head MISSING and left it on the meta device, as full test sessions showed."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     if tied and head is not None and head.weight.is_meta and embed.weight.shape == head.weight.shape:
         log.warning("target %s: the LM head was left without data; tied to the token embedding", source)
@@ -100,7 +108,8 @@ def _convert_gguf(gguf: Path) -> Path:
     log.info("dequantizing %s once into %s", gguf, cached)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with MODEL_BUILD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as err:  # transformers raises many kinds for a corrupt file
         raise SpecdraftError(f"cannot read GGUF target {gguf}: {type(err).__name__}: {err}") from None
     _tie_meta_head(model, str(gguf), tied=True)
@@ -161,7 +170,7 @@ def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype,
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    with _no_init_weights(), (torch.device(device) if device is not None else contextlib.nullcontext()):
+    with MODEL_BUILD_LOCK, _no_init_weights(), (torch.device(device) if device is not None else contextlib.nullcontext()):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
     bound = math.sqrt(3.0) * getattr(config, "initializer_range", 0.02)
     with torch.no_grad():
@@ -209,7 +218,8 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
         # zero.Init casts every floating-point tensor that torch.arange makes to torch_dtype, the rotary inv_freq
         # included (computed in bf16); Transformers' guard against it must be entered first, as here: the one
         # from_pretrained enters inside this zero.Init comes too late (the constructors are patched once).
-        with prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=config, dtype=torch_dtype):
+        with MODEL_BUILD_LOCK, prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=config,
+                                                                                 dtype=torch_dtype):
             model = random_model(source, cfg, torch_dtype) if cfg.random_init else \
                 AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
                                                      trust_remote_code=cfg.trust_remote_code)
@@ -261,9 +271,10 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     if torch.device(device).type == "cuda":  # each tensor read straight onto the GPU: no whole copy in host memory
         placement["device_map"] = {"": cuda_index(device)}
     try:
-        model = random_model(source, cfg, torch_dtype, device) if cfg.random_init else \
-            AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
-                                                 trust_remote_code=cfg.trust_remote_code, **placement)
+        with MODEL_BUILD_LOCK:
+            model = random_model(source, cfg, torch_dtype, device) if cfg.random_init else \
+                AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                                     trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
     model.requires_grad_(False).eval()
