@@ -144,3 +144,18 @@ def test_packed_rows_and_stored_features_are_refused(target):
         SPEC.loss(draft, batch, cfg)
     with pytest.raises(SpecdraftError, match="data.features=online"):
         SPEC.bind_target(draft, None)
+
+
+def test_a_zero3_partitioned_target_is_refused(target):
+    """Under train.shard_target the bound target's weights are ZeRO-3 partitions (`ds_id`), empty outside its
+    forward: the adapter, which runs its final norm and LM head, says which setting to change."""
+    spec = get_method("kangaroo")
+    draft = spec.build(spec.config(exit_layer=2), DraftContext(target.info))
+    head = target.model.get_output_embeddings().weight
+    head.ds_id = 0
+    try:
+        with pytest.raises(SpecdraftError, match="train.shard_target=false"):
+            spec.bind_target(draft, target.model)
+    finally:
+        del head.ds_id
+    spec.bind_target(draft, target.model)

@@ -187,6 +187,10 @@ def kangaroo_bind(draft: KangarooDraft, target_model: Optional[nn.Module]) -> No
     if target_model is None:  # offline or hybrid features: the trainer holds no target model
         raise SpecdraftError("Kangaroo trains with data.features=online: its draft runs the target's final norm "
                              "and LM head, which stored features do not keep")
+    head_and_norm = [target_model.get_output_embeddings().weight, target_model.get_decoder().norm.weight]
+    if any(hasattr(weight, "ds_id") for weight in head_and_norm):  # partitioned: empty outside the target's forward
+        raise SpecdraftError("Kangaroo's draft runs the target's final norm and LM head outside the target's forward, "
+                             "which a ZeRO-3 partitioned target does not allow: set train.shard_target=false")
     object.__setattr__(draft, "target_model", target_model)
 
 
