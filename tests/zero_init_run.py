@@ -29,23 +29,33 @@ def _init() -> None:
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 
 
-def drafts(cases: dict) -> None:
+def _plain_and_sharded(name: str, settings: dict, ctx, config: dict):
+    """-> (spec, cfg, the draft built plainly, the same draft (same seed) built under zero.Init as Lightning
+    enters it: dtype from the config)."""
     import deepspeed
 
     from specdraft.methods import get_method
+
+    spec = get_method(name)
+    cfg = spec.config(**settings)
+    torch.manual_seed(0)
+    plain = spec.build(cfg, ctx)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        sharded = spec.build(cfg, ctx)
+    return spec, cfg, plain, sharded
+
+
+def drafts(cases: dict) -> None:
+    import deepspeed
+
     from specdraft.methods.base import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     ctx = DraftContext(target=TargetInfo.from_hf_config(tiny_llama_config(), "tiny"))
     for name, settings in cases.items():
-        spec = get_method(name)
-        cfg = spec.config(**settings)
-        torch.manual_seed(0)
-        plain = spec.build(cfg, ctx)
-        torch.manual_seed(0)
-        with deepspeed.zero.Init(config_dict_or_path=config):  # as Lightning enters it: dtype from the config
-            sharded = spec.build(cfg, ctx)
+        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
         params = dict(sharded.named_parameters())
         assert all(hasattr(p, "ds_id") for p in params.values()), name  # built partitioned
         with deepspeed.zero.GatheredParameters(list(params.values())):
@@ -60,33 +70,26 @@ def _random_batch(spec, cfg, info, generator):
     ids = torch.randint(0, info.vocab_size, (2, 16), generator=generator)  # [B, T]
     layers = sorted({0, *spec.feature_layers(cfg, info)})
     hidden = {i: torch.randn(2, 16, info.hidden_size, generator=generator) for i in layers}  # [B, T, H] each
-    features = TargetFeatures(hidden_states=hidden, final_hidden=torch.randn(2, 16, info.hidden_size, generator=generator),
+    final = torch.randn(2, 16, info.hidden_size, generator=generator)  # [B, T, H]
+    features = TargetFeatures(hidden_states=hidden, final_hidden=final,
                               lm_head=torch.randn(info.vocab_size, info.hidden_size, generator=generator))
     return DraftBatch(ids, torch.ones_like(ids), torch.ones_like(ids), features)
 
 
 def losses(cases: dict) -> None:
     import deepspeed
+    from transformers import LlamaForCausalLM
 
-    from specdraft.methods import get_method
     from specdraft.methods.base import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
-    from transformers import LlamaForCausalLM
-
     info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
     ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
     target_model = LlamaForCausalLM(tiny_llama_config()).eval()  # for drafts that run the target's own parts
     for name, settings in cases.items():
-        spec = get_method(name)
-        cfg = spec.config(**settings)
-        torch.manual_seed(0)
-        plain = spec.build(cfg, ctx)
-        torch.manual_seed(0)
-        with deepspeed.zero.Init(config_dict_or_path=config):
-            sharded = spec.build(cfg, ctx)
+        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
         if spec.bind_target is not None:
             spec.bind_target(plain, target_model)
             spec.bind_target(sharded, target_model)
