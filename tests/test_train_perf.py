@@ -54,7 +54,7 @@ def test_a_compile_failure_names_the_key_to_turn_it_off(monkeypatch):
         Compiled(lambda x: x + 1, "the part")(torch.ones(2))
 
 
-def _loss_and_grads(target, compiled, checkpointing, batch, device="cpu"):
+def _loss_and_grads(target, compiled, checkpointing, batch, device="cpu", autocast=False):
     from specdraft.methods.eagle3 import SPEC
 
     cfg = SPEC.config(ttt_steps=3, draft_vocab_size=256, attention="dense")
@@ -64,21 +64,28 @@ def _loss_and_grads(target, compiled, checkpointing, batch, device="cpu"):
                                              activation_checkpointing=checkpointing, compile=compiled))
     features = capture_features(target.model, batch["input_ids"], batch["attention_mask"],
                                 SPEC.feature_layers(cfg, target.info))
-    out = SPEC.loss(draft, DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features), cfg)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
+        out = SPEC.loss(draft, DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features),
+                        cfg)
     out.loss.backward()
     return out.loss.detach(), {name: p.grad for name, p in draft.named_parameters()}
 
 
-def _compiled_matches_eager(target, checkpointing, device):
+def _compiled_matches_eager(target, checkpointing, device, autocast=False):
+    """Compiled against eager: float32 to rounding; under bf16 autocast (training's bf16-mixed) each weight's
+    gradient within 5% of the eager one's norm."""
     torch._dynamo.reset()
     ids = torch.randint(0, target.info.vocab_size, (2, 24), device=device)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
-    eager_loss, eager_grads = _loss_and_grads(target, False, checkpointing, batch, device)
-    compiled_loss, compiled_grads = _loss_and_grads(target, True, checkpointing, batch, device)
-    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    eager_loss, eager_grads = _loss_and_grads(target, False, checkpointing, batch, device, autocast)
+    compiled_loss, compiled_grads = _loss_and_grads(target, True, checkpointing, batch, device, autocast)
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-2 if autocast else 1e-5, atol=1e-6)
     for name, grad in eager_grads.items():
         assert grad is not None and compiled_grads[name] is not None, name  # every weight learns
-        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+        if autocast:
+            assert (compiled_grads[name] - grad).norm() <= 0.05 * grad.norm(), name
+        else:
+            torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.slow
@@ -91,14 +98,15 @@ def test_compiled_draft_layer_gives_the_eager_loss_and_gradients(target, checkpo
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("checkpointing", ["none", "selective"])
-def test_compiled_draft_layer_gives_the_eager_gradients_on_the_gpu(target, checkpointing):
-    """The same on CUDA (float32, no autocast), where tests/test_multi_gpu.py once found
+@pytest.mark.parametrize("checkpointing, autocast", [("none", False), ("selective", False), ("swiglu", True),
+                                                     ("selective", True)])
+def test_compiled_draft_layer_gives_the_eager_gradients_on_the_gpu(target, checkpointing, autocast):
+    """The same on CUDA (float32, and bf16 autocast as training runs), where tests/test_multi_gpu.py once found
     midlayer.hidden_norm.weight unchanged after steps with train.compile on: the check to run before making it
     the default again."""
     target.model.to("cuda")
     try:
-        _compiled_matches_eager(target, checkpointing, "cuda")
+        _compiled_matches_eager(target, checkpointing, "cuda", autocast)
     finally:
         target.model.to("cpu")
 

@@ -163,4 +163,4 @@ scale() {  # no SmolLM2 needed: tiny targets and random 8B-shaped ones
   stamp scale done
 }
 
-"${1:-probe}"
+[ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-probe}"  # sourced (session6.sh): its functions only
