@@ -88,21 +88,31 @@ def test_inference_queries_take_the_dense_path():
     torch.testing.assert_close(last, full[:, :, -1:])
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("packed", [False, True])
-def test_compiled_flex_forward_and_backward_on_cuda(packed):
-    query, steps_kv, document_ids = _inputs(steps=4, batch=2, heads=8, kv_heads=2, cols=384, dim=64,
-                                            device="cuda", dtype=torch.bfloat16)
-    document_ids = torch.repeat_interleave(document_ids, 10, dim=1)[:, :384] if packed else None
+def _output_and_grads(query, steps_kv, cols, mask):
+    """ttt_attention's output and the gradients of sum(out²) with respect to the query and every step's K, V."""
     leaves = [query, *[t for kv in steps_kv for t in kv]]
     for leaf in leaves:
         leaf.requires_grad_()
+    out = ttt_attention(query, steps_kv, cols, mask)
+    return [out, *torch.autograd.grad((out.float() ** 2).sum(), leaves)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_flex_forward_and_backward_on_cuda(packed):
+    """bf16 flex against the float32 dense reference: its error (output and each gradient, as a norm) at most
+    twice the bf16 dense path's own error, plus 1e-3 of the reference's norm (elementwise bounds on bf16 results
+    failed on one element in 98,304)."""
+    query, steps_kv, document_ids = _inputs(steps=4, batch=2, heads=8, kv_heads=2, cols=384, dim=64,
+                                            device="cuda", dtype=torch.bfloat16)
+    document_ids = torch.repeat_interleave(document_ids, 10, dim=1)[:, :384] if packed else None
     cols = torch.arange(384, device="cuda")
-    results = []
-    for impl in ("dense", "flex"):
-        out = ttt_attention(query, steps_kv, cols, ttt_mask(document_ids, 2, 384, "cuda", impl))
-        results.append((out, torch.autograd.grad((out.float() ** 2).sum(), leaves)))
-    (dense_out, dense_grads), (flex_out, flex_grads) = results
-    torch.testing.assert_close(flex_out, dense_out, rtol=2e-2, atol=2e-2)
-    for flex_grad, dense_grad in zip(flex_grads, dense_grads):
-        torch.testing.assert_close(flex_grad, dense_grad, rtol=5e-2, atol=5e-2)
+    as_float = [query.float(), [tuple(t.float() for t in kv) for kv in steps_kv]]
+    reference = _output_and_grads(*as_float, cols, ttt_mask(document_ids, 2, 384, "cuda", "dense"))
+    dense = _output_and_grads(query.clone(), [tuple(t.clone() for t in kv) for kv in steps_kv], cols,
+                              ttt_mask(document_ids, 2, 384, "cuda", "dense"))
+    flex = _output_and_grads(query, steps_kv, cols, ttt_mask(document_ids, 2, 384, "cuda", "flex"))
+    for index, (want, bf16_dense, got) in enumerate(zip(reference, dense, flex)):
+        dense_error = (bf16_dense.float() - want).norm()
+        flex_error = (got.float() - want).norm()
+        assert flex_error <= 2 * dense_error + 1e-3 * want.norm(), (index, flex_error.item(), dense_error.item())
