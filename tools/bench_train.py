@@ -26,6 +26,11 @@ Compiling rows compile on CUDA only (train.compile=auto): on a CPU they run eage
 `compiled` says which ran compiled.
 A row that runs out of memory is reported as OOM; any other failure is reported and the next row runs.
 
+Timed steps run back to back, as a trainer runs them (no sync between them); a step's time is the wall clock of
+the timed steps over their number (`step_ms`), and each phase's time comes from CUDA events read after the last
+one (`phases_ms`; `device_step_ms` is a step's span on the GPU's timeline). Until Session 6 each step was followed
+by a sync, so every step also paid the GPU's wait for the next step's first launches.
+
 Model FLOPs are counted two ways: issue 6's count (15.6 GFLOP/token target forward + 17.4 GFLOP/token draft, 7
 steps forward and backward) and one from the shapes (printed with its parts). MFU is reported against the card's
 measured bf16 matmul ceiling (an 8192^3 matmul) and against 790 TFLOP/s. Peak memory is the most allocated
@@ -107,7 +112,8 @@ def row_compiles(row: Row, cuda: bool) -> bool:
 
 
 class PhaseTimer:
-    """Time per phase of a step: CUDA events on a GPU (read after one sync per step), the wall clock on a CPU."""
+    """Time per phase of a step: CUDA events on a GPU (read after the timed steps, with one sync), the wall clock
+    on a CPU."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -371,17 +377,17 @@ def _timed_steps(trainee: Trainee, cuda: bool, warmup: int, steps: int):
     try:
         for _ in range(warmup):
             trainee.step(timer)
-        timer.read_ms()
+        timer.read_ms()  # the warm-up's spans dropped (synchronizes)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        totals = defaultdict(float)
-        for _ in range(steps):
+        start = time.perf_counter()
+        for _ in range(steps):  # back to back, as a trainer runs them: no sync between steps
             trainee.step(timer)
-            for name, value in timer.read_ms().items():  # one sync per step, after it
-                totals[name] += value / steps
+        totals = {name: value / steps for name, value in timer.read_ms().items()}  # one sync, after the last
+        totals["wall"] = (time.perf_counter() - start) * 1e3 / steps
     finally:
         eagle3_module.soft_cross_entropy = soft_ce
-    return dict(totals), (torch.cuda.max_memory_allocated() if cuda else None)
+    return totals, (torch.cuda.max_memory_allocated() if cuda else None)
 
 
 def _profiled_ops(trainee: Trainee, cuda: bool, steps: int, top: int = 15) -> dict:
@@ -418,8 +424,9 @@ def run_row(bench: Bench, row: Row, seq_len: int, warmup: int, steps: int, profi
     _free_memory(bench.cuda)
     if result["status"] != "ok":
         return result
-    step_ms = spans["step"]
+    step_ms = spans["wall"]
     result.update(step_ms=step_ms, tokens_per_s=seq_len / (step_ms / 1e3), phases_ms=phase_breakdown(spans),
+                  device_step_ms=spans["step"],
                   flop_per_token=bench.flops_per_token(row, seq_len),
                   peak_gib_beyond_resident=None if peak is None else (peak - resident) / 2 ** 30)
     return result
