@@ -29,15 +29,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def differences(*args: str) -> list:
-    """tests/zero_init_run.py on one rank -> the differences it found."""
+def differences(*args: str, ranks: int = 1) -> list:
+    """tests/zero_init_run.py on `ranks` ranks -> the differences rank 0 found."""
     pytest.importorskip("deepspeed")
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(_free_port()),
-           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "tests.zero_init_run", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "done" in done.stdout, (done.stdout + done.stderr)[-3000:]
-    return [line for line in done.stdout.splitlines() if line.startswith("differs")]
+    env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_PORT": str(_free_port()), "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
+    runs = [subprocess.Popen([sys.executable, "-m", "tests.zero_init_run", *args], cwd=REPO,
+                             env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for rank in range(ranks)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (stdout, stderr) in zip(runs, outputs):
+        assert run.returncode == 0 and "done" in stdout, (stdout + stderr)[-3000:]
+    return [line for line in outputs[0][0].splitlines() if line.startswith("differs")]
 
 
 @pytest.mark.slow
@@ -56,3 +59,12 @@ def test_drafts_train_under_the_zero3_engine_as_built_plainly():
     """Every method's loss and gradients under DeepSpeed's ZeRO-3 engine equal the plain draft's (the EAGLE-3
     layer reads its submodules' weights directly, one joined q/k/v matmul: DeepSpeed must gather them)."""
     assert differences("losses", json.dumps(CASES)) == []
+
+
+@pytest.mark.slow
+def test_zero3_gathers_each_draft_weight_once_per_step():
+    """2 ranks: after DeepSpeed's first (recording) step, a training step all-gathers no more elements than the
+    draft's weights hold, though the TTT unrolls call the draft layer once per step each. Called without a
+    module forward around the loss (as a hand-written loop might), DeepSpeed never completes its trace and
+    EAGLE-3 with 7 unrolls gathers its weights about 7.8 times a step."""
+    assert differences("gathers", json.dumps({"eagle3": {"ttt_steps": 7}, "poss": CASES["poss"]}), ranks=2) == []

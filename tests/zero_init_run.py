@@ -7,6 +7,10 @@ compares them with the same models built plainly. For tests/test_zero_init.py.
         each draft under DeepSpeed's ZeRO-3 engine: its training loss and gradients on random target features
         against the same draft's built plainly (a draft that reads a submodule's weight outside that submodule's
         forward must register it with DeepSpeed, or finds it partitioned)
+    RANK=r WORLD_SIZE=2 MASTER_PORT=p python -m tests.zero_init_run gathers '{"eagle3": {"ttt_steps": 7}, ...}'
+        each draft's training steps under the ZeRO-3 engine, called as Lightning calls it (the engine's module
+        forward runs the loss): once DeepSpeed has recorded a step's trace, each step must gather the draft's
+        partitioned weights once (its TTT unrolls reuse them), not once per unroll
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR
         the frozen target as train.shard_target builds it (bf16) against load_target's (bf16): its buffers and
         the features it gives
@@ -109,6 +113,67 @@ def losses(cases: dict) -> None:
                 print("differs", name, "grad", key, flush=True)
 
 
+class _Gathers:
+    """Elements that deepspeed.comm's all-gathers write while counting (the output's size: the whole weight)."""
+
+    def __init__(self):
+        import deepspeed.comm as dist
+
+        self.elements, self.counting = 0, False
+        for name in ("allgather_fn", "all_gather_into_tensor"):
+            setattr(dist, name, self._counted(getattr(dist, name)))
+
+    def _counted(self, gather):
+        def counted(output, *args, **kwargs):
+            if self.counting:
+                self.elements += output.numel()
+            return gather(output, *args, **kwargs)
+        return counted
+
+
+def gathers(cases: dict) -> None:
+    import deepspeed
+
+    from specdraft.methods.base import DraftContext, TargetInfo
+    from tests.tiny import tiny_llama_config
+
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},  # all partitioned
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+    info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
+    ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
+    counter = _Gathers()
+    for name, settings in cases.items():
+        spec, cfg, _, sharded = _plain_and_sharded(name, settings, ctx, config)
+        if spec.bind_target is not None:
+            from transformers import LlamaForCausalLM
+            spec.bind_target(sharded, LlamaForCausalLM(tiny_llama_config()).eval())
+        engine, *_ = deepspeed.initialize(model=_LossModule(spec, cfg, sharded), config=config,
+                                          model_parameters=sharded.parameters())
+        generator = torch.Generator().manual_seed(0)
+        for step in range(3):  # DeepSpeed records its trace in the first step, then prefetches and keeps
+            counter.counting, counter.elements = step == 2, 0
+            engine.backward(engine(_random_batch(spec, cfg, info, generator)))
+            engine.step()
+        counter.counting = False
+        weights = sum(p.ds_numel for p in sharded.parameters() if p.requires_grad)
+        if counter.elements > weights:
+            print("differs", name, "gathered", counter.elements, "elements in a step; its weights:", weights,
+                  flush=True)
+
+
+class _LossModule(torch.nn.Module):
+    """The engine's module whose forward is the training loss, as Lightning's DeepSpeed strategy calls it
+    (DeepSpeed starts each step's parameter trace in that forward's pre-hook)."""
+
+    def __init__(self, spec, cfg, draft):
+        super().__init__()
+        self.spec, self.cfg, self.draft = spec, cfg, draft
+
+    def forward(self, batch):
+        return self.spec.loss(self.draft, batch, self.cfg).loss
+
+
 def target(directory: str) -> None:
     import deepspeed
     import torch._dynamo  # noqa: F401  (imported before zero.Init patches torch's constructors, as in training:
@@ -141,6 +206,8 @@ if __name__ == "__main__":
         drafts(json.loads(sys.argv[2]))
     elif sys.argv[1] == "losses":
         losses(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "gathers":
+        gathers(json.loads(sys.argv[2]))
     else:
         target(sys.argv[2])
     print("done", flush=True)
