@@ -7,9 +7,10 @@ compares them with the same models built plainly. For tests/test_zero_init.py.
         each draft under DeepSpeed's ZeRO-3 engine: its training loss and gradients on random target features
         against the same draft's built plainly (a draft that reads a submodule's weight outside that submodule's
         forward must register it with DeepSpeed, or finds it partitioned)
-    RANK=r WORLD_SIZE=2 MASTER_PORT=p python -m tests.zero_init_run gathers '{"eagle3": {"ttt_steps": 7}, ...}'
-        each draft's training steps under the ZeRO-3 engine, called as Lightning calls it (the engine's module
-        forward runs the loss): once DeepSpeed has recorded a step's trace, each step must gather the draft's
+    RANK=r WORLD_SIZE=2 MASTER_PORT=p python -m tests.zero_init_run two_ranks '{"eagle3": {"ttt_steps": 7}, ...}'
+        each draft trained 3 steps on 2 ranks under the ZeRO-3 engine, called as Lightning calls it (the
+        engine's module forward runs the loss), against the plain draft trained on both ranks' rows: its
+        weights must agree, and once DeepSpeed has recorded a step's trace, each step must gather the draft's
         partitioned weights once (its TTT unrolls reuse them), not once per unroll
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR
         the frozen target as train.shard_target builds it (bf16) against load_target's (bf16): its buffers and
@@ -68,15 +69,30 @@ def drafts(cases: dict) -> None:
                     print("differs", name, key, flush=True)
 
 
-def _random_batch(spec, cfg, info, generator):
+def _random_batch(spec, cfg, info, generator, rows: int = 2, repeat: int = 1):
+    """Random token ids and target features: `rows` rows, each repeated `repeat` times (identical rows give
+    every rank of a data-parallel run the same loss normalization as one process with all of them)."""
     from specdraft.methods.base import DraftBatch, TargetFeatures
 
-    ids = torch.randint(0, info.vocab_size, (2, 16), generator=generator)  # [B, T]
+    def rows_of(*shape):  # [rows * repeat, *shape]
+        return torch.randn(rows, *shape, generator=generator).repeat_interleave(repeat, dim=0)
+
+    ids = torch.randint(0, info.vocab_size, (rows, 16), generator=generator).repeat_interleave(repeat, 0)  # [B, T]
     layers = sorted({0, *spec.feature_layers(cfg, info)})
-    hidden = {i: torch.randn(2, 16, info.hidden_size, generator=generator) for i in layers}  # [B, T, H] each
-    final = torch.randn(2, 16, info.hidden_size, generator=generator)  # [B, T, H]
-    features = TargetFeatures(hidden_states=hidden, final_hidden=final,
+    hidden = {i: rows_of(16, info.hidden_size) for i in layers}  # [B, T, H] each
+    features = TargetFeatures(hidden_states=hidden, final_hidden=rows_of(16, info.hidden_size),
                               lm_head=torch.randn(info.vocab_size, info.hidden_size, generator=generator))
+    return DraftBatch(ids, torch.ones_like(ids), torch.ones_like(ids), features)
+
+
+def _rows(batch, start: int, stop: int):
+    """Rows start..stop-1 of a DraftBatch from _random_batch."""
+    from specdraft.methods.base import DraftBatch, TargetFeatures
+
+    feats = batch.features
+    features = TargetFeatures(hidden_states={i: h[start:stop] for i, h in feats.hidden_states.items()},
+                              final_hidden=feats.final_hidden[start:stop], lm_head=feats.lm_head)
+    ids = batch.input_ids[start:stop]
     return DraftBatch(ids, torch.ones_like(ids), torch.ones_like(ids), features)
 
 
@@ -131,35 +147,59 @@ class _Gathers:
         return counted
 
 
-def gathers(cases: dict) -> None:
+def two_ranks(cases: dict) -> None:
+    """Each draft, 3 steps on 2 ranks (one row each) under ZeRO-3 against the plain draft on both rows with
+    torch's AdamW in this process: the step's all-gathers, then the weights."""
     import deepspeed
 
     from specdraft.methods.base import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
-    config = {"train_micro_batch_size_per_gpu": 1,
+    rank, adamw = int(os.environ["RANK"]), {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0}
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0,  # DeepSpeed's default clips at 1
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},  # all partitioned
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+              "optimizer": {"type": "AdamW", "params": {**adamw, "torch_adam": True}}}
     info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
     ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
     counter = _Gathers()
     for name, settings in cases.items():
-        spec, cfg, _, sharded = _plain_and_sharded(name, settings, ctx, config)
+        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
         if spec.bind_target is not None:
             from transformers import LlamaForCausalLM
-            spec.bind_target(sharded, LlamaForCausalLM(tiny_llama_config()).eval())
+            target_model = LlamaForCausalLM(tiny_llama_config()).eval()
+            spec.bind_target(plain, target_model)
+            spec.bind_target(sharded, target_model)
         engine, *_ = deepspeed.initialize(model=_LossModule(spec, cfg, sharded), config=config,
                                           model_parameters=sharded.parameters())
+        optimizer = torch.optim.AdamW(plain.parameters(), **adamw)
+        initial = {key: value.detach().clone() for key, value in plain.named_parameters()}
         generator = torch.Generator().manual_seed(0)
         for step in range(3):  # DeepSpeed records its trace in the first step, then prefetches and keeps
+            batch = _random_batch(spec, cfg, info, generator, rows=1, repeat=2)
             counter.counting, counter.elements = step == 2, 0
-            engine.backward(engine(_random_batch(spec, cfg, info, generator)))
+            engine.backward(engine(_rows(batch, rank, rank + 1)))
             engine.step()
-        counter.counting = False
-        weights = sum(p.ds_numel for p in sharded.parameters() if p.requires_grad)
-        if counter.elements > weights:
-            print("differs", name, "gathered", counter.elements, "elements in a step; its weights:", weights,
-                  flush=True)
+            counter.counting = False
+            spec.loss(plain, batch, cfg).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        _compare_two_ranks(name, plain, sharded, initial, counter.elements)
+
+
+def _compare_two_ranks(name: str, plain, sharded, initial: dict, gathered: int) -> None:
+    """Prints what differs: more elements gathered in a step than the draft's weights hold; a weight further
+    from the plain draft's than 1e-4 of the plain run's mean update (float32 rounding gives about 1e-7)."""
+    import deepspeed
+
+    weights = sum(p.ds_numel for p in sharded.parameters() if p.requires_grad)
+    if gathered > weights:
+        print("differs", name, "gathered", gathered, "elements in a step; its weights:", weights, flush=True)
+    params = dict(sharded.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values())):
+        for key, value in plain.named_parameters():
+            update = (value.detach() - initial[key]).abs().mean()
+            if (params[key].detach() - value.detach()).abs().mean() > 1e-4 * update:
+                print("differs", name, "weight after 3 steps", key, flush=True)
 
 
 class _LossModule(torch.nn.Module):
@@ -206,8 +246,8 @@ if __name__ == "__main__":
         drafts(json.loads(sys.argv[2]))
     elif sys.argv[1] == "losses":
         losses(json.loads(sys.argv[2]))
-    elif sys.argv[1] == "gathers":
-        gathers(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "two_ranks":
+        two_ranks(json.loads(sys.argv[2]))
     else:
         target(sys.argv[2])
     print("done", flush=True)
