@@ -31,8 +31,9 @@ step-0 predictions shifted by j); the loss is step 0's, the paper's objective (m
 
 Inference: confirmed positions' adapter keys come from the target's own feature ℓ (computed by verification);
 each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter. In the
-runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states, and the engine's
-confidence exit (specdraft/runtime/chain.py) defaults to `exit_threshold`.
+runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states (a tree's too, when the
+engine asks: its drafter then runs every tree candidate through the shallow layers), and the engine's confidence
+exit (specdraft/runtime/chain.py) defaults to `exit_threshold`.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.errors import SpecdraftError
+from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.soft_ce import soft_cross_entropy
@@ -314,10 +316,16 @@ class KangarooDrafter:
     a set of drafts at several ℓ that share one verify, runtime/dynamic_exit.py): the shallow states of the
     scratch nodes at that layer are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots
     the verify pass uses (chain
-    node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft). Trees
-    verify through every layer: their verified nodes are a budget-selected subset of the candidates, laid out
-    in another order than the scratch slots, and the leaves never ran through the shallow layers, so reuse
-    would need a KV permutation plus a partial shallow pass; not built.
+    node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft).
+
+    Trees verify through every layer unless the engine calls `keep_tree_states`: the verified nodes are a
+    budget-selected subset of all candidates, most of which no `step` expands, and which ones is known only
+    once drafting ends, so a static-shape verify can skip the shallow layers only if every candidate ran them.
+    `tree_candidates` runs each depth's candidates (k*k rows, KV at target slots prefix + candidate index, each
+    attending to its own root-to-node path by a mask over the cache: `run_layers_at`) and leaves the frontier's
+    states for the next `step`, which then runs no shallow layer itself; `tree_verify_states` gathers the
+    selected nodes' states and moves their shallow KV to the node slots (`compact_kv`, the candidate indices
+    ascend), after which the engine's compaction treats every layer alike.
     """
 
     def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
@@ -341,6 +349,7 @@ class KangarooDrafter:
         self.scratch_mask = torch.eye(scratch, dtype=torch.bool, device=device)  # row j: what node j sees
         self.shallow_states = torch.zeros(scratch, self.rows.shape[1], device=device, dtype=dtype)  # [W, H]
         self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
+        self.frontier_shallow: Optional[torch.Tensor] = None  # [k, H] left by `tree_candidates` for `step`
 
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
@@ -387,6 +396,7 @@ class KangarooDrafter:
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
+        self.frontier_shallow = None  # a new cycle: nothing left for `step` until `tree_candidates` runs
         self.scratch_tokens[:1] = root_token
         self.scratch_positions[:1] = position
         shallow, kept = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H] each
@@ -395,7 +405,10 @@ class KangarooDrafter:
         return self._adapter(shallow, position, self.prefix_len, visible)
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        if tokens.shape[0] == 1:  # a chain: scratch slots 0..depth-1 are all ancestors, i.e. prefix
+        frontier_shallow, self.frontier_shallow = self.frontier_shallow, None
+        if frontier_shallow is not None:  # a tree whose candidates ran the shallow layers (`tree_candidates`)
+            shallow = frontier_shallow  # [k, H]
+        elif tokens.shape[0] == 1:  # a chain: scratch slots 0..depth-1 are all ancestors, i.e. prefix
             shallow, kept = self._shallow_chain(tokens, positions, self.prefix_len + scratch_slots)  # [1, H] each
             self.shallow_states.index_copy_(0, scratch_slots, kept)
         else:
@@ -411,6 +424,30 @@ class KangarooDrafter:
         shallow, _ = self.target.run_layers(self.target.embed(self.scratch_tokens), self.scratch_positions,
                                             self.prefix_len, self.scratch_mask, 0, self.exit_layer)  # [W, H]
         return shallow[scratch_slots]
+
+    def keep_tree_states(self, num_candidates: int) -> None:
+        """Room for a state entering verify_start_layer per tree candidate (drafter.py; the root's from `first`)."""
+        rows = max(num_candidates, self.shallow_states.shape[0])
+        self.shallow_states = self.shallow_states.new_zeros(rows, self.shallow_states.shape[1])  # [C, H]
+
+    def tree_candidates(self, tokens, positions, first: int, paths, frontier) -> None:
+        """tokens, positions [c] of candidates first..first+c-1, paths [c, C], frontier [k] (drafter.py) through
+        layers 0..ℓ-1 at target slots prefix + candidate index; keeps the frontier's output for `step`."""
+        count = tokens.shape[0]
+        slots = self.prefix_len + first + torch.arange(count, device=tokens.device)  # [c]
+        slot_mask = draft_visible(self.prefix_len, self.target.max_len, paths, root_written=True)  # [c, S]
+        shallow, captured = self.target.run_layers_at(self.target.embed(tokens), positions, slots, slot_mask,
+                                                      self.exit_layer, capture=[self.verify_start_layer])
+        self.shallow_states[first:first + count] = captured[self.verify_start_layer]  # [c, H]
+        self.frontier_shallow = shallow[frontier]  # [k, H] entering ℓ
+
+    def tree_verify_states(self, candidate_ids):
+        """candidate_ids [N] ascending -> [N, H] entering verify_start_layer; their shallow KV moves from target
+        slots prefix + candidate index to prefix + node index (drafter.py)."""
+        layers, count = self.verify_start_layer, torch.full_like(self.prefix_len, candidate_ids.shape[0])
+        compact_kv(self.target.k_cache[:layers], self.target.v_cache[:layers], self.prefix_len + candidate_ids,
+                   self.prefix_len, count)
+        return self.shallow_states[candidate_ids]
 
     def chain_verify_states(self, tokens, positions, computed: int):
         """tokens, positions [n] of the chain -> [n, H] entering verify_start_layer (drafter.py); runs nodes

@@ -35,6 +35,19 @@ Optional, for drafters that run the target's own shallow layers (self-speculatio
       The first `computed` (a Python int) went through the shallow layers in `first`/`step` (scratch slots
       0..computed-1); the drafter runs the rest (the last drafted token, which no step read) through them now,
       writing their shallow KV at target slots prefix + computed...
+  keep_tree_states(num_candidates)
+      Tree verification may start at verify_start_layer too (the engine's `reuse_shallow_tree`): called once
+      after `allocate`. From then on `build_tree` calls `tree_candidates` after `first` and after each `step`,
+      and a tree's `step` takes its frontier's shallow states from the latest `tree_candidates` call.
+  tree_candidates(tokens, positions, first, paths, frontier)
+      A depth's c new tree candidates (tokens [c], positions [c]; candidate indices first..first+c-1, `first` a
+      Python int, the root being candidate 0) through the drafter's shallow layers, each attending to the
+      confirmed prefix and the candidates paths [c, C] marks (those from the root to itself); their shallow KV
+      goes to target slots prefix + candidate index. frontier [k] int64: which of the c the next `step` expands.
+  tree_verify_states(candidate_ids) -> hidden [N, H]
+      The verified tree's nodes (candidate_ids [N], ascending, the root first) entering verify_start_layer; moves
+      their shallow KV from target slots prefix + candidate index to prefix + node index, the slots the verify's
+      tree attention reads and the engine's compaction moves.
   exit_threshold: float
       The confidence exit η the method was trained for (the engine's default when none is given).
   draft_cost_layers: float

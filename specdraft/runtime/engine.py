@@ -11,7 +11,11 @@ One cycle, all on the device with static shapes (so that on a GPU it is one CUDA
      the drafter (`Drafter.ingest`); the bonus becomes the root.
 Chains (shape.topk == 1) run through `chain.ChainCycles`: the same steps, plus the confidence exit η, the
 dynamic draft length (`dynamic_exit.py`) and, for drafters that run the target's shallow layers, a verify that
-starts above them. η and the dynamic exit apply to chains only; a tree shape ignores them.
+starts above them. η and the dynamic exit apply to chains only; a tree shape ignores them. A tree's verify
+starts above the shallow layers too with `reuse_shallow_tree`: the drafter then runs every candidate through
+them while drafting (tree.py: C = shape.num_candidates rows per cycle instead of the expanded frontier, in one
+more shallow pass, the last depth's candidates) and the verify skips those ℓ layers: no fewer launches and more
+rows, so it is off by default until a GPU measures it; its shallow KV takes the slots prefix..prefix+C-1.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 """
 from __future__ import annotations
@@ -56,11 +60,12 @@ class SpecEngine:
     """Owns a TargetModel (with its static cache) and a Drafter; `generate` runs speculative decoding.
 
     Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
-    from the drafter's `verify_start_layer` when it has one)."""
+    from the drafter's `verify_start_layer` when it has one). Tree option: `reuse_shallow_tree`, the same for
+    trees when the drafter keeps tree states (drafter.py); off by default (module docstring: what it costs)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
-                 dynamic_exit: bool = False, reuse_shallow: bool = True):
+                 dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
         self.device = target.lm_head_weight.device
         self.dtype = target.lm_head_weight.dtype
@@ -74,6 +79,7 @@ class SpecEngine:
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
+        self.tree_start_layer = self._tree_start_layer(reuse_shallow_tree)
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
         self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
         self.set_exit_threshold(exit_threshold)
@@ -92,9 +98,23 @@ class SpecEngine:
         costs = getattr(self.drafter, "exit_costs", [float(getattr(self.drafter, "draft_cost_layers", 1.0))])
         return DynamicExit(self.shape.depth, costs, float(self.target.info.num_layers - self.chain.start_layer))
 
+    def _tree_start_layer(self, reuse: bool) -> int:
+        """The layer a tree's verify starts at: the drafter's verify_start_layer when `reuse` asks for it and the
+        drafter keeps tree states (then told to keep one per candidate), else 0."""
+        drafter = self.drafter
+        if not reuse or self.chain is not None or not hasattr(drafter, "tree_verify_states"):
+            return 0
+        start = drafter.verify_start_layer
+        if min(self.capture, default=start) < start:
+            raise SpecdraftError(f"the drafter's verify_start_layer {start} is above the feature layers "
+                                 f"{self.capture} it reads; the verify could not capture them")
+        drafter.keep_tree_states(self.shape.num_candidates)
+        return start
+
     # ---- pieces -------------------------------------------------------------------------------------------
     def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
-        need = prompt_len + max_new_tokens + self.shape.budget + self.shape.scratch + 1
+        tree_slots = self.shape.num_candidates if self.tree_start_layer else self.shape.budget
+        need = prompt_len + max_new_tokens + tree_slots + self.shape.scratch + 1
         if need > self.max_len:
             raise SpecdraftError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
                                  f"slots; the cache has {self.max_len} (raise --max-len or shorten the prompt)")
@@ -116,10 +136,19 @@ class SpecEngine:
         self.prefix_len.fill_(n)
         return int(self.root)
 
-    def _verify_forward(self, tree_tokens, positions, tree_mask):
-        hidden, captured = self.target.run_layers(self.target.embed(tree_tokens), positions, self.prefix_len,
-                                                  tree_mask, capture=self.capture)
-        return self.target.logits(hidden), captured  # [N, V], {i: [N, H]}
+    def _build_tree(self) -> DraftTree:
+        return build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0)
+
+    def _verify_forward(self, tree: DraftTree):
+        """The tree's N nodes through the target, from the drafter's states when it kept them -> (logits [N, V],
+        captured {i: [N, H]})."""
+        if self.tree_start_layer:
+            states = self.drafter.tree_verify_states(tree.candidate_ids)  # [N, H] entering the start layer
+        else:
+            states = self.target.embed(tree.tokens)  # [N, H]
+        hidden, captured = self.target.run_layers(states, self.prefix_len + tree.depths, self.prefix_len,
+                                                  tree.tree_mask, self.tree_start_layer, capture=self.capture)
+        return self.target.logits(hidden), captured
 
     def _commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
         """Compact caches to the accepted path, hand it to the drafter, move the root. All on the device."""
@@ -140,16 +169,16 @@ class SpecEngine:
         return CycleOutput(emitted=emitted, count=count, accepted_nodes=accepted_nodes, tree=tree)
 
     def _cycle_greedy(self) -> CycleOutput:
-        tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len)
-        logits, captured = self._verify_forward(tree.tokens, self.prefix_len + tree.depths, tree.tree_mask)
+        tree = self._build_tree()
+        logits, captured = self._verify_forward(tree)
         match_tokens = torch.where(tree.valid, tree.tokens, -1)
         accepted_nodes, accept_length, bonus = verify_greedy(logits, match_tokens, tree.parents, self.shape.depth)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
 
     def _cycle_sampled(self, temperature: float, uniforms: torch.Tensor) -> CycleOutput:
         """uniforms [budget + 1]: the cycle's randomness (`sampling.draw_uniforms`)."""
-        tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len)
-        logits, captured = self._verify_forward(tree.tokens, self.prefix_len + tree.depths, tree.tree_mask)
+        tree = self._build_tree()
+        logits, captured = self._verify_forward(tree)
         accepted_nodes, accept_length, bonus = verify_sampling(logits, tree, self.shape.depth, temperature, uniforms)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
 

@@ -9,7 +9,6 @@ from typing import Dict, List
 import torch
 
 from specdraft.kernels.tree_verify import verify_greedy
-from specdraft.runtime.tree import build_tree
 
 
 def _clock(device: torch.device) -> float:
@@ -22,16 +21,16 @@ def _draft(engine):
     """One cycle's drafting -> what `_verify` takes; a chain drafts as the engine's chain cycles do (exits)."""
     if engine.chain is not None:
         return engine.chain.draft(engine.shape.depth)  # (drafted, computed)
-    return build_tree(engine.drafter, engine.shape, engine.root, engine.prefix_len)
+    return engine._build_tree()
 
 
 def _verify(engine, drafted):
-    """The target's pass over what `_draft` drafted -> (logits [N, V], captured, tree); a chain's starts at the
+    """The target's pass over what `_draft` drafted -> (logits [N, V], captured, tree); it starts at the
     drafter's verify_start_layer when the engine reuses the shallow states."""
     if engine.chain is not None:
         return engine.chain._verify_forward(*drafted)
     tree = drafted
-    logits, captured = engine._verify_forward(tree.tokens, engine.prefix_len + tree.depths, tree.tree_mask)
+    logits, captured = engine._verify_forward(tree)
     return logits, captured, tree
 
 

@@ -5,7 +5,9 @@ Weights come from a Hugging Face model (hub id, directory or GGUF, through `spec
 q/k/v and gate/up are fused into one matmul each. Rotary tables come from the HF model's own rotary module, so
 every rope scaling it supports (Llama-3's included) is reproduced. Every forward writes the keys and values of
 its N tokens at cache slots prefix_len..prefix_len+N-1 and attends with `kernels.tree_attention`: the
-confirmed prefix fully, the N new tokens by a tree mask (causal for a chain, ancestors for a tree).
+confirmed prefix fully, the N new tokens by a tree mask (causal for a chain, ancestors for a tree). A drafter's
+pass over tree nodes scattered in the cache (`run_layers_at`) writes at the slots it is given and attends by a
+mask over every slot instead.
 """
 from __future__ import annotations
 
@@ -39,10 +41,11 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = nn.Parameter(torch.ones(info.hidden_size))
 
     def forward(self, hidden, pending, rope, positions, k_cache, v_cache, slots, prefix_len, tree_mask,
-                causal_prefill: bool):
+                causal_prefill: bool, slot_mask: Optional[torch.Tensor] = None):
         """hidden [N, H] and pending [N, H] or None: the layer's input is hidden + pending (the previous layer's MLP
         output, added in this layer's first norm launch); rope (cos, sin) tables [S, D]; positions [N]; k/v_cache
-        [Hkv, S, D] (this layer's); slots [N] -> (layer input, hidden after attention, MLP output), each [N, H].
+        [Hkv, S, D] (this layer's); slots [N]; slot_mask [N, S] bool or None (`_attend`) -> (layer input, hidden
+        after attention, MLP output), each [N, H].
         Launches: add + norm, qkv matmul, rope + cache write, attention, o matmul, add + norm, gate/up matmul,
         silu * up, down matmul."""
         n = hidden.shape[0]
@@ -55,17 +58,23 @@ class DecoderLayer(nn.Module):
                              self.kv_heads * self.head_dim], dim=-1)
         q = rope_cache(q.view(n, self.heads, self.head_dim), k.view(n, self.kv_heads, self.head_dim),
                        v.view(n, self.kv_heads, self.head_dim), *rope, positions, k_cache, v_cache, slots)  # [Hq, N, D]
-        attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill)  # [Hq, N, D]
+        attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill, slot_mask)  # [Hq, N, D]
         normed, attended = rms_norm(self.wo(attn.transpose(0, 1).reshape(n, -1)), self.mlp_norm, self.eps, hidden)
         return hidden, attended, self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
 
-    def _attend(self, q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill: bool) -> torch.Tensor:
-        """q [Hq, N, D] over the cache (its N new keys already written) -> [Hq, N, D]."""
+    def _attend(self, q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill: bool,
+                slot_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """q [Hq, N, D] over the cache (its N new keys already written) -> [Hq, N, D]. With a slot_mask [N, S],
+        each query sees exactly the slots it marks (rows scattered over the cache, `run_layers_at`)."""
         scale = self.head_dim ** -0.5
+        gqa = self.heads != self.kv_heads
+        if slot_mask is not None:
+            return F.scaled_dot_product_attention(q[None], k_cache[None], v_cache[None], attn_mask=slot_mask,
+                                                  scale=scale, enable_gqa=gqa)[0]
         if causal_prefill:  # the whole prompt at once, from an empty cache: its keys are slots 0..N-1
             n = q.shape[1]
             return F.scaled_dot_product_attention(q[None], k_cache[None, :, :n], v_cache[None, :, :n], is_causal=True,
-                                                  scale=scale, enable_gqa=self.heads != self.kv_heads)[0]
+                                                  scale=scale, enable_gqa=gqa)[0]
         return tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale)
 
 
@@ -108,14 +117,29 @@ class TargetModel(nn.Module):
                    capture: Iterable[int] = ()) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
         """hidden [N, H] entering layer `start_layer`; positions [N]; prefix_len [1] int64; tree_mask [N, N] bool
         (None: a causal prefill from an empty cache) -> (hidden [N, H] after `end_layer`-1, {i: input of layer i})."""
+        slots = prefix_len + torch.arange(hidden.shape[0], device=hidden.device)  # [N]
+        attention = {"prefix_len": prefix_len, "tree_mask": tree_mask, "causal_prefill": tree_mask is None}
+        return self._layers(hidden, positions, slots, attention, start_layer, end_layer, capture)
+
+    def run_layers_at(self, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      slot_mask: torch.Tensor, end_layer: int,
+                      capture: Iterable[int] = ()) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
+        """Embeddings hidden [N, H] at positions [N] through layers 0..end_layer-1, their KV written at any cache
+        slots [N], row i attending to the slots slot_mask [N, S] marks -> as `run_layers`. For a drafter's pass
+        over tree nodes whose ancestors sit anywhere in the cache: `tree_attention` sees one window of nodes."""
+        attention = {"prefix_len": None, "tree_mask": None, "causal_prefill": False, "slot_mask": slot_mask}
+        return self._layers(hidden, positions, slots, attention, 0, end_layer, capture)
+
+    def _layers(self, hidden, positions, slots, attention: dict, start_layer: int, end_layer: Optional[int],
+                capture: Iterable[int]) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
+        """The layer loop of `run_layers` and `run_layers_at`; `attention` holds the layers' attention arguments."""
         end_layer = self.info.num_layers if end_layer is None else end_layer
         capture = set(capture)
-        slots = prefix_len + torch.arange(hidden.shape[0], device=hidden.device)  # [N]
         captured, pending = {}, None
         for index in range(start_layer, end_layer):  # each layer adds the previous one's MLP output
             layer_input, hidden, pending = self.layers[index](
                 hidden, pending, (self.rope_cos, self.rope_sin), positions, self.k_cache[index], self.v_cache[index],
-                slots, prefix_len, tree_mask, tree_mask is None)
+                slots, **attention)
             if index in capture:
                 captured[index] = layer_input
         if pending is not None:

@@ -8,10 +8,17 @@ probability (plus the root) form the tree that the target verifies. A child's jo
 its parent's, so the kept set is closed under ancestors (ties are repaired explicitly).
 
 A chain of k drafts is the same procedure with top-1 at each depth and budget k + 1.
+
+Candidate states (`keep_states`, for a drafter whose verify may start above the target's shallow layers): after
+`first` and after each `step`, the drafter runs the depth's new candidates (all of them, not just the frontier:
+any may be selected) through its shallow layers with its own `tree_candidates` hook, each attending to its
+root-to-node path; the tree then records which candidate each node is (`candidate_ids`), so that the verify
+can start from those states (engine.py, `tree_verify_states`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -58,10 +65,22 @@ class DraftTree:
     valid: torch.Tensor  # [N] bool: False for padding (when ties removed candidates)
     tree_mask: torch.Tensor  # [N, N] bool: node i sees node j (j is i or an ancestor)
     joint_logprobs: torch.Tensor  # [N] draft log-probability of the path to each node (0 for the root)
+    candidate_ids: Optional[torch.Tensor] = None  # [N] ascending: each node's index among the candidates
 
 
-def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor):
-    """Run the draft over `shape.depth` levels -> candidate tokens, parents (candidate index), joint scores."""
+def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) -> torch.Tensor:
+    """parent_paths [p, C] bool (the candidates from the root to each parent) -> [p * per_parent, C], the paths
+    of their children, numbered first, first + 1, ... (per_parent consecutive ones per parent): the parent's path
+    and the child itself."""
+    paths = parent_paths.repeat_interleave(per_parent, dim=0)  # [c, C]
+    own = first + torch.arange(paths.shape[0], device=paths.device)  # [c]
+    return paths | (torch.arange(paths.shape[1], device=paths.device)[None, :] == own[:, None])
+
+
+def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
+            keep_states: bool = False):
+    """Run the draft over `shape.depth` levels -> candidate tokens, parents (candidate index), joint scores.
+    With keep_states, every candidate also goes through the drafter's `tree_candidates` (module docstring)."""
     k, device = shape.topk, root.device
     logits, hidden = drafter.first(root, root_position)  # [1, Vd], [1, Hd]
     scores, tokens = draft_topk(logits, drafter.d2t, k)  # [1, k]
@@ -72,6 +91,10 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
     visible = torch.arange(shape.scratch, device=device).expand(k, -1) == 0  # [k, W] each sees the root
     lane = torch.arange(k, device=device)
+    if keep_states:
+        root_path = torch.arange(shape.num_candidates, device=device)[None, :] == 0  # [1, C]
+        frontier_paths = _paths_of_children(root_path, 1, k)  # [k, C] depth 1: every candidate is expanded
+        drafter.tree_candidates(frontier_tokens, (root_position + 1).expand(k), 1, frontier_paths, lane)
     for depth in range(1, shape.depth):
         slots = 1 + (depth - 1) * k + lane  # [k] scratch slots of this depth's frontier
         visible = visible.index_put((lane, slots), torch.ones_like(lane, dtype=torch.bool))
@@ -89,6 +112,11 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
         frontier_ids = base + best
         frontier_hidden = hidden[parent_lane]
         visible = visible[parent_lane]
+        if keep_states:
+            child_paths = _paths_of_children(frontier_paths, base, k)  # [k * k, C]
+            drafter.tree_candidates(child_tokens.flatten(), (root_position + depth + 1).expand(k * k), base,
+                                    child_paths, best)
+            frontier_paths = child_paths[best]
     return torch.cat(cand_tokens), torch.cat(cand_parents), torch.cat(cand_scores)
 
 
@@ -100,9 +128,11 @@ def _select(cand_parents: torch.Tensor, cand_scores: torch.Tensor, shape: TreeSh
     return torch.sort(chosen).values
 
 
-def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor) -> DraftTree:
-    """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes)."""
-    cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position)
+def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
+               keep_states: bool = False) -> DraftTree:
+    """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
+    keep_states: the drafter keeps every candidate's shallow state (module docstring)."""
+    cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position, keep_states)
     chosen = _select(cand_parents, cand_scores, shape)  # [N]
     n, device = shape.budget, root.device
     node_of = torch.full((cand_tokens.shape[0],), -1, dtype=torch.long, device=device)
@@ -113,10 +143,10 @@ def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_posi
     for _ in range(shape.depth):  # drop nodes whose parent was dropped (ties in joint probability)
         valid = valid & valid[parents.clamp(min=0)]
     parents = torch.where(is_root, -1, torch.where(valid, parents, 0))
-    return _tree(cand_tokens[chosen], parents, valid, cand_scores[chosen], shape.depth)
+    return _tree(cand_tokens[chosen], parents, valid, cand_scores[chosen], shape.depth, chosen)
 
 
-def _tree(tokens, parents, valid, joint_logprobs, max_depth: int) -> DraftTree:
+def _tree(tokens, parents, valid, joint_logprobs, max_depth: int, candidate_ids) -> DraftTree:
     n, device = tokens.shape[0], tokens.device
     index = torch.arange(n, device=device)
     tree_mask = torch.eye(n, dtype=torch.bool, device=device)
@@ -128,4 +158,4 @@ def _tree(tokens, parents, valid, joint_logprobs, max_depth: int) -> DraftTree:
         ancestor = torch.where(has, parents[ancestor.clamp(min=0)], ancestor)
     tree_mask = tree_mask & valid[:, None] & valid[None, :] | torch.eye(n, dtype=torch.bool, device=device)
     return DraftTree(tokens=tokens, parents=parents, depths=depths, valid=valid, tree_mask=tree_mask,
-                     joint_logprobs=torch.where(valid, joint_logprobs, float("-inf")))
+                     joint_logprobs=torch.where(valid, joint_logprobs, float("-inf")), candidate_ids=candidate_ids)
