@@ -51,6 +51,11 @@ def test_bad_runtime_inputs_are_one_line_errors(export_dir, tmp_path, capsys):
     assert "cache" in capsys.readouterr().err
     assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--budget", "500"]) == 2
     assert "budget" in capsys.readouterr().err
+    assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--shallow-reuse-tree"]) == 2
+    assert "Kangaroo" in capsys.readouterr().err  # an EAGLE-3 draft runs no shallow layers of the target
+    assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--chain",
+                     "--shallow-reuse-tree"]) == 2
+    assert "applies to trees" in capsys.readouterr().err
 
 
 def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
