@@ -72,4 +72,4 @@ all() {
   stamp "session6 done"
 }
 
-"${1:-all}"
+[ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-all}"  # sourced (session7.sh): its functions only

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The next GPU session's measurements on one 4-GPU machine, as one orchestrator (session6.sh's stages, with what
+# Session 6 left open). Run it detached from a copy of the repository with tools/gpu/env.sh sourced (DEEPSPEED=1)
+# and bitsandbytes installed; the stages that need SmolLM2's GGUF wait for it.
+#   1 checks:   GPUs 0,1 tests/test_multi_gpu.py (ZeRO-3 with a whole and a partitioned target); GPU 2 the
+#               compiled-gradient test, then every other GPU test; GPU 3 bench_train with back-to-back steps
+#               (rows ROWS7, profiled) and at 8192.
+#   2 scaling:  bench_scale with ZeRO-2 and ZeRO-3 on 1, 2 and 4 GPUs in one run (issue 7).
+#   3 data:     the second prompt set distilled on 4 GPUs.
+#   4 heads:    EAGLE-3, PosS-1/2/3 and Kangaroo ℓ 2 with $STEPS steps (compiled if stage 1's test passed); the
+#               runtime bench of the EAGLE-3 head; the Kangaroo tree with and without --shallow-reuse-tree.
+set -u
+source tools/gpu/session6.sh  # checks' helpers, scaling, wait_for_target, compiled_heads (and session5's stages)
+export STEPS=${STEPS:-2000}
+ROWS7=${ROWS7:-baseline ours-no-ckpt ours-swiglu ours-swiglu-8bit ours-8bit}
+
+bench_train_rows() {  # GPU 3
+  export CUDA_VISIBLE_DEVICES=3
+  timeout 360 python3 tools/bench_train.py --seq-lens 2048 --warmup 3 --steps 6 --profile 2 --rows $ROWS7 \
+    --out "$RESULTS/bench_train_2048.json" > "$RESULTS/bench_train_2048.log" 2>&1
+  timeout 200 python3 tools/bench_train.py --seq-lens 8192 --warmup 2 --steps 4 --rows ours-8bit ours-swiglu-8bit \
+    --out "$RESULTS/bench_train_8192.json" > "$RESULTS/bench_train_8192.log" 2>&1
+  stamp "bench_train done"
+}
+
+checks7() {
+  stamp "1 checks"
+  ( CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py \
+      > "$RESULTS/gpu_tests_multi.log" 2>&1; stamp "multi-gpu tests: $(tail -1 "$RESULTS/gpu_tests_multi.log")" ) &
+  ( export CUDA_VISIBLE_DEVICES=2
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_train_perf.py \
+      > "$RESULTS/gpu_tests_compile.log" 2>&1; stamp "compile test: $(tail -1 "$RESULTS/gpu_tests_compile.log")"
+    timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore tests/test_train_perf.py \
+      --ignore tests/test_multi_gpu.py > "$RESULTS/gpu_tests_rest.log" 2>&1
+    stamp "other gpu tests: $(tail -1 "$RESULTS/gpu_tests_rest.log")" ) &
+  bench_train_rows &
+  wait
+  pack
+}
+
+scaling7() {
+  stamp "2 bench_scale zero2 + zero3"
+  CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 540 python3 tools/bench_scale.py --gpus 1,2,4 \
+    --strategies deepspeed_stage_2,deepspeed_stage_3 --warmup 3 --steps 6 --timeout 100 \
+    --out "$RESULTS/bench_scale" > "$RESULTS/bench_scale.log" 2>&1
+  tail -10 "$RESULTS/bench_scale.log"
+  pack
+}
+
+kangaroo_tree() {  # GPU 3: the Kangaroo ℓ=2 tree with and without the shallow reuse, same prompts
+  export CUDA_VISIBLE_DEVICES=3
+  local export_dir=$WORK/methods45/kangaroo2/export mt=(--prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 10
+    --max-new-tokens 256 --temperature 0 --no-hf --depth 6 --topk 8 --budget 48)
+  python3 -m specdraft.cli bench "$export_dir" "${mt[@]}" --out "$RESULTS/kangaroo_tree_full" \
+    > "$RESULTS/kangaroo_tree_full.log" 2>&1
+  python3 -m specdraft.cli bench "$export_dir" "${mt[@]}" --shallow-reuse-tree --out "$RESULTS/kangaroo_tree_reuse" \
+    > "$RESULTS/kangaroo_tree_reuse.log" 2>&1
+  stamp "kangaroo tree done"
+}
+
+all7() {
+  rm -rf "${RESULTS:?}"/*; mkdir -p "$RESULTS"
+  stamp "session7 start"
+  checks7
+  scaling7
+  wait_for_target
+  data_stage; pack
+  export COMPILE=${COMPILE:-$(compiled_heads)}
+  stamp "4 heads, train.compile=$COMPILE, $STEPS steps"
+  ( heads 0 eagle3; runtime_bench; touch "$WORK/lane0.done" ) &
+  ( heads 1 poss1; touch "$WORK/lane1.done" ) &
+  ( heads 2 poss2; touch "$WORK/lane2.done" ) &
+  ( heads 3 kangaroo2; kangaroo_tree; heads 3 poss3; touch "$WORK/lane3.done" ) &
+  wait
+  collect; pack
+  stamp "session7 done"
+}
+
+[ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-all7}"
