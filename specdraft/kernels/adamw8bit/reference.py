@@ -48,6 +48,10 @@ from specdraft.errors import SpecdraftError
 BLOCK = 256
 FIRST_LEVELS = 127.0  # int8 magnitudes 0..127 for m
 SECOND_LEVELS = 256.0  # uint8 codes 0..255 mean (code + 1) / 256 of the block's max sqrt(v)
+# Steps between levels, multiplied (rounded to float32: 1/127 is inexact) rather than divided: a kernel pays
+# for an IEEE division per element, and dividing by the block's scale is one reciprocal per block.
+FIRST_STEP = 1.0 / FIRST_LEVELS
+SECOND_STEP = 1.0 / SECOND_LEVELS
 
 
 class Moments(NamedTuple):
@@ -81,9 +85,10 @@ def bias_corrections(step: int, beta1: float, beta2: float) -> tuple[float, floa
 
 
 def update_coefficients(scalars: StepScalars) -> tuple[float, float, float]:
-    """(decay, step_size, bias2_sqrt): p = p * decay - step_size * m / (sqrt(v) / bias2_sqrt + eps)."""
+    """(decay, step_size, inverse_bias2_sqrt):
+    p = p * decay - step_size * m / (sqrt(v) * inverse_bias2_sqrt + eps)."""
     correction1, correction2 = bias_corrections(scalars.step, scalars.beta1, scalars.beta2)
-    return 1.0 - scalars.lr * scalars.weight_decay, scalars.lr / correction1, correction2 ** 0.5
+    return 1.0 - scalars.lr * scalars.weight_decay, scalars.lr / correction1, correction2 ** -0.5
 
 
 def num_blocks(numel: int) -> int:
@@ -105,14 +110,15 @@ def sqrt_rn(values: torch.Tensor) -> torch.Tensor:
 
 
 def _ratio(magnitude: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """magnitude [NB, BLOCK] / scales [NB]; an all-zero block (scale 0) divides by 1."""
-    scale = scales[:, None]
-    return magnitude / torch.where(scale > 0, scale, torch.ones_like(scale))
+    """magnitude [NB, BLOCK] times 1 / scales [NB] (one reciprocal per block); an all-zero block (scale 0)
+    multiplies by 1."""
+    scale = scales[:, None]  # [NB, 1]
+    return magnitude * (torch.ones_like(scale) / torch.where(scale > 0, scale, torch.ones_like(scale)))
 
 
 def dequantize_first(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
     """int8 codes [N], absmax [NB] -> m [NB, BLOCK] float32 (padded)."""
-    level = _blocks(codes).float() / FIRST_LEVELS  # [NB, BLOCK] in [-1, 1]
+    level = _blocks(codes).float() * FIRST_STEP  # [NB, BLOCK] in [-1, 1]
     return level * level.abs() * absmax[:, None]
 
 
@@ -125,7 +131,7 @@ def quantize_first(first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_second_root(codes: torch.Tensor, root_max: torch.Tensor) -> torch.Tensor:
     """uint8 codes [N], max sqrt(v) [NB] -> sqrt(v) [NB, BLOCK] float32 (padded)."""
-    level = (_blocks(codes).float() + 1.0) / SECOND_LEVELS  # [NB, BLOCK] in [1/256, 1]
+    level = (_blocks(codes).float() + 1.0) * SECOND_STEP  # [NB, BLOCK] in [1/256, 1]
     return level * level * root_max[:, None]
 
 
@@ -152,11 +158,11 @@ def check_inputs(param: torch.Tensor, grad: torch.Tensor, moments: Moments) -> N
 
 def adam_update(param, grad, first, second, scalars: StepScalars):
     """float32 param, grad, m, v (same shapes) -> (param, m, v, sqrt(v)) after one AdamW step."""
-    decay, step_size, bias2_sqrt = update_coefficients(scalars)
+    decay, step_size, inverse_bias2_sqrt = update_coefficients(scalars)
     first = scalars.beta1 * first + (1.0 - scalars.beta1) * grad
     second = scalars.beta2 * second + (1.0 - scalars.beta2) * (grad * grad)
     root = sqrt_rn(second)
-    denominator = root / bias2_sqrt + scalars.eps
+    denominator = root * inverse_bias2_sqrt + scalars.eps
     return param * decay - step_size * (first / denominator), first, second, root
 
 

@@ -6,9 +6,11 @@ and max of sqrt(v) in registers and writes the requantized codes and scales: 16 
 memory.
 
 It follows the reference (reference.py) operation for operation: IEEE division and square root (`div_rn`,
-`sqrt_rn`, not the approximate ones), floating-point contraction into FMAs disabled at launch, the same
-floor(x + 0.5) rounding, and masked tail lanes computed as the reference's zero padding. A block's max is exact
-whatever the reduction order, so the codes, the scales and the param come out with the reference's bits.
+`sqrt_rn`, not the approximate ones; one division per element, for the update, and one reciprocal per block and
+scale, as the reference multiplies by the levels' steps and the scales' reciprocals), floating-point
+contraction into FMAs disabled at launch, the same floor(x + 0.5) rounding, and masked tail lanes computed as
+the reference's zero padding. A block's max is exact whatever the reduction order, so the codes, the scales and
+the param come out with the reference's bits.
 Tensors below the quantization threshold take the same kernel with float32 moments (`QUANTIZED=False`).
 """
 
@@ -16,18 +18,22 @@ import torch
 import triton
 import triton.language as tl
 
-from specdraft.kernels.adamw8bit.reference import (BLOCK, FIRST_LEVELS, SECOND_LEVELS, Moments, StepScalars,
-                                                   check_inputs, num_blocks, update_coefficients)
+from specdraft.kernels.adamw8bit.reference import (BLOCK, FIRST_LEVELS, FIRST_STEP, SECOND_LEVELS,
+                                                   SECOND_STEP, Moments, StepScalars, check_inputs, num_blocks,
+                                                   update_coefficients)
 
 BLOCKS_PER_PROGRAM = 8
 _FIRST_LEVELS = tl.constexpr(FIRST_LEVELS)
 _SECOND_LEVELS = tl.constexpr(SECOND_LEVELS)
+_FIRST_STEP = tl.constexpr(FIRST_STEP)
+_SECOND_STEP = tl.constexpr(SECOND_STEP)
 
 
 @triton.jit
 def _ratio(magnitude, scale):
-    """magnitude [R, BLOCK] / scale [R, 1]; an all-zero block (scale 0) divides by 1."""
-    return tl.div_rn(magnitude, tl.where(scale > 0, scale, 1.0))
+    """magnitude [R, BLOCK] times 1 / scale [R, 1] (one IEEE division per block); an all-zero block (scale 0)
+    multiplies by 1."""
+    return magnitude * tl.div_rn(1.0, tl.where(scale > 0, scale, 1.0))
 
 
 @triton.jit
@@ -35,11 +41,11 @@ def _dequantized(first_ptr, second_ptr, first_scale_ptr, second_scale_ptr, offse
                  QUANTIZED: tl.constexpr):
     """-> (m, v) [R, BLOCK] float32 for the tile at `offsets`; tail lanes read as the reference's zero padding."""
     if QUANTIZED:
-        first_level = tl.div_rn(tl.load(first_ptr + offsets, mask=in_tensor, other=0).to(tl.float32), _FIRST_LEVELS)
+        first_level = tl.load(first_ptr + offsets, mask=in_tensor, other=0).to(tl.float32) * _FIRST_STEP
         first_scale = tl.load(first_scale_ptr + blocks, mask=in_blocks, other=0.0)[:, None]  # [R, 1]
         first = first_level * tl.abs(first_level) * first_scale
         second_code = tl.load(second_ptr + offsets, mask=in_tensor, other=0).to(tl.float32)
-        second_level = tl.div_rn(second_code + 1.0, _SECOND_LEVELS)
+        second_level = (second_code + 1.0) * _SECOND_STEP
         root = second_level * second_level * tl.load(second_scale_ptr + blocks, mask=in_blocks, other=0.0)[:, None]
         second = root * root
     else:
@@ -65,7 +71,7 @@ def _store_quantized(first_ptr, second_ptr, first_scale_ptr, second_scale_ptr, f
 
 @triton.jit
 def _adamw8bit_kernel(param_ptr, grad_ptr, first_ptr, second_ptr, first_scale_ptr, second_scale_ptr, numel,
-                      beta1, one_minus_beta1, beta2, one_minus_beta2, decay, step_size, bias2_sqrt, eps,
+                      beta1, one_minus_beta1, beta2, one_minus_beta2, decay, step_size, inverse_bias2_sqrt, eps,
                       QUANTIZED: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr):
     blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [R] quantization blocks
     offsets = blocks[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]  # [R, BLOCK]
@@ -78,7 +84,7 @@ def _adamw8bit_kernel(param_ptr, grad_ptr, first_ptr, second_ptr, first_scale_pt
     first = beta1 * first + one_minus_beta1 * grad
     second = beta2 * second + one_minus_beta2 * (grad * grad)
     root = tl.sqrt_rn(second)
-    denominator = tl.div_rn(root, bias2_sqrt) + eps
+    denominator = root * inverse_bias2_sqrt + eps
     tl.store(param_ptr + offsets, param * decay - step_size * tl.div_rn(first, denominator), mask=in_tensor)
     if QUANTIZED:
         _store_quantized(first_ptr, second_ptr, first_scale_ptr, second_scale_ptr, first, root, offsets, in_tensor,
@@ -94,12 +100,12 @@ def adamw8bit_step_triton(param: torch.Tensor, grad: torch.Tensor, moments: Mome
     numel = param.numel()
     if numel == 0:
         return
-    decay, step_size, bias2_sqrt = update_coefficients(scalars)
+    decay, step_size, inverse_bias2_sqrt = update_coefficients(scalars)
     first_scales = moments.first_scales if moments.quantized else moments.first
     second_scales = moments.second_scales if moments.quantized else moments.second
     grid = (triton.cdiv(num_blocks(numel), BLOCKS_PER_PROGRAM),)
     _adamw8bit_kernel[grid](
         param, grad.contiguous(), moments.first, moments.second, first_scales, second_scales, numel,
-        scalars.beta1, 1.0 - scalars.beta1, scalars.beta2, 1.0 - scalars.beta2, decay, step_size, bias2_sqrt,
+        scalars.beta1, 1.0 - scalars.beta1, scalars.beta2, 1.0 - scalars.beta2, decay, step_size, inverse_bias2_sqrt,
         scalars.eps, QUANTIZED=moments.quantized, BLOCK_SIZE=BLOCK, ROWS=BLOCKS_PER_PROGRAM, num_warps=8,
         enable_fp_fusion=False)
