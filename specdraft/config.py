@@ -24,7 +24,7 @@ FEATURE_MODES = ("online", "offline", "hybrid")
 SHARD_TARGET = ("auto", "true", "false")
 CHECKPOINTING = ("none", "swiglu", "selective", "full")
 CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
-OPTIMIZERS = ("adamw", "adamw8bit")
+OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
 
 
@@ -179,9 +179,10 @@ class TrainConfig:
     twice); full (the whole step, about a quarter more draft compute). true is full, false is none.
     docs/training.md gives what each keeps at Llama-3.1-8B widths (tools/bench_activations.py)."""
     optimizer: str = "adamw"
-    """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter) or adamw8bit (bitsandbytes'
+    """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter), adamw8bit (bitsandbytes'
     AdamW8bit, blockwise 8-bit moments: 2 bytes per parameter, about 2.5 GB less for an 8B-target EAGLE-3
-    draft). weight_decay and the LR schedule apply to both."""
+    draft) or adamw8bit_fused (specdraft's AdamW8bitFused: the same memory, one fused Triton kernel per tensor
+    on CUDA, no bitsandbytes; kernels/adamw8bit). weight_decay and the LR schedule apply to all three."""
     compile: str = "false"
     """torch.compile the pointwise-heavy parts of training: the frozen target's decoder layers (online
     features) and the draft's decoder layer around its attention call. auto: on CUDA devices (not for a

@@ -52,7 +52,7 @@ BASE = "method: {name: eagle3}\n"
     (BASE, ["train.shard_target=maybe"], "unknown train.shard_target 'maybe'; valid: auto, true, false"),
     (BASE, ["train.activation_checkpointing=mlp"], "unknown train.activation_checkpointing 'mlp'; valid: none, "
                                                    "swiglu, selective, full, false, true"),
-    (BASE, ["train.optimizer=adam8"], "unknown train.optimizer 'adam8'; valid: adamw, adamw8bit"),
+    (BASE, ["train.optimizer=adam8"], "unknown train.optimizer 'adam8'; valid: adamw, adamw8bit, adamw8bit_fused"),
     (BASE, ["train.compile=eager"], "unknown train.compile 'eager'; valid: auto, true, false"),
     (BASE + "train: {shard_target: true}\n", [], "train.shard_target=true partitions the target with ZeRO-3: "
                                                   "it needs train.strategy=deepspeed_stage_3, got auto"),

@@ -1,5 +1,6 @@
-"""Training's throughput and memory options: train.optimizer (adamw8bit), train.compile (torch.compile of the
-draft layer's parts and of the target's decoder layers) and their errors. CPU; compiling tests are `slow`."""
+"""Training's throughput and memory options: train.optimizer (adamw8bit, adamw8bit_fused), train.compile
+(torch.compile of the draft layer's parts and of the target's decoder layers) and their errors. CPU; compiling
+tests are `slow`."""
 import pytest
 import torch
 
@@ -32,8 +33,28 @@ def test_adamw8bit_keeps_8_bit_moments_and_trains():
     assert losses[-1] < losses[0]
 
 
+def test_training_with_adamw8bit_fused_checkpoints_and_resumes(tmp_path, tiny_target_dir, distilled):
+    """`train` with train.optimizer=adamw8bit_fused (the Triton kernel, interpreted here): the checkpoint holds
+    8-bit codes, and a resume continues from it."""
+    from specdraft.config import load_recipe
+    from specdraft.train.trainer import run_train
+    from tests.test_train_export_eval import make_recipe
+
+    recipe = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2, resume="auto",
+                         optimizer="adamw8bit_fused")
+    def saved_steps_of_quantized_states():
+        last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+        return {int(s["step"]) for s in last["optimizer_states"][0]["state"].values()
+                if s.get("exp_avg_codes", torch.zeros(0)).dtype == torch.int8}
+
+    assert run_train(load_recipe(recipe))["steps"] == 2
+    assert saved_steps_of_quantized_states() == {2}
+    assert run_train(load_recipe(recipe, ["train.max_steps=3"]))["steps"] == 3
+    assert saved_steps_of_quantized_states() == {3}  # the loaded codes kept their dtype and their step count
+
+
 def test_unknown_optimizer_is_an_error():
-    with pytest.raises(SpecdraftError, match="unknown train.optimizer 'sgd'; valid: adamw, adamw8bit"):
+    with pytest.raises(SpecdraftError, match="unknown train.optimizer 'sgd'; valid: adamw, adamw8bit, adamw8bit_fused"):
         build_optimizer("sgd", [{"params": [torch.nn.Parameter(torch.zeros(2))]}], lr=1e-3, weight_decay=0.0)
 
 

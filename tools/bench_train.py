@@ -22,6 +22,8 @@ Rows (--rows, in this order at each sequence length):
   ours-swiglu       ours-selective with swiglu checkpointing instead (only silu and the product recomputed)
   ours-8bit         ours-selective with bitsandbytes' AdamW8bit (2 bytes of optimizer state per parameter)
   ours-swiglu-8bit  ours-swiglu with AdamW8bit
+  ours-swiglu-8bit-fused  ours-swiglu with specdraft's AdamW8bitFused (the same 8-bit state, one fused Triton kernel
+                    per tensor: train.optimizer=adamw8bit_fused)
 Compiling rows compile on CUDA only (train.compile=auto): on a CPU they run eagerly, and the report's
 `compiled` says which ran compiled.
 A row that runs out of memory is reported as OOM; any other failure is reported and the next row runs.
@@ -90,7 +92,7 @@ class Row:
     compile: bool = False
     """train.compile=auto (compiled on CUDA) instead of false."""
     optimizer: str = "adamw"
-    """adamw (PyTorch's, fused on CUDA) or adamw8bit (bitsandbytes)."""
+    """adamw (PyTorch's, fused on CUDA), adamw8bit (bitsandbytes) or adamw8bit_fused (kernels/adamw8bit)."""
 
 
 ROWS = {row.name: row for row in (
@@ -103,6 +105,7 @@ ROWS = {row.name: row for row in (
     Row("ours-swiglu", "online", "auto", "swiglu", compile=True),
     Row("ours-8bit", "online", "auto", "selective", compile=True, optimizer="adamw8bit"),
     Row("ours-swiglu-8bit", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit"),
+    Row("ours-swiglu-8bit-fused", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused"),
 )}
 
 

@@ -15,6 +15,7 @@ import torch
 
 from specdraft.config import OPTIMIZERS, TrainConfig
 from specdraft.errors import choices_error
+from specdraft.kernels.adamw8bit import AdamW8bitFused
 from specdraft.layers.zero import gathered
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
@@ -137,9 +138,12 @@ def build_optimizer(name: str, groups, lr: float, weight_decay: float, betas=(0.
     """train.optimizer over the parameter groups: adamw is PyTorch's default multi-tensor (foreach) AdamW on
     GPUs, not fused=True, which Lightning's mixed precision refuses with gradient clipping ("performs unscaling
     of gradients internally"), seen on an H100; adamw8bit is bitsandbytes' AdamW8bit (blockwise 8-bit moments
-    for tensors of 4096 elements or more, float32 below)."""
+    for tensors of 4096 elements or more, float32 below); adamw8bit_fused is specdraft's AdamW8bitFused (the same
+    memory, the step one fused Triton kernel per tensor; kernels/adamw8bit)."""
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=betas)
+    if name == "adamw8bit_fused":
+        return AdamW8bitFused(groups, lr=lr, weight_decay=weight_decay, betas=betas)
     if name == "adamw8bit":
         import bitsandbytes as bnb
 

@@ -1,5 +1,6 @@
-"""The runtime ops dispatch: Triton where `use_triton` says so (the interpreter here), the reference when
-SPECDRAFT_KERNELS=reference or where triton is not installed (then the ops import and run without it)."""
+"""The runtime ops and the optimizer step dispatch: Triton where `use_triton` says so (the interpreter here), the
+reference when SPECDRAFT_KERNELS=reference or where triton is not installed (then the ops import and run without
+it)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdraft.kernels.adamw8bit import StepScalars, adamw8bit_step, moments_of, new_state
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.rms_norm import rms_norm
@@ -17,6 +19,9 @@ from specdraft.kernels.tree_verify import verify_greedy
 
 ROOT = Path(__file__).resolve().parents[2]
 CALLS = {  # module: (its dispatching function, the Triton launcher's name, a call on tiny CPU tensors)
+    "adamw8bit": (adamw8bit_step, "adamw8bit_step_triton",
+                  lambda op: op(torch.randn(300), torch.randn(300), moments_of(new_state(torch.zeros(300), True)),
+                                StepScalars(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, step=1))),
     "draft_topk": (draft_topk, "draft_topk_triton",
                    lambda op: op(torch.randn(2, 30), torch.zeros(30, dtype=torch.int64), 3)),
     "tree_verify": (verify_greedy, "verify_greedy_triton",
