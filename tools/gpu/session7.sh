@@ -12,7 +12,7 @@
 set -u
 source tools/gpu/session6.sh  # checks' helpers, scaling, wait_for_target, compiled_heads (and session5's stages)
 export STEPS=${STEPS:-2000}
-ROWS7=${ROWS7:-baseline ours-no-ckpt ours-swiglu ours-swiglu-8bit ours-8bit}
+ROWS7=${ROWS7:-baseline ours-no-ckpt ours-swiglu ours-swiglu-8bit ours-swiglu-8bit-fused ours-8bit}
 
 bench_train_rows() {  # GPU 3
   export CUDA_VISIBLE_DEVICES=3
