@@ -250,4 +250,6 @@ if __name__ == "__main__":
         two_ranks(json.loads(sys.argv[2]))
     else:
         target(sys.argv[2])
+    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it; then an orderly
+    torch.distributed.destroy_process_group()  # shutdown (at exit, gloo's threads aborted with SIGABRT)
     print("done", flush=True)
