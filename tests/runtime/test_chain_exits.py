@@ -170,17 +170,23 @@ def _chi_square_top(samples, probs):
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-@torch.no_grad()
-def test_sampled_chain_cycles_with_exits_keep_the_target_distribution(monkeypatch):
-    model, engine = _engine(exit_threshold=0.3, dynamic_exit=True)
-    root, firsts = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS)
-    probs = torch.softmax(model(torch.tensor([PROMPTS[0] + [root]])).logits[0, -1], -1)  # [V]
+def assert_first_cycles_keep_the_target_distribution(model, engine, prompt, monkeypatch) -> None:
+    """The first sampled cycle's first token follows the target's distribution (chi-square), and a sampler that
+    resamples the rejected draft (no ban) fails the same test."""
+    root, firsts = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS)
+    probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
     from specdraft.runtime import sampling
 
     monkeypatch.setattr(sampling, "_ban_rejected", lambda probs, tokens, rejected: probs)
-    _, broken = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS // 2)  # resamples the rejected draft
+    _, broken = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS // 2)  # resamples the rejected draft
     assert _chi_square_top(broken, probs) > CRITICAL
+
+
+@torch.no_grad()
+def test_sampled_chain_cycles_with_exits_keep_the_target_distribution(monkeypatch):
+    model, engine = _engine(exit_threshold=0.3, dynamic_exit=True)
+    assert_first_cycles_keep_the_target_distribution(model, engine, PROMPTS[0], monkeypatch)
 
 
 def _exit_choice_engine(use_graphs=False):

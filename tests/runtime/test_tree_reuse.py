@@ -13,7 +13,7 @@ from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
-from tests.runtime.test_chain_exits import CRITICAL, SAMPLING_TRIALS, _chi_square_top, _first_cycle_tokens
+from tests.runtime.test_chain_exits import assert_first_cycles_keep_the_target_distribution
 from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
 
 PROMPTS = (PROMPT, PROMPT[3:] + PROMPT[:3])  # learnt, and not learnt
@@ -131,14 +131,7 @@ def test_the_candidate_slots_must_fit_the_cache():
 @torch.no_grad()
 def test_sampled_tree_cycles_with_reuse_keep_the_target_distribution(monkeypatch):
     model, engine = _engine()
-    root, firsts = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS)
-    probs = torch.softmax(model(torch.tensor([PROMPTS[0] + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
-    from specdraft.runtime import sampling
-
-    monkeypatch.setattr(sampling, "_ban_rejected", lambda probs, tokens, rejected: probs)
-    _, broken = _first_cycle_tokens(engine, PROMPTS[0], SAMPLING_TRIALS // 2)  # resamples the rejected draft
-    assert _chi_square_top(broken, probs) > CRITICAL
+    assert_first_cycles_keep_the_target_distribution(model, engine, PROMPTS[0], monkeypatch)
 
 
 @torch.no_grad()

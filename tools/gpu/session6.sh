@@ -14,20 +14,23 @@ set -u
 source tools/gpu/session5.sh  # its stages: pack, heads, data_stage, runtime_bench, kangaroo_sweep, collect
 export STEPS=${STEPS:-1000}
 
+# What stage 1 runs; session7.sh sets other rows and longer limits.
+BENCH_ROWS=${BENCH_ROWS:-baseline ours-no-ckpt ours-swiglu ours-selective ours-swiglu-8bit ours-8bit}
+MULTI_TIMEOUT=${MULTI_TIMEOUT:-420} REST_TIMEOUT=${REST_TIMEOUT:-300} BENCH_TIMEOUT=${BENCH_TIMEOUT:-330}
+
 checks() {
   stamp "1 checks"
-  ( CUDA_VISIBLE_DEVICES=0,1 timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py \
+  ( CUDA_VISIBLE_DEVICES=0,1 timeout "$MULTI_TIMEOUT" python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py \
       > "$RESULTS/gpu_tests_multi.log" 2>&1; stamp "multi-gpu tests: $(tail -1 "$RESULTS/gpu_tests_multi.log")" ) &
   ( export CUDA_VISIBLE_DEVICES=2
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_train_perf.py \
       > "$RESULTS/gpu_tests_compile.log" 2>&1; stamp "compile test: $(tail -1 "$RESULTS/gpu_tests_compile.log")"
-    timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore tests/test_train_perf.py \
+    timeout "$REST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore tests/test_train_perf.py \
       --ignore tests/test_multi_gpu.py > "$RESULTS/gpu_tests_rest.log" 2>&1
     stamp "other gpu tests: $(tail -1 "$RESULTS/gpu_tests_rest.log")" ) &
   ( export CUDA_VISIBLE_DEVICES=3
-    timeout 330 python3 tools/bench_train.py --seq-lens 2048 --warmup 3 --steps 6 --profile 2 \
-      --rows baseline ours-no-ckpt ours-swiglu ours-selective ours-swiglu-8bit ours-8bit \
-      --out "$RESULTS/bench_train_2048.json" > "$RESULTS/bench_train_2048.log" 2>&1
+    timeout "$BENCH_TIMEOUT" python3 tools/bench_train.py --seq-lens 2048 --warmup 3 --steps 6 --profile 2 \
+      --rows $BENCH_ROWS --out "$RESULTS/bench_train_2048.json" > "$RESULTS/bench_train_2048.log" 2>&1
     timeout 200 python3 tools/bench_train.py --seq-lens 8192 --warmup 2 --steps 4 --rows ours-8bit ours-swiglu-8bit \
       --out "$RESULTS/bench_train_8192.json" > "$RESULTS/bench_train_8192.log" 2>&1
     stamp "bench_train done" ) &

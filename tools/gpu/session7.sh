@@ -4,39 +4,16 @@
 # and bitsandbytes installed; the stages that need SmolLM2's GGUF wait for it.
 #   1 checks:   GPUs 0,1 tests/test_multi_gpu.py (ZeRO-3 with a whole and a partitioned target); GPU 2 the
 #               compiled-gradient test, then every other GPU test; GPU 3 bench_train with back-to-back steps
-#               (rows ROWS7, profiled) and at 8192.
+#               (rows BENCH_ROWS, profiled) and at 8192: session6.sh's `checks`.
 #   2 scaling:  bench_scale with ZeRO-2 and ZeRO-3 on 1, 2 and 4 GPUs in one run (issue 7).
 #   3 data:     the second prompt set distilled on 4 GPUs.
 #   4 heads:    EAGLE-3, PosS-1/2/3 and Kangaroo ℓ 2 with $STEPS steps (compiled if stage 1's test passed); the
 #               runtime bench of the EAGLE-3 head; the Kangaroo tree with and without --shallow-reuse-tree.
 set -u
-source tools/gpu/session6.sh  # checks' helpers, scaling, wait_for_target, compiled_heads (and session5's stages)
-export STEPS=${STEPS:-2000}
-ROWS7=${ROWS7:-baseline ours-no-ckpt ours-swiglu ours-swiglu-8bit ours-swiglu-8bit-fused ours-8bit}
-
-bench_train_rows() {  # GPU 3
-  export CUDA_VISIBLE_DEVICES=3
-  timeout 360 python3 tools/bench_train.py --seq-lens 2048 --warmup 3 --steps 6 --profile 2 --rows $ROWS7 \
-    --out "$RESULTS/bench_train_2048.json" > "$RESULTS/bench_train_2048.log" 2>&1
-  timeout 200 python3 tools/bench_train.py --seq-lens 8192 --warmup 2 --steps 4 --rows ours-8bit ours-swiglu-8bit \
-    --out "$RESULTS/bench_train_8192.json" > "$RESULTS/bench_train_8192.log" 2>&1
-  stamp "bench_train done"
-}
-
-checks7() {
-  stamp "1 checks"
-  ( CUDA_VISIBLE_DEVICES=0,1 timeout 480 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py \
-      > "$RESULTS/gpu_tests_multi.log" 2>&1; stamp "multi-gpu tests: $(tail -1 "$RESULTS/gpu_tests_multi.log")" ) &
-  ( export CUDA_VISIBLE_DEVICES=2
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_train_perf.py \
-      > "$RESULTS/gpu_tests_compile.log" 2>&1; stamp "compile test: $(tail -1 "$RESULTS/gpu_tests_compile.log")"
-    timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore tests/test_train_perf.py \
-      --ignore tests/test_multi_gpu.py > "$RESULTS/gpu_tests_rest.log" 2>&1
-    stamp "other gpu tests: $(tail -1 "$RESULTS/gpu_tests_rest.log")" ) &
-  bench_train_rows &
-  wait
-  pack
-}
+BENCH_ROWS=${BENCH_ROWS:-baseline ours-no-ckpt ours-swiglu ours-swiglu-8bit ours-swiglu-8bit-fused ours-8bit}
+MULTI_TIMEOUT=480 REST_TIMEOUT=330 BENCH_TIMEOUT=360  # four multi-GPU cases; more GPU tests and rows
+export STEPS=${STEPS:-2000}  # before session6.sh, whose default is 1000
+source tools/gpu/session6.sh  # stage 1 (checks), wait_for_target, compiled_heads (and session5's stages)
 
 scaling7() {
   stamp "2 bench_scale zero2 + zero3"
@@ -61,7 +38,7 @@ kangaroo_tree() {  # GPU 3: the Kangaroo ℓ=2 tree with and without the shallow
 all7() {
   rm -rf "${RESULTS:?}"/*; mkdir -p "$RESULTS"
   stamp "session7 start"
-  checks7
+  checks
   scaling7
   wait_for_target
   data_stage; pack
