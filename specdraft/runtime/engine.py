@@ -99,11 +99,17 @@ class SpecEngine:
         return DynamicExit(self.shape.depth, costs, float(self.target.info.num_layers - self.chain.start_layer))
 
     def _tree_start_layer(self, reuse: bool) -> int:
-        """The layer a tree's verify starts at: the drafter's verify_start_layer when `reuse` asks for it and the
-        drafter keeps tree states (then told to keep one per candidate), else 0."""
+        """The layer a tree's verify starts at: the drafter's verify_start_layer when `reuse` asks for it (the
+        drafter is then told to keep one state per candidate), else 0. Asked on a chain, or of a drafter without
+        the tree hooks (one that runs no shallow layer of the target), it is an error."""
         drafter = self.drafter
-        if not reuse or self.chain is not None or not hasattr(drafter, "tree_verify_states"):
+        if not reuse:
             return 0
+        if self.chain is not None:
+            raise SpecdraftError("--shallow-reuse-tree applies to trees: drop --chain (or --topk 1)")
+        if not hasattr(drafter, "tree_verify_states"):
+            raise SpecdraftError("--shallow-reuse-tree needs a draft that runs the target's shallow layers "
+                                 "(Kangaroo); this one does not")
         start = drafter.verify_start_layer
         if min(self.capture, default=start) < start:
             raise SpecdraftError(f"the drafter's verify_start_layer {start} is above the feature layers "

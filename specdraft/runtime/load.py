@@ -82,15 +82,11 @@ def _engine_options(drafter, shape: TreeShape, options: ChainOptions) -> dict:
     if shape.topk != 1:
         if (options.exit_threshold or 0) > 0 or options.dynamic_exit or options.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
-        if options.reuse_shallow_tree and not hasattr(drafter, "tree_verify_states"):
-            raise SpecdraftError("--shallow-reuse-tree needs a draft that runs the target's shallow layers "
-                                 "(Kangaroo); this one does not")
-        return {"reuse_shallow_tree": options.reuse_shallow_tree}
-    if options.reuse_shallow_tree:
-        raise SpecdraftError("--shallow-reuse-tree applies to trees: drop --chain (or --topk 1)")
+        return {"reuse_shallow_tree": options.reuse_shallow_tree}  # the engine says when it cannot
     eta = options.exit_threshold
     eta = float(getattr(drafter, "exit_threshold", 0.0)) if eta is None else eta
-    return {"exit_threshold": eta, "dynamic_exit": options.dynamic_exit, "reuse_shallow": options.reuse_shallow}
+    return {"exit_threshold": eta, "dynamic_exit": options.dynamic_exit, "reuse_shallow": options.reuse_shallow,
+            "reuse_shallow_tree": options.reuse_shallow_tree}
 
 
 def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: TargetModel):
