@@ -24,8 +24,8 @@ scaling7() {
   pack
 }
 
-kangaroo_tree() {  # GPU 3: the Kangaroo ℓ=2 tree with and without the shallow reuse, same prompts
-  export CUDA_VISIBLE_DEVICES=3
+kangaroo_tree() {  # GPU ${KANGAROO_GPU:-3}: the Kangaroo ℓ=2 tree with and without the shallow reuse, same prompts
+  export CUDA_VISIBLE_DEVICES=${KANGAROO_GPU:-3}
   local export_dir=$WORK/methods45/kangaroo2/export mt=(--prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 10
     --max-new-tokens 256 --temperature 0 --no-hf --depth 6 --topk 8 --budget 48)
   python3 -m specdraft.cli bench "$export_dir" "${mt[@]}" --out "$RESULTS/kangaroo_tree_full" \
