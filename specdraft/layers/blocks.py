@@ -34,7 +34,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+        # Under torch.compile, plain ops: Inductor chooses what to keep itself, and Dynamo's trace of the Function
+        # gave a zero weight gradient on CUDA in float32 (torch 2.11; tests/test_train_perf.py's GPU test).
+        if torch.compiler.is_compiling():
+            return rms_norm_autograd(x, self.weight, self.eps)
         return _RMSNormFunction.apply(x, self.weight, self.eps)
+
+
+def rms_norm_autograd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """_RMSNormFunction's forward in plain differentiable ops: x [..., H], weight [H] -> [..., H]."""
+    x32 = x.to(rstd_dtype := torch.promote_types(x.dtype, torch.float32))
+    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
+    return (x32 * rstd * weight.to(rstd_dtype)).to(x.dtype)
 
 
 class _SwiGLUDownFunction(torch.autograd.Function):
