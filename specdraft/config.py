@@ -188,8 +188,8 @@ class TrainConfig:
     features) and the draft's decoder layer around its attention call. auto: on CUDA devices (not for a
     bitsandbytes-quantized target, nor a ZeRO-3 sharded one); true: wherever training runs; false: never (eager).
     A compile failure stops training with an error naming this key. Off by default: on an H100 (torch 2.11) it
-    trained SmolLM2's EAGLE-3 head 1.5x faster, but tests/test_multi_gpu.py then found a draft norm weight that
-    never changed, which the CPU tests (compiled against eager gradients) do not show; see docs/training.md."""
+    trained SmolLM2's EAGLE-3 head 1.5x faster, and the norm weight that once got no gradient under it is fixed,
+    but tests/test_multi_gpu.py has not yet passed with it on; see docs/training.md."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers

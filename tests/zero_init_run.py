@@ -12,9 +12,9 @@ compares them with the same models built plainly. For tests/test_zero_init.py.
         engine's module forward runs the loss), against the plain draft trained on both ranks' rows: its
         weights must agree, and once DeepSpeed has recorded a step's trace, each step must gather the draft's
         partitioned weights once (its TTT unrolls reuse them), not once per unroll
-    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR [no-guard]
         the frozen target as train.shard_target builds it (bf16) against load_target's (bf16): its buffers and
-        the features it gives
+        the features it gives; no-guard: with a Transformers that lacks prevent_arange_dtype_change
 
 Prints `differs WHAT NAME` for each difference found, then `done`.
 """
@@ -214,7 +214,7 @@ class _LossModule(torch.nn.Module):
         return self.spec.loss(self.draft, batch, self.cfg).loss
 
 
-def target(directory: str) -> None:
+def target(directory: str, guard: str = "guard") -> None:
     import deepspeed
     import torch._dynamo  # noqa: F401  (imported before zero.Init patches torch's constructors, as in training:
     from transformers import LlamaForCausalLM  # noqa: F401  imported inside it, they fail)
@@ -223,6 +223,10 @@ def target(directory: str) -> None:
     from specdraft.target.features import capture_features
     from specdraft.target.load import load_sharded_target, load_target
 
+    if guard == "no-guard":  # Transformers before prevent_arange_dtype_change (5.17): inv_freq comes out bf16
+        import transformers.integrations.deepspeed
+
+        del transformers.integrations.deepspeed.prevent_arange_dtype_change
     cfg = TargetConfig(path=directory)
     sharded = load_sharded_target(cfg, torch.bfloat16)
     plain = load_target(cfg, "cpu", dtype="bfloat16").model
@@ -249,7 +253,7 @@ if __name__ == "__main__":
     elif sys.argv[1] == "two_ranks":
         two_ranks(json.loads(sys.argv[2]))
     else:
-        target(sys.argv[2])
+        target(*sys.argv[2:])
     torch.distributed.barrier()  # no rank tears gloo down while another still talks to it; then an orderly
     torch.distributed.destroy_process_group()  # shutdown (at exit, gloo's threads aborted with SIGABRT)
     print("done", flush=True)

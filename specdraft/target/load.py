@@ -208,7 +208,7 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
 
     try:
         from transformers.integrations.deepspeed import prevent_arange_dtype_change
-    except ImportError:  # older transformers: no guard (the rotary inv_freq is then computed in torch_dtype)
+    except ImportError:  # older transformers: no guard; rebuild_rotary_buffers (below) repairs the rotary buffers
         prevent_arange_dtype_change = contextlib.nullcontext
 
     source = _local_or_hub(cfg)
@@ -227,7 +227,25 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
         raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
     finally:
         del zero3
+    rebuild_rotary_buffers(model)
     return model.requires_grad_(False).eval()
+
+
+def rebuild_rotary_buffers(model: torch.nn.Module) -> None:
+    """Each rotary embedding's buffers (inv_freq, and original_inv_freq) recomputed outside zero.Init, from a fresh
+    module of the same class and config. Transformers without `prevent_arange_dtype_change` (5.17 on the GPU
+    machine of Session 8) leaves them computed in bf16 under zero.Init: the partitioned target's rotary angles
+    were then off by up to 0.4%, and its features moved the 2-GPU ZeRO-3 weights 1-3% of an update away from a
+    1-GPU run's (tests/test_multi_gpu.py)."""
+    for module in model.modules():
+        if "inv_freq" not in module._buffers or not hasattr(module, "config"):
+            continue
+        fresh = type(module)(module.config)
+        device = module.inv_freq.device
+        for name, buffer in fresh.named_buffers(recurse=False):
+            setattr(module, name, buffer.to(device))
+        if isinstance(getattr(fresh, "original_inv_freq", None), torch.Tensor):
+            module.original_inv_freq = fresh.original_inv_freq.to(device)
 
 
 def quantization_config(cfg: TargetConfig, device: torch.device | str, compute_dtype: torch.dtype):
