@@ -106,8 +106,8 @@ def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, refer
     """Two checks, each naming every weight that fails it: the 2-GPU run's weights at step 2 against the
     1-GPU run's at step 2 (sharded training), then the weights resumed on 1 GPU at step 4 against the
     uninterrupted run's (re-partitioned state). ZeRO-3 runs with a whole target and with a partitioned one:
-    in Session 6 the partitioned case was 1-3% of an update off at step 2, while the ZeRO-3 engine alone
-    matches a plain run to 1e-7 on 2 CPU ranks."""
+    the partitioned case was 1-3% of an update off at step 2 until Session 8 found why (its rotary inv_freq
+    computed in bf16 under zero.Init with Transformers 5.17; target/load.py rebuilds it)."""
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, strategy=strategy, **SETTINGS)
     train_on_two_gpus(recipe_path, f"train.shard_target={str(shard_target).lower()}")
     at_step_2 = load_file(tmp_path / "run" / "last" / "draft.safetensors")
