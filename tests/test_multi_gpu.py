@@ -9,8 +9,8 @@ same answer tokens, so the 2-GPU mean of per-rank losses is the 1-GPU loss, and 
 rounding: the 2-GPU weights at step 2 must be within 1% of the 1-GPU run's at step 2, and the resumed weights
 within 1% of the reference's at step 4, 1% of the reference's last two updates in both (losing the AdamW
 moments or the data position changes them by far more; the same comparison of ddp on 2 and 1 CPU processes
-differs by 3e-7). Tiny model, float32, reference kernels (no compiles): four process launches in all; a
-failure names every weight out of bounds and at which check.
+differs by 3e-7). Tiny model, float32, reference kernels, eager but for one DDP case with train.compile=true:
+five process launches in all; a failure names every weight out of bounds and at which check.
 
     python -m pytest -q tests/test_multi_gpu.py -k deepspeed_stage_3
 """
@@ -99,20 +99,23 @@ def far_weights(weights: dict, reference: dict, scale: dict) -> list[str]:
     return far
 
 
-@pytest.mark.parametrize("strategy, shard_target", [("ddp", False), ("deepspeed_stage_2", False),
-                                                    ("deepspeed_stage_3", False), ("deepspeed_stage_3", True)])
+@pytest.mark.parametrize("strategy, shard_target, compile_setting", [
+    ("ddp", False, "false"), ("deepspeed_stage_2", False, "false"), ("deepspeed_stage_3", False, "false"),
+    ("deepspeed_stage_3", True, "false"), ("ddp", False, "true")])
 def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, reference, strategy, shard_target,
-                                     caplog):
+                                     compile_setting, caplog):
     """Two checks, each naming every weight that fails it: the 2-GPU run's weights at step 2 against the
     1-GPU run's at step 2 (sharded training), then the weights resumed on 1 GPU at step 4 against the
     uninterrupted run's (re-partitioned state). ZeRO-3 runs with a whole target and with a partitioned one:
     the partitioned case was 1-3% of an update off at step 2 until Session 8 found why (its rotary inv_freq
-    computed in bf16 under zero.Init with Transformers 5.17; target/load.py rebuilds it)."""
+    computed in bf16 under zero.Init with Transformers 5.17; target/load.py rebuilds it). DDP also runs with
+    train.compile=true against the eager references: Session 5 saw a norm weight that never changed with it
+    on, the check to pass before train.compile becomes the default."""
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, strategy=strategy, **SETTINGS)
-    train_on_two_gpus(recipe_path, f"train.shard_target={str(shard_target).lower()}")
+    train_on_two_gpus(recipe_path, f"train.shard_target={str(shard_target).lower()}", f"train.compile={compile_setting}")
     at_step_2 = load_file(tmp_path / "run" / "last" / "draft.safetensors")
     with caplog.at_level(logging.INFO, logger="specdraft.train.trainer"):
-        train_on_one_gpu(recipe_path, "train.max_steps=4", "train.shard_target=false")
+        train_on_one_gpu(recipe_path, "train.max_steps=4", "train.shard_target=false", f"train.compile={compile_setting}")
     assert f"at step 2: draft weights, AdamW state ({resume_message(strategy)})" in caplog.text
     assert "data position (global sample 8)" in caplog.text
     resumed = load_file(tmp_path / "run" / "last" / "draft.safetensors")
