@@ -112,10 +112,11 @@ def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, refer
     train.compile=true against the eager references: Session 5 saw a norm weight that never changed with it
     on, the check to pass before train.compile becomes the default."""
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, strategy=strategy, **SETTINGS)
-    train_on_two_gpus(recipe_path, f"train.shard_target={str(shard_target).lower()}", f"train.compile={compile_setting}")
+    compile_override = f"train.compile={compile_setting}"
+    train_on_two_gpus(recipe_path, f"train.shard_target={str(shard_target).lower()}", compile_override)
     at_step_2 = load_file(tmp_path / "run" / "last" / "draft.safetensors")
     with caplog.at_level(logging.INFO, logger="specdraft.train.trainer"):
-        train_on_one_gpu(recipe_path, "train.max_steps=4", "train.shard_target=false", f"train.compile={compile_setting}")
+        train_on_one_gpu(recipe_path, "train.max_steps=4", "train.shard_target=false", compile_override)
     assert f"at step 2: draft weights, AdamW state ({resume_message(strategy)})" in caplog.text
     assert "data position (global sample 8)" in caplog.text
     resumed = load_file(tmp_path / "run" / "last" / "draft.safetensors")
