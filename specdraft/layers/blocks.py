@@ -12,10 +12,9 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        x32 = x.to(rstd_dtype := torch.promote_types(x.dtype, torch.float32))
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
+        normed, rstd = _rms_norm(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (x32 * rstd * weight.to(rstd_dtype)).to(x.dtype)
+        return normed
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -37,15 +36,16 @@ class RMSNorm(nn.Module):
         # Under torch.compile, plain ops: Inductor chooses what to keep itself, and Dynamo's trace of the Function
         # gave a zero weight gradient on CUDA in float32 (torch 2.11; tests/test_train_perf.py's GPU test).
         if torch.compiler.is_compiling():
-            return rms_norm_autograd(x, self.weight, self.eps)
+            return _rms_norm(x, self.weight, self.eps)[0]
         return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
-def rms_norm_autograd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """_RMSNormFunction's forward in plain differentiable ops: x [..., H], weight [H] -> [..., H]."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., H], weight [H] -> (normed [..., H] in x's dtype, rstd [..., 1] in float32 or wider); plain
+    differentiable ops, the Function's forward and the compiled path."""
     x32 = x.to(rstd_dtype := torch.promote_types(x.dtype, torch.float32))
     rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
-    return (x32 * rstd * weight.to(rstd_dtype)).to(x.dtype)
+    return (x32 * rstd * weight.to(rstd_dtype)).to(x.dtype), rstd
 
 
 class _SwiGLUDownFunction(torch.autograd.Function):
