@@ -16,3 +16,16 @@ def test_profile_train_reports_steps_and_ops(tmp_path, tiny_target_dir, distille
     saved = json.loads((tmp_path / "prof" / "profile_train.json").read_text())
     assert saved["step_ms"] == report["step_ms"]
     assert "most host time" in capsys.readouterr().out
+
+
+def test_host_waits_counts_synchronizations_and_copies_to_the_host():
+    """The events in which the host waits for the device (a `.item()` shows as a device-to-host copy), per
+    step; every other event is left out."""
+    from types import SimpleNamespace
+
+    from specdraft.train.profiling import host_waits
+
+    events = [SimpleNamespace(key="cudaStreamSynchronize", count=4), SimpleNamespace(key="Memcpy DtoH (Device -> "
+              "Pageable)", count=2), SimpleNamespace(key="Memcpy HtoD (Pageable -> Device)", count=6),
+              SimpleNamespace(key="aten::mm", count=340), SimpleNamespace(key="cudaMemcpyAsync", count=8)]
+    assert host_waits(events, steps=2) == {"cudaStreamSynchronize": 2.0, "Memcpy DtoH (Device -> Pageable)": 1.0}

@@ -468,7 +468,7 @@ def print_tables(report: dict) -> None:
         if "ops" in r:
             print(f"\n{r['row']} T={r['seq_len']}: device busy {r['ops']['device_busy_ms']:.1f} ms per step, "
                   f"{r['ops']['kernel_launches_per_step']:.0f} kernel launches")
-            print_op_tables({**r["ops"], "top_host": []}, prefix=f"{r['row']} T={r['seq_len']}, ")
+            print_op_tables(r["ops"], prefix=f"{r['row']} T={r['seq_len']}, ")
     counts = report["flop_per_token_2048_online"]
     if counts:
         print("\nGFLOP/token (online, T=2048): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in counts.items()))

@@ -4,7 +4,9 @@ The run is `specdraft train RECIPE [overrides]` itself (same data, features, dra
 --warmup + --steps optimizer steps with no validation. The profiled steps give:
   - the wall time of a step and the device's busy time in it (the sum of kernel times): a step whose wall time
     is well above its busy time is bound by the host (Python, launches, syncs), not by the GPU;
-  - the ops with the most device time, and those with the most host time (self time, per step).
+  - the ops with the most device time, and those with the most host time (self time, per step);
+  - the host's waits for the device per step (synchronizations, copies to the host such as `.item()`), after
+    each of which the device runs dry until the host launches again.
 Lightning runs the forward and backward inside the optimizer's step (its closure), so the optimizer's own range
 (`Optimizer.step#AdamW.step`) covers the whole step: read the op tables, not that range.
 

@@ -29,10 +29,24 @@ def op_report(profiler: torch.profiler.profile, steps: int, top: int) -> Dict:
 
     return {"device_busy_ms": sum(_device_us(e) for e in kernels) / 1e3 / steps,
             "kernel_launches_per_step": sum(e.count for e in kernels) / steps,
+            "host_waits_per_step": host_waits(events, steps),
             "top_device": table(_device_us), "top_host": table(lambda e: e.self_cpu_time_total)}
 
 
+HOST_WAITS = ("Synchronize", "Memcpy DtoH", "cudaMemcpy ")
+"""Event names in which the host waits for the device: explicit synchronizations, and copies to the host
+(`.item()`, `.tolist()`, a tensor in an `if`), each of which lets the device run dry before the next launch."""
+
+
+def host_waits(events, steps: int) -> Dict[str, float]:
+    """-> {event name: calls per step} for every event in which the host waits for the device."""
+    return {e.key: e.count / steps for e in events if any(marker in e.key for marker in HOST_WAITS)}
+
+
 def print_op_tables(report: Dict, prefix: str = "") -> None:
+    waits = report.get("host_waits_per_step", {})
+    print(f"\n{prefix}host waits for the device (per step): "
+          + (", ".join(f"{name} {calls:g}" for name, calls in waits.items()) or "none"))
     for title, key in (("most device time", "top_device"), ("most host time", "top_host")):
         print(f"\n{prefix}{title} (per step)\n| op | calls | device ms | host ms |\n|---|---|---|---|")
         for op in report[key]:
