@@ -57,11 +57,11 @@ compiled_heads() {  # true when stage 1's compiled-gradient test passed
     && echo true || echo false
 }
 
-all() {
+run_session() {  # $1 name, $2 the scaling stage, $3 lane 3's runs: the stages every 4-GPU session runs
   rm -rf "${RESULTS:?}"/*; mkdir -p "$RESULTS"
-  stamp "session6 start"
+  stamp "$1 start"
   checks
-  scaling
+  "$2"
   wait_for_target
   data_stage; pack
   export COMPILE=${COMPILE:-$(compiled_heads)}
@@ -69,10 +69,14 @@ all() {
   ( heads 0 eagle3; runtime_bench; touch "$WORK/lane0.done" ) &
   ( heads 1 poss1; touch "$WORK/lane1.done" ) &
   ( heads 2 poss2; touch "$WORK/lane2.done" ) &
-  ( heads 3 kangaroo2 & heads 3 kangaroo4; wait; kangaroo_sweep; heads 3 poss3; touch "$WORK/lane3.done" ) &
+  ( "$3"; touch "$WORK/lane3.done" ) &
   wait
   collect; pack
-  stamp "session6 done"
+  stamp "$1 done"
 }
+
+lane3_session6() { heads 3 kangaroo2 & heads 3 kangaroo4; wait; kangaroo_sweep; heads 3 poss3; }
+
+all() { run_session session6 scaling lane3_session6; }
 
 [ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-all}"  # sourced (session7.sh): its functions only

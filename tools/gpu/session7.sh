@@ -35,22 +35,8 @@ kangaroo_tree() {  # GPU ${KANGAROO_GPU:-3}: the Kangaroo ℓ=2 tree with and wi
   stamp "kangaroo tree done"
 }
 
-all7() {
-  rm -rf "${RESULTS:?}"/*; mkdir -p "$RESULTS"
-  stamp "session7 start"
-  checks
-  scaling7
-  wait_for_target
-  data_stage; pack
-  export COMPILE=${COMPILE:-$(compiled_heads)}
-  stamp "4 heads, train.compile=$COMPILE, $STEPS steps"
-  ( heads 0 eagle3; runtime_bench; touch "$WORK/lane0.done" ) &
-  ( heads 1 poss1; touch "$WORK/lane1.done" ) &
-  ( heads 2 poss2; touch "$WORK/lane2.done" ) &
-  ( heads 3 kangaroo2; kangaroo_tree; heads 3 poss3; touch "$WORK/lane3.done" ) &
-  wait
-  collect; pack
-  stamp "session7 done"
-}
+lane3_session7() { heads 3 kangaroo2; kangaroo_tree; heads 3 poss3; }
+
+all7() { run_session session7 scaling7 lane3_session7; }
 
 [ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-all7}"
