@@ -39,29 +39,13 @@ gpu_tests() {
   stamp "gpu tests: $(tail -1 "$RESULTS/gpu_tests.log")"
 }
 
-hf_target() {  # SmolLM2's GGUF saved as a Hugging Face directory (bitsandbytes quantizes from it)
-  python3 - "$GGUF" "$WORK/smollm2_hf" <<'EOF'
-import sys
-from pathlib import Path
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-gguf, out = Path(sys.argv[1]), sys.argv[2]
-model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
-model.hf_quantizer = None  # dequantized on load; transformers refuses to save a model it calls GGUF-quantized
-model.config.__dict__.pop("quantization_config", None)
-model.save_pretrained(out)
-AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
-EOF
-}
-
 quant_heads() {  # issue 6: what training against a quantized target costs in τ (each head benched on the bf16 target)
-  hf_target > "$RESULTS/hf_target.log" 2>&1 || { stamp "hf target failed"; return; }
   local bench=(--target "$GGUF" --temperature 0 --no-hf --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20
                --max-new-tokens 256)
   for quant in ${QUANTS:-none 8bit 4bit}; do
     local name=quant/$quant
     NAME=$name RECIPE=recipes/eagle3_smollm2.yaml STEPS=$QUANT_STEPS bash tools/gpu/train_head.sh \
-      "target.path=$WORK/smollm2_hf" "target.quantization=$quant" train.micro_batch_size=64 \
+      "target.quantization=$quant" train.micro_batch_size=64 \
       > "$RESULTS/quant_$quant.log" 2>&1 || { stamp "quant $quant failed"; continue; }
     python3 -m specdraft.cli bench "$WORK/$name/export" --chain --depth 6 "${bench[@]}" \
       --out "$RESULTS/quant/$quant/chain" >> "$RESULTS/quant_$quant.log" 2>&1
