@@ -238,7 +238,7 @@ def rebuild_rotary_buffers(model: torch.nn.Module) -> None:
     were then off by up to 0.4%, and its features moved the 2-GPU ZeRO-3 weights 1-3% of an update away from a
     1-GPU run's (tests/test_multi_gpu.py)."""
     for module in model.modules():
-        if "inv_freq" not in module._buffers or not hasattr(module, "config"):
+        if "inv_freq" not in dict(module.named_buffers(recurse=False)) or not hasattr(module, "config"):
             continue
         fresh = type(module)(module.config)
         device = module.inv_freq.device
