@@ -61,8 +61,8 @@ def shard_features(model, rows: List[np.ndarray], layers: List[int], batch_size:
     out: List[Optional[dict]] = [None] * len(rows)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        input_ids, attention_mask = right_pad([rows[k] for k in chunk])  # [B, T]
-        features = capture_features(model, input_ids.to(device), attention_mask.to(device), layers)
+        input_ids, _ = right_pad([rows[k] for k in chunk])  # [B, T]
+        features = capture_features(model, input_ids.to(device), None, layers)  # right-padded: causal alone
         for k, tensors in zip(chunk, split_rows(features, [len(rows[k]) for k in chunk], layers)):
             out[k] = {name: tensor.cpu() for name, tensor in tensors.items()}
     return out

@@ -254,3 +254,23 @@ def test_online_target_keeps_its_float32_rotary_frequencies(tiny_target_dir):
     assert torch.equal(got.final_hidden, expected.final_hidden)
     for index, hidden in expected.hidden_states.items():
         assert torch.equal(got.hidden_states[index], hidden), index
+
+
+def test_online_features_of_right_padded_rows_need_no_mask(tiny_target_dir):
+    """OnlineFeatures runs the target without the batch's attention mask (no device sync, the causal kernel):
+    on right-padded rows every real token's states are those the masked forward gives. The padded columns'
+    states differ (they see each other now), so the check would fail if the padding sat on the left."""
+    from specdraft.config import TargetConfig
+    from specdraft.target.features import capture_features
+
+    model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
+    rows = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)) for n in (32, 20, 9)]
+    batch = collate([{"input_ids": r.numpy(), "loss_mask": r.numpy() * 0 + 1} for r in rows], max_length=64)
+    got = OnlineFeatures(model, [1, 2])(batch)
+    masked = capture_features(model, batch["input_ids"], batch["attention_mask"], [1, 2])
+    real = batch["attention_mask"].bool()  # [B, T]
+    assert not real.all()
+    for index, hidden in masked.hidden_states.items():
+        torch.testing.assert_close(got.hidden_states[index][real], hidden[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.final_hidden[real], masked.final_hidden[real], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got.final_hidden[~real], masked.final_hidden[~real], atol=1e-3)

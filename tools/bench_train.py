@@ -41,6 +41,7 @@ during the timed steps beyond what was resident before the row (the target's wei
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -58,7 +59,7 @@ from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods import eagle3 as eagle3_module
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
-from specdraft.target.features import capture_features
+from specdraft.train.features import OnlineFeatures
 from specdraft.train.module import build_optimizer
 from specdraft.train.profiling import op_report, print_op_tables
 
@@ -278,8 +279,7 @@ class Bench:
             return lambda: full_logits_features(self.target, batch["input_ids"], batch["attention_mask"],
                                                 self.layers)
         if row.features == "online":
-            return lambda: capture_features(self.target, batch["input_ids"], batch["attention_mask"], self.layers,
-                                            position_ids=batch["position_ids"])
+            return functools.partial(OnlineFeatures(self.target, self.layers), batch)  # as `train` runs it
         shape = (*batch["input_ids"].shape, self.info.hidden_size)
         hidden = {i: torch.randn(shape, device=self.device, dtype=self.dtype) for i in sorted({0, *self.layers})}
         final = torch.randn(shape, device=self.device, dtype=self.dtype)

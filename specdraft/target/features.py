@@ -21,6 +21,8 @@ def _run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[in
     """-> ({i: [B, T, H]} for i in keep, final normed hidden state [B, T, H])."""
     if position_ids is not None:  # no attention mask: Hugging Face masks per document from the position ids
         inputs = {"input_ids": input_ids, "position_ids": position_ids}
+    elif attention_mask is None:  # right-padded rows: causal attention alone
+        inputs = {"input_ids": input_ids}
     else:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if not hasattr(decoder, "layers"):  # an unusual layout: Hugging Face's own collection
@@ -41,10 +43,15 @@ def _run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[in
 
 
 @torch.no_grad()
-def capture_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Iterable[int],
+def capture_features(model, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], layers: Iterable[int],
                      position_ids: Optional[torch.Tensor] = None) -> TargetFeatures:
     """input_ids, attention_mask [B, T] -> hidden states {i: [B, T, H]} for i in layers (0 always), the final
     normed hidden state and the LM head weight. The decoder runs without its LM head: no [B, T, V] logits.
+
+    attention_mask None: each row's padding (if any) is at its end. Causal attention then never lets a real
+    token see a padded one, so the real tokens' states are those the mask would give, without it: the target
+    runs its causal attention kernel, and Hugging Face does not read the mask back to the host to find that it
+    is all ones (a device sync in every training step).
 
     position_ids [B, T] (packed rows, positions restarting at each document) replaces the attention mask: the
     target then attends within each document only."""

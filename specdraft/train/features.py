@@ -84,7 +84,8 @@ class OnlineFeatures:
             compile_decoder_layers(self.model)
 
     def __call__(self, batch: Dict) -> TargetFeatures:
-        return capture_features(self.model, batch["input_ids"], batch["attention_mask"], self.layers,
+        """The batch's rows are right-padded (train.data.collate) or packed (position_ids): no mask needed."""
+        return capture_features(self.model, batch["input_ids"], None, self.layers,
                                 position_ids=batch.get("position_ids"))
 
 

@@ -78,6 +78,22 @@ def test_lse_merge_gradients_match_dense(monkeypatch):
         torch.testing.assert_close(flex_grad, dense_grad)
 
 
+def test_compiled_merge_matches_the_eager_merge():
+    """The merge of the diagonal keys, compiled as CUDA runs it, against the same function run eagerly: output
+    and gradients (float32, CPU Inductor)."""
+    query, steps_kv, _ = _inputs(steps=3)
+    out0, lse0 = torch.randn_like(query), torch.randn(query.shape[:3])
+    leaves = [query, out0, lse0, *[t for kv in steps_kv[1:] for t in kv]]
+    results = []
+    for merge in (flex_module.merge_diagonal, flex_module._compiled_merge()):
+        inputs = [leaf.detach().clone().requires_grad_() for leaf in leaves]
+        keys, values = inputs[3::2], inputs[4::2]
+        out = merge(*inputs[:3], keys, values)
+        results.append([out, *torch.autograd.grad((out * torch.cos(out)).sum(), inputs)])
+    for got, want in zip(*results[::-1]):
+        torch.testing.assert_close(got, want)
+
+
 def test_inference_queries_take_the_dense_path():
     """Queries at chosen columns (drafting after a prefix) never use the block mask."""
     query, steps_kv, document_ids = _inputs(steps=1)

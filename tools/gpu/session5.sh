@@ -77,9 +77,9 @@ heads() {  # GPU $1: method runs $2.. one after another (COMPILE=true: compiled,
   export CUDA_VISIBLE_DEVICES=$1; shift
   for run in "$@"; do
     local common=(train.micro_batch_size=64 train.val_every_steps=400 $(extra_data))
-    RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" "train.compile=${COMPILE:-false}" \
+    RUNS=$run MAX_PROMPTS=${MAX_PROMPTS:-20} bash tools/gpu/methods45.sh "${common[@]}" "train.compile=${COMPILE:-false}" \
       > "$RESULTS/methods45_$run.log" 2>&1 \
-      || RUNS=$run MAX_PROMPTS=20 bash tools/gpu/methods45.sh "${common[@]}" train.compile=false \
+      || RUNS=$run MAX_PROMPTS=${MAX_PROMPTS:-20} bash tools/gpu/methods45.sh "${common[@]}" train.compile=false \
       > "$RESULTS/methods45_${run}_eager.log" 2>&1
     stamp "head $run done"
   done

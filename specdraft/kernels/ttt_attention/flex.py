@@ -4,7 +4,7 @@ The queries of every step are the T columns, so the step-0 part is the same bloc
 step: causal within each document (several packed conversations per row), one BlockMask built once per batch.
 flex_attention returns it with its log-sum-exp; the diagonal keys of steps 1..j (one per query) are scored
 elementwise and merged in by their weights, softmax([lse_0, s_1, ..., s_j]). Gradients flow through the
-log-sum-exp. On CUDA only the flex call is compiled (torch.compile), which is what makes it fast.
+log-sum-exp. On CUDA the flex call and the merge are compiled (torch.compile), which is what makes them fast.
 """
 from __future__ import annotations
 
@@ -45,19 +45,37 @@ def _flex_with_lse(query, key, value, block_mask):
     return out, aux.lse
 
 
+def merge_diagonal(query: torch.Tensor, out0: torch.Tensor, lse0: torch.Tensor, diag_keys: List[torch.Tensor],
+                   diag_values: List[torch.Tensor]) -> torch.Tensor:
+    """Step 0's attention merged with the diagonal keys of steps 1..j.
+
+    query [B, h, T, D]; out0 [B, h, T, D] and lse0 [B, h, T] (flex attention over step 0's keys); diag_keys,
+    diag_values j tensors [B, kvh, T, D], each one key per query -> [B, h, T, D] in query's dtype."""
+    batch, heads, cols, dim = query.shape
+    kv_heads = diag_keys[0].shape[1]
+    grouped = query.view(batch, kv_heads, heads // kv_heads, cols, dim)  # [B, kvh, g, T, D]
+    diag = [(grouped * k_j[:, :, None]).sum(-1).float() / math.sqrt(dim) for k_j in diag_keys]  # [B, kvh, g, T]
+    logits = torch.stack([lse0.view_as(diag[0]), *diag], dim=-1)  # [B, kvh, g, T, 1 + J]
+    weights = torch.softmax(logits, dim=-1)
+    out = weights[..., 0, None] * out0.view_as(grouped)  # [B, kvh, g, T, D] float32
+    for j, v_j in enumerate(diag_values, start=1):
+        out = out + weights[..., j, None] * v_j[:, :, None]
+    return out.to(query.dtype).reshape(batch, heads, cols, dim)
+
+
+@functools.cache
+def _compiled_merge():
+    return torch.compile(merge_diagonal)
+
+
 def flex_ttt_attention(query: torch.Tensor, steps_kv: List[KV], block_mask) -> torch.Tensor:
-    """query [B, h, T, D] at columns 0..T-1; steps_kv as in the reference -> [B, h, T, D]."""
+    """query [B, h, T, D] at columns 0..T-1; steps_kv as in the reference -> [B, h, T, D].
+
+    On CUDA the merge is compiled too: eagerly it runs several elementwise kernels per diagonal key, forward and
+    backward, each reading and writing [B, h, T, D] tensors; Inductor fuses each step's into a few."""
     k0, v0 = steps_kv[0]
     out0, lse0 = _flex_with_lse(query, k0, v0, block_mask)
     if len(steps_kv) == 1:
         return out0
-    batch, heads, cols, dim = query.shape
-    kv_heads = k0.shape[1]
-    grouped = query.view(batch, kv_heads, heads // kv_heads, cols, dim)  # [B, kvh, g, T, D]
-    diag = [(grouped * k_j[:, :, None]).sum(-1).float() / math.sqrt(dim) for k_j, _ in steps_kv[1:]]  # [B, kvh, g, T]
-    logits = torch.stack([lse0.view_as(diag[0]), *diag], dim=-1)  # [B, kvh, g, T, 1 + J]
-    weights = torch.softmax(logits, dim=-1)
-    out = weights[..., 0, None] * out0.view_as(grouped)  # [B, kvh, g, T, D] float32
-    for j, (_, v_j) in enumerate(steps_kv[1:], start=1):
-        out = out + weights[..., j, None] * v_j[:, :, None]
-    return out.to(query.dtype).reshape(batch, heads, cols, dim)
+    merge = _compiled_merge() if query.is_cuda else merge_diagonal
+    return merge(query, out0, lse0, [k for k, _ in steps_kv[1:]], [v for _, v in steps_kv[1:]])
