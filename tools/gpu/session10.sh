@@ -6,8 +6,9 @@
 #           GPU: bench_train of the previous tree ($OLD_TREE: `git archive 2cae778 specdraft tools data_gen`
 #           unpacked) and of this one, 2048 tokens with op profiles, then 8192; then the GPU tests of the parts
 #           that changed.
-#   heads10 (one GPU, SmolLM2; .data/run2 carried): EAGLE-3 and PosS-1 side by side, same data, $STEPS steps and
-#           seed, benched on all 80 MT-bench prompts (issue 4), and their acceptance plots.
+#   heads10 (one or two GPUs, SmolLM2; .data/run2 carried): EAGLE-3 and PosS-1 side by side (on two GPUs, one
+#           each), same data, $STEPS steps and seed, benched on all 80 MT-bench prompts (issue 4), and their
+#           acceptance plots.
 set -u
 export STEPS=${STEPS:-1000} EXTRA_DATA=${EXTRA_DATA:-$PWD/.data/run2}
 source tools/gpu/session7.sh  # (and session5/6.sh) stamp, pack, heads, wait_for_target, compiled_heads, collect
@@ -41,7 +42,9 @@ heads10() {
   wait_for_target
   stamp "heads, train.compile=$COMPILE, $STEPS steps, extra data $EXTRA_DATA"
   export MAX_PROMPTS=80
-  ( heads 0 eagle3 ) & ( heads 0 poss1 ) &
+  local second=0
+  [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && second=1  # each head on its own GPU where there are two
+  ( heads 0 eagle3 ) & ( heads $second poss1 ) &
   wait
   for kind in chain tree; do
     python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind.png" --title "MT-bench (80), T=0, $kind" \
