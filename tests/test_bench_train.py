@@ -28,8 +28,8 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
     assert not any(row["compiled"] for row in report["rows"])  # train.compile=auto: eager on the CPU
     assert {row["checkpointing"] for row in report["rows"]} == {"none", "swiglu", "selective", "full"}
     assert {row["optimizer"] for row in report["rows"]} == {"adamw", "adamw8bit", "adamw8bit_fused"}
-    offline = next(r for r in report["rows"] if r["row"] == "offline")
-    assert offline["phases_ms"]["target"] < 1.0  # no target forward
+    offline = [r for r in report["rows"] if r["row"].startswith("offline")]
+    assert len(offline) == 2 and all(r["phases_ms"]["target"] < 1.0 for r in offline)  # no target forward
     assert "ms per step by phase" in capsys.readouterr().out
 
 

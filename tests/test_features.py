@@ -274,3 +274,59 @@ def test_online_features_of_right_padded_rows_need_no_mask(tiny_target_dir):
         torch.testing.assert_close(got.hidden_states[index][real], hidden[real], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.final_hidden[real], masked.final_hidden[real], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got.final_hidden[~real], masked.final_hidden[~real], atol=1e-3)
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ops that read a tensor's value back to the host (on a GPU, each waits for the device)."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+             torch.ops.aten.equal.default}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def test_online_features_never_read_a_tensor_back_to_the_host(tiny_target_dir):
+    """The online target forward (one per training step) reads no tensor value on the host; Hugging Face's own
+    forward with the batch's mask does (its mask check), which shows the counter sees such reads."""
+    from specdraft.config import TargetConfig
+    from specdraft.target.features import capture_features
+
+    model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))  # [B, T]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with _HostReads() as masked:
+        capture_features(model, ids, batch["attention_mask"], [1, 2])
+    with _HostReads() as online:
+        OnlineFeatures(model, [1, 2])(batch)
+    assert masked.count > 0
+    assert online.count == 0
+    assert model.config._attn_implementation == "sdpa"  # restored after the forward
+
+
+@pytest.mark.parametrize("setting", ["eager", "sliding_window", "sliding_layers"])
+def test_targets_with_local_attention_or_not_on_sdpa_keep_their_mask(tiny_target_dir, setting):
+    """causal_attention applies to SDPA targets whose every layer attends to the whole prefix; the others run
+    their own attention (a sliding window needs the mask Hugging Face builds)."""
+    from specdraft.config import TargetConfig
+    from specdraft.target.features import causal_attention
+
+    model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
+    config = model.config
+    if setting == "eager":
+        config._attn_implementation = "eager"
+    elif setting == "sliding_window":
+        config.use_sliding_window, config.sliding_window = True, 8
+    else:
+        config.layer_types = ["sliding_attention"] + ["full_attention"] * (config.num_hidden_layers - 1)
+    before = config._attn_implementation
+    with causal_attention(model):
+        assert config._attn_implementation == before
+    plain = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
+    with causal_attention(plain):
+        assert plain.config._attn_implementation != "sdpa"

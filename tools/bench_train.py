@@ -24,6 +24,7 @@ Rows (--rows, in this order at each sequence length):
   ours-swiglu-8bit  ours-swiglu with AdamW8bit
   ours-swiglu-8bit-fused  ours-swiglu with specdraft's AdamW8bitFused (the same 8-bit state, one fused Triton kernel
                     per tensor: train.optimizer=adamw8bit_fused)
+  offline-swiglu-8bit-fused  ours-swiglu-8bit-fused fed precomputed hidden states (data.features=offline)
 Compiling rows compile on CUDA only (train.compile=auto): on a CPU they run eagerly, and the report's
 `compiled` says which ran compiled.
 A row that runs out of memory is reported as OOM; any other failure is reported and the next row runs.
@@ -107,6 +108,7 @@ ROWS = {row.name: row for row in (
     Row("ours-8bit", "online", "auto", "selective", compile=True, optimizer="adamw8bit"),
     Row("ours-swiglu-8bit", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit"),
     Row("ours-swiglu-8bit-fused", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused"),
+    Row("offline-swiglu-8bit-fused", "offline", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused"),
 )}
 
 

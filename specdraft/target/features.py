@@ -4,11 +4,52 @@ The states are taken with forward pre-hooks on the decoder layers that a draft r
 `output_hidden_states` (which keeps all L + 1 states: 2.2 GB for Llama-3.1-8B at 8192 tokens)."""
 from __future__ import annotations
 
+import contextlib
+from contextlib import contextmanager
 from typing import Dict, Iterable, List, Optional
 
 import torch
 
 from specdraft.methods.base import TargetFeatures
+
+CAUSAL_SDPA = "specdraft_causal_sdpa"
+"""The attention a right-padded target forward runs under: SDPA's causal kernel with no mask at all."""
+
+
+def _causal_sdpa(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
+def _full_causal_sdpa(config) -> bool:
+    """Whether every layer of the target attends causally to the whole prefix with SDPA (no sliding window)."""
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return config._attn_implementation == "sdpa" and layer_types == {"full_attention"} \
+        and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None))
+
+
+@contextmanager
+def causal_attention(model):
+    """The target's SDPA attention as plain causal attention while the block runs.
+
+    Hugging Face reads a mask back to the host before every forward, to find whether it may skip it: the padding
+    mask's `.all()`, or without one, whether the position ids hold packed sequences. Each read waits for the
+    device to finish all queued work (in training: the previous step), and the device then idles while the host
+    launches the next kernels. An attention implementation with no mask function of its own skips that
+    preprocessing (create_causal_mask returns None). Targets with sliding windows, or not on SDPA, run as they are."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if not _full_causal_sdpa(config):
+        yield
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(CAUSAL_SDPA, _causal_sdpa)
+    config._attn_implementation = CAUSAL_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
 
 
 def _keep_input(store: Dict[int, torch.Tensor], index: int):
@@ -21,7 +62,7 @@ def _run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[in
     """-> ({i: [B, T, H]} for i in keep, final normed hidden state [B, T, H])."""
     if position_ids is not None:  # no attention mask: Hugging Face masks per document from the position ids
         inputs = {"input_ids": input_ids, "position_ids": position_ids}
-    elif attention_mask is None:  # right-padded rows: causal attention alone
+    elif attention_mask is None:  # right-padded rows: causal attention alone (the caller's causal_attention)
         inputs = {"input_ids": input_ids}
     else:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -49,14 +90,15 @@ def capture_features(model, input_ids: torch.Tensor, attention_mask: Optional[to
     normed hidden state and the LM head weight. The decoder runs without its LM head: no [B, T, V] logits.
 
     attention_mask None: each row's padding (if any) is at its end. Causal attention then never lets a real
-    token see a padded one, so the real tokens' states are those the mask would give, without it: the target
-    runs its causal attention kernel, and Hugging Face does not read the mask back to the host to find that it
-    is all ones (a device sync in every training step).
+    token see a padded one, so the real tokens' states are those the mask would give, without it; the target runs
+    under `causal_attention`, so that the forward never waits for the device.
 
     position_ids [B, T] (packed rows, positions restarting at each document) replaces the attention mask: the
     target then attends within each document only."""
     keep = sorted(set(layers) | {0})
-    hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
+    unmasked = attention_mask is None and position_ids is None
+    with causal_attention(model) if unmasked else contextlib.nullcontext():
+        hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
     return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
                           lm_head=model.get_output_embeddings().weight)
 

@@ -55,4 +55,4 @@ heads10() {
   stamp "session10 heads done"
 }
 
-[ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-train10}"
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-train10}"; fi  # sourced: its functions only, status 0
