@@ -2,9 +2,11 @@
 # The next session's GPU work, one function per machine kind (Session 8 was lent nvidia-h100-x1 and x2, no x4).
 # Run it detached from a copy of the repository with tools/gpu/env.sh sourced (DEEPSPEED=1); .data/prev and
 # .data/run2 (Session 8's second prompt set, distilled: no distillation needed) carried as tools/gpu/README says.
-#   heads9 (one GPU; fits one machine's 30 minutes): the compiled-gradient GPU test; EAGLE-3 and PosS-1 side by
-#          side with the same data, $STEPS steps and seed, compiled when that test passes; then the runtime bench
-#          of the EAGLE-3 head alone on the GPU (issues 3 and 4), and both heads' acceptance plots.
+#   heads9 (one or two GPUs): the compiled-gradient GPU test; EAGLE-3 and PosS-1 side by side (one per GPU where
+#          there are two) with the same data, $STEPS steps and seed, compiled when that test passes, each benched
+#          on $MAX_PROMPTS MT-bench prompts (default 20); then the runtime bench of the EAGLE-3 head alone on the
+#          GPU (issues 3 and 4), and both heads' acceptance plots. Session 10 found compiled heads slower than
+#          planned (tools/gpu/README.md): at 1,000+ steps this no longer fits one machine's 30 minutes.
 #   multi9 (2 or 4 GPUs): tests/test_multi_gpu.py (the ZeRO-3 partitioned case after the rotary fix; DDP with
 #          train.compile=true), then bench_scale with ZeRO-2 and ZeRO-3 on the GPUs present (issue 7).
 set -u
@@ -19,11 +21,14 @@ heads9() {
   export COMPILE=${COMPILE:-$(compiled_heads)}
   wait_for_target
   stamp "heads, train.compile=$COMPILE, $STEPS steps, extra data $EXTRA_DATA"
-  ( heads 0 eagle3 ) & ( heads 0 poss1 ) &
+  local second=0
+  [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && second=1  # each head on its own GPU where there are two
+  ( heads 0 eagle3 ) & ( heads $second poss1 ) &
   wait
   runtime_bench
   for kind in chain tree; do
-    python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind.png" --title "MT-bench, T=0, $kind" \
+    python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind.png" \
+      --title "MT-bench (${MAX_PROMPTS:-20} prompts), T=0, $kind" \
       "eagle3=$WORK/methods45/eagle3/bench_$kind/bench.json" "poss1=$WORK/methods45/poss1/bench_$kind/bench.json" \
       > "$RESULTS/acceptance_$kind.txt" 2>&1
   done
@@ -47,4 +52,4 @@ multi9() {
   stamp "session9 multi done"
 }
 
-[ "${BASH_SOURCE[0]}" = "$0" ] && "${1:-heads9}"
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-heads9}"; fi  # sourced: its functions only, status 0
