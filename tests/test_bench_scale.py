@@ -29,6 +29,18 @@ def test_tiny_cpu_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_profile_runs_every_rank_under_the_profiler(tmp_path):
+    """--profile runs each configuration through tools/profile_train.py: the rate is still measured, and each of
+    the 2 ranks writes its own op tables."""
+    report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
+                               "--strategies", "ddp", "--gpus", "2", "--profile", "1", "--out", str(tmp_path)])
+    assert report["results"][0]["status"] == "ok" and report["results"][0]["timed_steps"] == 2
+    run = tmp_path / "work" / "runs" / "ddp-2"
+    ranks = [json.loads((run / name).read_text()) for name in ("profile_train.json", "profile_train_rank1.json")]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 and r["top_host"] for r in ranks)
+
+
+@pytest.mark.slow
 def test_distill_scale_tiny_cpu(tmp_path, tiny_target_dir):
     bench_distill_scale = load_tool("bench_distill_scale")
 

@@ -13,6 +13,7 @@ an 8B target fits every GPU).
     python tools/bench_scale.py --out runs/bench_scale                        # the GPUs present: 1, 2, 4
     python tools/bench_scale.py --strategies deepspeed_stage_3:shard --gpus 2,4 --out DIR
     python tools/bench_scale.py --config tiny --device cpu --out /tmp/bench_scale     # tiny model, CPU, ddp
+    python tools/bench_scale.py --gpus 1,2 --strategies deepspeed_stage_3 --profile 2 --out DIR   # where it goes
 
 A configuration that fails or outlasts --timeout is recorded with its error (and its log's last lines) and the
 next one runs; DIR/bench_scale.json is rewritten after every configuration, so an interrupted run keeps what it
@@ -95,13 +96,23 @@ def run_dir(work: Path, strategy: str, gpus: int) -> Path:
     return work / "runs" / f"{strategy.replace(':', '-')}-{gpus}"
 
 
+def train_dir(work: Path, strategy: str, gpus: int, args) -> Path:
+    """The run's train.output_dir: the run directory, or under --profile profile_train's `train` inside it."""
+    return run_dir(work, strategy, gpus) / "train" if args.profile else run_dir(work, strategy, gpus)
+
+
 def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list:
-    """The `specdraft train` command of one configuration (`STRATEGY:shard`: the target partitioned)."""
+    """The `specdraft train` command of one configuration (`STRATEGY:shard`: the target partitioned); with
+    --profile, tools/profile_train.py running the same recipe and overrides, its last steps under the profiler."""
     name, _, option = strategy.partition(":")
     steps = args.warmup + args.steps
-    overrides = [f"train.output_dir={run_dir(work, strategy, gpus)}", f"train.strategy={name}",
+    overrides = [f"train.output_dir={train_dir(work, strategy, gpus, args)}", f"train.strategy={name}",
                  f"train.devices={gpus}", f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}",
                  f"train.shard_target={'true' if option == 'shard' else 'auto'}"]
+    if args.profile:
+        return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides,
+                "--warmup", str(steps - args.profile), "--steps", str(args.profile),
+                "--out", str(run_dir(work, strategy, gpus))]
     return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
 
 
@@ -149,7 +160,7 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
                                        _environment(args.device), log, args.timeout)
     if returncode != 0:
         raise RuntimeError(f"exit {returncode}: {_tail(log_path, 3)}")
-    rows = read_step_times(run_dir(work, strategy, gpus) / "logs" / "step_times.csv")
+    rows = read_step_times(train_dir(work, strategy, gpus, args) / "logs" / "step_times.csv")
     rate = steady_rate(rows, args.warmup)
     if rate is None:
         raise RuntimeError(f"{len(rows)} timed steps: too few after {args.warmup} warm-up steps")
@@ -206,8 +217,13 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=3, help="steps not timed (the first compiles)")
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows (cycled)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration (one process)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="profile the last STEPS timed steps of every rank (tools/profile_train.py): op tables "
+                             "in each run's logs and profile_train*.json; the profiler's overhead is in the rates")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if not 0 <= args.profile <= args.steps:
+        parser.error(f"--profile {args.profile}: between 0 and --steps ({args.steps})")
     if args.gpus is None:
         import torch
 

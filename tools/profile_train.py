@@ -12,7 +12,8 @@ Lightning runs the forward and backward inside the optimizer's step (its closure
 
     python tools/profile_train.py recipes/eagle3_smollm2.yaml target.path=... --warmup 30 --steps 10 --out runs/prof
 
-Writes OUT/profile_train.json (and OUT/trace.json, a Chrome trace, with --trace). Prints the tables.
+Writes OUT/profile_train.json (and OUT/trace.json, a Chrome trace, with --trace). Prints the tables. On several
+GPUs every rank profiles its own steps: rank R > 0 writes profile_train_rankR.json (and trace_rankR.json).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class ProfileSteps(Callback):
 
     def __init__(self, warmup: int, steps: int, trace: Optional[Path] = None):
         self.warmup, self.steps, self.trace = warmup, steps, trace
+        self.rank, self.world_size = 0, 1
         self.profiler: Optional[profile] = None
         self.started = self.wall_seconds = None
 
@@ -43,6 +45,7 @@ class ProfileSteps(Callback):
             torch.cuda.synchronize(pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.rank, self.world_size = trainer.global_rank, trainer.world_size
         if trainer.global_step == self.warmup and self.profiler is None:
             self._sync(pl_module)
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -57,7 +60,7 @@ class ProfileSteps(Callback):
             self.wall_seconds = time.perf_counter() - self.started
             self.profiler.__exit__(None, None, None)
             if self.trace is not None:
-                self.profiler.export_chrome_trace(str(self.trace))
+                self.profiler.export_chrome_trace(str(rank_path(self.trace, self.rank)))
 
     def report(self, top: int) -> Dict:
         if self.wall_seconds is None:
@@ -65,6 +68,11 @@ class ProfileSteps(Callback):
                              f"or lower --warmup/--steps")
         return {"steps": self.steps, "step_ms": self.wall_seconds * 1e3 / self.steps,
                 **op_report(self.profiler, self.steps, top)}
+
+
+def rank_path(path: Path, rank: int) -> Path:
+    """`path` for rank 0; NAME_rankR.EXT for the other ranks of a multi-GPU run (each rank profiles itself)."""
+    return path if rank == 0 else path.with_name(f"{path.stem}_rank{rank}{path.suffix}")
 
 
 def print_report(report: Dict) -> None:
@@ -97,10 +105,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     summary = run_train(recipe, extra_callbacks=[profiler])
     report = {"recipe": args.recipe, "overrides": args.overrides, "train_summary": summary,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              **profiler.report(args.top)}
+              "rank": profiler.rank, "world_size": profiler.world_size, **profiler.report(args.top)}
     print(f"run: {json.dumps(summary)}")
+    print(f"rank {profiler.rank} of {profiler.world_size}")
     print_report(report)
-    (out / "profile_train.json").write_text(json.dumps(report, indent=1))
+    rank_path(out / "profile_train.json", profiler.rank).write_text(json.dumps(report, indent=1))
     return report
 
 
