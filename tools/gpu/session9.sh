@@ -7,8 +7,9 @@
 #          on $MAX_PROMPTS MT-bench prompts (default 20); then the runtime bench of the EAGLE-3 head alone on the
 #          GPU (issues 3 and 4), and both heads' acceptance plots. Session 10 found compiled heads slower than
 #          planned (tools/gpu/README.md): at 1,000+ steps this no longer fits one machine's 30 minutes.
-#   multi9 (2 or 4 GPUs): tests/test_multi_gpu.py (the ZeRO-3 partitioned case after the rotary fix; DDP with
-#          train.compile=true), then bench_scale with ZeRO-2 and ZeRO-3 on the GPUs present (issue 7).
+#   multi9 (2 or 4 GPUs): tests/test_multi_gpu.py (DDP with train.compile=true against compiled references, and
+#          the four other cases), then bench_scale with ZeRO-2 and ZeRO-3 on the GPUs present, then ZeRO-3 on 1
+#          and 2 GPUs under the profiler (--profile: each rank's op tables), to find its lost time (issue 7).
 set -u
 export STEPS=${STEPS:-1600} EXTRA_DATA=${EXTRA_DATA:-$PWD/.data/run2}
 source tools/gpu/session7.sh  # (and session5/6.sh) stamp, pack, heads, wait_for_target, compiled_heads, runtime_bench
@@ -48,6 +49,10 @@ multi9() {
   timeout 540 python3 tools/bench_scale.py --gpus "$gpus" --strategies deepspeed_stage_2,deepspeed_stage_3 \
     --warmup 3 --steps 6 --timeout 100 --out "$RESULTS/bench_scale" > "$RESULTS/bench_scale.log" 2>&1
   tail -10 "$RESULTS/bench_scale.log"
+  pack
+  timeout 400 python3 tools/bench_scale.py --gpus 1,2 --strategies deepspeed_stage_3 --warmup 3 --steps 4 --profile 2 \
+    --timeout 150 --out "$RESULTS/bench_scale_zero3_profile" > "$RESULTS/bench_scale_zero3_profile.log" 2>&1
+  cp "$RESULTS"/bench_scale_zero3_profile/work/runs/*/profile_train*.json "$RESULTS/bench_scale_zero3_profile/" 2>/dev/null
   pack
   stamp "session9 multi done"
 }
