@@ -5,7 +5,6 @@ The states are taken with forward pre-hooks on the decoder layers that a draft r
 from __future__ import annotations
 
 import contextlib
-from contextlib import contextmanager
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -29,7 +28,7 @@ def _full_causal_sdpa(config) -> bool:
         and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None))
 
 
-@contextmanager
+@contextlib.contextmanager
 def causal_attention(model):
     """The target's SDPA attention as plain causal attention while the block runs.
 
@@ -45,11 +44,11 @@ def causal_attention(model):
     from transformers import AttentionInterface
 
     AttentionInterface.register(CAUSAL_SDPA, _causal_sdpa)
-    config._attn_implementation = CAUSAL_SDPA
+    previous, config._attn_implementation = config._attn_implementation, CAUSAL_SDPA
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = previous
 
 
 def _keep_input(store: Dict[int, torch.Tensor], index: int):
