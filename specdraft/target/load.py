@@ -170,7 +170,8 @@ def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype,
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    with MODEL_BUILD_LOCK, _no_init_weights(), (torch.device(device) if device is not None else contextlib.nullcontext()):
+    on_device = torch.device(device) if device is not None else contextlib.nullcontext()
+    with MODEL_BUILD_LOCK, _no_init_weights(), on_device:
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
     bound = math.sqrt(3.0) * getattr(config, "initializer_range", 0.02)
     with torch.no_grad():
