@@ -21,6 +21,7 @@ from specdraft.target.heads import load_target_heads
 from specdraft.train.data import collate
 from specdraft.train.features import FeatureLookup, FeatureRows, OfflineFeatures, OnlineFeatures, collate_with_features
 from specdraft.train.trainer import run_train
+from tests.host_reads import HostReads
 from tests.test_train_export_eval import make_recipe
 
 
@@ -276,21 +277,6 @@ def test_online_features_of_right_padded_rows_need_no_mask(tiny_target_dir):
     assert not torch.allclose(got.final_hidden[~real], masked.final_hidden[~real], atol=1e-3)
 
 
-class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the ops that read a tensor's value back to the host (on a GPU, each waits for the device)."""
-
-    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
-             torch.ops.aten.equal.default}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in self.READS
-        return func(*args, **(kwargs or {}))
-
-
 def test_online_features_never_read_a_tensor_back_to_the_host(tiny_target_dir):
     """The online target forward (one per training step) reads no tensor value on the host; Hugging Face's own
     forward with the batch's mask does (its mask check), which shows the counter sees such reads."""
@@ -300,9 +286,9 @@ def test_online_features_never_read_a_tensor_back_to_the_host(tiny_target_dir):
     model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))  # [B, T]
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    with _HostReads() as masked:
+    with HostReads() as masked:
         capture_features(model, ids, batch["attention_mask"], [1, 2])
-    with _HostReads() as online:
+    with HostReads() as online:
         OnlineFeatures(model, [1, 2])(batch)
     assert masked.count > 0
     assert online.count == 0

@@ -100,11 +100,18 @@ class DraftModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
-        elapsed = time.perf_counter() - self._fit_started
-        self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
-        self.log("train/tokens_per_s", self._tokens_seen / max(elapsed, 1e-9), prog_bar=True)
-        self.log("train/loss", result.loss.detach(), prog_bar=True)
+        if self._logs_this_step():
+            elapsed = time.perf_counter() - self._fit_started
+            self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
+            self.log("train/tokens_per_s", self._tokens_seen / max(elapsed, 1e-9))
+            self.log("train/loss", result.loss.detach())
         return result.loss
+
+    def _logs_this_step(self) -> bool:
+        """Whether this step's metrics are written (every train.log_every_steps optimizer steps). They are logged
+        only then, and never for the progress bar (trainer.LoggedMetricsBar shows the written ones): Lightning
+        reads logged values back to the host, and each read waits for the device to finish the step."""
+        return (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0
 
     def validation_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
@@ -116,7 +123,7 @@ class DraftModule(L.LightningModule):
         means = {f"val/{k}": float(torch.stack(v).mean()) for k, v in self._val_metrics.items()}
         self._val_metrics.clear()
         for name, value in means.items():  # sync_dist averages the ranks' means
-            self.log(name, value, prog_bar=name == "val/tau_sim", sync_dist=True)
+            self.log(name, value, sync_dist=True)
 
     def configure_optimizers(self):
         cfg = self.train_cfg

@@ -151,14 +151,27 @@ def _plugins() -> list:
     return []
 
 
+class LoggedMetricsBar(TQDMProgressBar):
+    """The progress bar, showing the last written values of PROGRESS_METRICS. Lightning reads every metric
+    logged with prog_bar=True back to the host at the end of every later step, and each read waits for the
+    device to finish the step; these are read at the bar's refreshes only (train.log_every_steps)."""
+
+    PROGRESS_METRICS = ("train/loss", "train/tokens_per_s", "val/tau_sim")
+
+    def get_metrics(self, trainer, pl_module):  # called at the bar's refreshes, which are the logged steps
+        logged = trainer.logged_metrics
+        shown = {name: float(logged[name]) for name in self.PROGRESS_METRICS if name in logged}
+        return {**super().get_metrics(trainer, pl_module), **shown}
+
+
 def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
                   extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
-    # the progress bar reads the loss (a device sync) only when the logs do: not at every step
     callbacks = [checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport(), FinishLastStep(cfg, run_dir / "checkpoints"),
-                 StepTimes(run_dir / "logs", cfg.log_every_steps), TQDMProgressBar(refresh_rate=cfg.log_every_steps), *extra_callbacks]
+                 StepTimes(run_dir / "logs", cfg.log_every_steps), LoggedMetricsBar(refresh_rate=cfg.log_every_steps),
+                 *extra_callbacks]
     return L.Trainer(
         accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg, resume_from),
         precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
