@@ -94,6 +94,26 @@ def test_compiled_merge_matches_the_eager_merge():
         torch.testing.assert_close(got, want)
 
 
+def test_compiled_merge_keeps_a_graph_for_every_length_and_number_of_keys():
+    """Batches of varying length through a 7-step unroll: 6 key counts at a first length, then at a second one,
+    need 12 graphs, past Dynamo's default recompile limit (8); none of them may fall back to eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    flex_module._compiled_merge.cache_clear()
+    before = counters["stats"]["unique_graphs"]
+    for cols in (24, 40):
+        for keys in range(1, 7):
+            query, steps_kv, _ = _inputs(steps=keys + 1, heads=2, kv_heads=1, cols=cols, dim=8, batch=1)
+            out0, lse0 = torch.randn_like(query), torch.randn(query.shape[:3])
+            got = flex_module._run_compiled_merge(query, out0, lse0, [k for k, _ in steps_kv[1:]],
+                                                  [v for _, v in steps_kv[1:]])
+            want = flex_module.merge_diagonal(query, out0, lse0, [k for k, _ in steps_kv[1:]],
+                                              [v for _, v in steps_kv[1:]])
+            torch.testing.assert_close(got, want)
+    assert counters["stats"]["unique_graphs"] - before == 12
+
+
 def test_inference_queries_take_the_dense_path():
     """Queries at chosen columns (drafting after a prefix) never use the block mask."""
     query, steps_kv, document_ids = _inputs(steps=1)

@@ -63,9 +63,20 @@ def merge_diagonal(query: torch.Tensor, out0: torch.Tensor, lse0: torch.Tensor, 
     return out.to(query.dtype).reshape(batch, heads, cols, dim)
 
 
+MERGE_RECOMPILE_LIMIT = 64
+"""Graphs the compiled merge may keep: Dynamo compiles one per number of diagonal keys (it unrolls the lists) for
+the first sequence length, and one per number of keys, over any length, once a second length comes. With 7 TTT
+steps that is 12, past Dynamo's default limit of 8, after which the steps that lack a graph would run eagerly."""
+
+
 @functools.cache
 def _compiled_merge():
     return torch.compile(merge_diagonal)
+
+
+def _run_compiled_merge(*args):
+    with torch._dynamo.config.patch(recompile_limit=max(MERGE_RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+        return _compiled_merge()(*args)
 
 
 def flex_ttt_attention(query: torch.Tensor, steps_kv: List[KV], block_mask) -> torch.Tensor:
@@ -77,5 +88,5 @@ def flex_ttt_attention(query: torch.Tensor, steps_kv: List[KV], block_mask) -> t
     out0, lse0 = _flex_with_lse(query, k0, v0, block_mask)
     if len(steps_kv) == 1:
         return out0
-    merge = _compiled_merge() if query.is_cuda else merge_diagonal
+    merge = _run_compiled_merge if query.is_cuda else merge_diagonal
     return merge(query, out0, lse0, [k for k, _ in steps_kv[1:]], [v for _, v in steps_kv[1:]])
