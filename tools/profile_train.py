@@ -44,8 +44,10 @@ class ProfileSteps(Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+    def setup(self, trainer, pl_module, stage):
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.warmup and self.profiler is None:
             self._sync(pl_module)
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])

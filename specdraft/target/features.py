@@ -5,6 +5,7 @@ The states are taken with forward pre-hooks on the decoder layers that a draft r
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -19,6 +20,13 @@ def _causal_sdpa(module, query, key, value, attention_mask, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
+@functools.cache
+def _register_causal_sdpa() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(CAUSAL_SDPA, _causal_sdpa)
 
 
 def _full_causal_sdpa(config) -> bool:
@@ -41,9 +49,7 @@ def causal_attention(model):
     if not _full_causal_sdpa(config):
         yield
         return
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(CAUSAL_SDPA, _causal_sdpa)
+    _register_causal_sdpa()
     previous, config._attn_implementation = config._attn_implementation, CAUSAL_SDPA
     try:
         yield
