@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -188,8 +188,9 @@ class TrainConfig:
     features) and the draft's decoder layer around its attention call. auto: on CUDA devices (not for a
     bitsandbytes-quantized target, nor a ZeRO-3 sharded one); true: wherever training runs; false: never (eager).
     A compile failure stops training with an error naming this key. Off by default: on an H100 (torch 2.11) it
-    trained SmolLM2's EAGLE-3 head 1.5x faster, and the norm weight that once got no gradient under it is fixed,
-    but tests/test_multi_gpu.py has not yet passed with it on; see docs/training.md."""
+    trained SmolLM2's EAGLE-3 head 1.5x faster per step, and tests/test_multi_gpu.py's compiled DDP case passes
+    (2 H200s), but a whole compiled head run has not yet been timed against an eager one, compilation included;
+    see docs/training.md."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -197,6 +198,9 @@ class TrainConfig:
     whole bf16 copy on every GPU outside DeepSpeed's engine (no communication, the target's full size in memory
     on each GPU). auto shards when the target's weights would take more than half of a GPU's memory. Other
     strategies and features always replicate; true is an error with them."""
+    deepspeed: Dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed config entries merged over specdraft's own (deepspeed_* strategies only), for instance
+    `train.deepspeed.zero_optimization.reduce_bucket_size=500000000`. DeepSpeed validates them."""
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)
@@ -206,6 +210,9 @@ class TrainConfig:
         _check_choice("train.compile", self.compile, COMPILE)
         self.shard_target = str(self.shard_target).lower()
         _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
+        if self.deepspeed and not self.strategy.startswith("deepspeed"):
+            raise SpecdraftError(f"train.deepspeed configures DeepSpeed: it needs a deepspeed_* train.strategy, "
+                                 f"got {self.strategy}")
         if self.shard_target == "true" and self.strategy != "deepspeed_stage_3":
             raise SpecdraftError(f"train.shard_target=true partitions the target with ZeRO-3: it needs "
                                  f"train.strategy=deepspeed_stage_3, got {self.strategy} (or train.shard_target=false)")

@@ -60,6 +60,8 @@ BASE = "method: {name: eagle3}\n"
      "train.shard_target=true needs data.features=online"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["target.quantization=4bit"],
      "train.shard_target=true cannot partition bitsandbytes weights (target.quantization=4bit)"),
+    (BASE, ["train.deepspeed.zero_optimization.reduce_bucket_size=5"],
+     "train.deepspeed configures DeepSpeed: it needs a deepspeed_* train.strategy, got auto"),
 ])
 def test_bad_recipes_name_the_problem(tmp_path, text, overrides, message):
     with pytest.raises(SpecdraftError) as err:
@@ -104,3 +106,15 @@ def test_recipe_reference_is_current():
     tool = Path(__file__).resolve().parents[1] / "tools" / "gen_recipe_reference.py"
     result = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True)
     assert result.returncode == 0, "docs/recipes.md is stale: run python tools/gen_recipe_reference.py"
+
+
+def test_deepspeed_entries_merge_over_specdraft_s_config(tmp_path):
+    """train.deepspeed overrides DeepSpeed's config key by key, nested dicts included; the rest is kept."""
+    from specdraft.train.trainer import merge_config
+
+    recipe = load_recipe(_write(tmp_path, BASE + "train: {strategy: deepspeed_stage_3}\n"),
+                         ["train.deepspeed.zero_optimization.reduce_bucket_size=500000000",
+                          "train.deepspeed.steps_per_print=10"])
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 200_000_000}, "steps_per_print": 1}
+    assert merge_config(config, recipe.train.deepspeed) == {
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}, "steps_per_print": 10}

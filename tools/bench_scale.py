@@ -98,7 +98,7 @@ def run_dir(work: Path, strategy: str, gpus: int) -> Path:
 
 def train_dir(work: Path, strategy: str, gpus: int, args) -> Path:
     """The run's train.output_dir: the run directory, or under --profile profile_train's `train` inside it."""
-    return run_dir(work, strategy, gpus) / "train" if args.profile else run_dir(work, strategy, gpus)
+    return run_dir(work, strategy, gpus) / "train" if args.profile or args.phases else run_dir(work, strategy, gpus)
 
 
 def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list:
@@ -109,10 +109,14 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list
     overrides = [f"train.output_dir={train_dir(work, strategy, gpus, args)}", f"train.strategy={name}",
                  f"train.devices={gpus}", f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}",
                  f"train.shard_target={'true' if option == 'shard' else 'auto'}"]
+    overrides += args.override
+    if args.phases:
+        return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--phases",
+                "--warmup", str(args.warmup), "--steps", str(args.steps), "--out", str(run_dir(work, strategy, gpus))]
     if args.profile:
         return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides,
                 "--warmup", str(steps - args.profile), "--steps", str(args.profile),
-                "--out", str(run_dir(work, strategy, gpus))]
+                "--out", str(run_dir(work, strategy, gpus)), *(["--trace"] if args.trace else [])]
     return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
 
 
@@ -165,8 +169,19 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
     if rate is None:
         raise RuntimeError(f"{len(rows)} timed steps: too few after {args.warmup} warm-up steps")
     step_seconds = np.diff([seconds for _, seconds, _ in rows[max(0, args.warmup - 1):]])
-    return {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "timed_steps": len(step_seconds),
-            "step_seconds_median": float(np.median(step_seconds)), "first_step_seconds": rows[0][1]}
+    result = {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "timed_steps": len(step_seconds),
+              "step_seconds_median": float(np.median(step_seconds)), "first_step_seconds": rows[0][1]}
+    if args.phases:
+        result["phase_ms_median_by_rank"] = phases_by_rank(run_dir(work, strategy, gpus))
+    return result
+
+
+def phases_by_rank(directory: Path) -> list:
+    """Each rank's median ms per step phase, wall and (NAME_cpu) its main thread's CPU time
+    (tools/profile_train.py --phases), rank 0 first."""
+    reports = [json.loads(path.read_text()) for path in directory.glob("profile_train*.json")]
+    return [{**report["phase_ms_median"], **{f"{name}_cpu": ms for name, ms in report["phase_cpu_ms_median"].items()}}
+            for report in sorted(reports, key=lambda report: report["rank"])]
 
 
 def run_one(work: Path, strategy: str, gpus: int, args) -> dict:
@@ -220,10 +235,21 @@ def parse_args(argv=None):
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="profile the last STEPS timed steps of every rank (tools/profile_train.py): op tables "
                              "in each run's logs and profile_train*.json; the profiler's overhead is in the rates")
+    parser.add_argument("--trace", action="store_true", help="with --profile: each rank's Chrome trace too")
+    parser.add_argument("--phases", action="store_true",
+                        help="no profiler: every rank's host time per phase of each timed step (forward, backward, "
+                             "optimizer step), in each run's profile_train*.json; the rates stay those of plain runs")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for every configuration (repeatable), e.g. "
+                             "train.deepspeed.zero_optimization.reduce_bucket_size=500000000")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not 0 <= args.profile <= args.steps:
         parser.error(f"--profile {args.profile}: between 0 and --steps ({args.steps})")
+    if args.trace and not args.profile:
+        parser.error("--trace needs --profile STEPS")
+    if args.phases and args.profile:
+        parser.error("--phases times phases without the profiler: not with --profile")
     if args.gpus is None:
         import torch
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -72,12 +73,70 @@ class ProfileSteps(Callback):
                 **op_report(self.profiler, self.steps, top)}
 
 
+class PhaseTimes(Callback):
+    """No profiler: the host's time in each phase of optimizer steps warmup+1 .. warmup+steps on this rank, the
+    device synchronized at each step's end. forward: the batch's start to its loss; backward: the backward call
+    (under DeepSpeed its gradient reduction too); step: the rest (the optimizer, DeepSpeed's partition updates).
+    Ranks in lockstep wait for each other inside collectives: the phase that grows on one rank is where it waits.
+    Each phase's CPU time of the main thread beside its wall time tells a busy host (CPU near wall; slower when
+    contended) from one that waits for its device or the other ranks (CPU well under wall, unless it spins)."""
+
+    PHASES = ("forward", "backward", "step")
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps = warmup, steps
+        self.rank, self.world_size = 0, 1
+        self.marks: List[Tuple[float, float]] = []  # (wall, main thread CPU) seconds
+        self.rows: List[List[Tuple[float, float]]] = []  # [step][phase] (wall, CPU) seconds
+
+    def setup(self, trainer, pl_module, stage):
+        self.rank, self.world_size = trainer.global_rank, trainer.world_size
+
+    @staticmethod
+    def _now() -> Tuple[float, float]:
+        return time.perf_counter(), time.thread_time()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.marks = [self._now()]
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.marks.append(self._now())
+
+    def on_after_backward(self, trainer, pl_module):
+        self.marks.append(self._now())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self.marks.append(self._now())
+        if self.warmup < trainer.global_step <= self.warmup + self.steps and len(self.marks) == 4:
+            self.rows.append([(wall - wall_before, cpu - cpu_before)
+                              for (wall_before, cpu_before), (wall, cpu) in zip(self.marks, self.marks[1:])])
+
+    def report(self, top: int) -> Dict:
+        if len(self.rows) < self.steps:
+            raise SystemExit(f"{len(self.rows)} of {self.steps} steps timed: raise train.max_steps")
+        phases = {name: [1e3 * row[i][0] for row in self.rows] for i, name in enumerate(self.PHASES)}
+        cpu = {name: [1e3 * row[i][1] for row in self.rows] for i, name in enumerate(self.PHASES)}
+        steps_ms = [1e3 * sum(wall for wall, _ in row) for row in self.rows]
+        return {"steps": self.steps, "step_ms": statistics.median(steps_ms), "step_ms_each": steps_ms,
+                "phase_ms_median": {name: statistics.median(values) for name, values in phases.items()},
+                "phase_ms_each": phases,
+                "phase_cpu_ms_median": {name: statistics.median(values) for name, values in cpu.items()},
+                "phase_cpu_ms_each": cpu}
+
+
 def rank_path(path: Path, rank: int) -> Path:
     """`path` for rank 0; NAME_rankR.EXT for the other ranks of a multi-GPU run (each rank profiles itself)."""
     return path if rank == 0 else path.with_name(f"{path.stem}_rank{rank}{path.suffix}")
 
 
 def print_report(report: Dict) -> None:
+    if "phase_ms_median" in report:
+        phases = ", ".join(f"{name} {ms:.1f}" for name, ms in report["phase_ms_median"].items())
+        cpu = ", ".join(f"{name} {ms:.1f}" for name, ms in report["phase_cpu_ms_median"].items())
+        print(f"step {report['step_ms']:.1f} ms (median); host phases, median ms: {phases}; main thread CPU: {cpu}")
+        return
     print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
           f"({100 * report['device_busy_ms'] / report['step_ms']:.0f}%), "
           f"~{report['kernel_launches_per_step']:.0f} kernel launches per step")
@@ -92,6 +151,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps profiled")
     parser.add_argument("--top", type=int, default=20, help="rows of each op table")
     parser.add_argument("--trace", action="store_true", help="also write OUT/trace.json (Chrome trace)")
+    parser.add_argument("--phases", action="store_true",
+                        help="no profiler: each step's host time in forward, backward and the optimizer step, per rank")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from specdraft.config import load_recipe
@@ -103,7 +164,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     recipe = load_recipe(args.recipe, [*args.overrides, f"train.max_steps={total}",
                                        f"train.val_every_steps={total + 1}", "train.accumulate_grad_batches=1",
                                        f"train.output_dir={out / 'train'}"])
-    profiler = ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
+    profiler = PhaseTimes(args.warmup, args.steps) if args.phases \
+        else ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
     summary = run_train(recipe, extra_callbacks=[profiler])
     report = {"recipe": args.recipe, "overrides": args.overrides, "train_summary": summary,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

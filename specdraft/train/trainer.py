@@ -103,7 +103,18 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str]):
     strategy.config.update(DEEPSPEED_NO_STEP_SYNCS)
     if stage == 3:  # gather the next layers of a partitioned target while this one runs
         strategy.config["zero_optimization"]["stage3_prefetch_bucket_size"] = ZERO3_PREFETCH_ELEMENTS
+    merge_config(strategy.config, cfg.deepspeed)
     return strategy
+
+
+def merge_config(config: dict, entries: dict) -> dict:
+    """`entries` (train.deepspeed) merged into the DeepSpeed `config` in place, nested dicts key by key."""
+    for key, value in entries.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merge_config(config[key], value)
+        else:
+            config[key] = value
+    return config
 
 
 def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
