@@ -42,16 +42,17 @@ def test_profile_runs_every_rank_under_the_profiler(tmp_path):
 
 @pytest.mark.slow
 def test_phases_time_every_rank_without_the_profiler(tmp_path):
-    """--phases: each rank's wall and main-thread CPU ms in forward, backward and the optimizer step of every timed
-    step, with a recipe override passed to every configuration (here one that changes nothing)."""
+    """--phases: each rank's wall ms, main-thread CPU ms and preemptions in forward, backward and the optimizer step
+    of every timed step, with a recipe override passed to every configuration (here one that changes nothing)."""
     report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
                                "--strategies", "ddp", "--gpus", "2", "--phases", "--override", "train.seed=0",
                                "--out", str(tmp_path)])
     result = report["results"][0]
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
-    assert len(ranks) == 2 and all(set(rank) == {"forward", "backward", "step", "forward_cpu", "backward_cpu",
-                                                 "step_cpu"} and rank["forward"] > 0 for rank in ranks)
+    phases = ("forward", "backward", "step")
+    columns = {f"{phase}{suffix}" for phase in phases for suffix in ("", "_cpu", "_preemptions")}
+    assert len(ranks) == 2 and all(set(rank) == columns and rank["forward"] > 0 for rank in ranks)
     rank1 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train_rank1.json").read_text())
     assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2
 

@@ -177,10 +177,11 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
 
 
 def phases_by_rank(directory: Path) -> list:
-    """Each rank's median ms per step phase, wall and (NAME_cpu) its main thread's CPU time
-    (tools/profile_train.py --phases), rank 0 first."""
+    """Each rank's medians per step phase: wall ms, its main thread's CPU ms (NAME_cpu) and involuntary context
+    switches (NAME_preemptions), from tools/profile_train.py --phases; rank 0 first."""
     reports = [json.loads(path.read_text()) for path in directory.glob("profile_train*.json")]
-    return [{**report["phase_ms_median"], **{f"{name}_cpu": ms for name, ms in report["phase_cpu_ms_median"].items()}}
+    return [{**report["phase_ms_median"], **{f"{name}_cpu": ms for name, ms in report["phase_cpu_ms_median"].items()},
+             **{f"{name}_preemptions": n for name, n in report["phase_preemptions_median"].items()}}
             for report in sorted(reports, key=lambda report: report["rank"])]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -82,19 +83,21 @@ class PhaseTimes(Callback):
     contended) from one that waits for its device or the other ranks (CPU well under wall, unless it spins)."""
 
     PHASES = ("forward", "backward", "step")
+    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1}
+    """Per phase: wall ms; the main thread's CPU ms; its involuntary context switches (the OS took its core)."""
 
     def __init__(self, warmup: int, steps: int):
         self.warmup, self.steps = warmup, steps
         self.rank, self.world_size = 0, 1
-        self.marks: List[Tuple[float, float]] = []  # (wall, main thread CPU) seconds
-        self.rows: List[List[Tuple[float, float]]] = []  # [step][phase] (wall, CPU) seconds
+        self.marks: List[Tuple[float, float, int]] = []  # (wall s, CPU s, involuntary switches) at each phase edge
+        self.rows: List[List[Tuple[float, float, int]]] = []  # [step][phase] their differences
 
     def setup(self, trainer, pl_module, stage):
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
 
     @staticmethod
-    def _now() -> Tuple[float, float]:
-        return time.perf_counter(), time.thread_time()
+    def _now() -> Tuple[float, float, int]:
+        return time.perf_counter(), time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.marks = [self._now()]
@@ -110,20 +113,21 @@ class PhaseTimes(Callback):
             torch.cuda.synchronize(pl_module.device)
         self.marks.append(self._now())
         if self.warmup < trainer.global_step <= self.warmup + self.steps and len(self.marks) == 4:
-            self.rows.append([(wall - wall_before, cpu - cpu_before)
-                              for (wall_before, cpu_before), (wall, cpu) in zip(self.marks, self.marks[1:])])
+            self.rows.append([tuple(b - a for a, b in zip(earlier, later))
+                              for earlier, later in zip(self.marks, self.marks[1:])])
 
     def report(self, top: int) -> Dict:
+        """-> step_ms (median) and, for each measure M of MEASURES, phase_M_each {phase: per step} and
+        phase_M_median {phase: median}."""
         if len(self.rows) < self.steps:
             raise SystemExit(f"{len(self.rows)} of {self.steps} steps timed: raise train.max_steps")
-        phases = {name: [1e3 * row[i][0] for row in self.rows] for i, name in enumerate(self.PHASES)}
-        cpu = {name: [1e3 * row[i][1] for row in self.rows] for i, name in enumerate(self.PHASES)}
-        steps_ms = [1e3 * sum(wall for wall, _ in row) for row in self.rows]
-        return {"steps": self.steps, "step_ms": statistics.median(steps_ms), "step_ms_each": steps_ms,
-                "phase_ms_median": {name: statistics.median(values) for name, values in phases.items()},
-                "phase_ms_each": phases,
-                "phase_cpu_ms_median": {name: statistics.median(values) for name, values in cpu.items()},
-                "phase_cpu_ms_each": cpu}
+        steps_ms = [1e3 * sum(phase[0] for phase in row) for row in self.rows]
+        report = {"steps": self.steps, "step_ms": statistics.median(steps_ms), "step_ms_each": steps_ms}
+        for index, (measure, scale) in enumerate(self.MEASURES.items()):
+            each = {name: [scale * row[i][index] for row in self.rows] for i, name in enumerate(self.PHASES)}
+            report[f"phase_{measure}_each"] = each
+            report[f"phase_{measure}_median"] = {name: statistics.median(values) for name, values in each.items()}
+        return report
 
 
 def rank_path(path: Path, rank: int) -> Path:
@@ -133,9 +137,11 @@ def rank_path(path: Path, rank: int) -> Path:
 
 def print_report(report: Dict) -> None:
     if "phase_ms_median" in report:
-        phases = ", ".join(f"{name} {ms:.1f}" for name, ms in report["phase_ms_median"].items())
-        cpu = ", ".join(f"{name} {ms:.1f}" for name, ms in report["phase_cpu_ms_median"].items())
-        print(f"step {report['step_ms']:.1f} ms (median); host phases, median ms: {phases}; main thread CPU: {cpu}")
+        print(f"step {report['step_ms']:.1f} ms (median); per phase, medians: wall ms / main thread CPU ms / "
+              f"preemptions")
+        for name in PhaseTimes.PHASES:
+            print(f"  {name}: {report['phase_ms_median'][name]:.1f} / {report['phase_cpu_ms_median'][name]:.1f} / "
+                  f"{report['phase_preemptions_median'][name]:g}")
         return
     print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
           f"({100 * report['device_busy_ms'] / report['step_ms']:.0f}%), "
