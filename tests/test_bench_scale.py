@@ -43,10 +43,11 @@ def test_profile_runs_every_rank_under_the_profiler(tmp_path):
 @pytest.mark.slow
 def test_phases_time_every_rank_without_the_profiler(tmp_path):
     """--phases: each rank's wall ms, main-thread CPU ms and preemptions in forward, backward and the optimizer step
-    of every timed step, with a recipe override passed to every configuration (here one that changes nothing)."""
+    of every timed step, with a recipe override passed to every configuration (here one that changes nothing);
+    --blocking-sync leaves CPU ranks alone."""
     report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
                                "--strategies", "ddp", "--gpus", "2", "--phases", "--override", "train.seed=0",
-                               "--out", str(tmp_path)])
+                               "--blocking-sync", "--out", str(tmp_path)])
     result = report["results"][0]
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
@@ -55,6 +56,7 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     assert len(ranks) == 2 and all(set(rank) == columns and rank["forward"] > 0 for rank in ranks)
     rank1 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train_rank1.json").read_text())
     assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2
+    assert rank1["context_flags"] is None  # --blocking-sync touches CUDA devices only
 
 
 @pytest.mark.slow
@@ -73,3 +75,12 @@ def test_distill_scale_tiny_cpu(tmp_path, tiny_target_dir):
     assert first["generated_tokens"] == second["generated_tokens"] > 0  # greedy: the same answers
     assert first["efficiency"] == first["efficiency_generate"] == 1.0 and second["tokens_per_s"] > 0
     assert json.loads((tmp_path / "out" / "bench_distill_scale.json").read_text()) == report
+
+
+def test_blocking_sync_goes_to_every_phase_run_only(tmp_path):
+    """--blocking-sync reaches tools/profile_train.py in --phases runs, and is refused without --phases."""
+    args = bench_scale.parse_args(["--device", "cpu", "--phases", "--blocking-sync", "--out", str(tmp_path)])
+    argv = bench_scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
+    assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == "--blocking-sync"
+    with pytest.raises(SystemExit):
+        bench_scale.parse_args(["--device", "cpu", "--blocking-sync", "--out", str(tmp_path)])

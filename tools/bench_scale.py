@@ -112,7 +112,8 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list
     overrides += args.override
     if args.phases:
         return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--phases",
-                "--warmup", str(args.warmup), "--steps", str(args.steps), "--out", str(run_dir(work, strategy, gpus))]
+                "--warmup", str(args.warmup), "--steps", str(args.steps), "--out", str(run_dir(work, strategy, gpus)),
+                *(["--blocking-sync"] if args.blocking_sync else [])]
     if args.profile:
         return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides,
                 "--warmup", str(steps - args.profile), "--steps", str(args.profile),
@@ -240,6 +241,8 @@ def parse_args(argv=None):
     parser.add_argument("--phases", action="store_true",
                         help="no profiler: every rank's host time per phase of each timed step (forward, backward, "
                              "optimizer step), in each run's profile_train*.json; the rates stay those of plain runs")
+    parser.add_argument("--blocking-sync", action="store_true",
+                        help="with --phases: each rank's host sleeps instead of spinning while it waits for its GPU")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every configuration (repeatable), e.g. "
                              "train.deepspeed.zero_optimization.reduce_bucket_size=500000000")
@@ -249,6 +252,8 @@ def parse_args(argv=None):
         parser.error(f"--profile {args.profile}: between 0 and --steps ({args.steps})")
     if args.trace and not args.profile:
         parser.error("--trace needs --profile STEPS")
+    if args.blocking_sync and not args.phases:
+        parser.error("--blocking-sync is an experiment of --phases runs: add --phases")
     if args.phases and args.profile:
         parser.error("--phases times phases without the profiler: not with --profile")
     if args.gpus is None:

@@ -130,6 +130,44 @@ class PhaseTimes(Callback):
         return report
 
 
+CU_CTX_SCHED_BLOCKING_SYNC = 0x04
+
+
+class BlockingSync(Callback):
+    """An experiment for ranks that wait for each other (issue 7): each rank's host thread sleeps while it waits
+    for its GPU instead of spinning on its core (the driver spins when there are fewer contexts than cores). The
+    rank's device gets CU_CTX_SCHED_BLOCKING_SYNC; `flags` is what the driver reports afterwards. A waiting rank's
+    phase CPU time (--phases) shows whether it took: a spinning wait costs CPU, a sleeping one does not."""
+
+    def __init__(self):
+        self.flags: Optional[int] = None
+
+    def setup(self, trainer, pl_module, stage):
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            self.flags = set_blocking_sync(device.index or 0)
+
+
+def set_blocking_sync(device_index: int) -> int:
+    """CU_CTX_SCHED_BLOCKING_SYNC on the primary context of CUDA device `device_index` -> its flags afterwards
+    (drivers from CUDA 11 take new flags while the context is active)."""
+    import ctypes
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    calls = {"cuInit": lambda: driver.cuInit(0),
+             "cuDeviceGet": lambda: driver.cuDeviceGet(ctypes.byref(device), device_index),
+             "cuDevicePrimaryCtxSetFlags_v2": lambda: driver.cuDevicePrimaryCtxSetFlags_v2(device,
+                                                                                         CU_CTX_SCHED_BLOCKING_SYNC),
+             "cuDevicePrimaryCtxGetState": lambda: driver.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags),
+                                                                                     ctypes.byref(active))}
+    for name, call in calls.items():
+        status = call()
+        if status != 0:
+            raise RuntimeError(f"{name} failed: CUDA driver status {status}")
+    return flags.value
+
+
 def rank_path(path: Path, rank: int) -> Path:
     """`path` for rank 0; NAME_rankR.EXT for the other ranks of a multi-GPU run (each rank profiles itself)."""
     return path if rank == 0 else path.with_name(f"{path.stem}_rank{rank}{path.suffix}")
@@ -159,6 +197,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     parser.add_argument("--trace", action="store_true", help="also write OUT/trace.json (Chrome trace)")
     parser.add_argument("--phases", action="store_true",
                         help="no profiler: each step's host time in forward, backward and the optimizer step, per rank")
+    parser.add_argument("--blocking-sync", action="store_true",
+                        help="each rank's host sleeps instead of spinning while it waits for its GPU (an experiment)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from specdraft.config import load_recipe
@@ -172,8 +212,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                                        f"train.output_dir={out / 'train'}"])
     profiler = PhaseTimes(args.warmup, args.steps) if args.phases \
         else ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
-    summary = run_train(recipe, extra_callbacks=[profiler])
+    blocking = BlockingSync() if args.blocking_sync else None
+    summary = run_train(recipe, extra_callbacks=[profiler] + ([blocking] if blocking else []))
     report = {"recipe": args.recipe, "overrides": args.overrides, "train_summary": summary,
+              "context_flags": blocking.flags if blocking else None,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "rank": profiler.rank, "world_size": profiler.world_size, **profiler.report(args.top)}
     print(f"run: {json.dumps(summary)}")

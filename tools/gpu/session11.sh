@@ -6,8 +6,9 @@
 #            GPUs, alone on the machine.
 #   persist11: ZeRO-3 with train.deepspeed making the draft's weights persistent, on 1, 2 and 4 GPUs, then ZeRO-3 as
 #            it is on 1 and 4, both with every rank's phase times (bench_scale --phases).
-#   zero3 (after a change): ZeRO-3 scaling on 1, 2 and 4 GPUs again with every rank's phases (wall and main-thread
-#            CPU ms), into $RESULTS/bench_scale_${TAG:-after}.
+#   zero3: ZeRO-3 scaling on 1, 2 and 4 GPUs with every rank's phases (wall and main-thread CPU ms, preemptions),
+#            into $RESULTS/bench_scale_${TAG:-after}; then on 1 and 4 with --blocking-sync (waiting hosts sleep
+#            instead of spinning), into ..._blocking. About 6 minutes.
 set -u
 source tools/gpu/session7.sh  # (and session5/6.sh) stamp, pack
 
@@ -48,6 +49,10 @@ zero3() {
   timeout 560 python3 tools/bench_scale.py --gpus 1,2,4 --strategies deepspeed_stage_3 --warmup 3 --steps 6 --phases \
     --timeout 150 --out "$RESULTS/bench_scale_$tag" > "$RESULTS/bench_scale_$tag.log" 2>&1
   tail -6 "$RESULTS/bench_scale_$tag.log"
+  pack
+  timeout 400 python3 tools/bench_scale.py --gpus 1,4 --strategies deepspeed_stage_3 --warmup 3 --steps 6 --phases \
+    --blocking-sync --timeout 150 --out "$RESULTS/bench_scale_${tag}_blocking" > "$RESULTS/bench_scale_${tag}_blocking.log" 2>&1
+  tail -5 "$RESULTS/bench_scale_${tag}_blocking.log"
   pack
   stamp "zero3 $tag done"
 }
