@@ -35,7 +35,8 @@ def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
     return prompts
 
 
-def _greedy(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List[int]) -> List[int]:
+def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List[int]) -> List[int]:
+    """The target's greedy answer to `prompt_ids` ([1, P]) with Hugging Face `generate` -> its token ids."""
     out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
                                 max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                 pad_token_id=target.tokenizer.pad_token_id)
@@ -63,7 +64,7 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
                                 prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens, eos_ids)
         spec_seconds += time.perf_counter() - started
         started = time.perf_counter()
-        reference = _greedy(target, prompt_ids, cfg.max_new_tokens, eos_ids)
+        reference = greedy_answer(target, prompt_ids, cfg.max_new_tokens, eos_ids)
         greedy_seconds += time.perf_counter() - started
         lossless_count += result.tokens == reference
         accepted += result.accepted
