@@ -97,28 +97,26 @@ def run_dir(work: Path, strategy: str, gpus: int) -> Path:
 
 
 def train_dir(work: Path, strategy: str, gpus: int, args) -> Path:
-    """The run's train.output_dir: the run directory, or under --profile profile_train's `train` inside it."""
+    """The run's train.output_dir: the run directory, or (--profile, --phases) profile_train's `train` inside it."""
     return run_dir(work, strategy, gpus) / "train" if args.profile or args.phases else run_dir(work, strategy, gpus)
 
 
 def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list:
     """The `specdraft train` command of one configuration (`STRATEGY:shard`: the target partitioned); with
-    --profile, tools/profile_train.py running the same recipe and overrides, its last steps under the profiler."""
+    --profile, tools/profile_train.py running the same recipe and overrides, its last steps under the profiler;
+    with --phases, the same with every timed step's phases timed instead."""
     name, _, option = strategy.partition(":")
     steps = args.warmup + args.steps
     overrides = [f"train.output_dir={train_dir(work, strategy, gpus, args)}", f"train.strategy={name}",
                  f"train.devices={gpus}", f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}",
                  f"train.shard_target={'true' if option == 'shard' else 'auto'}"]
     overrides += args.override
-    if args.phases:
-        return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--phases",
-                "--warmup", str(args.warmup), "--steps", str(args.steps), "--out", str(run_dir(work, strategy, gpus)),
-                *(["--blocking-sync"] if args.blocking_sync else [])]
-    if args.profile:
-        return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides,
-                "--warmup", str(steps - args.profile), "--steps", str(args.profile),
-                "--out", str(run_dir(work, strategy, gpus)), *(["--trace"] if args.trace else [])]
-    return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
+    if not (args.profile or args.phases):
+        return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
+    warmup, timed = (args.warmup, args.steps) if args.phases else (steps - args.profile, args.profile)
+    flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync
+    return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--warmup", str(warmup),
+            "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus)), *flags]
 
 
 def _environment(device: str) -> dict:
