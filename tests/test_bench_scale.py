@@ -84,3 +84,12 @@ def test_blocking_sync_goes_to_every_phase_run_only(tmp_path):
     assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == "--blocking-sync"
     with pytest.raises(SystemExit):
         bench_scale.parse_args(["--device", "cpu", "--blocking-sync", "--out", str(tmp_path)])
+
+
+def test_trace_goes_to_profiled_runs_only(tmp_path):
+    """--trace reaches tools/profile_train.py with --profile, and is refused without it."""
+    args = bench_scale.parse_args(["--device", "cpu", "--steps", "2", "--profile", "1", "--trace", "--out", str(tmp_path)])
+    argv = bench_scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
+    assert "--trace" in argv and "--phases" not in argv
+    with pytest.raises(SystemExit):
+        bench_scale.parse_args(["--device", "cpu", "--trace", "--out", str(tmp_path)])

@@ -14,6 +14,7 @@ Prints the table and writes OUT/draft_vocab_coverage.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -37,11 +38,11 @@ def eval_answers(recipe, max_prompts: int, max_new_tokens: int, device: str) -> 
     from specdraft.target import load_target
     from specdraft.target.load import eos_token_ids
 
-    recipe.eval.max_prompts = max_prompts
     target = load_target(recipe.target, device, "float32" if device == "cpu" else "bfloat16")
     eos_ids = eos_token_ids(target.model, target.tokenizer)
+    prompts = eval_prompts(target.tokenizer, dataclasses.replace(recipe.eval, max_prompts=max_prompts))
     answers = [greedy_answer(target, prompt.to(device), max_new_tokens, eos_ids)
-               for prompt in tqdm(eval_prompts(target.tokenizer, recipe.eval), desc="greedy answers")]
+               for prompt in tqdm(prompts, desc="greedy answers")]
     return torch.tensor([token for answer in answers for token in answer], dtype=torch.int64)
 
 
