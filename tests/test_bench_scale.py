@@ -2,6 +2,7 @@
 `specdraft train` path on a random-weight target and synthetic rows; a failing configuration recorded) and
 tools/bench_distill_scale.py (1 and 2 distill-data workers on a tiny target). Several processes each."""
 import json
+import os
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     --blocking-sync leaves CPU ranks alone."""
     report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
                                "--strategies", "ddp", "--gpus", "2", "--phases", "--override", "train.seed=0",
-                               "--blocking-sync", "--out", str(tmp_path)])
+                               "--blocking-sync", "--pin-cores", "--out", str(tmp_path)])
     result = report["results"][0]
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
@@ -57,6 +58,8 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     rank1 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train_rank1.json").read_text())
     assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2
     assert rank1["context_flags"] is None  # --blocking-sync touches CUDA devices only
+    rank0 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train.json").read_text())
+    assert rank0["cpus"] and rank1["cpus"] and not set(rank0["cpus"]) & set(rank1["cpus"])  # --pin-cores
 
 
 @pytest.mark.slow
@@ -84,6 +87,18 @@ def test_blocking_sync_goes_to_every_phase_run_only(tmp_path):
     assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == "--blocking-sync"
     with pytest.raises(SystemExit):
         bench_scale.parse_args(["--device", "cpu", "--blocking-sync", "--out", str(tmp_path)])
+
+
+def test_pin_cores_splits_physical_cores_between_local_ranks():
+    """--pin-cores: each local rank a disjoint contiguous share of the physical cores, hyperthread siblings together;
+    fewer cores than ranks is an error."""
+    profile_train = load_tool("profile_train")
+    cores = [[0, 32], [1, 33], [2, 34], [3, 35], [4, 36]]
+    shares = [profile_train.rank_cores(cores, rank, 2) for rank in range(2)]
+    assert shares == [[[0, 32], [1, 33]], [[2, 34], [3, 35]]]
+    assert sorted(cpu for core in profile_train.physical_cores() for cpu in core) == sorted(os.sched_getaffinity(0))
+    with pytest.raises(SystemExit, match="5 physical cores for 8 ranks"):
+        profile_train.rank_cores(cores, 0, 8)
 
 
 def test_trace_goes_to_profiled_runs_only(tmp_path):

@@ -114,7 +114,8 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list
     if not (args.profile or args.phases):
         return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
     warmup, timed = (args.warmup, args.steps) if args.phases else (steps - args.profile, args.profile)
-    flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync
+    flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync \
+        + ["--pin-cores"] * args.pin_cores
     return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--warmup", str(warmup),
             "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus)), *flags]
 
@@ -241,6 +242,8 @@ def parse_args(argv=None):
                              "optimizer step), in each run's profile_train*.json; the rates stay those of plain runs")
     parser.add_argument("--blocking-sync", action="store_true",
                         help="with --phases: each rank's host sleeps instead of spinning while it waits for its GPU")
+    parser.add_argument("--pin-cores", action="store_true",
+                        help="with --phases: each rank's threads on a disjoint share of the physical cores")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every configuration (repeatable), e.g. "
                              "train.deepspeed.zero_optimization.reduce_bucket_size=500000000")
@@ -250,8 +253,9 @@ def parse_args(argv=None):
         parser.error(f"--profile {args.profile}: between 0 and --steps ({args.steps})")
     if args.trace and not args.profile:
         parser.error("--trace needs --profile STEPS")
-    if args.blocking_sync and not args.phases:
-        parser.error("--blocking-sync is an experiment of --phases runs: add --phases")
+    for flag in ("blocking_sync", "pin_cores"):
+        if getattr(args, flag) and not args.phases:
+            parser.error(f"--{flag.replace('_', '-')} is an experiment of --phases runs: add --phases")
     if args.phases and args.profile:
         parser.error("--phases times phases without the profiler: not with --profile")
     if args.gpus is None:

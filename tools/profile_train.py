@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -168,6 +169,47 @@ def set_blocking_sync(device_index: int) -> int:
     return flags.value
 
 
+class PinCores(Callback):
+    """An experiment for ranks that slow each other (issue 7): each local rank's threads get a disjoint, contiguous
+    share of the physical cores this process may use (with their hyperthread siblings), so no rank's main thread
+    shares a core with another rank's threads, and its intra-op pool matches its share. `cpus` is this rank's
+    CPU list."""
+
+    def __init__(self):
+        self.cpus: Optional[List[int]] = None
+
+    def setup(self, trainer, pl_module, stage):
+        cores = rank_cores(physical_cores(), trainer.local_rank, trainer.num_devices)
+        self.cpus = sorted(cpu for core in cores for cpu in core)
+        for thread_id in os.listdir("/proc/self/task"):  # threads started later inherit their creator's set
+            try:
+                os.sched_setaffinity(int(thread_id), self.cpus)
+            except ProcessLookupError:
+                pass  # the thread has exited
+        torch.set_num_threads(len(cores))
+
+
+def physical_cores() -> List[List[int]]:
+    """The CPUs this process may run on, grouped by physical core (hyperthread siblings together), in order."""
+    cores: Dict[Tuple[int, int], List[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = (int((topology / "physical_package_id").read_text()), int((topology / "core_id").read_text()))
+        except (OSError, ValueError):
+            key = (0, cpu)  # no topology exposed: each CPU its own core
+        cores.setdefault(key, []).append(cpu)
+    return sorted(cores.values())
+
+
+def rank_cores(cores: List[List[int]], local_rank: int, local_ranks: int) -> List[List[int]]:
+    """Local rank `local_rank` of `local_ranks`'s physical cores: its contiguous 1/local_ranks of `cores`."""
+    if len(cores) < local_ranks:
+        raise SystemExit(f"--pin-cores: {len(cores)} physical cores for {local_ranks} ranks on this node")
+    share = len(cores) // local_ranks
+    return cores[local_rank * share:(local_rank + 1) * share]
+
+
 def rank_path(path: Path, rank: int) -> Path:
     """`path` for rank 0; NAME_rankR.EXT for the other ranks of a multi-GPU run (each rank profiles itself)."""
     return path if rank == 0 else path.with_name(f"{path.stem}_rank{rank}{path.suffix}")
@@ -199,6 +241,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                         help="no profiler: each step's host time in forward, backward and the optimizer step, per rank")
     parser.add_argument("--blocking-sync", action="store_true",
                         help="each rank's host sleeps instead of spinning while it waits for its GPU (an experiment)")
+    parser.add_argument("--pin-cores", action="store_true",
+                        help="each local rank's threads on a disjoint share of the physical cores (an experiment)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from specdraft.config import load_recipe
@@ -213,9 +257,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     profiler = PhaseTimes(args.warmup, args.steps) if args.phases \
         else ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
     blocking = BlockingSync() if args.blocking_sync else None
-    summary = run_train(recipe, extra_callbacks=[profiler] + ([blocking] if blocking else []))
+    pinning = PinCores() if args.pin_cores else None
+    summary = run_train(recipe, extra_callbacks=[callback for callback in (profiler, blocking, pinning) if callback])
     report = {"recipe": args.recipe, "overrides": args.overrides, "train_summary": summary,
-              "context_flags": blocking.flags if blocking else None,
+              "context_flags": blocking.flags if blocking else None, "cpus": pinning.cpus if pinning else None,
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "rank": profiler.rank, "world_size": profiler.world_size, **profiler.report(args.top)}
     print(f"run: {json.dumps(summary)}")
