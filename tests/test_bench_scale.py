@@ -3,6 +3,7 @@
 tools/bench_distill_scale.py (1 and 2 distill-data workers on a tiny target). Several processes each."""
 import json
 import os
+import time
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
     phases = ("forward", "backward", "step")
-    columns = {f"{phase}{suffix}" for phase in phases for suffix in ("", "_cpu", "_preemptions")}
+    columns = {f"{phase}{suffix}" for phase in phases for suffix in ("", "_cpu", "_preemptions", "_wait")}
     assert len(ranks) == 2 and all(set(rank) == columns and rank["forward"] > 0 for rank in ranks)
     rank1 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train_rank1.json").read_text())
     assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2
@@ -99,6 +100,24 @@ def test_pin_cores_splits_physical_cores_between_local_ranks():
     assert sorted(cpu for core in profile_train.physical_cores() for cpu in core) == sorted(os.sched_getaffinity(0))
     with pytest.raises(SystemExit, match="5 physical cores for 8 ranks"):
         profile_train.rank_cores(cores, 0, 8)
+
+
+def test_sync_waits_sum_the_time_inside_wrapped_synchronizations(monkeypatch):
+    """--phases' wait measure: a wrapped synchronization adds its duration, raising or not, and returns its value."""
+    sync_waits = load_tool("profile_train").SyncWaits
+    monkeypatch.setattr(sync_waits, "seconds", 0.0)
+
+    def wait(seconds):
+        time.sleep(seconds)
+        if seconds > 0.01:
+            raise RuntimeError("device lost")
+        return "done"
+
+    timed = sync_waits.timed(wait)
+    assert timed(0.01) == "done" and sync_waits.seconds >= 0.01
+    with pytest.raises(RuntimeError, match="device lost"):
+        timed(0.02)
+    assert sync_waits.seconds >= 0.03
 
 
 def test_trace_goes_to_profiled_runs_only(tmp_path):

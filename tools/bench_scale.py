@@ -177,12 +177,20 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
 
 
 def phases_by_rank(directory: Path) -> list:
-    """Each rank's medians per step phase: wall ms, its main thread's CPU ms (NAME_cpu) and involuntary context
-    switches (NAME_preemptions), from tools/profile_train.py --phases; rank 0 first."""
-    reports = [json.loads(path.read_text()) for path in directory.glob("profile_train*.json")]
-    return [{**report["phase_ms_median"], **{f"{name}_cpu": ms for name, ms in report["phase_cpu_ms_median"].items()},
-             **{f"{name}_preemptions": n for name, n in report["phase_preemptions_median"].items()}}
-            for report in sorted(reports, key=lambda report: report["rank"])]
+    """Each rank's medians per step phase, from tools/profile_train.py --phases, rank 0 first: NAME its wall ms,
+    and NAME_M for each other measure M (cpu: the main thread's CPU ms; preemptions; wait: ms inside CUDA
+    synchronizations)."""
+    reports = sorted((json.loads(path.read_text()) for path in directory.glob("profile_train*.json")),
+                     key=lambda report: report["rank"])
+    return [{f"{name}{_measure_suffix(key)}": value for key, medians in report.items()
+             if key.startswith("phase_") and key.endswith("_median") for name, value in medians.items()}
+            for report in reports]
+
+
+def _measure_suffix(key: str) -> str:
+    """phase_ms_median -> ""; phase_cpu_ms_median -> "_cpu"; phase_preemptions_median -> "_preemptions"."""
+    measure = key[len("phase_"):-len("_median")]
+    return "" if measure == "ms" else "_" + measure.removesuffix("_ms")
 
 
 def run_one(work: Path, strategy: str, gpus: int, args) -> dict:

@@ -18,6 +18,7 @@ GPUs every rank profiles its own steps: rank R > 0 writes profile_train_rankR.js
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -75,33 +76,71 @@ class ProfileSteps(Callback):
                 **op_report(self.profiler, self.steps, top)}
 
 
+class SyncWaits:
+    """The host's seconds inside explicit CUDA synchronizations (an event's, a stream's, the device's), summed over
+    every thread since `install`. The driver spins in them by default, so a waiting host shows CPU time as a
+    working one does: this is what tells them apart. Copies to the host (`.item()`, `.cpu()`) are not counted."""
+
+    seconds = 0.0
+    installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls.installed or not torch.cuda.is_available():
+            return
+        for owner in (torch.cuda.Event, torch.cuda.Stream, torch.cuda):
+            setattr(owner, "synchronize", cls.timed(owner.synchronize))
+        cls.installed = True
+
+    @classmethod
+    def timed(cls, call):
+        @functools.wraps(call)
+        def timed_call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                cls.seconds += time.perf_counter() - started
+        return timed_call
+
+
+_device_synchronize = torch.cuda.synchronize  # PhaseTimes' own step-end sync, not counted by SyncWaits
+
+
 class PhaseTimes(Callback):
     """No profiler: the host's time in each phase of optimizer steps warmup+1 .. warmup+steps on this rank, the
     device synchronized at each step's end. forward: the batch's start to its loss; backward: the backward call
     (under DeepSpeed its gradient reduction too); step: the rest (the optimizer, DeepSpeed's partition updates).
     Ranks in lockstep wait for each other inside collectives: the phase that grows on one rank is where it waits.
     Each phase's CPU time of the main thread beside its wall time tells a busy host (CPU near wall; slower when
-    contended) from one that waits for its device or the other ranks (CPU well under wall, unless it spins)."""
+    contended) from one that waits for its device or the other ranks (CPU well under wall, unless it spins). The
+    time inside CUDA synchronizations (SyncWaits) tells a spinning wait from work."""
 
     PHASES = ("forward", "backward", "step")
-    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1}
-    """Per phase: wall ms; the main thread's CPU ms; its involuntary context switches (the OS took its core)."""
+    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1, "wait_ms": 1e3}
+    """Per phase: wall ms; the main thread's CPU ms; its involuntary context switches (the OS took its core); ms
+    inside CUDA synchronizations (any thread)."""
 
     def __init__(self, warmup: int, steps: int):
         self.warmup, self.steps = warmup, steps
         self.rank, self.world_size = 0, 1
-        self.marks: List[Tuple[float, float, int]] = []  # (wall s, CPU s, involuntary switches) at each phase edge
-        self.rows: List[List[Tuple[float, float, int]]] = []  # [step][phase] their differences
+        self.marks: List[Tuple[float, ...]] = []  # each measure's running total (MEASURES order) at each phase edge
+        self.rows: List[List[Tuple[float, ...]]] = []  # [step][phase] their differences
+        self.started_unix: List[float] = []  # each timed step's start, seconds since the epoch (to align with samplers)
+        self.batch_started_unix = 0.0
 
     def setup(self, trainer, pl_module, stage):
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
+        SyncWaits.install()
 
     @staticmethod
-    def _now() -> Tuple[float, float, int]:
-        return time.perf_counter(), time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    def _now() -> Tuple[float, ...]:
+        return (time.perf_counter(), time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw,
+                SyncWaits.seconds)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.marks = [self._now()]
+        self.batch_started_unix = time.time()
 
     def on_before_backward(self, trainer, pl_module, loss):
         self.marks.append(self._now())
@@ -111,11 +150,12 @@ class PhaseTimes(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
+            _device_synchronize(pl_module.device)
         self.marks.append(self._now())
         if self.warmup < trainer.global_step <= self.warmup + self.steps and len(self.marks) == 4:
             self.rows.append([tuple(b - a for a, b in zip(earlier, later))
                               for earlier, later in zip(self.marks, self.marks[1:])])
+            self.started_unix.append(self.batch_started_unix)
 
     def report(self, top: int) -> Dict:
         """-> step_ms (median) and, for each measure M of MEASURES, phase_M_each {phase: per step} and
@@ -123,7 +163,8 @@ class PhaseTimes(Callback):
         if len(self.rows) < self.steps:
             raise SystemExit(f"{len(self.rows)} of {self.steps} steps timed: raise train.max_steps")
         steps_ms = [1e3 * sum(phase[0] for phase in row) for row in self.rows]
-        report = {"steps": self.steps, "step_ms": statistics.median(steps_ms), "step_ms_each": steps_ms}
+        report = {"steps": self.steps, "step_ms": statistics.median(steps_ms), "step_ms_each": steps_ms,
+                  "step_started_unix_each": self.started_unix}
         for index, (measure, scale) in enumerate(self.MEASURES.items()):
             each = {name: [scale * row[i][index] for row in self.rows] for i, name in enumerate(self.PHASES)}
             report[f"phase_{measure}_each"] = each
@@ -218,10 +259,10 @@ def rank_path(path: Path, rank: int) -> Path:
 def print_report(report: Dict) -> None:
     if "phase_ms_median" in report:
         print(f"step {report['step_ms']:.1f} ms (median); per phase, medians: wall ms / main thread CPU ms / "
-              f"preemptions")
+              f"preemptions / ms in CUDA synchronizations")
         for name in PhaseTimes.PHASES:
             print(f"  {name}: {report['phase_ms_median'][name]:.1f} / {report['phase_cpu_ms_median'][name]:.1f} / "
-                  f"{report['phase_preemptions_median'][name]:g}")
+                  f"{report['phase_preemptions_median'][name]:g} / {report['phase_wait_ms_median'][name]:.1f}")
         return
     print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
           f"({100 * report['device_busy_ms'] / report['step_ms']:.0f}%), "
