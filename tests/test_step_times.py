@@ -2,7 +2,7 @@
 CPU, instant."""
 import pytest
 
-from specdraft.train.timing import read_step_times, steady_rate
+from specdraft.train.timing import is_logged_step, read_step_times, steady_rate
 
 
 def test_steady_rate_leaves_the_warmup_out():
@@ -18,3 +18,9 @@ def test_read_step_times_keeps_the_last_fit(tmp_path):
     path = tmp_path / "step_times.csv"
     path.write_text("step,fit_seconds,tokens\n1,5.0,10\n2,6.0,20\n3,2.0,10\n4,3.0,20\n")  # resumed at step 2
     assert read_step_times(path) == [(3, 2.0, 10), (4, 3.0, 20)]
+
+
+def test_the_module_and_the_step_times_log_the_same_steps():
+    """One rule: the optimizer step that brings the count to a multiple of log_every_steps is logged."""
+    assert [steps for steps in range(12) if is_logged_step(steps, 5)] == [5, 10]
+    assert [steps for steps in range(3) if is_logged_step(steps, 0)] == [1, 2]  # 0 logs every step

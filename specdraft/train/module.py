@@ -19,6 +19,7 @@ from specdraft.kernels.adamw8bit import AdamW8bitFused
 from specdraft.layers.zero import gathered
 from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
+from specdraft.train.timing import is_logged_step
 
 
 class DraftModule(L.LightningModule):
@@ -111,7 +112,7 @@ class DraftModule(L.LightningModule):
         """Whether this step's metrics are written (every train.log_every_steps optimizer steps). They are logged
         only then, and never for the progress bar (trainer.LoggedMetricsBar shows the written ones): Lightning
         reads logged values back to the host, and each read waits for the device to finish the step."""
-        return (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0
+        return is_logged_step(self.trainer.global_step + 1, self.trainer.log_every_n_steps)
 
     def validation_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)

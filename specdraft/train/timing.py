@@ -42,7 +42,7 @@ class StepTimes(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        if step == 0 or step % self.every_steps or (self.rows and self.rows[-1][0] == step):
+        if not is_logged_step(step, self.every_steps) or (self.rows and self.rows[-1][0] == step):
             return  # not an optimizer step boundary to log (or gradient accumulation in progress)
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
@@ -63,6 +63,12 @@ class StepTimes(Callback):
     def steady_tokens_per_s(self, warmup_rows: int) -> Optional[float]:
         """Tokens/s of this fit after its first `warmup_rows` logged steps (None with too few of them)."""
         return steady_rate(self.rows, warmup_rows)
+
+
+def is_logged_step(steps_done: int, every_steps: int) -> bool:
+    """Whether the optimizer step that brings the count to `steps_done` is logged: every `every_steps` steps. The
+    one rule for the module's metrics (DraftModule) and the step times here."""
+    return steps_done > 0 and steps_done % max(1, every_steps) == 0
 
 
 def _tokens_before_this_batch(pl_module, batch, world_size: int) -> int:
