@@ -54,7 +54,7 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
     phases = ("forward", "backward", "step")
-    columns = {f"{phase}{suffix}" for phase in phases for suffix in ("", "_cpu", "_preemptions", "_wait")}
+    columns = {f"{phase}{suffix}" for phase in phases for suffix in ("", "_cpu", "_preemptions", "_wait", "_sys", "_page_faults")}
     assert len(ranks) == 2 and all(set(rank) == columns and rank["forward"] > 0 for rank in ranks)
     rank1 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train_rank1.json").read_text())
     assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2

@@ -179,7 +179,7 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
 def phases_by_rank(directory: Path) -> list:
     """Each rank's medians per step phase, from tools/profile_train.py --phases, rank 0 first: NAME its wall ms,
     and NAME_M for each other measure M (cpu: the main thread's CPU ms; preemptions; wait: ms inside CUDA
-    synchronizations)."""
+    synchronizations; sys: kernel CPU ms; page_faults)."""
     reports = sorted((json.loads(path.read_text()) for path in directory.glob("profile_train*.json")),
                      key=lambda report: report["rank"])
     return [{f"{name}{_measure_suffix(key)}": value for key, medians in report.items()

@@ -117,9 +117,10 @@ class PhaseTimes(Callback):
     time inside CUDA synchronizations (SyncWaits) tells a spinning wait from work."""
 
     PHASES = ("forward", "backward", "step")
-    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1, "wait_ms": 1e3}
+    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1, "wait_ms": 1e3, "sys_ms": 1e3, "page_faults": 1}
     """Per phase: wall ms; the main thread's CPU ms; its involuntary context switches (the OS took its core); ms
-    inside CUDA synchronizations (any thread)."""
+    inside CUDA synchronizations (any thread); the main thread's CPU ms in the kernel (part of its CPU ms) and its
+    page faults (memory the allocator maps and touches anew)."""
 
     def __init__(self, warmup: int, steps: int):
         self.warmup, self.steps = warmup, steps
@@ -135,8 +136,9 @@ class PhaseTimes(Callback):
 
     @staticmethod
     def _now() -> Tuple[float, ...]:
-        return (time.perf_counter(), time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw,
-                SyncWaits.seconds)
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        return (time.perf_counter(), time.thread_time(), usage.ru_nivcsw, SyncWaits.seconds, usage.ru_stime,
+                usage.ru_minflt + usage.ru_majflt)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.marks = [self._now()]
@@ -258,11 +260,10 @@ def rank_path(path: Path, rank: int) -> Path:
 
 def print_report(report: Dict) -> None:
     if "phase_ms_median" in report:
-        print(f"step {report['step_ms']:.1f} ms (median); per phase, medians: wall ms / main thread CPU ms / "
-              f"preemptions / ms in CUDA synchronizations")
+        measures = list(PhaseTimes.MEASURES)
+        print(f"step {report['step_ms']:.1f} ms (median); per phase, medians of: {' / '.join(measures)}")
         for name in PhaseTimes.PHASES:
-            print(f"  {name}: {report['phase_ms_median'][name]:.1f} / {report['phase_cpu_ms_median'][name]:.1f} / "
-                  f"{report['phase_preemptions_median'][name]:g} / {report['phase_wait_ms_median'][name]:.1f}")
+            print(f"  {name}: " + " / ".join(f"{report[f'phase_{measure}_median'][name]:.1f}" for measure in measures))
         return
     print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
           f"({100 * report['device_busy_ms'] / report['step_ms']:.0f}%), "
