@@ -54,10 +54,13 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
     phases = ("forward", "backward", "step")
-    columns = {f"{phase}{suffix}" for phase in phases for suffix in ("", "_cpu", "_preemptions", "_wait", "_sys", "_page_faults")}
-    assert len(ranks) == 2 and all(set(rank) == columns and rank["forward"] > 0 for rank in ranks)
+    suffixes = ("", "_cpu", "_preemptions", "_wait", "_sys", "_page_faults")
+    columns = {f"{phase}{suffix}" for phase in phases for suffix in suffixes}
+    assert len(ranks) == 2 and all(set(rank) == columns | {"canary"} and rank["forward"] > 0 for rank in ranks)
+    assert all(rank["canary"] > 0 for rank in ranks)
     rank1 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train_rank1.json").read_text())
-    assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2
+    assert rank1["overrides"][-1] == "train.seed=0" and len(rank1["phase_ms_each"]["backward"]) == 2 \
+        and len(rank1["canary_ms_each"]) == len(rank1["step_started_unix_each"]) == 2
     assert rank1["context_flags"] is None  # --blocking-sync touches CUDA devices only
     rank0 = json.loads((tmp_path / "work" / "runs" / "ddp-2" / "profile_train.json").read_text())
     assert rank0["cpus"] and rank1["cpus"] and not set(rank0["cpus"]) & set(rank1["cpus"])  # --pin-cores
@@ -127,3 +130,17 @@ def test_trace_goes_to_profiled_runs_only(tmp_path):
     assert "--trace" in argv and "--phases" not in argv
     with pytest.raises(SystemExit):
         bench_scale.parse_args(["--device", "cpu", "--trace", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_zero3_host_times_every_step_of_both_stages(tmp_path):
+    """tools/bench_zero3_host.py: one DeepSpeed rank per stage on the CPU; every step's forward CPU ms and host
+    canary, summarized after the warm-up steps."""
+    bench_zero3_host = load_tool("bench_zero3_host")
+    steps = bench_zero3_host.WARMUP + 3
+    report = bench_zero3_host.main(["--steps", str(steps), "--out", str(tmp_path)])
+    assert [result["stage"] for result in report["results"]] == [2, 3]
+    for result in report["results"]:
+        assert len(result["forward_cpu_ms_each"]) == len(result["canary_ms_each"]) == steps
+        assert result["summary"]["forward_cpu_ms_median"] > 0 and result["summary"]["canary_ms_median"] > 0
+    assert json.loads((tmp_path / "bench_zero3_host.json").read_text()) == report

@@ -127,8 +127,8 @@ class PhaseTimes(Callback):
         self.rank, self.world_size = 0, 1
         self.marks: List[Tuple[float, ...]] = []  # each measure's running total (MEASURES order) at each phase edge
         self.rows: List[List[Tuple[float, ...]]] = []  # [step][phase] their differences
-        self.started_unix: List[float] = []  # each timed step's start, seconds since the epoch (to align with samplers)
-        self.batch_started_unix = 0.0
+        self.extras: List[Tuple[float, float]] = []  # per timed step: (start, epoch seconds; host_canary_ms)
+        self.batch_extras = (0.0, 0.0)
 
     def setup(self, trainer, pl_module, stage):
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
@@ -141,8 +141,8 @@ class PhaseTimes(Callback):
                 usage.ru_minflt + usage.ru_majflt)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch_extras = (time.time(), host_canary_ms())
         self.marks = [self._now()]
-        self.batch_started_unix = time.time()
 
     def on_before_backward(self, trainer, pl_module, loss):
         self.marks.append(self._now())
@@ -157,21 +157,33 @@ class PhaseTimes(Callback):
         if self.warmup < trainer.global_step <= self.warmup + self.steps and len(self.marks) == 4:
             self.rows.append([tuple(b - a for a, b in zip(earlier, later))
                               for earlier, later in zip(self.marks, self.marks[1:])])
-            self.started_unix.append(self.batch_started_unix)
+            self.extras.append(self.batch_extras)
 
     def report(self, top: int) -> Dict:
-        """-> step_ms (median) and, for each measure M of MEASURES, phase_M_each {phase: per step} and
+        """-> step_ms (median); each step's start (epoch seconds, to align with samplers such as py-spy) and host
+        canary (host_canary_ms) before it; for each measure M of MEASURES, phase_M_each {phase: per step} and
         phase_M_median {phase: median}."""
         if len(self.rows) < self.steps:
             raise SystemExit(f"{len(self.rows)} of {self.steps} steps timed: raise train.max_steps")
         steps_ms = [1e3 * sum(phase[0] for phase in row) for row in self.rows]
+        canary_ms = [canary for _, canary in self.extras]
         report = {"steps": self.steps, "step_ms": statistics.median(steps_ms), "step_ms_each": steps_ms,
-                  "step_started_unix_each": self.started_unix}
+                  "step_started_unix_each": [started for started, _ in self.extras],
+                  "canary_ms_each": canary_ms, "canary_ms_median": statistics.median(canary_ms)}
         for index, (measure, scale) in enumerate(self.MEASURES.items()):
             each = {name: [scale * row[i][index] for row in self.rows] for i, name in enumerate(self.PHASES)}
             report[f"phase_{measure}_each"] = each
             report[f"phase_{measure}_median"] = {name: statistics.median(values) for name, values in each.items()}
         return report
+
+
+def host_canary_ms() -> float:
+    """The wall ms of a fixed piece of pure-Python work (about 1 ms): the host's own pace at this moment, whatever
+    the step does. A host-bound forward that slows in step with it runs on a host that is slower at times (its
+    core shared with another guest's thread, its clock lower), not one that does more work."""
+    started = time.perf_counter()
+    sum(range(50_000))
+    return 1e3 * (time.perf_counter() - started)
 
 
 CU_CTX_SCHED_BLOCKING_SYNC = 0x04

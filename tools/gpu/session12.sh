@@ -26,7 +26,9 @@ scale_runs() {  # $1 name, $2 strategies, $3 GPU counts, then extra bench_scale 
   tail -6 "$RESULTS/$name.log"
   mkdir -p "$RESULTS/$name/phases"
   for run in "$RESULTS/$name"/work/runs/*/; do
-    for file in "$run"profile_train*.json; do [ -f "$file" ] && cp "$file" "$RESULTS/$name/phases/$(basename "$run")_$(basename "$file")"; done
+    for file in "$run"profile_train*.json; do
+      [ -f "$file" ] && cp "$file" "$RESULTS/$name/phases/$(basename "$run")_$(basename "$file")"
+    done
   done
   pack
 }
