@@ -39,8 +39,13 @@ class LayerWeights:
 
 def attention_inputs(layer, hidden, embeds, positions, qkv_weight):
     """The layer up to its attention call: norms, [embedding ; hidden], q/k/v projections, rotary.
-    hidden, embeds [B, T, H] -> q [B, h, T, D], k, v [B, kvh, T, D]."""
-    attn_in = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+    hidden, embeds [B, T, H] -> q [B, h, T, D], k, v [B, kvh, T, D].
+
+    Inside the layer's forward, its norms run through `forward` rather than as module calls: under ZeRO-3 every
+    module call costs DeepSpeed's fetch, release and backward hooks on the host (the layer registers the norms'
+    weights as external parameters, so its own call gathers them)."""
+    normed = [layer.input_layernorm.forward(embeds), layer.hidden_norm.forward(hidden)]
+    attn_in = torch.cat(normed, dim=-1)  # [B, T, 2H]
     return layer.self_attn.project(attn_in, positions, qkv_weight)
 
 
@@ -50,5 +55,5 @@ def attention_residual(hidden, attn, o_weight):  # [B, T, H], [B, h, T, D], [H, 
 
 def mlp_residual(layer, hidden, gate_up_weight, down_weight):  # [B, T, H] -> [B, T, H]
     lean = layer.checkpointing != "none"
-    normed = layer.post_attention_layernorm(hidden)
+    normed = layer.post_attention_layernorm.forward(hidden)  # no module call (attention_inputs)
     return hidden + swiglu(normed, gate_up_weight, down_weight, recompute_pointwise=lean)

@@ -147,7 +147,7 @@ class Eagle3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(target.hidden_size, target.rms_norm_eps)
         self.self_attn = Eagle3Attention(target)
         self.mlp = SwiGLU(target.hidden_size, intermediate_size)
-        register_external(self, [*self.self_attn.parameters(), *self.mlp.parameters()])  # read by LayerWeights
+        register_external(self, self.parameters())  # all read in its own forward: LayerWeights, the norms' forward
 
     def compute_weights(self) -> LayerWeights:
         return LayerWeights(self)
