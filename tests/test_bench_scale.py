@@ -54,7 +54,8 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     assert result["status"] == "ok" and result["timed_steps"] == 2
     ranks = result["phase_ms_median_by_rank"]
     phases = ("forward", "backward", "step")
-    suffixes = ("", "_cpu", "_preemptions", "_wait", "_sys", "_page_faults")
+    suffixes = ("", "_cpu", "_preemptions", "_wait", "_sys", "_page_faults", "_cuda_mallocs", "_cuda_frees",
+                "_alloc_retries")
     columns = {f"{phase}{suffix}" for phase in phases for suffix in suffixes}
     assert len(ranks) == 2 and all(set(rank) == columns | {"canary"} and rank["forward"] > 0 for rank in ranks)
     assert all(rank["canary"] > 0 for rank in ranks)

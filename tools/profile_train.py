@@ -117,10 +117,13 @@ class PhaseTimes(Callback):
     time inside CUDA synchronizations (SyncWaits) tells a spinning wait from work."""
 
     PHASES = ("forward", "backward", "step")
-    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1, "wait_ms": 1e3, "sys_ms": 1e3, "page_faults": 1}
+    MEASURES = {"ms": 1e3, "cpu_ms": 1e3, "preemptions": 1, "wait_ms": 1e3, "sys_ms": 1e3, "page_faults": 1,
+                "cuda_mallocs": 1, "cuda_frees": 1, "alloc_retries": 1}
     """Per phase: wall ms; the main thread's CPU ms; its involuntary context switches (the OS took its core); ms
     inside CUDA synchronizations (any thread); the main thread's CPU ms in the kernel (part of its CPU ms) and its
-    page faults (memory the allocator maps and touches anew)."""
+    page faults (memory the allocator maps and touches anew); the caching allocator's cudaMalloc and cudaFree calls
+    (each costs host time, and a cudaFree waits for the whole device) and its retries (an allocation that failed,
+    freed the cache and tried again). The allocator's counts are 0 off CUDA."""
 
     def __init__(self, warmup: int, steps: int):
         self.warmup, self.steps = warmup, steps
@@ -138,7 +141,7 @@ class PhaseTimes(Callback):
     def _now() -> Tuple[float, ...]:
         usage = resource.getrusage(resource.RUSAGE_THREAD)
         return (time.perf_counter(), time.thread_time(), usage.ru_nivcsw, SyncWaits.seconds, usage.ru_stime,
-                usage.ru_minflt + usage.ru_majflt)
+                usage.ru_minflt + usage.ru_majflt, *allocator_counts())
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batch_extras = (time.time(), host_canary_ms())
@@ -175,6 +178,15 @@ class PhaseTimes(Callback):
             report[f"phase_{measure}_each"] = each
             report[f"phase_{measure}_median"] = {name: statistics.median(values) for name, values in each.items()}
         return report
+
+
+def allocator_counts() -> Tuple[int, int, int]:
+    """The CUDA caching allocator's running totals: (cudaMalloc calls, cudaFree calls, allocation retries); zeros
+    without CUDA."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0, 0, 0
+    stats = torch.cuda.memory_stats()
+    return stats.get("num_device_alloc", 0), stats.get("num_device_free", 0), stats.get("num_alloc_retries", 0)
 
 
 def host_canary_ms() -> float:

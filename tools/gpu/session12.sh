@@ -5,11 +5,6 @@
 #          clocks and power twice a second throughout; ZeRO-3 on 1, 2, 4 GPUs with every rank's phases (wall, main-
 #          thread CPU, preemptions), $STEPS3 timed steps; then on 1 and 4 with --blocking-sync (waiting hosts sleep),
 #          with --pin-cores (each rank's threads on its own physical cores), and ZeRO-2 on 1 and 4 with phases.
-#   zero3why (the next run; no SmolLM2, no data, .whl with py-spy carried; about 9 minutes): what ZeRO-3's slow
-#          forwards do. ZeRO-3 on 1, 2, 4 GPUs with phases, now with each phase's time inside CUDA synchronizations;
-#          on 1 and 4 with DeepSpeed's memory_efficient_linear off (F.linear stays PyTorch's); then one 1-GPU run of
-#          200 timed steps sampled by py-spy: 15 s of Python stacks as a Chrome trace (to align with its step times),
-#          then 10 s with native frames (collapsed stacks). --phases also gives kernel CPU ms and page faults.
 #   heads12 (SmolLM2 and .data/prev, .data/run2 carried): EAGLE-3, PosS-1, PosS-2 and Kangaroo ℓ=2, one per GPU,
 #          with Session 6's data, steps (STEPS, 1000), micro-batch and seed, and the recipes' draft vocabulary
 #          (16,384 since Session 11), each benched on MAX_PROMPTS (80) MT-bench prompts; then the runtime bench of
@@ -47,33 +42,6 @@ zero3x() {
   kill "$clocks"
   pack
   stamp "session12 zero3x done"
-}
-
-zero3why() {
-  rm -rf "${RESULTS:?}"/*; mkdir -p "$RESULTS"
-  stamp "session12 zero3why on $(nvidia-smi -L | wc -l) GPUs"
-  scale_runs zero3 deepspeed_stage_3 1,2,4
-  scale_runs zero3_native_linear deepspeed_stage_3 1,4 \
-    --override train.deepspeed.zero_optimization.memory_efficient_linear=false
-  STEPS3=200 scale_runs zero3_sampled deepspeed_stage_3 1 &
-  local run=$!
-  local pid=""
-  for _ in $(seq 90); do
-    sleep 2
-    pid=$(pgrep -f "[p]rofile_train.py" | head -1)
-    [ -n "$pid" ] && [ -f "$RESULTS/zero3_sampled/work/runs/deepspeed_stage_3-1/train/logs/step_times.csv" ] && break
-  done
-  sleep 3
-  date +%s.%N > "$RESULTS/zero3_sampled_pyspy_start.txt"  # the trace's ts 0, to align with step_started_unix_each
-  if [ -n "$pid" ]; then
-    timeout 40 /tmp/site/bin/py-spy record -p "$pid" -d 15 -r 100 --nonblocking -f chrometrace \
-      -o "$RESULTS/zero3_sampled_pyspy.json" > "$RESULTS/zero3_sampled_pyspy.log" 2>&1
-    timeout 40 /tmp/site/bin/py-spy record -p "$pid" -d 10 -r 100 --native -f raw \
-      -o "$RESULTS/zero3_sampled_pyspy_native.txt" >> "$RESULTS/zero3_sampled_pyspy.log" 2>&1
-  fi
-  wait "$run"
-  pack
-  stamp "session12 zero3why done"
 }
 
 heads12() {
