@@ -295,6 +295,35 @@ def test_online_features_never_read_a_tensor_back_to_the_host(tiny_target_dir):
     assert model.config._attn_implementation == "sdpa"  # restored after the forward
 
 
+def test_online_target_runs_torch_linear_under_a_replaced_one(tiny_target_dir, monkeypatch):
+    """DeepSpeed's ZeRO-3 replaces torch.nn.functional.linear process-wide (memory_efficient_linear). The frozen
+    target's forward runs PyTorch's own linear instead, with the same features; the replacement is back after it,
+    and a draft's linear outside the target's forward still goes through it."""
+    import torch.nn.functional as F
+
+    from specdraft.config import TargetConfig
+
+    model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))  # [B, T]
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    expected = OnlineFeatures(model, [1, 2])(batch)
+    calls = []
+
+    def replacement(input, weight, bias=None):
+        calls.append(weight.shape)
+        return torch._C._nn.linear(input, weight, bias)
+
+    monkeypatch.setattr(F, "linear", replacement)
+    got = OnlineFeatures(model, [1, 2])(batch)
+    assert calls == []
+    assert F.linear is replacement
+    torch.nn.Linear(4, 3)(torch.ones(1, 4))
+    assert calls == [(3, 4)]
+    torch.testing.assert_close(got.final_hidden, expected.final_hidden, rtol=0, atol=0)
+    for index, hidden in expected.hidden_states.items():
+        torch.testing.assert_close(got.hidden_states[index], hidden, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("setting", ["eager", "sliding_window", "sliding_layers"])
 def test_targets_with_local_attention_or_not_on_sdpa_keep_their_mask(tiny_target_dir, setting):
     """causal_attention applies to SDPA targets whose every layer attends to the whole prefix; the others run

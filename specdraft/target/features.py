@@ -57,6 +57,28 @@ def causal_attention(model):
         config._attn_implementation = previous
 
 
+@contextlib.contextmanager
+def torch_linear():
+    """`torch.nn.functional.linear` as PyTorch's own op while the block runs.
+
+    DeepSpeed's ZeRO-3 (its default `memory_efficient_linear`) replaces it process-wide with an autograd Function,
+    whose every call binds its arguments with `inspect.signature` on the host. The frozen target runs under
+    no_grad, where that Function saves nothing for a backward, yet its 7 linears per layer paid it on every step:
+    about a fifth of a ZeRO-3 step's host time at Llama-3.1-8B shapes (py-spy, Session 13). A ZeRO-3-partitioned
+    target is unaffected: its module hooks, not the linear, gather its weights."""
+    import torch.nn.functional as F
+
+    replaced = F.linear
+    if replaced is torch._C._nn.linear:
+        yield
+        return
+    F.linear = torch._C._nn.linear
+    try:
+        yield
+    finally:
+        F.linear = replaced
+
+
 def _keep_input(store: Dict[int, torch.Tensor], index: int):
     def hook(module, args, kwargs):
         store[index] = args[0] if args else kwargs["hidden_states"]
@@ -99,10 +121,10 @@ def capture_features(model, input_ids: torch.Tensor, attention_mask: Optional[to
     under `causal_attention`, so that the forward never waits for the device.
 
     position_ids [B, T] (packed rows, positions restarting at each document) replaces the attention mask: the
-    target then attends within each document only."""
+    target then attends within each document only. Its linears run as PyTorch's own (`torch_linear`)."""
     keep = sorted(set(layers) | {0})
     unmasked = attention_mask is None and position_ids is None
-    with causal_attention(model) if unmasked else contextlib.nullcontext():
+    with causal_attention(model) if unmasked else contextlib.nullcontext(), torch_linear():
         hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
     return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
                           lm_head=model.get_output_embeddings().weight)
