@@ -6,8 +6,10 @@
 #   lr14 (about 14 minutes): whether Session 12-13's heads are held back by their learning rate, or training lost
 #          something since the foundation's run 2 (τ_sim 2.98 after 2,500 steps of 32 rows at lr 5e-4, against
 #          2.0 after 1,000 steps of 64 at 3e-4). Four EAGLE-3 heads on Session 6's data, one per GPU, validated
-#          every 250 steps: run 2's settings again (its τ_sim by step is the baseline), the same at lr 1e-3, and
-#          1,000 steps of 64 rows at lr 1e-3 and 2e-3; each benched on the same MAX_PROMPTS (80) MT-bench prompts.
+#          every 250 steps: run 2's settings again (its τ_sim by step is the baseline); the same at lr 1e-3, online
+#          and with data.features=hybrid (the target runs in the first epoch only: how much faster the later
+#          epochs train, and whether the head is the same); 1,000 steps of 64 rows at lr 1e-3. Each benched on the
+#          same MAX_PROMPTS (80) MT-bench prompts.
 #   all14: scale14, then lr14.
 set -u
 source tools/gpu/session13.sh  # (and session5/6/7/12.sh) stamp, pack, wait_for_target, scale_runs, head_on, plot_heads
@@ -28,9 +30,10 @@ lr14() {
   head_on 0 run2_lr5e-4 eagle3 "$data" "${run2[@]}" train.lr=5e-4 train.val_every_steps=250 &
   head_on 1 run2_lr1e-3 eagle3 "$data" "${run2[@]}" train.lr=1e-3 train.val_every_steps=250 &
   head_on 2 mb64_lr1e-3 eagle3 "$data" train.max_steps=1000 train.lr=1e-3 train.val_every_steps=250 &
-  head_on 3 mb64_lr2e-3 eagle3 "$data" train.max_steps=1000 train.lr=2e-3 train.val_every_steps=250 &
+  head_on 3 run2_lr1e-3_hybrid eagle3 "$data" "${run2[@]}" train.lr=1e-3 train.val_every_steps=250 \
+    data.features=hybrid &
   wait
-  plot_heads run2_lr5e-4 run2_lr1e-3 mb64_lr1e-3 mb64_lr2e-3
+  plot_heads run2_lr5e-4 run2_lr1e-3 mb64_lr1e-3 run2_lr1e-3_hybrid
   pack
   stamp "lr14 done"
 }
