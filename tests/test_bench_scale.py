@@ -85,13 +85,15 @@ def test_distill_scale_tiny_cpu(tmp_path, tiny_target_dir):
     assert json.loads((tmp_path / "out" / "bench_distill_scale.json").read_text()) == report
 
 
-def test_blocking_sync_goes_to_every_phase_run_only(tmp_path):
-    """--blocking-sync reaches tools/profile_train.py in --phases runs, and is refused without --phases."""
-    args = bench_scale.parse_args(["--device", "cpu", "--phases", "--blocking-sync", "--out", str(tmp_path)])
+@pytest.mark.parametrize("flag", ["--blocking-sync", "--split-forward"])
+def test_phase_experiments_go_to_every_phase_run_only(tmp_path, flag):
+    """--blocking-sync and --split-forward reach tools/profile_train.py in --phases runs, and are refused without
+    --phases."""
+    args = bench_scale.parse_args(["--device", "cpu", "--phases", flag, "--out", str(tmp_path)])
     argv = bench_scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
-    assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == "--blocking-sync"
+    assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == flag
     with pytest.raises(SystemExit):
-        bench_scale.parse_args(["--device", "cpu", "--blocking-sync", "--out", str(tmp_path)])
+        bench_scale.parse_args(["--device", "cpu", flag, "--out", str(tmp_path)])
 
 
 def test_pin_cores_splits_physical_cores_between_local_ranks():

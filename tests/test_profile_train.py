@@ -18,6 +18,20 @@ def test_profile_train_reports_steps_and_ops(tmp_path, tiny_target_dir, distille
     assert "most host time" in capsys.readouterr().out
 
 
+def test_split_forward_times_the_target_and_the_draft_apart(tmp_path, tiny_target_dir, distilled, capsys):
+    """--phases --split-forward: the forward as `target` (the frozen target's features) and `draft`, each step's
+    four phases summing to its time; the module's features still work through the wrapper (validation off)."""
+    recipe = make_recipe(tmp_path, tiny_target_dir, distilled)
+    report = load_tool("profile_train").main([str(recipe), "--warmup", "1", "--steps", "2", "--phases",
+                                              "--split-forward", "--out", str(tmp_path / "prof")])
+    phases = report["phase_ms_each"]
+    assert list(phases) == ["target", "draft", "backward", "step"]
+    assert all(len(values) == 2 and min(values) > 0 for values in phases.values())
+    for index, step_ms in enumerate(report["step_ms_each"]):
+        assert abs(sum(values[index] for values in phases.values()) - step_ms) < 1e-6
+    assert "  target:" in capsys.readouterr().out
+
+
 def test_host_waits_counts_synchronizations_and_copies_to_the_host():
     """The events in which the host waits for the device (a `.item()` shows as a device-to-host copy), per
     step; every other event is left out."""

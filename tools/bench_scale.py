@@ -115,7 +115,7 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list
         return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
     warmup, timed = (args.warmup, args.steps) if args.phases else (steps - args.profile, args.profile)
     flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync \
-        + ["--pin-cores"] * args.pin_cores
+        + ["--pin-cores"] * args.pin_cores + ["--split-forward"] * args.split_forward
     return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--warmup", str(warmup),
             "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus)), *flags]
 
@@ -255,6 +255,9 @@ def parse_args(argv=None):
                         help="with --phases: each rank's host sleeps instead of spinning while it waits for its GPU")
     parser.add_argument("--pin-cores", action="store_true",
                         help="with --phases: each rank's threads on a disjoint share of the physical cores")
+    parser.add_argument("--split-forward", action="store_true",
+                        help="with --phases: the forward timed as `target` and `draft`, the device synchronized "
+                             "between them (slower steps; shows which part the host limits)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override for every configuration (repeatable), e.g. "
                              "train.deepspeed.zero_optimization.reduce_bucket_size=500000000")
@@ -264,7 +267,7 @@ def parse_args(argv=None):
         parser.error(f"--profile {args.profile}: between 0 and --steps ({args.steps})")
     if args.trace and not args.profile:
         parser.error("--trace needs --profile STEPS")
-    for flag in ("blocking_sync", "pin_cores"):
+    for flag in ("blocking_sync", "pin_cores", "split_forward"):
         if getattr(args, flag) and not args.phases:
             parser.error(f"--{flag.replace('_', '-')} is an experiment of --phases runs: add --phases")
     if args.phases and args.profile:

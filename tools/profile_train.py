@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -125,8 +125,13 @@ class PhaseTimes(Callback):
     (each costs host time, and a cudaFree waits for the whole device) and its retries (an allocation that failed,
     freed the cache and tried again). The allocator's counts are 0 off CUDA."""
 
-    def __init__(self, warmup: int, steps: int):
+    def __init__(self, warmup: int, steps: int, split_forward: bool = False):
+        """split_forward: the forward timed as two phases, `target` (the frozen target's features, the device
+        synchronized at their end) and `draft` (the rest, to the loss). The sync takes away the overlap of the
+        target's device work with the draft's host work, so the step is slower than unsplit: it shows which part
+        the host limits, not the step's time."""
         self.warmup, self.steps = warmup, steps
+        self.phases = ("target", "draft", "backward", "step") if split_forward else self.PHASES
         self.rank, self.world_size = 0, 1
         self.marks: List[Tuple[float, ...]] = []  # each measure's running total (MEASURES order) at each phase edge
         self.rows: List[List[Tuple[float, ...]]] = []  # [step][phase] their differences
@@ -136,6 +141,15 @@ class PhaseTimes(Callback):
     def setup(self, trainer, pl_module, stage):
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
         SyncWaits.install()
+
+    def on_train_start(self, trainer, pl_module):
+        if "target" in self.phases:  # after the module's setup, which may build the features' target
+            pl_module.features = _MarkAfter(pl_module.features, lambda: self._mark(pl_module))
+
+    def _mark(self, pl_module) -> None:
+        if pl_module.device.type == "cuda":
+            _device_synchronize(pl_module.device)
+        self.marks.append(self._now())
 
     @staticmethod
     def _now() -> Tuple[float, ...]:
@@ -154,10 +168,8 @@ class PhaseTimes(Callback):
         self.marks.append(self._now())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if pl_module.device.type == "cuda":
-            _device_synchronize(pl_module.device)
-        self.marks.append(self._now())
-        if self.warmup < trainer.global_step <= self.warmup + self.steps and len(self.marks) == 4:
+        self._mark(pl_module)
+        if self.warmup < trainer.global_step <= self.warmup + self.steps and len(self.marks) == len(self.phases) + 1:
             self.rows.append([tuple(b - a for a, b in zip(earlier, later))
                               for earlier, later in zip(self.marks, self.marks[1:])])
             self.extras.append(self.batch_extras)
@@ -174,10 +186,25 @@ class PhaseTimes(Callback):
                   "step_started_unix_each": [started for started, _ in self.extras],
                   "canary_ms_each": canary_ms, "canary_ms_median": statistics.median(canary_ms)}
         for index, (measure, scale) in enumerate(self.MEASURES.items()):
-            each = {name: [scale * row[i][index] for row in self.rows] for i, name in enumerate(self.PHASES)}
+            each = {name: [scale * row[i][index] for row in self.rows] for i, name in enumerate(self.phases)}
             report[f"phase_{measure}_each"] = each
             report[f"phase_{measure}_median"] = {name: statistics.median(values) for name, values in each.items()}
         return report
+
+
+class _MarkAfter:
+    """The module's features (`features(batch)`), then `mark()`; anything else reads through to them."""
+
+    def __init__(self, features, mark: Callable[[], None]):
+        self.features, self.mark = features, mark
+
+    def __call__(self, batch):
+        features = self.features(batch)
+        self.mark()
+        return features
+
+    def __getattr__(self, name):
+        return getattr(self.features, name)
 
 
 def allocator_counts() -> Tuple[int, int, int]:
@@ -286,7 +313,7 @@ def print_report(report: Dict) -> None:
     if "phase_ms_median" in report:
         measures = list(PhaseTimes.MEASURES)
         print(f"step {report['step_ms']:.1f} ms (median); per phase, medians of: {' / '.join(measures)}")
-        for name in PhaseTimes.PHASES:
+        for name in report["phase_ms_median"]:
             print(f"  {name}: " + " / ".join(f"{report[f'phase_{measure}_median'][name]:.1f}" for measure in measures))
         return
     print(f"step {report['step_ms']:.1f} ms wall, device busy {report['device_busy_ms']:.1f} ms "
@@ -305,6 +332,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     parser.add_argument("--trace", action="store_true", help="also write OUT/trace.json (Chrome trace)")
     parser.add_argument("--phases", action="store_true",
                         help="no profiler: each step's host time in forward, backward and the optimizer step, per rank")
+    parser.add_argument("--split-forward", action="store_true",
+                        help="with --phases: the forward as `target` and `draft`, the device synchronized between them")
     parser.add_argument("--blocking-sync", action="store_true",
                         help="each rank's host sleeps instead of spinning while it waits for its GPU (an experiment)")
     parser.add_argument("--pin-cores", action="store_true",
@@ -320,7 +349,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     recipe = load_recipe(args.recipe, [*args.overrides, f"train.max_steps={total}",
                                        f"train.val_every_steps={total + 1}", "train.accumulate_grad_batches=1",
                                        f"train.output_dir={out / 'train'}"])
-    profiler = PhaseTimes(args.warmup, args.steps) if args.phases \
+    if args.split_forward and not args.phases:
+        parser.error("--split-forward splits --phases' forward: add --phases")
+    profiler = PhaseTimes(args.warmup, args.steps, args.split_forward) if args.phases \
         else ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
     blocking = BlockingSync() if args.blocking_sync else None
     pinning = PinCores() if args.pin_cores else None
