@@ -67,3 +67,21 @@ def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
     LlamaForCausalLM(config).save_pretrained(other)  # same tokenizer, other hidden size
     assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--target", str(other)]) == 2
     assert "hidden_size" in capsys.readouterr().err
+
+
+def test_tree_shapes_bench_every_shape_against_its_own_plain_run(export_dir, tmp_path, capsys):
+    """tools/bench_tree_shapes.py: one row per shape (a chain, a tree), each lossless with its own plain rate; a
+    bad shape stops it before any bench, naming the form."""
+    from tests.tools import load_tool
+
+    tool = load_tool("bench_tree_shapes")
+    report = tool.main([str(export_dir), "--shapes", "3", "3,2,6", "--prompts", str(export_dir.parent / "eval.jsonl"),
+                        "--max-new-tokens", "10", "--device", "cpu", "--out", str(tmp_path)])
+    rows = {row["shape"]: row for row in report["rows"]}
+    assert set(rows) == {"3", "3,2,6"} and (rows["3"]["topk"], rows["3,2,6"]["budget"]) == (1, 6)
+    assert all(row["lossless_prompts"] == row["prompts"] > 0 and row["tokens_per_s_plain"] > 0 for row in rows.values())
+    assert json.loads((tmp_path / "bench_tree_shapes.json").read_text())["rows"] == report["rows"]
+    assert "speedup" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tool.main([str(export_dir), "--shapes", "3", "3,2", "--prompts", "p", "--out", str(tmp_path)])
+    assert "'3,2': DEPTH (a chain) or DEPTH,TOPK,BUDGET" in capsys.readouterr().err

@@ -12,7 +12,8 @@
 #          every 250 steps: run 2's settings again (its τ_sim by step is the baseline); the same at lr 1e-3, online
 #          and with data.features=hybrid (the target runs in the first epoch only: how much faster the later
 #          epochs train, and whether the head is the same); 1,000 steps of 64 rows at lr 1e-3. Each benched on the
-#          same MAX_PROMPTS (80) MT-bench prompts.
+#          same MAX_PROMPTS (80) MT-bench prompts. The 1,000-step head's GPU, free first, then benches chains and
+#          trees of several shapes on 20 prompts (tools/bench_tree_shapes.py): which shape is fastest.
 #   all14: lr14, then scale14.
 set -u
 source tools/gpu/session13.sh  # (and session5/6/7/12.sh) stamp, pack, wait_for_target, scale_runs, head_on, plot_heads
@@ -27,6 +28,15 @@ scale14() {
   stamp "session14 scale14 done"
 }
 
+shapes_on() {  # GPU $1, head label $2: tools/bench_tree_shapes.py over chains and trees, 20 MT-bench prompts
+  local gpu=$1 label=$2
+  stamp "tree shapes of $label"
+  CUDA_VISIBLE_DEVICES=$gpu timeout 600 python3 tools/bench_tree_shapes.py "$HOME/work_$label/methods45/eagle3/export" \
+    --shapes 6 8 6,8,48 6,4,24 6,8,32 5,8,32 8,8,64 8,4,32 --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20 \
+    --out "$RESULTS/shapes_$label" > "$RESULTS/shapes_$label.log" 2>&1
+  tail -12 "$RESULTS/shapes_$label.log"
+}
+
 lr14() {
   mkdir -p "$RESULTS"
   wait_for_target
@@ -35,7 +45,8 @@ lr14() {
   stamp "lr14: extra data $EXTRA_DATA"
   head_on 0 run2_lr5e-4 eagle3 "$data" "${run2[@]}" train.lr=5e-4 train.val_every_steps=250 &
   head_on 1 run2_lr1e-3 eagle3 "$data" "${run2[@]}" train.lr=1e-3 train.val_every_steps=250 &
-  head_on 2 mb64_lr1e-3 eagle3 "$data" train.max_steps=1000 train.lr=1e-3 train.val_every_steps=250 &
+  ( head_on 2 mb64_lr1e-3 eagle3 "$data" train.max_steps=1000 train.lr=1e-3 train.val_every_steps=250
+    shapes_on 2 mb64_lr1e-3 ) &
   head_on 3 run2_lr1e-3_hybrid eagle3 "$data" "${run2[@]}" train.lr=1e-3 train.val_every_steps=250 \
     data.features=hybrid &
   wait
