@@ -5,7 +5,8 @@
 #   scale14 (no SmolLM2, no data; about 11 minutes): issue 7 with the frozen target on PyTorch's own linear.
 #          ZeRO-2 and ZeRO-3 on 1 and 4 GPUs in one call, 30 timed steps, every rank's phases; then both on 1 GPU
 #          with the forward split into the target's part and the draft's (--split-forward): which one the host
-#          limits under each.
+#          limits under each. The runs alternate 1 and 4 GPUs, so their host canaries tell whether four busy
+#          ranks slow the host (Session 13 saw it 27-61% slower in its 4-GPU run) or its pace drifts in time.
 #   lr14 (about 14 minutes): whether Session 12-13's heads are held back by their learning rate, or training lost
 #          something since the foundation's run 2 (τ_sim 2.98 after 2,500 steps of 32 rows at lr 5e-4, against
 #          2.0 after 1,000 steps of 64 at 3e-4). Four EAGLE-3 heads on Session 6's data, one per GPU, validated
