@@ -214,8 +214,11 @@ class Eagle3Draft(nn.Module):
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
 
     def step(self, hidden, embeds, positions, query_cols, cache, mask=None, weights_for=None):
-        """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV."""
-        return self.midlayer(hidden, embeds, positions, query_cols, cache, mask=mask, weights_for=weights_for)
+        """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV.
+        Only the states go in positionally: ZeRO-3 wraps each positional tensor of a module call in an autograd
+        Function, and the cache alone grows to 2 x 7 tensors by the last TTT step."""
+        return self.midlayer(hidden, embeds, positions=positions, query_cols=query_cols, cache=cache, mask=mask,
+                             weights_for=weights_for)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, Vd]
         return self.lm_head(self.norm(hidden))

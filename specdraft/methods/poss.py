@@ -104,8 +104,8 @@ class PossDraft(Eagle3Draft):
 
     def step(self, hidden, embeds, positions, query_cols, cache, mask=None, specialist: int = 0, weights_for=None):
         """One draft step through `specialist`: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H], this KV."""
-        return self.specialists[specialist](hidden, embeds, positions, query_cols, cache, mask=mask,
-                                            weights_for=weights_for)
+        return self.specialists[specialist](hidden, embeds, positions=positions, query_cols=query_cols, cache=cache,
+                                            mask=mask, weights_for=weights_for)  # keywords: Eagle3Draft.step
 
 
 def specialist_prefix_kv(layer: Eagle3DecoderLayer, fused: torch.Tensor, embeds: torch.Tensor,
