@@ -89,10 +89,11 @@ more13() {
   pack
   stamp "heads: $STEPS steps"
   local greedy="train.extra_distilled=[$EXTRA_DATA]" both="train.extra_distilled=[$EXTRA_DATA,$WORK/sampled/workers-4]"
-  head_on 0 greedy eagle3 "$greedy" &
+  local v16k=method.draft_vocab_size=16384  # the recipes' vocabulary when this ran (8,192 since)
+  head_on 0 greedy eagle3 "$greedy" "$v16k" &
   head_on 1 greedy_v8k eagle3 "$greedy" method.draft_vocab_size=8192 &
-  head_on 2 greedy_sampled eagle3 "$both" &
-  head_on 3 poss1_greedy_sampled poss1 "$both" &
+  head_on 2 greedy_sampled eagle3 "$both" "$v16k" &
+  head_on 3 poss1_greedy_sampled poss1 "$both" "$v16k" &
   wait
   plot_heads greedy greedy_v8k greedy_sampled poss1_greedy_sampled
   pack
