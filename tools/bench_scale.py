@@ -180,8 +180,7 @@ def phases_by_rank(directory: Path) -> list:
     """Each rank's medians per step phase, from tools/profile_train.py --phases, rank 0 first: NAME its wall ms,
     and NAME_M for each other measure M (cpu: the main thread's CPU ms; preemptions; wait: ms inside CUDA
     synchronizations; sys: kernel CPU ms; page_faults; cuda_mallocs, cuda_frees and alloc_retries: the caching
-    allocator's), and `canary`: its host canary's median ms
-    (profile_train.host_canary_ms)."""
+    allocator's), and `canary`: its host canary's median ms (profile_train.host_canary_ms)."""
     reports = sorted((json.loads(path.read_text()) for path in directory.glob("profile_train*.json")),
                      key=lambda report: report["rank"])
     return [{**{f"{name}{_measure_suffix(key)}": value for key, medians in report.items()

@@ -340,6 +340,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                         help="each local rank's threads on a disjoint share of the physical cores (an experiment)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.split_forward and not args.phases:
+        parser.error("--split-forward splits --phases' forward: add --phases")
     from specdraft.config import load_recipe
     from specdraft.train.trainer import run_train
 
@@ -349,8 +351,6 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     recipe = load_recipe(args.recipe, [*args.overrides, f"train.max_steps={total}",
                                        f"train.val_every_steps={total + 1}", "train.accumulate_grad_batches=1",
                                        f"train.output_dir={out / 'train'}"])
-    if args.split_forward and not args.phases:
-        parser.error("--split-forward splits --phases' forward: add --phases")
     profiler = PhaseTimes(args.warmup, args.steps, args.split_forward) if args.phases \
         else ProfileSteps(args.warmup, args.steps, out / "trace.json" if args.trace else None)
     blocking = BlockingSync() if args.blocking_sync else None
