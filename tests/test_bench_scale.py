@@ -147,3 +147,17 @@ def test_zero3_host_times_every_step_of_both_stages(tmp_path):
         assert len(result["forward_cpu_ms_each"]) == len(result["canary_ms_each"]) == steps
         assert result["summary"]["forward_cpu_ms_median"] > 0 and result["summary"]["canary_ms_median"] > 0
     assert json.loads((tmp_path / "bench_zero3_host.json").read_text()) == report
+
+
+def test_target_linear_times_the_target_under_deepspeeds_linear_and_torchs(tmp_path):
+    """tools/bench_target_linear.py: the frozen target's forward as it was under DeepSpeed's F.linear replacement (7
+    calls into it per layer) and as capture_features runs it now (none); F.linear is PyTorch's own again after."""
+    import torch
+
+    bench_target_linear = load_tool("bench_target_linear")
+    report = bench_target_linear.main(["--steps", "4", "--warmup", "1", "--layers", "2", "--out", str(tmp_path)])
+    results = report["results"]
+    assert results["deepspeed"]["deepspeed_linear_calls"] == 14 and results["torch_linear"]["deepspeed_linear_calls"] == 0
+    assert all(len(result["cpu_ms_each"]) == 4 and result["cpu_ms_median"] > 0 for result in results.values())
+    assert torch.nn.functional.linear is torch._C._nn.linear
+    assert json.loads((tmp_path / "bench_target_linear.json").read_text())["results"] == results

@@ -76,6 +76,31 @@ def test_loss_trains_every_parameter_and_decreases(target):
     assert 1.0 <= float(out.metrics["tau_sim"]) <= 1.0 + cfg.ttt_steps
 
 
+@pytest.mark.parametrize("method, settings", [("eagle3", {}),
+                                               ("poss", {"num_specialists": 3, "positions_per_specialist": 1})])
+def test_draft_layers_take_only_their_states_positionally(target, method, settings):
+    """ZeRO-3 wraps every positional tensor of a module call in an autograd Function (its backward hooks), so the
+    TTT unroll gives a draft layer only hidden and embeds positionally; the cache, which grows with every step,
+    and the positions and columns go as keywords."""
+    from specdraft.methods.eagle3 import Eagle3DecoderLayer
+
+    spec = get_method(method)
+    cfg = spec.config(ttt_steps=3, draft_vocab_size=300, **settings)
+    draft = spec.build(cfg, DraftContext(target.info, torch.arange(target.info.vocab_size)))
+    ids = torch.randint(0, 250, (2, 16))
+    ones = torch.ones_like(ids)
+    feats = capture_features(target.model, ids, ones, spec.feature_layers(cfg, target.info))
+    calls = []
+    hooks = [layer.register_forward_pre_hook(lambda module, args, kwargs: calls.append((len(args), set(kwargs))),
+                                             with_kwargs=True)
+             for layer in draft.modules() if isinstance(layer, Eagle3DecoderLayer)]
+    spec.loss(draft, DraftBatch(input_ids=ids, loss_mask=ones, attention_mask=ones, features=feats), cfg)
+    for hook in hooks:
+        hook.remove()
+    assert len(calls) == cfg.ttt_steps
+    assert all(positional == 2 and {"cache", "positions", "query_cols"} <= keywords for positional, keywords in calls)
+
+
 def test_padding_and_prompt_tokens_carry_no_loss(target):
     cfg, draft = _draft(target)
     ids = torch.randint(0, 250, (1, 12))
