@@ -95,6 +95,9 @@ class DataConfig:
         if self.pack_length is not None and self.pack_length < self.max_length:
             raise SpecdraftError(f"data.pack_length must be None or >= data.max_length ({self.max_length}), "
                                  f"got {self.pack_length}")
+        if self.pack_length is not None and self.features != "online":
+            raise SpecdraftError(f"data.pack_length packs conversations for data.features=online only (stored "
+                                 f"features are read per conversation); got data.features={self.features}")
         if self.pad_to_multiple < 1:
             raise SpecdraftError(f"data.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
         if not 0.0 <= self.val_fraction < 1.0:

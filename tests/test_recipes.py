@@ -58,6 +58,9 @@ BASE = "method: {name: eagle3}\n"
                                                   "it needs train.strategy=deepspeed_stage_3, got auto"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["data.features=hybrid"],
      "train.shard_target=true needs data.features=online"),
+    (BASE + "data: {pack_length: 2048}\n", ["data.features=offline"],
+     "data.pack_length packs conversations for data.features=online only (stored features are read per "
+     "conversation); got data.features=offline"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["target.quantization=4bit"],
      "train.shard_target=true cannot partition bitsandbytes weights (target.quantization=4bit)"),
     (BASE, ["train.deepspeed.zero_optimization.reduce_bucket_size=5"],

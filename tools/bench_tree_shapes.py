@@ -4,7 +4,9 @@ same prompts, each shape's speedup over plain decoding measured in the same proc
 A shape is DEPTH,TOPK,BUDGET (a tree: TOPK children per expanded node, BUDGET nodes verified with the root), or
 DEPTH alone (a chain of DEPTH drafts). Each shape loads its own runtime (its CUDA graphs are per shape) and benches
 every prompt: plain decoding, then speculative, lossless-checked token for token. Prints a table sorted by speedup
-and writes OUT/bench_tree_shapes.json after every shape (a failing shape is recorded with its error).
+and writes OUT/bench_tree_shapes.json after every shape (a failing shape is recorded with its error). The last
+column divides each shape's tokens/s by the median of every shape's plain rate: one plain run that reads slow
+(Session 14's first shape read 617 tokens/s against 905-935 for the other seven) does not decide the ranking.
 
     python tools/bench_tree_shapes.py EXPORT --shapes 6 6,8,48 6,4,24 5,8,32 8,8,64 \\
         --prompts .data/mt_bench.jsonl --max-prompts 20 --out runs/tree_shapes
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import List
@@ -54,15 +57,26 @@ def bench_shape(args, text: str) -> dict:
             **{key: summary[key] for key in keep}}
 
 
+def with_median_plain(rows: List[dict]) -> List[dict]:
+    """Each benched row with speedup_vs_median_plain: its tokens/s over the median plain rate of all rows."""
+    plain_rates = [row["tokens_per_s_plain"] for row in rows if "error" not in row]
+    if not plain_rates:
+        return rows
+    median = statistics.median(plain_rates)
+    return [row if "error" in row else {**row, "speedup_vs_median_plain": row["tokens_per_s"] / median}
+            for row in rows]
+
+
 def table(rows: List[dict]) -> str:
-    lines = [f"{'shape':>10} {'tau':>6} {'tokens/s':>9} {'plain':>8} {'speedup':>8} {'lossless':>9}"]
-    for row in sorted(rows, key=lambda r: -(r.get("speedup_vs_plain") or 0)):
+    lines = [f"{'shape':>10} {'tau':>6} {'tokens/s':>9} {'plain':>8} {'speedup':>8} {'lossless':>9} "
+             f"{'x median plain':>14}"]
+    for row in sorted(rows, key=lambda r: -(r.get("speedup_vs_median_plain") or 0)):
         if "error" in row:
             lines.append(f"{row['shape']:>10} error: {row['error'].splitlines()[0][:80]}")
             continue
         lines.append(f"{row['shape']:>10} {row['tau']:>6.3f} {row['tokens_per_s']:>9.1f} "
                      f"{row['tokens_per_s_plain']:>8.1f} {row['speedup_vs_plain']:>8.3f} "
-                     f"{row['lossless_prompts']:>4}/{row['prompts']:<4}")
+                     f"{row['lossless_prompts']:>4}/{row['prompts']:<4} {row['speedup_vs_median_plain']:>14.3f}")
     return "\n".join(lines)
 
 
@@ -93,6 +107,7 @@ def main(argv=None) -> dict:
             rows.append(bench_shape(args, text))
         except Exception as err:  # recorded; the next shape still runs
             rows.append({"shape": text, "error": f"{type(err).__name__}: {err}"[:2000]})
+        rows = with_median_plain(rows)
         report = {"export": str(args.export), "prompts": args.prompts, "max_prompts": args.max_prompts,
                   "max_new_tokens": args.max_new_tokens, "rows": rows}
         (args.out / "bench_tree_shapes.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -2,6 +2,7 @@
 `generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0]}
     accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
+    load_before = host_load()
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
         plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
         spec = engine.generate(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
@@ -86,8 +88,19 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
             totals["hf"][0] += len(hf_tokens)
             totals["hf"][1] += seconds
             plain_matches_hf += hf_tokens == plain.tokens
-    return _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts), temperature,
-                    settings)
+    summary = _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts),
+                       temperature, settings)
+    return {**summary, "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()}}
+
+
+def host_load() -> Optional[float]:
+    """The host's 1-minute load average, recorded beside each run's rates: a bench to trust runs on an idle host.
+    Session 14 benched one draft and tree twice: beside three other benches, plain decoding read 684 tokens/s
+    and speculative 1,197; beside one training run (and on 20 of the 80 prompts), 907 and 1,133."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not on every platform
+        return None
 
 
 def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):

@@ -1,5 +1,6 @@
 """`specdraft generate` and `specdraft bench` end to end on a tiny trained draft, and their bad inputs."""
 import json
+import statistics
 
 import pytest
 
@@ -34,6 +35,8 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert report["lossless"] is True and [r["temperature"] for r in report["runs"]] == [0.0, 1.0]
     assert report["runs"][0]["plain_matches_hf_prompts"] == report["runs"][0]["prompts"]
     assert set(report["cycle_profile"]["eager_ms"]) == {"draft", "verify", "bookkeeping"}
+    load = report["runs"][0]["host_load"]
+    assert load["cpus"] >= 1 and load["before"] >= 0 and load["after"] >= 0
     assert (tmp_path / "bench.png").stat().st_size > 0
     rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert rows and {"tokens", "parents", "draft_logprobs", "accepted_nodes"} <= set(rows[0])
@@ -80,8 +83,11 @@ def test_tree_shapes_bench_every_shape_against_its_own_plain_run(export_dir, tmp
     rows = {row["shape"]: row for row in report["rows"]}
     assert set(rows) == {"3", "3,2,6"} and (rows["3"]["topk"], rows["3,2,6"]["budget"]) == (1, 6)
     assert all(row["lossless_prompts"] == row["prompts"] > 0 and row["tokens_per_s_plain"] > 0 for row in rows.values())
+    median_plain = statistics.median(row["tokens_per_s_plain"] for row in rows.values())
+    assert all(row["speedup_vs_median_plain"] == pytest.approx(row["tokens_per_s"] / median_plain)
+               for row in rows.values())
     assert json.loads((tmp_path / "bench_tree_shapes.json").read_text())["rows"] == report["rows"]
-    assert "speedup" in capsys.readouterr().out
+    assert "x median plain" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tool.main([str(export_dir), "--shapes", "3", "3,2", "--prompts", "p", "--out", str(tmp_path)])
     assert "'3,2': DEPTH (a chain) or DEPTH,TOPK,BUDGET" in capsys.readouterr().err

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Ready for the next session, on one 4-GPU machine, with tools/gpu/env.sh sourced (DEEPSPEED=1); SmolLM2 joined
+# ($GGUF) and .data carried (prev, run2, mt_bench.jsonl) as for Session 14 (tools/gpu/README.md).
+#   heads15 (about 21 minutes): issues 3, 4 and 5 at Session 14's best schedule (32 rows a step, 2,500 steps, lr
+#          1e-3: train_head.sh's defaults now) on Session 6's data, four drafts trained at once, one per GPU:
+#          EAGLE-3 (Session 14's best head again: the reference), EAGLE-3 at lr 2e-3 (is 1e-3 the peak?), PosS-1
+#          (issue 4: +5% over the reference?) and Kangaroo l=2 (issue 5: 1.3x?). Then each one benched on the same
+#          80 MT-bench prompts twice: all four at once (the busy host of Sessions 12-14), then one after the other
+#          on GPU 0 with nothing else running (the rates to trust: Session 14 saw plain decoding lose a third of
+#          its rate on the busy host). Then the reference head's tree shapes, alone.
+#   hybrid15 (about 4 minutes): why data.features=hybrid trained 8x slower than online at 32 rows a step
+#          (Session 14) when one row a step costs +47%: bench_scale's SmolLM2-shaped random target, 32 rows of
+#          1,024 tokens a step, online, hybrid while writing the cache, and hybrid reading it, every phase timed.
+#   all15: heads15, then hybrid15.
+set -u
+source tools/gpu/session14.sh  # (and session5/6/7/12/13.sh) stamp, pack, wait_for_target, scale_runs, shapes_on
+export STEPS=${HEAD_STEPS:-2500}  # session12.sh exported 1000, which train_head.sh would take
+
+train15() {  # GPU $1, label $2, run $3 (methods45.sh's names), then overrides: trained and exported, not benched
+  local gpu=$1 label=$2 run=$3; shift 3
+  CUDA_VISIBLE_DEVICES=$gpu WORK=$HOME/work_$label RUNS=$run STAGES=train bash tools/gpu/methods45.sh \
+    train.compile=false "$@" > "$RESULTS/train_$label.log" 2>&1
+  local dir=$HOME/work_$label/methods45/$run
+  mkdir -p "$RESULTS/heads/$label"
+  cp "$dir/params.json" "$dir/train/train_summary.json" "$RESULTS/heads/$label/" 2>/dev/null
+  cp "$dir"/train/logs/version_*/metrics.csv "$RESULTS/heads/$label/" 2>/dev/null
+  stamp "trained $label"
+}
+
+bench15() {  # GPU $1, label $2, run $3, tag $4: its chain of 6 and tree (6, 8, 48) on MAX_PROMPTS prompts
+  local gpu=$1 label=$2 run=$3 tag=$4
+  CUDA_VISIBLE_DEVICES=$gpu WORK=$HOME/work_$label RUNS=$run STAGES=bench BENCH_TAG=$tag \
+    bash tools/gpu/methods45.sh > "$RESULTS/bench_$label$tag.log" 2>&1
+  local dir=$HOME/work_$label/methods45/$run
+  for kind in chain tree; do
+    cp "$dir/bench_$kind$tag/bench.json" "$RESULTS/heads/$label/bench_$kind$tag.json" 2>/dev/null
+  done
+  stamp "benched $label$tag"
+}
+
+HEADS15=("0 eagle3_lr1e-3 eagle3" "1 eagle3_lr2e-3 eagle3 train.lr=2e-3" "2 poss1_lr1e-3 poss1"
+         "3 kangaroo2_lr1e-3 kangaroo2")
+
+heads15() {
+  mkdir -p "$RESULTS"
+  wait_for_target
+  for _ in $(seq 120); do [ -d "$PWD/.data/prev/data" ] && [ -d "$EXTRA_DATA" ] && break; sleep 5; done
+  stamp "heads15: extra data $EXTRA_DATA"
+  local head args
+  for head in "${HEADS15[@]}"; do
+    read -r -a args <<< "$head"
+    train15 "${args[@]:0:3}" "train.extra_distilled=[$EXTRA_DATA]" train.val_every_steps=250 "${args[@]:3}" &
+  done
+  wait
+  pack
+  for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 "${args[@]:0:3}" _busy & done
+  wait
+  for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 0 "${args[@]:1:2}" _alone; done
+  for tag in _busy _alone; do plot15 "$tag"; done
+  pack
+  shapes_on 0 eagle3_lr1e-3
+  pack
+  stamp "heads15 done"
+}
+
+plot15() {  # $1 tag: every head's chain and tree acceptance, one plot per kind
+  local kind label labels
+  for kind in chain tree; do
+    labels=()
+    for head in "${HEADS15[@]}"; do
+      read -r _ label _ <<< "$head"
+      labels+=("$label=$RESULTS/heads/$label/bench_$kind$1.json")
+    done
+    python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind$1.png" \
+      --title "MT-bench ($MAX_PROMPTS prompts), T=0, $kind$1" "${labels[@]}" > "$RESULTS/acceptance_$kind$1.txt" 2>&1
+  done
+}
+
+hybrid15() {
+  mkdir -p "$RESULTS"
+  stamp "hybrid15"
+  local common=(--config smollm2 --override train.micro_batch_size=32)
+  STEPS3=15 scale_runs hybrid_online ddp 1 "${common[@]}" --rows 1024 --override data.features=online
+  STEPS3=15 scale_runs hybrid_write ddp 1 "${common[@]}" --rows 1024 --override data.features=hybrid
+  STEPS3=15 scale_runs hybrid_read ddp 1 "${common[@]}" --rows 128 --override data.features=hybrid
+  stamp "hybrid15 done"
+}
+
+all15() {
+  heads15
+  hybrid15
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-all15}"; fi  # sourced: its functions only, status 0
