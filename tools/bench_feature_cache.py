@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     print(f"{'op':12} {'MB/batch':>9} {'ms/batch':>9} {'MB/s':>8} {'tokens/s':>10}  parts (ms)")
     for row in report["rows"]:
         parts = ", ".join(f"{part} {ms:.1f}" for part, ms in row["parts_ms"].items())
-        print(f"{row['op']:12} {batch_mb:9.1f} {row['ms']:9.1f} {row['mb_per_s']:8.0f} {row['tokens_per_s']:10.0f}  {parts}")
+        print(f"{row['op']:12} {batch_mb:9.1f} {row['ms']:9.1f} {row['mb_per_s']:8.0f} "
+              f"{row['tokens_per_s']:10.0f}  {parts}")
     (args.out / "bench_feature_cache.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"-> {args.out / 'bench_feature_cache.json'}")
     return 0

@@ -3,10 +3,11 @@ same prompts, each shape's speedup over plain decoding measured in the same proc
 
 A shape is DEPTH,TOPK,BUDGET (a tree: TOPK children per expanded node, BUDGET nodes verified with the root), or
 DEPTH alone (a chain of DEPTH drafts). Each shape loads its own runtime (its CUDA graphs are per shape) and benches
-every prompt: plain decoding, then speculative, lossless-checked token for token. Prints a table sorted by speedup
-and writes OUT/bench_tree_shapes.json after every shape (a failing shape is recorded with its error). The last
-column divides each shape's tokens/s by the median of every shape's plain rate: one plain run that reads slow
-(Session 14's first shape read 617 tokens/s against 905-935 for the other seven) does not decide the ranking.
+every prompt: plain decoding, then speculative, lossless-checked token for token. Writes
+OUT/bench_tree_shapes.json after every shape (a failing shape is recorded with its error), then prints a table
+sorted by its last column: each shape's tokens/s over the median of every shape's plain rate, so that one plain
+run that reads slow (Session 14's first shape read 617 tokens/s against 905-935 for the other seven) does not
+decide the ranking.
 
     python tools/bench_tree_shapes.py EXPORT --shapes 6 6,8,48 6,4,24 5,8,32 8,8,64 \\
         --prompts .data/mt_bench.jsonl --max-prompts 20 --out runs/tree_shapes
