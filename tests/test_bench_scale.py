@@ -52,6 +52,7 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
                                "--blocking-sync", "--pin-cores", "--out", str(tmp_path)])
     result = report["results"][0]
     assert result["status"] == "ok" and result["timed_steps"] == 2
+    assert report["overrides"] == ["train.seed=0"] and report["micro_batch_per_gpu"] == 1
     ranks = result["phase_ms_median_by_rank"]
     phases = ("forward", "backward", "step")
     suffixes = ("", "_cpu", "_preemptions", "_wait", "_sys", "_page_faults", "_cuda_mallocs", "_cuda_frees",
@@ -161,6 +162,12 @@ def test_target_linear_times_the_target_under_deepspeeds_linear_and_torchs(tmp_p
     assert all(len(result["cpu_ms_each"]) == 4 and result["cpu_ms_median"] > 0 for result in results.values())
     assert torch.nn.functional.linear is torch._C._nn.linear
     assert json.loads((tmp_path / "bench_target_linear.json").read_text())["results"] == results
+
+
+def test_the_report_names_the_rows_per_step_an_override_sets():
+    assert bench_scale.micro_batch(["train.seed=0"]) == 1
+    assert bench_scale.micro_batch(["train.micro_batch_size=4", "data.features=hybrid",
+                                    "train.micro_batch_size=32"]) == 32
 
 
 def test_feature_cache_times_writes_and_reads_of_the_hybrid_cache(tmp_path, capsys):

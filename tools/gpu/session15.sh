@@ -79,7 +79,7 @@ plot15() {  # $1 tag: every head's chain and tree acceptance, one plot per kind
 hybrid15() {
   mkdir -p "$RESULTS"
   stamp "hybrid15"
-  local common=(--config smollm2 --override train.micro_batch_size=32)
+  local common=(--config smollm2 --override train.micro_batch_size=32 --timeout 300)  # 8x slower needs the time
   STEPS3=15 scale_runs hybrid_online ddp 1 "${common[@]}" --rows 1024 --override data.features=online
   STEPS3=15 scale_runs hybrid_write ddp 1 "${common[@]}" --rows 1024 --override data.features=hybrid
   STEPS3=15 scale_runs hybrid_read ddp 1 "${common[@]}" --rows 128 --override data.features=hybrid
