@@ -6,7 +6,7 @@
 #          EAGLE-3 (Session 14's best head again: the reference), EAGLE-3 at lr 2e-3 (is 1e-3 the peak?), PosS-1
 #          (issue 4: +5% over the reference?) and Kangaroo l=2 (issue 5: 1.3x?). Then each one benched on the same
 #          80 MT-bench prompts twice: all four at once (the busy host of Sessions 12-14), then one after the other
-#          on GPU 0 with nothing else running (the rates to trust: Session 14 saw plain decoding lose a third of
+#          on GPU 0 with nothing else running (the rates to trust: Session 14 saw plain decoding lose a quarter of
 #          its rate on the busy host). Then the reference head's tree shapes, alone.
 #   hybrid15 (about 4 minutes): why data.features=hybrid trained 8x slower than online at 32 rows a step
 #          (Session 14) when one row a step costs +47%: bench_scale's SmolLM2-shaped random target, 32 rows of
