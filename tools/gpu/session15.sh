@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Ready for the next session, on one 4-GPU machine, with tools/gpu/env.sh sourced (DEEPSPEED=1); SmolLM2 joined
 # ($GGUF) and .data carried (prev, run2, mt_bench.jsonl) as for Session 14 (tools/gpu/README.md).
-#   heads15 (about 21 minutes): issues 3, 4 and 5 at Session 14's best schedule (32 rows a step, 2,500 steps, lr
+#   heads15 (about 19 minutes): issues 3, 4 and 5 at Session 14's best schedule (32 rows a step, 2,500 steps, lr
 #          1e-3: train_head.sh's defaults now) on Session 6's data, four drafts trained at once, one per GPU:
 #          EAGLE-3 (Session 14's best head again: the reference), EAGLE-3 at lr 2e-3 (is 1e-3 the peak?), PosS-1
 #          (issue 4: +5% over the reference?) and Kangaroo l=2 (issue 5: 1.3x?). Then each one benched on the same
 #          80 MT-bench prompts twice: all four at once (the busy host of Sessions 12-14), then one after the other
 #          on GPU 0 with nothing else running (the rates to trust: Session 14 saw plain decoding lose a quarter of
-#          its rate on the busy host). Then the reference head's tree shapes, alone.
+#          its rate on the busy host). Packs after each bench that runs alone.
 #   hybrid15 (about 4 minutes): why data.features=hybrid trained 8x slower than online at 32 rows a step
 #          (Session 14) when one row a step costs +47%: bench_scale's SmolLM2-shaped random target, 32 rows of
 #          1,024 tokens a step, online, hybrid while writing the cache, and hybrid reading it, every phase timed.
-#   all15: heads15, then hybrid15.
+#   shapes15 (about 2 minutes, after heads15): the reference head's chains and trees of 8 shapes, alone.
+#   all15: heads15, hybrid15, then shapes15.
 set -u
 source tools/gpu/session14.sh  # (and session5/6/7/12/13.sh) stamp, pack, wait_for_target, scale_runs, shapes_on
 export STEPS=${HEAD_STEPS:-2500}  # session12.sh exported 1000, which train_head.sh would take
@@ -55,12 +56,15 @@ heads15() {
   pack
   for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 "${args[@]:0:3}" _busy & done
   wait
-  for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 0 "${args[@]:1:2}" _alone; done
+  for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 0 "${args[@]:1:2}" _alone; pack; done
   for tag in _busy _alone; do plot15 "$tag"; done
   pack
+  stamp "heads15 done"
+}
+
+shapes15() {  # after heads15: the reference head's chains and trees, alone
   shapes_on 0 eagle3_lr1e-3
   pack
-  stamp "heads15 done"
 }
 
 plot15() {  # $1 tag: every head's chain and tree acceptance, one plot per kind
@@ -89,6 +93,7 @@ hybrid15() {
 all15() {
   heads15
   hybrid15
+  shapes15
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-all15}"; fi  # sourced: its functions only, status 0
