@@ -10,7 +10,8 @@
 #          its rate on the busy host). Packs after each bench that runs alone.
 #   hybrid15 (about 4 minutes): why data.features=hybrid trained 8x slower than online at 32 rows a step
 #          (Session 14) when one row a step costs +47%: bench_scale's SmolLM2-shaped random target, 32 rows of
-#          1,024 tokens a step, online, hybrid while writing the cache, and hybrid reading it, every phase timed.
+#          1,024 tokens a step, online, hybrid while writing the cache, and hybrid reading it, every phase timed;
+#          py-spy samples the reading run's host for 10 s (carry .whl with the py-spy wheel, as in Session 13).
 #   shapes15 (about 2 minutes, after heads15): the reference head's chains and trees of 8 shapes, alone.
 #   all15: heads15, hybrid15, then shapes15.
 set -u
@@ -86,7 +87,20 @@ hybrid15() {
   local common=(--config smollm2 --override train.micro_batch_size=32 --timeout 300)  # 8x slower needs the time
   STEPS3=15 scale_runs hybrid_online ddp 1 "${common[@]}" --rows 1024 --override data.features=online
   STEPS3=15 scale_runs hybrid_write ddp 1 "${common[@]}" --rows 1024 --override data.features=hybrid
-  STEPS3=15 scale_runs hybrid_read ddp 1 "${common[@]}" --rows 128 --override data.features=hybrid
+  STEPS3=40 scale_runs hybrid_read ddp 1 "${common[@]}" --rows 128 --override data.features=hybrid &
+  local run=$! pid="" steps=$RESULTS/hybrid_read/work/runs/ddp-1/train/logs/step_times.csv
+  for _ in $(seq 120); do  # the training process, once it steps (4 steps write the cache, the rest read it)
+    sleep 2
+    pid=$(pgrep -f "[p]rofile_train.py" | head -1)
+    [ -n "$pid" ] && [ -f "$steps" ] && break
+  done
+  sleep 10
+  if [ -n "$pid" ]; then  # where its host time goes, Python frames (the py-spy wheel in .whl)
+    timeout 40 /tmp/site/bin/py-spy record -p "$pid" -d 10 -r 100 -f raw -o "$RESULTS/hybrid_read_pyspy.txt" \
+      > "$RESULTS/hybrid_read_pyspy.log" 2>&1
+  fi
+  wait "$run"
+  pack
   stamp "hybrid15 done"
 }
 
