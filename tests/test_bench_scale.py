@@ -164,10 +164,11 @@ def test_target_linear_times_the_target_under_deepspeeds_linear_and_torchs(tmp_p
     assert json.loads((tmp_path / "bench_target_linear.json").read_text())["results"] == results
 
 
-def test_the_report_names_the_rows_per_step_an_override_sets():
-    assert bench_scale.micro_batch(["train.seed=0"]) == 1
-    assert bench_scale.micro_batch(["train.micro_batch_size=4", "data.features=hybrid",
-                                    "train.micro_batch_size=32"]) == 32
+def test_the_report_names_the_rows_per_step_an_override_sets(tmp_path):
+    recipe = bench_scale.write_recipe(tmp_path, bench_scale.CONFIGS["tiny"], "float32")
+    assert bench_scale.micro_batch(recipe, ["train.seed=0"]) == 1
+    assert bench_scale.micro_batch(recipe, ["train.micro_batch_size=4", "data.features=hybrid",
+                                            "train.micro_batch_size=32"]) == 32
 
 
 def test_feature_cache_times_writes_and_reads_of_the_hybrid_cache(tmp_path, capsys):

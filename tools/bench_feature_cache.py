@@ -12,7 +12,6 @@ directory beside --out, on the disk a run's output_dir would use). Writes OUT/be
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specdraft.data.features import FeatureStore, write_feature_file
+from specdraft.io import write_json
 
 
 def synchronize(device: torch.device) -> None:
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         parts = ", ".join(f"{part} {ms:.1f}" for part, ms in row["parts_ms"].items())
         print(f"{row['op']:12} {batch_mb:9.1f} {row['ms']:9.1f} {row['mb_per_s']:8.0f} "
               f"{row['tokens_per_s']:10.0f}  {parts}")
-    (args.out / "bench_feature_cache.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out / "bench_feature_cache.json", report)
     print(f"-> {args.out / 'bench_feature_cache.json'}")
     return 0
 

@@ -286,10 +286,11 @@ def parse_args(argv=None):
     return args
 
 
-def micro_batch(overrides: list) -> int:
-    """Rows per GPU per step: the recipe's 1, or the last train.micro_batch_size override."""
-    values = [int(item.split("=", 1)[1]) for item in overrides if item.split("=", 1)[0] == "train.micro_batch_size"]
-    return values[-1] if values else 1
+def micro_batch(recipe: Path, overrides: list) -> int:
+    """Rows per GPU per step, as `specdraft train` resolves the recipe and the overrides."""
+    from specdraft.config import load_recipe
+
+    return load_recipe(recipe, overrides).train.micro_batch_size
 
 
 def main(argv=None) -> dict:
@@ -300,7 +301,7 @@ def main(argv=None) -> dict:
     write_rows(work / "data", args.rows, spec["seq_len"], spec["target"]["vocab_size"])
     args.recipe = write_recipe(work, spec, "bfloat16" if args.device == "cuda" else "float32")
     report = {"config": args.config, "device": args.device, "device_name": _device_name(args.device),
-              "seq_len": spec["seq_len"], "micro_batch_per_gpu": micro_batch(args.override),
+              "seq_len": spec["seq_len"], "micro_batch_per_gpu": micro_batch(args.recipe, args.override),
               "overrides": args.override, "warmup_steps": args.warmup, "timed_steps": args.steps,
               "target": spec["target"], "results": []}
     for strategy in args.strategies:

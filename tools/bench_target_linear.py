@@ -17,7 +17,6 @@ that went through DeepSpeed's Function; writes OUT/bench_target_linear.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -107,8 +106,9 @@ def main(argv=None) -> dict:
         result["cpu_ms_p90"] = timed[min(len(timed) - 1, int(0.9 * len(timed)))]
     print(table(results))
     report = {**vars(args), "out": str(args.out), "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_target_linear.json").write_text(json.dumps(report, indent=1) + "\n")
+    from specdraft.io import write_json
+
+    write_json(args.out / "bench_target_linear.json", report)
     print(f"-> {args.out / 'bench_target_linear.json'}")
     return report
 

@@ -15,7 +15,6 @@ decide the ranking.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -95,13 +94,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     from specdraft.errors import SpecdraftError
+    from specdraft.io import write_json
 
     for text in args.shapes:  # every shape checked before the first is benched
         try:
             parse_shape(text)
         except SpecdraftError as err:
             parser.error(str(err))
-    args.out.mkdir(parents=True, exist_ok=True)
     rows: List[dict] = []
     for text in args.shapes:
         try:
@@ -111,7 +110,7 @@ def main(argv=None) -> dict:
         rows = with_median_plain(rows)
         report = {"export": str(args.export), "prompts": args.prompts, "max_prompts": args.max_prompts,
                   "max_new_tokens": args.max_new_tokens, "rows": rows}
-        (args.out / "bench_tree_shapes.json").write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.out / "bench_tree_shapes.json", report)
     print(table(rows))
     print(f"-> {args.out / 'bench_tree_shapes.json'}")
     return report
