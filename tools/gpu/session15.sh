@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # Ready for the next session, on one 4-GPU machine, with tools/gpu/env.sh sourced (DEEPSPEED=1); SmolLM2 joined
-# ($GGUF) and .data carried (prev, run2, mt_bench.jsonl) as for Session 14 (tools/gpu/README.md).
-#   heads15 (about 19 minutes): issues 3, 4 and 5 at Session 14's best schedule (32 rows a step, 2,500 steps, lr
-#          1e-3: train_head.sh's defaults now) on Session 6's data, four drafts trained at once, one per GPU:
-#          EAGLE-3 (Session 14's best head again: the reference), EAGLE-3 at lr 2e-3 (is 1e-3 the peak?), PosS-1
-#          (issue 4: +5% over the reference?) and Kangaroo l=2 (issue 5: 1.3x?). Then each one benched on the same
-#          80 MT-bench prompts twice: all four at once (the busy host of Sessions 12-14), then one after the other
-#          on GPU 0 with nothing else running (the rates to trust: Session 14 saw plain decoding lose a quarter of
-#          its rate on the busy host). Packs after each bench that runs alone.
+# ($GGUF) and .data/train_prompts.jsonl, train_prompts2.jsonl (tools/prepare_prompts.py) and mt_bench.jsonl carried.
+#   distill15 (about 4 minutes): the 11.3k training prompts of Sessions 6-14 (run 1's and run 2's mixes) answered
+#          again, greedy, by 4 distill-data workers: the distilled sets of earlier sessions did not survive.
+#   heads15 (about 17 minutes): issues 3, 4 and 5 at Session 14's best schedule (32 rows a step, 2,500 steps, lr
+#          1e-3: train_head.sh's defaults now) on that data, four drafts trained at once, one per GPU: EAGLE-3
+#          (Session 14's best head again: the reference), EAGLE-3 at lr 2e-3 (is 1e-3 the peak?), PosS-1 (issue 4:
+#          +5% over the reference?) and Kangaroo l=2 (issue 5: 1.3x?). Then each one benched on the same 80 MT-bench
+#          prompts, one after the other on GPU 0 with nothing else running (Session 14 saw plain decoding lose a
+#          quarter of its rate on a busy host). Packs after each bench.
+#   shapes15 (about 2 minutes, after heads15): the better EAGLE-3 head's chains and trees of 8 shapes, alone.
 #   hybrid15 (about 4 minutes): why data.features=hybrid trained 8x slower than online at 32 rows a step
 #          (Session 14) when one row a step costs +47%: bench_scale's SmolLM2-shaped random target, 32 rows of
 #          1,024 tokens a step, online, hybrid while writing the cache, and hybrid reading it, every phase timed;
 #          py-spy samples the reading run's host for 10 s (carry .whl with the py-spy wheel, as in Session 13).
-#   shapes15 (about 2 minutes, after heads15): the reference head's chains and trees of 8 shapes, alone.
-#   all15: heads15, hybrid15, then shapes15.
+#   all15: distill15, heads15, shapes15, then hybrid15.
 set -u
 source tools/gpu/session14.sh  # (and session5/6/7/12/13.sh) stamp, pack, wait_for_target, scale_runs, shapes_on
 export STEPS=${HEAD_STEPS:-2500}  # session12.sh exported 1000, which train_head.sh would take
+export DATA=${DATA:-$WORK/greedy/workers-4}  # distill15's merged output, train_head.sh's distilled set
 
 train15() {  # GPU $1, label $2, run $3 (methods45.sh's names), then overrides: trained and exported, not benched
   local gpu=$1 label=$2 run=$3; shift 3
@@ -40,31 +42,44 @@ bench15() {  # GPU $1, label $2, run $3, tag $4: its chain of 6 and tree (6, 8, 
   stamp "benched $label$tag"
 }
 
+distill15() {
+  mkdir -p "$RESULTS"
+  for _ in $(seq 120); do [ -f "$PWD/.data/train_prompts2.jsonl" ] && break; sleep 5; done
+  wait_for_target
+  stamp "distill15: the training prompts answered again, greedy, 4 workers"
+  CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 720 python3 tools/bench_distill_scale.py --workers 4 --out "$WORK/greedy" -- \
+    "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts.jsonl,$PWD/.data/train_prompts2.jsonl]" \
+    distill.batch_size=512 distill.shard_size=256 distill.max_new_tokens=256 > "$RESULTS/distill_greedy.log" 2>&1
+  cp "$WORK/greedy/workers-4/counts.json" "$RESULTS/greedy_counts.json" 2>/dev/null
+  cp "$WORK/greedy/bench_distill_scale.json" "$RESULTS/" 2>/dev/null
+  tail -4 "$RESULTS/distill_greedy.log"
+  pack
+}
+
 HEADS15=("0 eagle3_lr1e-3 eagle3" "1 eagle3_lr2e-3 eagle3 train.lr=2e-3" "2 poss1_lr1e-3 poss1"
          "3 kangaroo2_lr1e-3 kangaroo2")
 
 heads15() {
   mkdir -p "$RESULTS"
-  wait_for_target
-  for _ in $(seq 120); do [ -d "$PWD/.data/prev/data" ] && [ -d "$EXTRA_DATA" ] && break; sleep 5; done
-  stamp "heads15: extra data $EXTRA_DATA"
+  stamp "heads15: data $DATA"
   local head args
   for head in "${HEADS15[@]}"; do
     read -r -a args <<< "$head"
-    train15 "${args[@]:0:3}" "train.extra_distilled=[$EXTRA_DATA]" train.val_every_steps=250 "${args[@]:3}" &
+    train15 "${args[@]:0:3}" train.val_every_steps=250 "${args[@]:3}" &
   done
   wait
   pack
-  for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 "${args[@]:0:3}" _busy & done
-  wait
   for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 0 "${args[@]:1:2}" _alone; pack; done
-  for tag in _busy _alone; do plot15 "$tag"; done
+  plot15 _alone
   pack
   stamp "heads15 done"
 }
 
-shapes15() {  # after heads15: the reference head's chains and trees, alone
-  shapes_on 0 eagle3_lr1e-3
+shapes15() {  # after heads15: the EAGLE-3 head with the higher tree τ alone, its chains and trees
+  local best
+  best=$(python3 -c "import json, sys; print(max(sys.argv[1:], key=lambda label: json.load(open(
+f'$RESULTS/heads/{label}/bench_tree_alone.json'))['tau']))" eagle3_lr1e-3 eagle3_lr2e-3 2>/dev/null)
+  shapes_on 0 "${best:-eagle3_lr1e-3}"
   pack
 }
 
@@ -105,9 +120,10 @@ hybrid15() {
 }
 
 all15() {
+  distill15
   heads15
-  hybrid15
   shapes15
+  hybrid15
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-all15}"; fi  # sourced: its functions only, status 0
