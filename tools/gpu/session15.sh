@@ -18,7 +18,7 @@
 set -u
 source tools/gpu/session14.sh  # (and session5/6/7/12/13.sh) stamp, pack, wait_for_target, scale_runs, shapes_on
 export STEPS=${HEAD_STEPS:-2500}  # session12.sh exported 1000, which train_head.sh would take
-export DATA=${DATA:-$WORK/greedy/workers-4}  # distill15's merged output, train_head.sh's distilled set
+export DATA=$WORK/greedy/workers-4  # distill15's merged output (session5.sh set .data/prev/data), train_head.sh's set
 
 train15() {  # GPU $1, label $2, run $3 (methods45.sh's names), then overrides: trained and exported, not benched
   local gpu=$1 label=$2 run=$3; shift 3
