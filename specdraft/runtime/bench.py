@@ -94,9 +94,8 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
 
 
 def host_load() -> Optional[float]:
-    """The host's 1-minute load average, recorded beside each run's rates: a bench to trust runs on an idle host.
-    Session 14 benched one draft and tree twice: beside three other benches, plain decoding read 684 tokens/s
-    and speculative 1,197; beside one training run (and on 20 of the 80 prompts), 907 and 1,133."""
+    """The host's 1-minute load average, recorded beside each run's rates, so that a reader can tell a bench run
+    on an idle host from one run beside other work."""
     try:
         return os.getloadavg()[0]
     except OSError:  # not on every platform

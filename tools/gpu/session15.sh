@@ -70,7 +70,7 @@ heads15() {
   wait
   pack
   for head in "${HEADS15[@]}"; do read -r -a args <<< "$head"; bench15 0 "${args[@]:1:2}" _alone; pack; done
-  plot15 _alone
+  plot_tagged _alone eagle3_lr1e-3 eagle3_lr2e-3 poss1_lr1e-3 kangaroo2_lr1e-3
   pack
   stamp "heads15 done"
 }
@@ -83,16 +83,13 @@ f'$RESULTS/heads/{label}/bench_tree_alone.json'))['tau']))" eagle3_lr1e-3 eagle3
   pack
 }
 
-plot15() {  # $1 tag: every head's chain and tree acceptance, one plot per kind
-  local kind label labels
+plot_tagged() {  # $1 tag, then head labels: their chain and tree acceptance, one plot per kind
+  local tag=$1 kind label labels; shift
   for kind in chain tree; do
     labels=()
-    for head in "${HEADS15[@]}"; do
-      read -r _ label _ <<< "$head"
-      labels+=("$label=$RESULTS/heads/$label/bench_$kind$1.json")
-    done
-    python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind$1.png" \
-      --title "MT-bench ($MAX_PROMPTS prompts), T=0, $kind$1" "${labels[@]}" > "$RESULTS/acceptance_$kind$1.txt" 2>&1
+    for label in "$@"; do labels+=("$label=$RESULTS/heads/$label/bench_$kind$tag.json"); done
+    python3 tools/plot_acceptance.py --out "$RESULTS/acceptance_$kind$tag.png" \
+      --title "MT-bench ($MAX_PROMPTS prompts), T=0, $kind$tag" "${labels[@]}" > "$RESULTS/acceptance_$kind$tag.txt" 2>&1
   done
 }
 
