@@ -79,7 +79,8 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--seed", type=int, default=0)
 
 
-def _load_runtime(args):
+def _load_runtime(args, dtype: Optional[str] = None):
+    """The runtime the arguments describe, in `dtype` when given (else --dtype)."""
     from specdraft.runtime.load import ChainOptions, load_runtime
     from specdraft.runtime.tree import TreeShape
 
@@ -87,7 +88,7 @@ def _load_runtime(args):
                                                                                         args.budget)
     chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse, tuple(args.more_exits),
                          args.shallow_reuse_tree)
-    return load_runtime(args.path, args.target, args.device, args.dtype, shape.validated(), args.max_len,
+    return load_runtime(args.path, args.target, args.device, dtype or args.dtype, shape.validated(), args.max_len,
                         False if args.no_cuda_graphs else None, chain)
 
 
@@ -112,8 +113,9 @@ def _bench(args) -> dict:
     runtime = _load_runtime(args)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
-                             trace=args.trace, **({"prompts": args.prompts} if args.prompts else {}))
-    report = run_bench(runtime, settings, args.out)
+                             trace=args.trace, lossless_prompts=args.lossless_prompts,
+                             **({"prompts": args.prompts} if args.prompts else {}))
+    report = run_bench(runtime, settings, args.out, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
     return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
 def _slurm(args) -> dict:
@@ -183,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    bench.add_argument("--lossless-prompts", type=int, default=10, metavar="N",
+                       help="also check the first N prompts in float32, speculative against plain decoding token "
+                            "for token (in bf16 near-tied argmaxes can round apart; 0: off)")
     bench.set_defaults(func=_bench)
     _add_slurm(sub)
     return parser

@@ -6,7 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from tqdm import tqdm
@@ -29,6 +29,7 @@ class BenchSettings:
     seed: int = 0
     hf_baseline: bool = True
     trace: bool = False
+    lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
 
 
 def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
@@ -132,8 +133,37 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     }
 
 
-def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path) -> dict:
-    """Bench every temperature of `settings`; write bench.json (+ bench.png, trace.jsonl) under out_dir."""
+def lossless_in_float32(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings,
+                        load_float32: Optional[Callable[[], Runtime]]) -> Optional[dict]:
+    """Speculative against plain decoding at T=0, token for token, in float32, on the first
+    `settings.lossless_prompts` prompts: in float32 a lossless runtime's two outputs are identical. The timed
+    run's own check (`lossless`) is made in its dtype, where a verify of many rows rounds its GEMMs differently
+    from a one-row decode, so in bf16 a near-tied argmax can flip (docs/benchmarks.md, Session 4). The runtime
+    itself when it runs float32, else the one `load_float32` builds; None when no check is asked or possible."""
+    count = min(settings.lossless_prompts, len(prompts))
+    exact = runtime.engine.dtype == torch.float32
+    if count <= 0 or (not exact and load_float32 is None):
+        return None
+    checked = runtime if exact else load_float32()
+    engine, identical, divergences = checked.engine, 0, []
+    for index, prompt in enumerate(tqdm(prompts[:count], desc="lossless check, float32", unit="prompt")):
+        plain = engine.decode_plain(prompt, settings.max_new_tokens, checked.eos_ids)
+        spec = engine.generate(prompt, settings.max_new_tokens, checked.eos_ids)
+        if spec.tokens == plain.tokens:
+            identical += 1
+        else:
+            position = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
+                            min(len(plain.tokens), len(spec.tokens)))
+            divergences.append({"prompt": index, "position": position})
+    return {"dtype": "float32", "prompts": count, "identical": identical, "lossless": identical == count,
+            "divergences": divergences}
+
+
+def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
+              load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
+    """Bench every temperature of `settings`, then check losslessness in float32 (`lossless_in_float32`, with a
+    runtime from `load_float32` when this one runs another dtype); write bench.json (+ bench.png, trace.jsonl)
+    under out_dir."""
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
     traces: List[dict] = []
     runs = [run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
@@ -144,6 +174,7 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path) ->
         "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0]),
         "settings": _settings(runtime, settings),
     }
+    report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
     out = Path(out_dir)
     write_json(out / "bench.json", report)
     if settings.trace:
@@ -183,6 +214,9 @@ def format_table(report: dict) -> str:
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
                     f"{fmt(run['plain_vs_hf'], 2)} | {run['lossless'] if run['lossless'] is not None else 'n/a'} |")
     profile = report["cycle_profile"]
+    check = report.get("lossless_float32")
+    if check is not None:
+        rows.append(f"\nlossless in float32 (speculative == plain, T=0): {check['identical']}/{check['prompts']} prompts")
     rows.append("")
     rows.append("cycle split (eager, ms): " + ", ".join(f"{k} {v:.3f}" for k, v in profile["eager_ms"].items()) +
                 f"; whole cycle as run: {profile['cycle_ms']:.3f} ms")

@@ -34,6 +34,9 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
         assert key in report
     assert report["lossless"] is True and [r["temperature"] for r in report["runs"]] == [0.0, 1.0]
     assert report["runs"][0]["plain_matches_hf_prompts"] == report["runs"][0]["prompts"]
+    prompts_run = report["runs"][0]["prompts"]  # a float32 run checks itself: no second runtime
+    assert report["lossless_float32"] == {"dtype": "float32", "prompts": min(10, prompts_run),
+                                          "identical": min(10, prompts_run), "lossless": True, "divergences": []}
     assert set(report["cycle_profile"]["eager_ms"]) == {"draft", "verify", "bookkeeping"}
     load = report["runs"][0]["host_load"]
     assert load["cpus"] >= 1 and load["before"] >= 0 and load["after"] >= 0
@@ -41,6 +44,38 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert rows and {"tokens", "parents", "draft_logprobs", "accepted_nodes"} <= set(rows[0])
     assert "| T | τ |" in capsys.readouterr().err
+
+
+def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
+    prompts = export_dir.parent / "eval.jsonl"
+    assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), "--max-new-tokens", "8", "--device", "cpu",
+                     "--dtype", "bfloat16", "--max-len", "256", "--depth", "3", "--topk", "2", "--budget", "6",
+                     "--temperature", "0", "--no-hf", "--lossless-prompts", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["settings"]["dtype"] == "bfloat16"
+    assert report["lossless_float32"] == {"dtype": "float32", "prompts": 2, "identical": 2, "lossless": True,
+                                          "divergences": []}
+    assert "lossless in float32 (speculative == plain, T=0): 2/2 prompts" in capsys.readouterr().err
+
+
+def test_the_float32_check_records_where_outputs_part(export_dir, tmp_path):
+    from specdraft.runtime.bench import BenchSettings, lossless_in_float32
+    from specdraft.runtime.engine import GenerationResult
+    from specdraft.runtime.load import load_runtime
+
+    runtime = load_runtime(export_dir, device="cpu", dtype="float32", max_len=256)
+    generate = runtime.engine.generate
+
+    def one_token_off(prompt_ids, *args, **kwargs):  # a broken speculative decoder: its 4th token differs
+        result = generate(prompt_ids, *args, **kwargs)
+        return GenerationResult(tokens=result.tokens[:3] + [result.tokens[3] + 1] + result.tokens[4:])
+
+    runtime.engine.generate = one_token_off
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    check = lossless_in_float32(runtime, prompts, BenchSettings(max_new_tokens=6, lossless_prompts=5), None)
+    assert check["prompts"] == 2 and check["identical"] == 0 and check["lossless"] is False
+    assert check["divergences"] == [{"prompt": 0, "position": 3}, {"prompt": 1, "position": 3}]
+    assert lossless_in_float32(runtime, prompts, BenchSettings(lossless_prompts=0), None) is None
 
 
 def test_bad_runtime_inputs_are_one_line_errors(export_dir, tmp_path, capsys):

@@ -4,10 +4,11 @@
 # What Session 15's device time did not reach: issues 4 and 5 at the EAGLE-3 head's best schedule (32 rows a
 # step, 2,500 steps, lr 1e-3).
 #   distill15 (about 5.5 minutes): the 11.3k training prompts answered again, greedy, 4 workers.
-#   heads16 (about 15 minutes): EAGLE-3 (the reference), PosS-1 and PosS-2 on GPUs 0-2, Kangaroo l=2 then l=4 on
+#   heads16 (about 16 minutes): EAGLE-3 (the reference), PosS-1 and PosS-2 on GPUs 0-2, Kangaroo l=2 then l=4 on
 #          GPU 3, all on that data. Then the three EAGLE-3/PosS heads benched at once (their τ on the 80 MT-bench
 #          prompts: issue 4's figure; τ does not depend on the host's load), then Kangaroo l=2 alone (its speed:
-#          issue 5's figure) and the Kangaroo l x η sweep with DEL choosing l, alone, on 20 prompts.
+#          issue 5's figure) and the Kangaroo l x η sweep with DEL choosing l, alone, on 20 prompts. Every bench
+#          also checks its first 10 prompts in float32 (bench.json's lossless_float32).
 #   all16: distill15, then heads16.
 set -u
 source tools/gpu/session15.sh  # (and session5-14.sh) stamp, pack, distill15, train15, bench15, plot_tagged
