@@ -2,8 +2,9 @@
 same prompts, each shape's speedup over plain decoding measured in the same process as its own run.
 
 A shape is DEPTH,TOPK,BUDGET (a tree: TOPK children per expanded node, BUDGET nodes verified with the root), or
-DEPTH alone (a chain of DEPTH drafts). Each shape loads its own runtime (its CUDA graphs are per shape) and benches
-every prompt: plain decoding, then speculative, lossless-checked token for token. Writes
+DEPTH alone (a chain of DEPTH drafts). The target and draft are loaded once; each shape builds its own runtime
+over them (its CUDA graphs are per shape) and benches every prompt: plain decoding, then speculative,
+lossless-checked token for token. Writes
 OUT/bench_tree_shapes.json after every shape (a failing shape is recorded with its error), then prints a table
 sorted by its last column: each shape's tokens/s over the median of every shape's plain rate, so that one plain
 run that reads slow (Session 14's first shape read 617 tokens/s against 905-935 for the other seven) does not
@@ -40,13 +41,13 @@ def parse_shape(text: str):
     return TreeShape(*numbers).validated()
 
 
-def bench_shape(args, text: str) -> dict:
+def bench_shape(args, parts, text: str) -> dict:
+    """parts: load_parts' (draft, target), shared by every shape."""
     from specdraft.runtime.bench import BenchSettings, first_user_turns, run_temperature
-    from specdraft.runtime.load import load_runtime
+    from specdraft.runtime.load import build_runtime
 
     shape = parse_shape(text)
-    runtime = load_runtime(args.export, args.target, args.device, args.dtype, shape,
-                           use_graphs=False if args.no_cuda_graphs else None)
+    runtime = build_runtime(*parts, shape, use_graphs=False if args.no_cuda_graphs else None)
     settings = BenchSettings(prompts=args.prompts, max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=(0.0,), hf_baseline=False)
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
@@ -95,16 +96,18 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     from specdraft.errors import SpecdraftError
     from specdraft.io import write_json
+    from specdraft.runtime.load import load_parts
 
     for text in args.shapes:  # every shape checked before the first is benched
         try:
             parse_shape(text)
         except SpecdraftError as err:
             parser.error(str(err))
+    parts = load_parts(args.export, args.target, args.device, args.dtype)
     rows: List[dict] = []
     for text in args.shapes:
         try:
-            rows.append(bench_shape(args, text))
+            rows.append(bench_shape(args, parts, text))
         except Exception as err:  # recorded; the next shape still runs
             rows.append({"shape": text, "error": f"{type(err).__name__}: {err}"[:2000]})
         rows = with_median_plain(rows)

@@ -109,19 +109,24 @@ def _exit_choice(drafter, chain: ChainOptions, target: LoadedTarget, target_mode
     return ExitChoice(drafters)
 
 
-def load_runtime(path: str | Path, target_path: Optional[str] = None, device: str = "auto", dtype: str = "auto",
-                 shape: TreeShape = TreeShape(), max_len: int = 2048,
-                 use_graphs: Optional[bool] = None, chain: ChainOptions = ChainOptions()) -> Runtime:
-    """A run directory or export -> a ready SpecEngine over the target it was trained for (or `target_path`)."""
+def load_parts(path: str | Path, target_path: Optional[str] = None, device: str = "auto",
+               dtype: str = "auto") -> Tuple[LoadedDraft, LoadedTarget]:
+    """A run directory or export -> (the draft, the target it was trained for or `target_path`), checked to fit."""
     path = Path(path)
     _check_export(path)
     loaded = load_draft(path)
     if loaded.spec.runtime is None:
         raise SpecdraftError(f"method {loaded.spec.name!r} has no runtime drafter")
     target_cfg = replace(loaded.recipe.target, path=target_path) if target_path else loaded.recipe.target
-    torch_device = resolve_device(device)
-    target = load_target(target_cfg, device=torch_device, dtype=dtype, require_chat_template=False)
+    target = load_target(target_cfg, device=resolve_device(device), dtype=dtype, require_chat_template=False)
     _check_geometry(loaded, target)
+    return loaded, target
+
+
+def build_runtime(loaded: LoadedDraft, target: LoadedTarget, shape: TreeShape = TreeShape(), max_len: int = 2048,
+                  use_graphs: Optional[bool] = None, chain: ChainOptions = ChainOptions()) -> Runtime:
+    """A ready SpecEngine over loaded parts. It copies the target's weights, so one loaded target serves several
+    runtimes (one per tree shape, say) without loading it again."""
     max_len = min(max_len, target.info.max_position_embeddings)
     target_model: TargetModel = from_hf(target.model, target.info)
     drafter = _drafter(loaded, target, target_model)
@@ -130,3 +135,10 @@ def load_runtime(path: str | Path, target_path: Optional[str] = None, device: st
     engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len), use_graphs,
                         **_engine_options(drafter, shape, chain))
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer))
+
+
+def load_runtime(path: str | Path, target_path: Optional[str] = None, device: str = "auto", dtype: str = "auto",
+                 shape: TreeShape = TreeShape(), max_len: int = 2048,
+                 use_graphs: Optional[bool] = None, chain: ChainOptions = ChainOptions()) -> Runtime:
+    """A run directory or export -> a ready SpecEngine over the target it was trained for (or `target_path`)."""
+    return build_runtime(*load_parts(path, target_path, device, dtype), shape, max_len, use_graphs, chain)
