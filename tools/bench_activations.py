@@ -23,7 +23,6 @@ recomputes one step at a time there).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -31,6 +30,7 @@ from typing import Dict, List, Optional
 import torch
 
 from specdraft.config import CHECKPOINTING
+from specdraft.io import write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 
@@ -149,7 +149,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     report = run(args.config, args.seq_len, args.modes, args.compile)
     print_table(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return report
 
 

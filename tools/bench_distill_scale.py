@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdraft.io import write_json
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -148,7 +150,7 @@ def main(argv=None) -> dict:
     for count in args.workers:
         report["results"].append(run_one(args, count))
         add_efficiency(report["results"])
-        (args.out / "bench_distill_scale.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.out / "bench_distill_scale.json", report)
     print(table(report["results"]))
     print(f"-> {args.out / 'bench_distill_scale.json'}")
     return report

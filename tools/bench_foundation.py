@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from specdraft.io import write_json
+
 
 def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -73,7 +75,7 @@ def main() -> None:
         run_stages(args.recipe, work, args.overrides)
     result = collect(work)
     print_table(result)
-    (work / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(work / "bench.json", result)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ cycles drafted at each ℓ in the JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List
 
+from specdraft.io import write_json
 from specdraft.runtime.bench import BenchSettings, first_user_turns, run_temperature
 from specdraft.runtime.load import ChainOptions, load_runtime
 from specdraft.runtime.tree import TreeShape
@@ -92,7 +92,7 @@ def main(argv: List[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k != "exports"}
-    (out / "sweep.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))
+    write_json(out / "sweep.json", {"settings": settings, "rows": rows})
     print(format_table(rows))
     return 0
 

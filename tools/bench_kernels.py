@@ -16,7 +16,6 @@ whether the outputs are the same bits (`match` allows one bfloat16 rounding step
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from specdraft.io import write_json
 
 MODELS = {
     "smollm2": {"layers": 30, "kv_heads": 3, "q_heads": 9, "head_dim": 64, "vocab": 49152,
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"machine": _machine(device), "torch": torch.__version__, "triton": triton.__version__,
               "all_match": all(row["match"] for row in rows), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     return result
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from specdraft.io import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("none", "8bit", "4bit")
 
@@ -134,7 +136,7 @@ def main() -> None:
     work = Path(args.work)
     if args.one:
         result = run_setting(args.recipe, args.one, work, args.steps, args.micro_batch, args.overrides)
-        (work / f"{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(work / f"{args.one}.json", result)
         return
     for setting in args.settings.split(","):
         command = [sys.executable, __file__, args.recipe, *args.overrides, "--work", str(work), "--one", setting,
@@ -146,7 +148,7 @@ def main() -> None:
     print_table(rows)
     result = {"machine": _machine(), "torch": torch.__version__, "steps": args.steps, "micro_batch": args.micro_batch,
               "recipe": args.recipe, "overrides": args.overrides, "settings": rows}
-    (work / "quantization.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(work / "quantization.json", result)
 
 
 if __name__ == "__main__":

@@ -295,6 +295,8 @@ def micro_batch(recipe: Path, overrides: list) -> int:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    from specdraft.io import write_json
+
     spec = CONFIGS[args.config]
     work = args.out / "work"
     write_target(work / "target", spec["target"])
@@ -308,7 +310,7 @@ def main(argv=None) -> dict:
         for gpus in args.gpus:
             report["results"].append(run_one(work, strategy, gpus, args))
             add_efficiency(report["results"])
-            (args.out / "bench_scale.json").write_text(json.dumps(report, indent=2) + "\n")
+            write_json(args.out / "bench_scale.json", report)
     print(table(report["results"]))
     print(f"-> {args.out / 'bench_scale.json'}")
     return report

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import json
 import os
 import platform
 import time
@@ -56,6 +55,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from specdraft.io import write_json
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods import eagle3 as eagle3_module
 from specdraft.methods import get_method
@@ -530,7 +530,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         torch.set_num_threads(threads)
     print_tables(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return report
 
 

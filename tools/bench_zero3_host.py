@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdraft.io import write_json
+
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 10  # steps left out of the statistics (DeepSpeed records its parameter trace in the first)
 
@@ -129,7 +131,7 @@ def main(argv=None) -> dict:
     print(table(results))
     report = {"steps": args.steps, "warmup_steps": WARMUP, "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_zero3_host.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.out / "bench_zero3_host.json", report)
     print(f"-> {args.out / 'bench_zero3_host.json'}")
     return report
 

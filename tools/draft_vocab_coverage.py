@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Dict, List, Optional
 
 import torch
 from tqdm import tqdm
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,6 +57,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     from specdraft.config import load_recipe
+    from specdraft.io import write_json
     from specdraft.methods.eagle3 import build_draft_vocab
     from specdraft.target.load import load_target_info
     from specdraft.train.data import answer_token_counts, load_distilled, split_indices
@@ -81,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     for row in rows:
         print(f"{row['draft_vocab_size']:>11} {100 * row['train_answers']:>13.2f}% {100 * row['eval_answers']:>12.2f}%")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "draft_vocab_coverage.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out / "draft_vocab_coverage.json", report)
     print(f"-> {args.out / 'draft_vocab_coverage.json'}")
     return report
 

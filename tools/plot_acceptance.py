@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from specdraft.io import write_json
+
 
 def load_runs(pairs: List[str]) -> Dict[str, dict]:
     runs = {}
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, out, args.title)
-    out.with_suffix(".json").write_text(json.dumps(runs, indent=2) + "\n")
+    write_json(out.with_suffix(".json"), runs)
     print(table(runs))
     return 0
 

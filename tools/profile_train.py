@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.profiler import ProfilerActivity, profile
 
+from specdraft.io import write_json
 from specdraft.train.profiling import op_report, print_op_tables
 
 
@@ -363,7 +364,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     print(f"run: {json.dumps(summary)}")
     print(f"rank {profiler.rank} of {profiler.world_size}")
     print_report(report)
-    rank_path(out / "profile_train.json", profiler.rank).write_text(json.dumps(report, indent=1))
+    write_json(rank_path(out / "profile_train.json", profiler.rank), report)
     return report
 
 
