@@ -73,6 +73,8 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--shallow-reuse-tree", action="store_true",
                      help="trees, for drafts that run the target's shallow layers (Kangaroo): run every candidate "
                           "through them while drafting and verify from above them")
+    cmd.add_argument("--no-overlap", action="store_true",
+                     help="read every step's tokens before queuing the next (default: one step in flight)")
     cmd.add_argument("--max-len", type=int, default=2048, help="KV-cache slots (prompt + answer + tree)")
     cmd.add_argument("--no-cuda-graphs", action="store_true")
     cmd.add_argument("--max-new-tokens", type=int, default=256)
@@ -87,7 +89,7 @@ def _load_runtime(args, dtype: Optional[str] = None):
     shape = TreeShape.chain(args.depth) if args.chain or args.topk == 1 else TreeShape(args.depth, args.topk,
                                                                                         args.budget)
     chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse, tuple(args.more_exits),
-                         args.shallow_reuse_tree)
+                         args.shallow_reuse_tree, overlap=not args.no_overlap)
     return load_runtime(args.path, args.target, args.device, dtype or args.dtype, shape.validated(), args.max_len,
                         False if args.no_cuda_graphs else None, chain)
 

@@ -191,6 +191,7 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
             "chain": _chain_settings(engine),
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
+            "overlap": engine.overlap,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}

@@ -18,10 +18,17 @@ more shallow pass, the last depth's candidates) and the verify skips those ℓ l
 rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the full verify, Session 8); its
 shallow KV takes the slots prefix..prefix+C-1.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
+Both loops keep one step in flight (`overlap`): step k+1 is queued on the device before the host reads step k's
+tokens (`HostReader`, a copy that does not wait), so the device does not idle while the host appends tokens,
+checks for EOS and launches the next graph. When the host finds the end, the step in flight is dropped: its
+state lies past the answer, and the next prefill starts over. Plain decoding queues no step past the last token
+asked for. Traces and the dynamic exit read every cycle before the next one, so they run without the step in
+flight.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -55,6 +62,33 @@ class CycleOutput:
     count: torch.Tensor  # [1] how many of `emitted` are valid (accepted + 1)
     accepted_nodes: torch.Tensor  # [depth + 1] node indices of the accepted path, -1 padded
     tree: Optional[DraftTree] = None
+    for_host: Optional[torch.Tensor] = None  # [depth + 2] count, then emitted: what the host reads of a cycle
+
+
+class HostReader:
+    """Copies of small device tensors to the host that do not wait for the device: a ring of two buffers (pinned
+    on a GPU), each with an event, so a step can be read while the next one runs. `stage` queues a copy and
+    returns its slot; `read` waits for that copy alone. A slot is free again once read."""
+
+    def __init__(self, size: int, device: torch.device):
+        pinned = device.type == "cuda"
+        self.buffers = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self.events = [torch.cuda.Event() if pinned else None for _ in range(2)]
+        self.next_slot = 0
+
+    def stage(self, values: torch.Tensor) -> int:
+        """values [n] (long, n <= size) on the device -> the slot its copy goes to."""
+        slot, self.next_slot = self.next_slot, 1 - self.next_slot
+        self.buffers[slot][:values.numel()].copy_(values, non_blocking=True)
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        return slot
+
+    def read(self, slot: int, count: int) -> List[int]:
+        """The first `count` values staged in `slot`, once their copy is done."""
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()
+        return self.buffers[slot][:count].tolist()
 
 
 class SpecEngine:
@@ -62,12 +96,16 @@ class SpecEngine:
 
     Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
     from the drafter's `verify_start_layer` when it has one). Tree option: `reuse_shallow_tree`, the same for
-    trees when the drafter keeps tree states (drafter.py); off by default (module docstring: what it costs)."""
+    trees when the drafter keeps tree states (drafter.py); off by default (module docstring: what it costs).
+    `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read
+    before the next is queued (to time one against the other)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
-                 dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False):
+                 dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False,
+                 overlap: bool = True):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
+        self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
         self.device = target.lm_head_weight.device
         self.dtype = target.lm_head_weight.dtype
         target.allocate(max_len, *rope_tables)
@@ -79,6 +117,7 @@ class SpecEngine:
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
+        self._reader = HostReader(shape.depth + 2, self.device)
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
         self.tree_start_layer = self._tree_start_layer(reuse_shallow_tree)
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
@@ -120,8 +159,10 @@ class SpecEngine:
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
+        """The cache holds the answer, the last cycle's tree and the cycle in flight after it (up to depth + 1
+        more tokens), or refuses the prompt in one line."""
         tree_slots = self.shape.num_candidates if self.tree_start_layer else self.shape.budget
-        need = prompt_len + max_new_tokens + tree_slots + self.shape.scratch + 1
+        need = prompt_len + max_new_tokens + self.shape.depth + 1 + tree_slots + self.shape.scratch + 1
         if need > self.max_len:
             raise SpecdraftError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
                                  f"slots; the cache has {self.max_len} (raise --max-len or shorten the prompt)")
@@ -173,7 +214,8 @@ class SpecEngine:
         self.prefix_len.add_(count)
         self.root.copy_(bonus)
         emitted = torch.where(valid, next_tokens, -1)
-        return CycleOutput(emitted=emitted, count=count, accepted_nodes=accepted_nodes, tree=tree)
+        return CycleOutput(emitted=emitted, count=count, accepted_nodes=accepted_nodes, tree=tree,
+                           for_host=torch.cat([count, emitted]))
 
     def _cycle_greedy(self) -> CycleOutput:
         tree = self._build_tree()
@@ -238,17 +280,23 @@ class SpecEngine:
         if self.dynamic_exit is not None:
             self.dynamic_exit.reset()
         done = _finished(generated, generated, eos_ids, max_new_tokens)
+        ahead = 1 if self.overlap and not trace and self.dynamic_exit is None else 0  # cycles queued past the read
+        queued = deque()
         while not done:
             out, drafted = self._cycle(temperature, generator)
-            host = torch.cat([out.count, out.emitted]).tolist()  # the one host sync of a cycle
+            queued.append((self._reader.stage(out.for_host), drafted, self.exit_index, out))
+            if len(queued) <= ahead:
+                continue
+            slot, drafted, exit_index, out = queued.popleft()
+            host = self._reader.read(slot, self.shape.depth + 2)  # the one host wait of a cycle
             new_tokens = host[1:1 + host[0]]
             generated += new_tokens
             done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)
             result.drafted.append(drafted)
-            result.exits.append(self.exit_index)
+            result.exits.append(exit_index)
             if self.dynamic_exit is not None:
-                self.dynamic_exit.update(self.exit_index, drafted, host[0] - 1)
+                self.dynamic_exit.update(exit_index, drafted, host[0] - 1)
             if trace:
                 result.trace.append(_trace_row(out))
         result.tokens = _cut(generated, eos_ids, max_new_tokens)
@@ -279,10 +327,14 @@ class SpecEngine:
                 "plain", CallGraph(self._plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
                                    example=(token,)))
         done = _finished(generated, generated, eos_ids, max_new_tokens)
+        ahead, queued = (1 if self.overlap else 0), deque()  # slots of the steps queued, not yet read
         while not done:
-            logits = step(token)
-            token = sample_token(logits, temperature, generator)
-            generated.append(int(token))
+            if len(generated) + len(queued) < max_new_tokens:  # no step past the last one asked for
+                token = sample_token(step(token), temperature, generator)
+                queued.append(self._reader.stage(token))
+                if len(queued) <= ahead:
+                    continue
+            generated.append(self._reader.read(queued.popleft(), 1)[0])
             done = _finished(generated, generated[-1:], eos_ids, max_new_tokens)
         result = GenerationResult(tokens=_cut(generated, eos_ids, max_new_tokens))
         self._sync()

@@ -62,7 +62,8 @@ def resolve_device(device: str) -> torch.device:
 @dataclass(frozen=True)
 class ChainOptions:
     """Engine options beyond the tree shape (engine.py, chain.py, dynamic_exit.py): the chain-only ones, which a
-    tree shape refuses, and `reuse_shallow_tree`, which only a tree shape takes."""
+    tree shape refuses, `reuse_shallow_tree`, which only a tree shape takes, and `overlap`, which every loop
+    takes."""
     exit_threshold: Optional[float] = None
     """η: stop drafting once the draft's top-1 probability falls below it; None: the drafter's own
     `exit_threshold` (Kangaroo's trained η) for chains, else off."""
@@ -77,17 +78,20 @@ class ChainOptions:
     """Trees: the drafter runs every candidate through its shallow layers and the verify starts above them. Off
     by default: at depth 6, top-8, 48 nodes it runs more shallow rows (329) than it saves (294), and on an H100
     it ran at 0.72x plain decoding against 0.88x with the full verify (docs/benchmarks.md, Session 8)."""
+    overlap: bool = True
+    """Every shape, and plain decoding: one step in flight while the host reads the one before (engine.py)."""
 
 
 def _engine_options(drafter, shape: TreeShape, options: ChainOptions) -> dict:
     if shape.topk != 1:
         if (options.exit_threshold or 0) > 0 or options.dynamic_exit or options.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
-        return {"reuse_shallow_tree": options.reuse_shallow_tree}  # the engine says when it cannot
+        return {"reuse_shallow_tree": options.reuse_shallow_tree,  # the engine says when it cannot
+                "overlap": options.overlap}
     eta = options.exit_threshold
     eta = float(getattr(drafter, "exit_threshold", 0.0)) if eta is None else eta
     return {"exit_threshold": eta, "dynamic_exit": options.dynamic_exit, "reuse_shallow": options.reuse_shallow,
-            "reuse_shallow_tree": options.reuse_shallow_tree}
+            "reuse_shallow_tree": options.reuse_shallow_tree, "overlap": options.overlap}
 
 
 def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: TargetModel):

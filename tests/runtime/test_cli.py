@@ -38,6 +38,7 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert report["lossless_float32"] == {"dtype": "float32", "prompts": min(10, prompts_run),
                                           "identical": min(10, prompts_run), "lossless": True, "divergences": []}
     assert set(report["cycle_profile"]["eager_ms"]) == {"draft", "verify", "bookkeeping"}
+    assert report["settings"]["overlap"] is True
     load = report["runs"][0]["host_load"]
     assert load["cpus"] >= 1 and load["before"] >= 0 and load["after"] >= 0
     assert (tmp_path / "bench.png").stat().st_size > 0
@@ -50,9 +51,10 @@ def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
     prompts = export_dir.parent / "eval.jsonl"
     assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), "--max-new-tokens", "8", "--device", "cpu",
                      "--dtype", "bfloat16", "--max-len", "256", "--depth", "3", "--topk", "2", "--budget", "6",
-                     "--temperature", "0", "--no-hf", "--lossless-prompts", "2", "--out", str(tmp_path)]) == 0
+                     "--temperature", "0", "--no-hf", "--lossless-prompts", "2", "--no-overlap", "--out",
+                     str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["settings"]["dtype"] == "bfloat16"
+    assert report["settings"]["dtype"] == "bfloat16" and report["settings"]["overlap"] is False
     assert report["lossless_float32"] == {"dtype": "float32", "prompts": 2, "identical": 2, "lossless": True,
                                           "divergences": []}
     assert "lossless in float32 (speculative == plain, T=0): 2/2 prompts" in capsys.readouterr().err

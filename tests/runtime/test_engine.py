@@ -73,7 +73,9 @@ def _run_oracle(shape, wrong_every):
     counts = [count for _, count, _ in drafter.ingested]
     assert starts[0] == 0 and counts[0] == len(prompt)
     assert all(s + c == nxt for s, c, nxt in zip(starts, counts, starts[1:]))  # contiguous confirmed prefix
-    assert [c - 1 for c in counts[1:]] == result.accepted
+    in_flight = 1  # the cycle queued when the answer ended is ingested too, then dropped (engine.py)
+    assert len(counts) == 1 + len(result.accepted) + in_flight
+    assert [c - 1 for c in counts[1:-in_flight]] == result.accepted
     return result
 
 
@@ -89,6 +91,55 @@ def test_a_tree_recovers_from_wrong_first_choices_that_cut_a_chain():
     for shape in SHAPES[1:]:
         tree = _run_oracle(shape, wrong_every=3)
         assert sum(tree.accepted) / len(tree.accepted) > sum(chain.accepted) / len(chain.accepted)
+
+
+def _count_plain_steps(engine):
+    calls = []
+    step = engine._plain_step
+    engine._plain_step = lambda token: calls.append(1) or step(token)
+    return calls
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_plain_decoding_queues_no_step_past_the_last_token_asked_for(overlap):
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
+    engine = _engine(model)
+    engine.overlap = overlap
+    steps = _count_plain_steps(engine)
+    greedy = _hf_greedy(model, prompt, 12)
+    assert engine.decode_plain(prompt, 12).tokens == greedy and len(steps) == 11  # the prefill gives the first
+    steps.clear()
+    eos = greedy[5]
+    ends = greedy.index(eos)
+    assert engine.decode_plain(prompt, 12, eos_ids=[eos]).tokens == greedy[:ends + 1]
+    assert len(steps) == ends + (1 if overlap else 0)  # with overlap, the step in flight at the EOS ran too
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2])
+def test_the_cycle_in_flight_changes_no_token_and_no_statistic(shape):
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (17,), generator=torch.Generator().manual_seed(1)).tolist()
+    greedy = _hf_greedy(model, prompt, 48)
+    runs = {}
+    for overlap in (True, False):
+        drafter = OracleDrafter(prompt + greedy, 320, wrong_every=3)
+        engine = _engine(model, drafter, shape)
+        engine.overlap = overlap
+        runs[overlap] = engine.generate(prompt, 40, eos_ids=[greedy[30]])
+        assert len(drafter.ingested) == 1 + len(runs[overlap].accepted) + (1 if overlap else 0)
+    assert runs[True].tokens == runs[False].tokens == greedy[:greedy.index(greedy[30]) + 1]
+    assert runs[True].accepted == runs[False].accepted and runs[True].drafted == runs[False].drafted
+
+
+def test_host_reader_reads_each_slot_as_staged():
+    from specdraft.runtime.engine import HostReader
+
+    reader = HostReader(4, torch.device("cpu"))
+    first = reader.stage(torch.tensor([3, 1, 4]))
+    second = reader.stage(torch.tensor([1, 5, 9, 2]))
+    assert first != second and reader.read(first, 3) == [3, 1, 4] and reader.read(second, 4) == [1, 5, 9, 2]
+    assert reader.stage(torch.tensor([6])) == first  # a ring of two
 
 
 def test_speculative_sampling_runs_and_stays_in_vocabulary():

@@ -9,7 +9,12 @@
 #          prompts: issue 4's figure; τ does not depend on the host's load), then Kangaroo l=2 alone (its speed:
 #          issue 5's figure) and the Kangaroo l x η sweep with DEL choosing l, alone, on 20 prompts. Every bench
 #          also checks its first 10 prompts in float32 (bench.json's lossless_float32).
-#   all16: distill15, then heads16.
+#          Before the sweep, the EAGLE-3 head's tree alone on 20 prompts with one step in flight (the default)
+#          and without (--no-overlap), in that order, then again: what the overlap gives plain and speculative
+#          decoding (both loops use it).
+#   gpu16 (beside distill15, on GPU 3): the GPU tests of the runtime (the graphed engine with one step in flight
+#          against the eager one without).
+#   all16: gpu16 and distill15, then heads16.
 set -u
 source tools/gpu/session15.sh  # (and session5-14.sh) stamp, pack, distill15, train15, bench15, plot_tagged
 
@@ -30,6 +35,7 @@ heads16() {
   pack
   bench15 0 kangaroo2_lr1e-3 kangaroo2 _alone
   pack
+  overlap16
   stamp "kangaroo sweep"
   CUDA_VISIBLE_DEVICES=0 timeout 480 python3 tools/bench_kangaroo.py \
     "$HOME/work_kangaroo2_lr1e-3/methods45/kangaroo2/export" "$HOME/work_kangaroo4_lr1e-3/methods45/kangaroo4/export" \
@@ -39,8 +45,28 @@ heads16() {
   stamp "heads16 done"
 }
 
+overlap16() {  # the EAGLE-3 head's default tree on 20 prompts, alone: overlap on, off, on, off
+  local export=$HOME/work_eagle3_lr1e-3/methods45/eagle3/export run flag
+  for run in on1 off1 on2 off2; do
+    flag=(); [[ $run == off* ]] && flag=(--no-overlap)
+    CUDA_VISIBLE_DEVICES=0 timeout 180 python3 -m specdraft.cli bench "$export" --temperature 0 --no-hf \
+      --lossless-prompts 0 --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20 "${flag[@]}" \
+      --out "$RESULTS/overlap/$run" > "$RESULTS/overlap_$run.log" 2>&1
+    stamp "overlap $run: $(tail -1 "$RESULTS/overlap_$run.log")"
+  done
+  pack
+}
+
+gpu16() {
+  mkdir -p "$RESULTS"
+  CUDA_VISIBLE_DEVICES=3 timeout 300 python3 -m pytest -q -m gpu tests/runtime > "$RESULTS/gpu_tests.log" 2>&1
+  stamp "gpu tests: $(tail -1 "$RESULTS/gpu_tests.log")"
+}
+
 all16() {
+  gpu16 &
   distill15
+  wait
   heads16
 }
 
