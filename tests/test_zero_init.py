@@ -39,7 +39,8 @@ def differences(*args: str, ranks: int = 1) -> list:
                              text=True) for rank in range(ranks)]
     outputs = [run.communicate(timeout=300) for run in runs]
     for run, (stdout, stderr) in zip(runs, outputs):
-        assert run.returncode == 0 and "done" in stdout, (stdout + stderr)[-3000:]
+        assert run.returncode == 0 and "done" in stdout, \
+            f"exit {run.returncode}\nstdout: {stdout[-1500:]}\nstderr: {stderr[-1500:]}"
     return [line for line in outputs[0][0].splitlines() if line.startswith("differs")]
 
 

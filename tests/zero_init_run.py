@@ -254,6 +254,10 @@ if __name__ == "__main__":
         two_ranks(json.loads(sys.argv[2]))
     else:
         target(*sys.argv[2:])
-    torch.distributed.barrier()  # no rank tears gloo down while another still talks to it; then an orderly
-    torch.distributed.destroy_process_group()  # shutdown (at exit, gloo's threads aborted with SIGABRT)
+    torch.distributed.barrier()  # no rank leaves while another still talks to it
     print("done", flush=True)
+    sys.stderr.flush()
+    # The work is done and printed. Teardown with gloo's threads alive aborted a 2-rank run in CI ("terminate
+    # called without an active exception", exit -6), with and without destroy_process_group: skip it, as
+    # tests/zero_run.py does.
+    os._exit(0)
