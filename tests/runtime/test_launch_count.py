@@ -6,44 +6,14 @@ computes (views, metadata and allocations launch no kernel) plus every Triton ke
 whose own host copies are not counted), so a change that unfuses an op fails here."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdraft.methods.base import TargetInfo
+from specdraft.runtime.launches import LaunchCounter
 from specdraft.runtime.target import from_hf
 from tests.tiny import tiny_llama_config
 
-NO_LAUNCH = {"view", "_unsafe_view", "t", "transpose", "split", "split_with_sizes", "slice", "select", "expand",
-             "unsqueeze", "squeeze", "permute", "as_strided", "alias", "detach", "empty", "empty_like",
-             "empty_strided", "new_empty", "_reshape_alias", "lift_fresh", "set_", "unbind", "chunk"}
 FUSED_BOUND = 10  # add + norm, qkv, rope + cache, attention (2 kernels), o, add + norm, gate/up, silu * up, down
 UNFUSED_AT_LEAST = 35  # the references: the unfused layer's ops, with the attention's reference
-
-
-class LaunchCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.launches, self.inside_triton = [], 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if not self.inside_triton and name not in NO_LAUNCH:
-            self.launches.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-def _count_triton(counter, monkeypatch):
-    from triton.runtime.interpreter import GridExecutor
-
-    launch = GridExecutor.__call__
-
-    def counted(executor, *args, **kwargs):
-        counter.launches.append(f"triton:{executor.fn.__name__}")
-        counter.inside_triton += 1
-        try:
-            return launch(executor, *args, **kwargs)
-        finally:
-            counter.inside_triton -= 1
-    monkeypatch.setattr(GridExecutor, "__call__", counted)
 
 
 def _decode_layer_launches(monkeypatch, kernels: str, num_tokens: int = 1):
@@ -59,9 +29,7 @@ def _decode_layer_launches(monkeypatch, kernels: str, num_tokens: int = 1):
     prefix_len = torch.tensor([5])
     positions = slots = prefix_len + torch.arange(num_tokens)  # [N] a chain after 5 confirmed tokens
     tree_mask = torch.ones(num_tokens, num_tokens, dtype=torch.bool).tril()
-    counter = LaunchCounter()
-    _count_triton(counter, monkeypatch)
-    with torch.no_grad(), counter:
+    with torch.no_grad(), LaunchCounter() as counter:
         model.layers[0](hidden, pending, (model.rope_cos, model.rope_sin), positions, model.k_cache[0],
                         model.v_cache[0], slots, prefix_len, tree_mask, False)
     return counter.launches

@@ -7,7 +7,8 @@
 # set in $DATA (train_head.sh's default: .data/prev/data) and .data/mt_bench.jsonl.
 # Usage: [RUNS="eagle3 poss1 poss2 poss3 kangaroo2 kangaroo4 kangaroo8"] [STEPS=N] [MAX_PROMPTS=80]
 #        [EVAL_TOKENS=256] [EVAL_PROMPTS=FILE] [TREE=0] [KANGAROO_ETAS="0 0.3 0.5 0.7 0.9"]
-#        [STAGES="train bench"] [BENCH_TAG=_alone] bash tools/gpu/methods45.sh [train overrides for every run]
+#        [STAGES="train bench"] [BENCH_TAG=_alone] [BENCH_EXTRA="--no-overlap"] bash tools/gpu/methods45.sh
+#        [train overrides for every run]
 # STAGES=train trains and exports only; STAGES=bench benches runs trained before (so that several GPUs can train
 # at once and each draft be benched later on an idle host); BENCH_TAG suffixes the bench directories and plots.
 # Writes $WORK/methods45/<run>/{train,export,bench_chain,bench_tree,params.json}, then acceptance_chain.png/.json
@@ -19,6 +20,7 @@ runs=${RUNS:-eagle3 poss1 poss2 poss3 kangaroo2 kangaroo4 kangaroo8}
 bench=(--temperature 0 --no-hf --prompts "${EVAL_PROMPTS:-$PWD/.data/mt_bench.jsonl}"
        --max-new-tokens "${EVAL_TOKENS:-256}")
 [ -n "${MAX_PROMPTS:-}" ] && bench+=(--max-prompts "$MAX_PROMPTS")
+[ -n "${BENCH_EXTRA:-}" ] && read -r -a extra <<< "$BENCH_EXTRA" && bench+=("${extra[@]}")
 
 method_args() {  # run name -> recipe, then method overrides
   case $1 in

@@ -1,0 +1,63 @@
+"""Kernel launches, counted on the CPU: every ATen op that computes (views, metadata and allocations launch no
+kernel) plus every Triton kernel run under the interpreter (TRITON_INTERPRET=1), whose own host copies are not
+counted. A small target's decode is bound by its launches (docs/benchmarks.md, Session 15: a graphed cycle took
+about 3 µs a launch on an H100), so a step's count is a first-order model of its GPU time that a CPU can check.
+
+    with LaunchCounter() as counter:
+        engine.decode_plain(...)
+    counter.launches  # ["mm", "triton:_rms_norm_kernel", ...]
+"""
+from __future__ import annotations
+
+from typing import List
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+NO_LAUNCH = {"view", "_unsafe_view", "t", "transpose", "split", "split_with_sizes", "slice", "select", "expand",
+             "unsqueeze", "squeeze", "permute", "as_strided", "alias", "detach", "empty", "empty_like",
+             "empty_strided", "new_empty", "_reshape_alias", "lift_fresh", "set_", "unbind", "chunk"}
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Appends each launch's name to `launches` while entered; Triton kernels as `triton:<kernel name>`, the ATen
+    ops inside a Triton launch (the interpreter's) not at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.launches: List[str] = []
+        self._inside_triton = 0
+        self._restore = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self._inside_triton and name not in NO_LAUNCH:
+            self.launches.append(name)
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        self._hook_triton()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+        return super().__exit__(*exc)
+
+    def _hook_triton(self) -> None:
+        try:
+            from triton.runtime.interpreter import GridExecutor
+        except ImportError:  # no Triton: every launch is an ATen op
+            return
+        launch, counter = GridExecutor.__call__, self
+
+        def counted(executor, *args, **kwargs):
+            counter.launches.append(f"triton:{executor.fn.__name__}")
+            counter._inside_triton += 1
+            try:
+                return launch(executor, *args, **kwargs)
+            finally:
+                counter._inside_triton -= 1
+
+        GridExecutor.__call__ = counted
+        self._restore = lambda: setattr(GridExecutor, "__call__", launch)

@@ -1,0 +1,21 @@
+"""tools/count_cycle_launches.py on a tiny target: every phase of a cycle counted, against a plain step."""
+import json
+
+import pytest
+
+from tests.tools import load_tool
+
+
+@pytest.mark.triton_kernels
+def test_a_cycle_is_counted_phase_by_phase_against_a_plain_step(tmp_path, capsys):
+    tool = load_tool("count_cycle_launches")
+    report = tool.main(["--config", "tiny", "--shapes", "3", "3,2,6", "--out", str(tmp_path)])
+    chain, tree = report["rows"]
+    assert report["plain_step"] > 0 and "triton:_rms_norm_kernel" in report["plain_ops"]
+    assert chain["verify"] == report["plain_step"]  # one target pass and its argmax, whatever the chain's length
+    for row in (chain, tree):
+        assert row["cycle"] == row["draft"] + row["verify"] + row["bookkeeping"]
+        assert row["tau_for_goal"] == pytest.approx(2.5 * row["cycle"] / report["plain_step"])
+    assert tree["draft"] > chain["draft"]  # a tree's expansion and mask bookkeeping launch more
+    assert json.loads((tmp_path / "cycle_launches.json").read_text()) == report
+    assert "tau for 2.5x" in capsys.readouterr().out

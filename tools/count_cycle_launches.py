@@ -1,0 +1,138 @@
+"""Kernel launches of one plain decoding step and of one speculative cycle by phase (draft, verify, bookkeeping),
+counted on the CPU (`specdraft.runtime.launches`) for an EAGLE-3 head over a random target of a real geometry.
+
+A small target decodes bound by its launches: on an H100 a graphed SmolLM2 cycle took about 3 µs a launch
+(docs/benchmarks.md, Session 15). So cycle launches over plain-step launches is the cycle's cost in plain steps,
+and a shape reaches a speedup S over plain decoding only at τ ≥ S × that ratio (before any host work). The
+counts do not depend on the weights, so random ones serve; they do depend on the shape, the layer count and the
+fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GPU runs them).
+
+    TRITON_INTERPRET=1 python tools/count_cycle_launches.py --config smollm2 --shapes 6 6,8,48 5,8,32 \\
+        --out runs/cycle_launches
+
+Prints a table and writes OUT/cycle_launches.json.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from specdraft.io import write_json  # noqa: E402
+
+CONFIGS = {  # target geometry (Hugging Face LlamaConfig fields) and the head's draft vocabulary
+    "smollm2": ({"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                 "num_attention_heads": 9, "num_key_value_heads": 3}, 8192),
+    "tiny": ({"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2}, 200),
+}
+SPEEDUP_GOAL = 2.5  # issue 3's goal over plain decoding
+
+
+def build_engine(config: str, shape, max_len: int = 256):
+    """A bf16 SpecEngine (no CUDA graphs) of a random Llama of `config`'s geometry and a random EAGLE-3 head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
+    from specdraft.runtime.engine import SpecEngine
+    from specdraft.runtime.target import from_hf, hf_rope_tables
+
+    geometry, draft_vocab = CONFIGS[config]
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**geometry, max_position_embeddings=max_len, tie_word_embeddings=False))
+    hf = hf.eval().to(torch.bfloat16)
+    info = TargetInfo.from_hf_config(hf.config, config)
+    counts = torch.randint(0, 50, (info.vocab_size,))
+    draft = Eagle3Draft(Eagle3Config(draft_vocab_size=draft_vocab), DraftContext(info, counts)).eval().to(torch.bfloat16)
+    target = from_hf(hf, info)
+    return SpecEngine(target, Eagle3Drafter(draft, target), shape, max_len, hf_rope_tables(hf, max_len), False)
+
+
+def _counted(fn):
+    from specdraft.runtime.launches import LaunchCounter
+
+    with torch.no_grad(), LaunchCounter() as counter:
+        out = fn()
+    return out, counter.launches
+
+
+def cycle_launches(engine) -> Dict[str, List[str]]:
+    """One cycle after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch names}."""
+    from specdraft.kernels.tree_verify import verify_greedy
+    from specdraft.runtime.profile import _draft, _verify
+
+    depth = engine.shape.depth
+    drafted, draft = _counted(lambda: _draft(engine))
+    (logits, captured, tree), verify = _counted(lambda: _verify(engine, drafted))
+
+    def bookkeeping():
+        match_tokens = torch.where(tree.valid, tree.tokens, -1)
+        nodes, length, bonus = verify_greedy(logits, match_tokens, tree.parents, depth)
+        return engine._commit(tree, captured, nodes, length, bonus)
+
+    _, book = _counted(bookkeeping)
+    return {"draft": draft, "verify": verify, "bookkeeping": book}
+
+
+def plain_step_launches(engine) -> List[str]:
+    """One plain decoding step: the target's forward of one token and the next token's argmax."""
+    from specdraft.runtime.sampling import sample_token
+
+    return _counted(lambda: sample_token(engine._plain_step(engine.root.clone()), 0.0, None))[1]
+
+
+def count(config: str, shape_texts: List[str]) -> dict:
+    from bench_tree_shapes import parse_shape
+
+    prompt = torch.randint(0, CONFIGS[config][0]["vocab_size"], (16,), generator=torch.Generator().manual_seed(0))
+    rows, plain = [], None
+    for text in shape_texts:
+        engine = build_engine(config, parse_shape(text))
+        engine.prefill(prompt, 0.0)
+        if plain is None:
+            plain = plain_step_launches(engine)
+            engine.prefill(prompt, 0.0)
+        phases = cycle_launches(engine)
+        total = sum(len(names) for names in phases.values())
+        rows.append({"shape": text, **{name: len(names) for name, names in phases.items()}, "cycle": total,
+                     "cycle_over_plain": total / len(plain), "tau_for_goal": SPEEDUP_GOAL * total / len(plain),
+                     "draft_ops": dict(collections.Counter(phases["draft"]).most_common())})
+    return {"config": config, "layers": CONFIGS[config][0]["num_hidden_layers"], "plain_step": len(plain),
+            "plain_ops": dict(collections.Counter(plain).most_common()), "speedup_goal": SPEEDUP_GOAL, "rows": rows}
+
+
+def table(report: dict) -> str:
+    lines = [f"{report['config']} ({report['layers']} layers): a plain step launches {report['plain_step']}",
+             f"{'shape':>10} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'x plain':>8} "
+             f"{'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
+    for row in report["rows"]:
+        lines.append(f"{row['shape']:>10} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
+                     f"{row['cycle']:>6} {row['cycle_over_plain']:>8.2f} {row['tau_for_goal']:>12.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="smollm2")
+    parser.add_argument("--shapes", nargs="+", default=["6", "6,8,48", "5,8,32"],
+                        help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for bench_tree_shapes.py")
+    parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO / "tools"))
+    report = count(args.config, args.shapes)
+    write_json(args.out / "cycle_launches.json", report)
+    print(table(report))
+    print(f"-> {args.out / 'cycle_launches.json'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
