@@ -23,7 +23,7 @@ from typing import Dict, List
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
 from specdraft.io import write_json  # noqa: E402
 
@@ -126,7 +126,6 @@ def main(argv=None) -> dict:
                         help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for bench_tree_shapes.py")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO / "tools"))
     report = count(args.config, args.shapes)
     write_json(args.out / "cycle_launches.json", report)
     print(table(report))
