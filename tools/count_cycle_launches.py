@@ -126,6 +126,14 @@ def main(argv=None) -> dict:
                         help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for bench_tree_shapes.py")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
+    from bench_tree_shapes import parse_shape
+    from specdraft.errors import SpecdraftError
+
+    for text in args.shapes:  # every shape checked before the first is counted
+        try:
+            parse_shape(text)
+        except SpecdraftError as err:
+            parser.error(str(err))
     report = count(args.config, args.shapes)
     write_json(args.out / "cycle_launches.json", report)
     print(table(report))
