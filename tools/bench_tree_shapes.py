@@ -41,6 +41,17 @@ def parse_shape(text: str):
     return TreeShape(*numbers).validated()
 
 
+def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
+    """Every shape parsed before any work starts; a bad one is the parser's usage error."""
+    from specdraft.errors import SpecdraftError
+
+    for text in texts:
+        try:
+            parse_shape(text)
+        except SpecdraftError as err:
+            parser.error(str(err))
+
+
 def bench_shape(args, parts, text: str) -> dict:
     """parts: load_parts' (draft, target), shared by every shape."""
     from specdraft.runtime.bench import BenchSettings, first_user_turns, run_temperature
@@ -94,15 +105,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from specdraft.errors import SpecdraftError
     from specdraft.io import write_json
     from specdraft.runtime.load import load_parts
 
-    for text in args.shapes:  # every shape checked before the first is benched
-        try:
-            parse_shape(text)
-        except SpecdraftError as err:
-            parser.error(str(err))
+    check_shapes(parser, args.shapes)
     parts = load_parts(args.export, args.target, args.device, args.dtype)
     rows: List[dict] = []
     for text in args.shapes:

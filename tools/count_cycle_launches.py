@@ -126,14 +126,9 @@ def main(argv=None) -> dict:
                         help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for bench_tree_shapes.py")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
-    from bench_tree_shapes import parse_shape
-    from specdraft.errors import SpecdraftError
+    from bench_tree_shapes import check_shapes
 
-    for text in args.shapes:  # every shape checked before the first is counted
-        try:
-            parse_shape(text)
-        except SpecdraftError as err:
-            parser.error(str(err))
+    check_shapes(parser, args.shapes)
     report = count(args.config, args.shapes)
     write_json(args.out / "cycle_launches.json", report)
     print(table(report))
