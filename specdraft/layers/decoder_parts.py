@@ -1,13 +1,21 @@
 """The EAGLE-3 decoder layer's training forward around its attention call, as functions of the layer and its
 matmul weights: what train.compile compiles (specdraft.layers.compile), with the weights cast outside the
-compiled code (specdraft.layers.cast) so a TTT unroll keeps one copy of each for the backward."""
+compiled code (specdraft.layers.cast) so a TTT unroll keeps one copy of each for the backward.
+
+And the same layer as the runtime's drafters run it (EAGLE-3's and PosS's, batch 1, rows [M, H]): `layer_query`
+up to the attention call, `layer_tail` after it, in as few launches as the kernels allow."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from specdraft.kernels.rms_norm import rms_norm
+from specdraft.kernels.rope_cache import rope_cache
+from specdraft.kernels.silu_mul import silu_mul
 from specdraft.layers.blocks import swiglu
 from specdraft.layers.cast import compute_weight
 
@@ -57,3 +65,48 @@ def mlp_residual(layer, hidden, gate_up_weight, down_weight):  # [B, T, H] -> [B
     lean = layer.checkpointing != "none"
     normed = layer.post_attention_layernorm.forward(hidden)  # no module call (attention_inputs)
     return hidden + swiglu(normed, gate_up_weight, down_weight, recompute_pointwise=lean)
+
+
+@dataclass(frozen=True)
+class RuntimeWeights:
+    """The midlayer's matmul weights as the runtime reads them, q/k/v and gate/up each joined into one matmul.
+    A drafter builds them in `allocate`, once the draft has its device and dtype."""
+    qkv: torch.Tensor  # [(h + 2 kvh) D, 2H]
+    o: torch.Tensor  # [H, h D]
+    gate_up: torch.Tensor  # [2I, H]
+    down: torch.Tensor  # [H, I]
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, layer) -> "RuntimeWeights":  # layer: eagle3.Eagle3DecoderLayer
+        weights = layer.compute_weights()
+        return cls(qkv=weights.qkv, o=weights.o, gate_up=weights.gate_up, down=weights.down)
+
+
+def layer_tail(layer, weights: RuntimeWeights, final_norm, hidden: torch.Tensor, attn_out: torch.Tensor):
+    """The runtime's midlayer (an eagle3.Eagle3DecoderLayer) after attention, the bits of the modules' own
+    forward: hidden + attn_out and the post-attention norm (one launch), gate/up in one matmul, silu * up in one
+    launch, and the closing residual add with the head's final norm (the RMSNorm final_norm; one launch).
+    hidden, attn_out [M, H] -> (final_norm(out), out), each [M, H]."""
+    normed, hidden = fused_norm(layer.post_attention_layernorm, attn_out, hidden)
+    gate_up = F.linear(normed, weights.gate_up)  # [M, 2I]
+    return fused_norm(final_norm, F.linear(silu_mul(*gate_up.chunk(2, dim=-1)), weights.down), hidden)
+
+
+def layer_query(layer, weights: RuntimeWeights, hidden, embeds, rope, rope_positions, k_cache, v_cache,
+                slots) -> torch.Tensor:
+    """The runtime's midlayer up to attention: hidden, embeds [M, H]; rope (cos, sin) [S, D]; rope_positions,
+    slots [M] -> rotated queries [Hq, M, D]; the rotated keys and the values go to k_cache, v_cache [Hkv, S, D]
+    (or [C, Hkv, S, D]: every copy) at `slots`. Launches: two norms, the join, the q/k/v matmul, rope + cache."""
+    attn, m = layer.self_attn, hidden.shape[0]
+    x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
+    kv_width = attn.kv_heads * attn.head_dim
+    q, k, v = F.linear(x, weights.qkv).split([attn.heads * attn.head_dim, kv_width, kv_width], dim=-1)
+    return rope_cache(q.view(m, attn.heads, -1), k.view(m, attn.kv_heads, -1), v.view(m, attn.kv_heads, -1), *rope,
+                      rope_positions, k_cache, v_cache, slots)
+
+
+def fused_norm(norm, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+    """`layers.RMSNorm` (weight product in float32) as one `kernels.rms_norm` launch, the same bits: x [M, H] ->
+    [M, H]; with a residual [M, H] -> (norm(x + residual), x + residual)."""
+    return rms_norm(x, norm.weight, norm.eps, residual, weight_in_fp32=True)

@@ -36,15 +36,22 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError, choices_error
-from specdraft.kernels.rope_cache import rope_cache
-from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
 from specdraft.kernels.ttt_attention import TTTMask, ttt_attention, ttt_mask
 from specdraft.config import checkpointing_mode
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from specdraft.layers.cast import UnrollCasts
-from specdraft.layers.decoder_parts import LayerWeights, attention_inputs, attention_residual, mlp_residual
+from specdraft.layers.decoder_parts import (
+    LayerWeights,
+    RuntimeWeights,
+    attention_inputs,
+    attention_residual,
+    fused_norm,
+    layer_query,
+    layer_tail,
+    mlp_residual,
+)
 from specdraft.layers.compile import maybe_compiled
 from specdraft.layers.zero import init_linear_normal_, register_external
 from specdraft.methods.base import (
@@ -57,7 +64,7 @@ from specdraft.methods.base import (
     TargetFeatures,
     TargetInfo,
 )
-from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
+from specdraft.runtime.drafter import DraftMask, rope_tables
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
@@ -508,15 +515,6 @@ def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
     return cfg, draft
 
 
-def layer_tail(layer: Eagle3DecoderLayer, final_norm: RMSNorm, hidden: torch.Tensor, attn_out: torch.Tensor):
-    """The runtime's midlayer after attention, the bits of the modules' own forward: hidden + attn_out and the
-    post-attention norm (one launch), SwiGLU with silu * up in one launch, and the closing residual add with the
-    head's final norm (one launch). hidden, attn_out [M, H] -> (final_norm(out), out), each [M, H]."""
-    normed, hidden = fused_norm(layer.post_attention_layernorm, attn_out, hidden)
-    mlp = layer.mlp
-    return fused_norm(final_norm, mlp.down_proj(silu_mul(mlp.gate_proj(normed), mlp.up_proj(normed))), hidden)
-
-
 class Eagle3Drafter:
     """The runtime's EAGLE-3 drafter (specdraft/runtime/drafter.py): one draft KV cache of step-0 keys.
 
@@ -537,21 +535,22 @@ class Eagle3Drafter:
         self.rope = rope_tables(max_len, self.head_dim, self.theta, device, self.draft.fc.weight.dtype)
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
+        self.weights = RuntimeWeights.of(self.draft.midlayer)
+        self.mask = DraftMask(max_len, scratch, device, root_written=False)
 
     def state_tensors(self):
-        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden] + self.mask.state_tensors()
 
     def _layer(self, hidden, embeds, rope_positions, slots, visible):
         """hidden, embeds [M, H]; rope_positions, slots [M]; visible [M, S] -> (the head's final norm of the output,
         the midlayer's output), each [M, H]; cached."""
-        layer, attn, m = self.draft.midlayer, self.draft.midlayer.self_attn, hidden.shape[0]
-        x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
-        q = rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
-                       attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, rope_positions, self.k_cache,
-                       self.v_cache, slots)  # [Hq, M, D]
+        layer, m = self.draft.midlayer, hidden.shape[0]
+        q = layer_query(layer, self.weights, hidden, embeds, self.rope, rope_positions, self.k_cache, self.v_cache,
+                        slots)  # [Hq, M, D]
         out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
                                              enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
-        return layer_tail(layer, self.draft.norm, hidden, attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
+        attn_out = F.linear(out.transpose(0, 1).reshape(m, -1), self.weights.o)  # [M, H]
+        return layer_tail(layer, self.weights, self.draft.norm, hidden, attn_out)
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, slots_all = next_tokens.shape[0], torch.arange(self.k_cache.shape[1], device=next_tokens.device)
@@ -564,10 +563,11 @@ class Eagle3Drafter:
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
+        self.mask.new_cycle(self.prefix_len)
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=False)
+        visible = self.mask(scratch_visible)  # [k, S]
         normed, out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,
                                   self.prefix_len + scratch_slots, visible)
         return self.draft.lm_head(normed), out

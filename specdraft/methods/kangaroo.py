@@ -50,6 +50,7 @@ from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
+from specdraft.layers.decoder_parts import fused_norm
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import (
     ChainState,
@@ -61,7 +62,7 @@ from specdraft.methods.base import (
     TargetInfo,
 )
 from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
-from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
+from specdraft.runtime.drafter import DraftMask, draft_visible, rope_tables
 from specdraft.target.partial import new_layer_cache, run_first_layers
 
 
@@ -350,18 +351,21 @@ class KangarooDrafter:
         self.shallow_states = torch.zeros(scratch, self.rows.shape[1], device=device, dtype=dtype)  # [W, H]
         self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
         self.frontier_shallow: Optional[torch.Tensor] = None  # [k, H] left by `tree_candidates` for `step`
+        attn = self.draft.self_attn
+        self.qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()  # [(h+2kvh)D, H]
+        self.mask = DraftMask(max_len, scratch, device, root_written=True)
 
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
-                self.scratch_mask, self.shallow_states]
+                self.scratch_mask, self.shallow_states] + self.mask.state_tensors()
 
     def _write_kv(self, shallow, positions, slots):
         """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
-        attn, m = self.draft.self_attn, shallow.shape[0]
+        m, kv_width = shallow.shape[0], self.kv_heads * self.head_dim
         x = fused_norm(self.draft.input_layernorm, shallow)
-        return rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
-                          attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, positions, self.k_cache,
-                          self.v_cache, slots)
+        q, k, v = F.linear(x, self.qkv_weight).split([self.heads * self.head_dim, kv_width, kv_width], dim=-1)
+        return rope_cache(q.view(m, self.heads, -1), k.view(m, self.kv_heads, -1), v.view(m, self.kv_heads, -1),
+                          *self.rope, positions, self.k_cache, self.v_cache, slots)
 
     def _adapter(self, shallow, positions, slots, visible):
         """shallow [M, H] -> (logits [M, Vd], adapter output [M, H]); visible [M, S] over the adapter cache. The
@@ -397,6 +401,7 @@ class KangarooDrafter:
 
     def first(self, root_token, position):
         self.frontier_shallow = None  # a new cycle: nothing left for `step` until `tree_candidates` runs
+        self.mask.new_cycle(self.prefix_len)
         self.scratch_tokens[:1] = root_token
         self.scratch_positions[:1] = position
         shallow, kept = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H] each
@@ -413,7 +418,7 @@ class KangarooDrafter:
             self.shallow_states.index_copy_(0, scratch_slots, kept)
         else:
             shallow = self._shallow_tree(tokens, positions, scratch_slots, scratch_visible)  # [k, H]
-        visible = draft_visible(self.prefix_len, self.k_cache.shape[1], scratch_visible, root_written=True)
+        visible = self.mask(scratch_visible)  # [k, S]
         return self._adapter(shallow, positions, self.prefix_len + scratch_slots, visible)
 
     def _shallow_tree(self, tokens, positions, scratch_slots, scratch_visible):

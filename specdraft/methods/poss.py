@@ -39,8 +39,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.errors import SpecdraftError
-from specdraft.kernels.rope_cache import rope_cache
 from specdraft.layers import apply_rope, rope_cos_sin
+from specdraft.layers.decoder_parts import RuntimeWeights, fused_norm, layer_query, layer_tail
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
 from specdraft.methods.eagle3 import (
@@ -53,10 +53,9 @@ from specdraft.methods.eagle3 import (
     eagle3_feature_layers,
     eagle3_hf_keys,
     eagle3_loss,
-    layer_tail,
     ttt_inputs,
 )
-from specdraft.runtime.drafter import draft_visible, fused_norm, rope_tables
+from specdraft.runtime.drafter import DraftMask, rope_tables
 
 
 @dataclass
@@ -290,19 +289,17 @@ class PossDrafter:
         self.rope = rope_tables(max_len, self.head_dim, self.theta, device, self.draft.fc.weight.dtype)
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
+        self.weights = [RuntimeWeights.of(layer) for layer in self.draft.specialists]
+        self.mask = DraftMask(max_len, scratch, device, root_written=False)
 
     def state_tensors(self):
-        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden] + self.mask.state_tensors()
 
     def _project(self, specialist: int, hidden, embeds, rope_positions, k_cache, v_cache, slots):
         """hidden, embeds [M, H]; rope_positions, slots [M] -> q [Hq, M, D] of `specialist`; writes its keys and
         values at the slots of k_cache, v_cache ([Hkv, S, D], or [C, Hkv, S, D]: into every specialist's)."""
-        layer, m = self.draft.specialists[specialist], hidden.shape[0]
-        attn = layer.self_attn
-        x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
-        return rope_cache(attn.q_proj(x).view(m, self.heads, -1), attn.k_proj(x).view(m, self.kv_heads, -1),
-                          attn.v_proj(x).view(m, self.kv_heads, -1), *self.rope, rope_positions, k_cache, v_cache,
-                          slots)
+        return layer_query(self.draft.specialists[specialist], self.weights[specialist], hidden, embeds, self.rope,
+                           rope_positions, k_cache, v_cache, slots)
 
     def _attend(self, specialist: int, hidden, q, visible):
         """hidden [M, H], q [Hq, M, D], visible [M, S] -> (the head's final norm of the specialist's output, the
@@ -310,7 +307,9 @@ class PossDrafter:
         layer, m = self.draft.specialists[specialist], hidden.shape[0]
         out = F.scaled_dot_product_attention(q[None], self.k_cache[specialist][None], self.v_cache[specialist][None],
                                              attn_mask=visible, enable_gqa=self.heads != self.kv_heads)[0]
-        return layer_tail(layer, self.draft.norm, hidden, layer.self_attn.o_proj(out.transpose(0, 1).reshape(m, -1)))
+        weights = self.weights[specialist]
+        attn_out = F.linear(out.transpose(0, 1).reshape(m, -1), weights.o)  # [M, H]
+        return layer_tail(layer, weights, self.draft.norm, hidden, attn_out)
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, device = next_tokens.shape[0], next_tokens.device
@@ -327,13 +326,14 @@ class PossDrafter:
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
+        self.mask.new_cycle(self.prefix_len)
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         specialist = self.draft.specialist_for(depth)  # TTT step `depth` drafts depth + 1
         q = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.k_cache,
                           self.v_cache, self.prefix_len + scratch_slots)  # every specialist sees the chain
-        visible = draft_visible(self.prefix_len, self.k_cache.shape[2], scratch_visible, root_written=False)
+        visible = self.mask(scratch_visible)  # [k, S]
         normed, out = self._attend(specialist, hidden, q, visible)
         return self.draft.lm_head(normed), out
 

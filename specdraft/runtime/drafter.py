@@ -62,8 +62,7 @@ from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
 
-from specdraft.kernels.rms_norm import rms_norm
-from specdraft.layers import RMSNorm, rope_cos_sin
+from specdraft.layers import rope_cos_sin
 
 
 class Drafter(Protocol):
@@ -100,10 +99,30 @@ def draft_visible(prefix_len: torch.Tensor, num_slots: int, scratch_visible: tor
     return in_scratch | (relative < 0)
 
 
-def fused_norm(norm: RMSNorm, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
-    """A draft head's RMSNorm (`layers.RMSNorm`: weight product in float32) as one `kernels.rms_norm` launch, the
-    same bits: x [M, H] -> [M, H]; with a residual [M, H] -> (norm(x + residual), x + residual)."""
-    return rms_norm(x, norm.weight, norm.eps, residual, weight_in_fp32=True)
+class DraftMask:
+    """`draft_visible` for a drafter's steps in three launches a step instead of about ten: the confirmed-prefix
+    part and the scratch slots' cache columns are built once a cycle (`new_cycle`, from the drafter's `first`), a
+    step scatters its scratch_visible [k, W] into that. Needs prefix_len + W <= num_slots (the engine's
+    `_check_room` keeps a scratch region free past the prefix)."""
+
+    def __init__(self, num_slots: int, scratch: int, device: torch.device, root_written: bool):
+        self.slot_ids = torch.arange(num_slots, device=device)  # [S]
+        self.offsets = torch.arange(scratch, device=device)  # [W]
+        self.keep = (self.offsets > 0) | root_written  # [W] scratch slot 0 (the root) only when written
+        self.prefix = torch.zeros(num_slots, dtype=torch.bool, device=device)  # [S] slots < prefix_len
+        self.columns = torch.zeros(scratch, dtype=torch.long, device=device)  # [W] cache slot of scratch slot j
+
+    def state_tensors(self) -> List[torch.Tensor]:
+        return [self.prefix, self.columns]
+
+    def new_cycle(self, prefix_len: torch.Tensor) -> None:  # prefix_len [1]
+        torch.lt(self.slot_ids, prefix_len, out=self.prefix)
+        torch.add(self.offsets, prefix_len, out=self.columns)
+
+    def __call__(self, scratch_visible: torch.Tensor) -> torch.Tensor:  # [k, W] -> [k, S] bool
+        k, width = scratch_visible.shape
+        allowed = scratch_visible & self.keep[:width]  # [k, W]
+        return self.prefix.expand(k, -1).scatter(1, self.columns[:width].expand(k, -1), allowed)
 
 
 def rope_tables(max_len: int, head_dim: int, theta: float, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:

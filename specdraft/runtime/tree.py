@@ -139,23 +139,24 @@ def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_posi
     node_of[chosen] = torch.arange(n, device=device)
     is_root = torch.arange(n, device=device) == 0
     parents = torch.where(is_root, -1, node_of[cand_parents[chosen].clamp(min=0)])  # [N], -1: parent not kept
-    valid = is_root | (parents >= 0)
-    for _ in range(shape.depth):  # drop nodes whose parent was dropped (ties in joint probability)
-        valid = valid & valid[parents.clamp(min=0)]
-    parents = torch.where(is_root, -1, torch.where(valid, parents, 0))
-    return _tree(cand_tokens[chosen], parents, valid, cand_scores[chosen], shape.depth, chosen)
+    reach = ancestry(parents, shape.depth)  # [N, N]
+    valid = reach[:, 0]  # the path reaches the root: no ancestor was dropped (ties in joint probability)
+    # A dropped node is padding: it hangs under the root (depth 1) and its tree_mask row is itself alone.
+    tree_mask = reach & valid[:, None] | torch.eye(n, dtype=torch.bool, device=device)  # [N, N]
+    return DraftTree(tokens=cand_tokens[chosen], parents=torch.where(is_root, -1, torch.where(valid, parents, 0)),
+                     depths=torch.where(valid, reach.sum(1) - 1, 1), valid=valid, tree_mask=tree_mask,
+                     joint_logprobs=torch.where(valid, cand_scores[chosen], float("-inf")), candidate_ids=chosen)
 
 
-def _tree(tokens, parents, valid, joint_logprobs, max_depth: int, candidate_ids) -> DraftTree:
-    n, device = tokens.shape[0], tokens.device
-    index = torch.arange(n, device=device)
-    tree_mask = torch.eye(n, dtype=torch.bool, device=device)
-    ancestor, depths = parents.clone(), torch.zeros(n, dtype=torch.long, device=device)
-    for _ in range(max_depth):
-        has = ancestor >= 0
-        tree_mask[index, ancestor.clamp(min=0)] |= has
-        depths = depths + has.long()
-        ancestor = torch.where(has, parents[ancestor.clamp(min=0)], ancestor)
-    tree_mask = tree_mask & valid[:, None] & valid[None, :] | torch.eye(n, dtype=torch.bool, device=device)
-    return DraftTree(tokens=tokens, parents=parents, depths=depths, valid=valid, tree_mask=tree_mask,
-                     joint_logprobs=torch.where(valid, joint_logprobs, float("-inf")), candidate_ids=candidate_ids)
+def ancestry(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """parents [N] (-1: none) -> reach [N, N] bool: node j is node i or one of its ancestors up to max_depth steps
+    up (a node under a missing parent reaches neither it nor the root). By repeated squaring of the one-step
+    relation, ceil(log2(max_depth)) small matmuls: about a dozen launches where a walk up the parents, one level
+    at a time, took ten a level."""
+    index = torch.arange(parents.shape[0], device=parents.device)
+    reach = ((parents[:, None] == index[None, :]) | (index[:, None] == index[None, :])).float()  # [N, N]
+    hops = 1
+    while hops < max_depth:  # reach covers paths of up to `hops` steps
+        reach = (reach @ reach).clamp(max=1.0)
+        hops *= 2
+    return reach > 0
