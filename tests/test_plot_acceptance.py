@@ -28,17 +28,18 @@ def test_plot_table_and_json(tmp_path, capsys):
     assert summary["EAGLE-3"]["accepted_through"] == pytest.approx([0.75, 0.5, 0.5])  # cycles with >= i accepted
     assert summary["PosS-2"]["tau"] == pytest.approx(3.25)
     rows = capsys.readouterr().out.strip().splitlines()
-    assert rows[0] == "| run | τ | tokens/s | speedup | p1 | p2 | p3 |"
-    assert rows[3].startswith("| PosS-2 | 3.250 | n/a | n/a | 1.00 |")
+    assert rows[0] == "| run | τ | tokens/s | plain tokens/s | speedup | cycle ms | p1 | p2 | p3 |"
+    assert rows[3].startswith("| PosS-2 | 3.250 | n/a | n/a | n/a | n/a | 1.00 |")
 
 
 def test_bench_reports_give_their_greedy_run(tmp_path, capsys):
     run = {"temperature": 0.0, "tau": 2.0, "acceptance_by_position": [0.5, 1.0], "tokens_per_s": 80.0,
-           "speedup_vs_plain": 1.6, "lossless": True, "prompts": 2}
+           "tokens_per_s_plain": 50.0, "speedup_vs_plain": 1.6, "lossless": True, "prompts": 2}
     sampled = {**run, "temperature": 1.0, "tau": 1.5}
-    (tmp_path / "bench.json").write_text(json.dumps({"tau": 2.0, "runs": [sampled, run]}))
+    report = {"tau": 2.0, "runs": [sampled, run], "cycle_profile": {"cycle_ms": 2.25}}
+    (tmp_path / "bench.json").write_text(json.dumps(report))
     assert _tool().main([f"Kangaroo={tmp_path / 'bench.json'}", "--out", str(tmp_path / "a.png")]) == 0
-    assert "| Kangaroo | 2.000 | 80.0 | 1.60 | 0.50 | 1.00 |" in capsys.readouterr().out
+    assert "| Kangaroo | 2.000 | 80.0 | 50.0 | 1.60 | 2.250 | 0.50 | 1.00 |" in capsys.readouterr().out
 
 
 def test_bad_argument_names_it(tmp_path):

@@ -5,7 +5,8 @@ table of τ and the per-position rates.
         EAGLE-3=runs/eagle3/eval/eval.json PosS-2=runs/poss2/eval/eval.json
 
 Each argument is LABEL=PATH of an `eval.json` (`specdraft eval`, tools/merge_eval.py) or a `bench.json`
-(`specdraft bench`: its T=0 run, with tokens/s and the speedup over plain decoding in the table). Prints a
+(`specdraft bench`: its T=0 run, with tokens/s, plain decoding's tokens/s, the speedup over plain decoding and
+the whole cycle's time as run in the table). Prints a
 Markdown table; writes the plot and, beside it, a JSON with each run's τ, conditional acceptance by position
 (P(draft i accepted | drafts < i accepted)) and the share of cycles that reach position i (their product).
 """
@@ -27,6 +28,7 @@ def load_runs(pairs: List[str]) -> Dict[str, dict]:
         if not sep or not label:
             raise SystemExit(f"plot_acceptance: argument {pair!r} is not LABEL=PATH")
         report = json.loads(Path(path).read_text())
+        cycle_ms = (report.get("cycle_profile") or {}).get("cycle_ms")
         if "runs" in report:  # a `specdraft bench` report: its T=0 run
             report = next((run for run in report["runs"] if run["temperature"] == 0), report["runs"][0])
         conditional = report["acceptance_by_position"]
@@ -36,19 +38,21 @@ def load_runs(pairs: List[str]) -> Dict[str, dict]:
             reached.append(running)
         runs[label] = {"tau": report["tau"], "acceptance_by_position": conditional, "accepted_through": reached,
                        "prompts": report.get("prompts"), "lossless": report.get("lossless"), "source": path,
-                       "tokens_per_s": report.get("tokens_per_s"), "speedup_vs_plain": report.get("speedup_vs_plain")}
+                       "tokens_per_s": report.get("tokens_per_s"), "tokens_per_s_plain": report.get("tokens_per_s_plain"),
+                       "speedup_vs_plain": report.get("speedup_vs_plain"), "cycle_ms": cycle_ms}
     return runs
 
 
 def table(runs: Dict[str, dict]) -> str:
     depth = max(len(r["acceptance_by_position"]) for r in runs.values())
-    lines = ["| run | τ | tokens/s | speedup | " + " | ".join(f"p{i + 1}" for i in range(depth)) + " |",
-             "|---|---|---|---|" + "---|" * depth]
+    lines = ["| run | τ | tokens/s | plain tokens/s | speedup | cycle ms | " +
+             " | ".join(f"p{i + 1}" for i in range(depth)) + " |", "|---|---|---|---|---|---|" + "---|" * depth]
+    fmt = lambda value, places: "n/a" if value is None else f"{value:.{places}f}"  # noqa: E731
     for label, run in runs.items():
         rates = [f"{rate:.2f}" for rate in run["acceptance_by_position"]] + [""] * depth
-        speed = "n/a" if run["tokens_per_s"] is None else f"{run['tokens_per_s']:.1f}"
-        speedup = "n/a" if run["speedup_vs_plain"] is None else f"{run['speedup_vs_plain']:.2f}"
-        lines.append(f"| {label} | {run['tau']:.3f} | {speed} | {speedup} | " + " | ".join(rates[:depth]) + " |")
+        lines.append(f"| {label} | {run['tau']:.3f} | {fmt(run['tokens_per_s'], 1)} | "
+                     f"{fmt(run['tokens_per_s_plain'], 1)} | {fmt(run['speedup_vs_plain'], 2)} | "
+                     f"{fmt(run['cycle_ms'], 3)} | " + " | ".join(rates[:depth]) + " |")
     return "\n".join(lines)
 
 

@@ -220,7 +220,8 @@ def format_table(report: dict) -> str:
         rows.append(f"\nlossless in float32 (speculative == plain, T=0): {check['identical']}/{check['prompts']} prompts")
     rows.append("")
     rows.append("cycle split (eager, ms): " + ", ".join(f"{k} {v:.3f}" for k, v in profile["eager_ms"].items()) +
-                f"; whole cycle as run: {profile['cycle_ms']:.3f} ms")
+                f"; whole cycle as run: {profile['cycle_ms']:.3f} ms (host {profile['cycle_host_ms']:.3f}); "
+                f"plain step as run: {profile['plain_step_ms']:.3f} ms (host {profile['plain_host_ms']:.3f})")
     return "\n".join(rows)
 
 

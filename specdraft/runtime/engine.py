@@ -311,6 +311,17 @@ class SpecEngine:
         self.prefix_len.add_(1)
         return self.target.logits(hidden)
 
+    def plain_stepper(self, token: torch.Tensor):
+        """`_plain_step` as decoding runs it: its CUDA graph (captured at the first call) when the engine uses
+        graphs. token [1]: an example of its argument."""
+        if not self.use_graphs:
+            return self._plain_step
+        graph = self._graphs.get("plain")
+        if graph is None:
+            state = [self.prefix_len, self.target.k_cache, self.target.v_cache]
+            graph = self._graphs["plain"] = CallGraph(self._plain_step, state, example=(token,))
+        return graph
+
     @torch.no_grad()
     def decode_plain(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
                      temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> GenerationResult:
@@ -321,11 +332,7 @@ class SpecEngine:
         prompt = torch.tensor(list(prompt_ids), device=self.device)
         generated = [self.prefill(prompt, temperature, generator)]
         token = self.root.clone()
-        step = self._plain_step
-        if self.use_graphs:
-            step = self._graphs.get("plain") or self._graphs.setdefault(
-                "plain", CallGraph(self._plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
-                                   example=(token,)))
+        step = self.plain_stepper(token)
         done = _finished(generated, generated, eos_ids, max_new_tokens)
         ahead, queued = (1 if self.overlap else 0), deque()  # slots of the steps queued, not yet read
         while not done:

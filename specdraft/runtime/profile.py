@@ -1,6 +1,10 @@
 """Where one draft-verify cycle spends its time: draft (tree building), verify (the target's pass) and
 bookkeeping (acceptance, cache compaction, handing the accepted path to the drafter), timed eagerly phase by
-phase with a device sync between phases; plus the whole cycle as the engine runs it (one CUDA graph on GPU)."""
+phase with a device sync between phases; plus the whole cycle and one plain decoding step as the engine runs them
+(one CUDA graph each on GPU), replayed back to back: `*_ms` is the time per call to the last one's end, `*_host_ms`
+the host's time to issue one. Where the host's time nears the whole, the loop is bound by issuing work (a graph's
+launch), not by the device; where a decoding loop reads far slower than its step's `*_ms`, the time goes between
+steps (sampling, reading the token back)."""
 from __future__ import annotations
 
 import time
@@ -55,11 +59,24 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
         totals["verify"] += verified - draft_done
         totals["bookkeeping"] += done - verified
     engine.use_graphs = use_graphs
-    engine.prefill(torch.tensor(prompt, device=device), 0.0)
-    engine._cycle(0.0, None)  # captures the graph if the engine uses one
-    started = _clock(device)
-    for _ in range(cycles):
-        engine._cycle(0.0, None)
-    whole = (_clock(device) - started) / cycles
-    return {"eager_ms": {k: 1000 * v / cycles for k, v in totals.items()}, "cycle_ms": 1000 * whole,
+    cycle_ms, cycle_host_ms = _replayed(engine, prompt, lambda: engine._cycle(0.0, None), cycles)
+    token = engine.root.clone()
+    step = engine.plain_stepper(token)
+    plain_ms, plain_host_ms = _replayed(engine, prompt, lambda: step(token), cycles)
+    return {"eager_ms": {k: 1000 * v / cycles for k, v in totals.items()}, "cycle_ms": cycle_ms,
+            "cycle_host_ms": cycle_host_ms, "plain_step_ms": plain_ms, "plain_host_ms": plain_host_ms,
             "cycles": cycles, "cuda_graphs": engine.use_graphs}
+
+
+def _replayed(engine, prompt: List[int], call, repeats: int):
+    """call() `repeats` times back to back after a prefill of `prompt` and one untimed call (a graph's capture)
+    -> (ms per call to the device's end, ms the host took to issue each)."""
+    device = engine.device
+    engine.prefill(torch.tensor(prompt, device=device), 0.0)
+    call()
+    started = _clock(device)
+    for _ in range(repeats):
+        call()
+    issued = time.perf_counter()
+    done = _clock(device)
+    return 1000 * (done - started) / repeats, 1000 * (issued - started) / repeats
