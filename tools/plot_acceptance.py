@@ -38,7 +38,8 @@ def load_runs(pairs: List[str]) -> Dict[str, dict]:
             reached.append(running)
         runs[label] = {"tau": report["tau"], "acceptance_by_position": conditional, "accepted_through": reached,
                        "prompts": report.get("prompts"), "lossless": report.get("lossless"), "source": path,
-                       "tokens_per_s": report.get("tokens_per_s"), "tokens_per_s_plain": report.get("tokens_per_s_plain"),
+                       "tokens_per_s": report.get("tokens_per_s"),
+                       "tokens_per_s_plain": report.get("tokens_per_s_plain"),
                        "speedup_vs_plain": report.get("speedup_vs_plain"), "cycle_ms": cycle_ms}
     return runs
 

@@ -352,7 +352,8 @@ class KangarooDrafter:
         self.root_mask = torch.ones(1, 1, dtype=torch.bool, device=device)
         self.frontier_shallow: Optional[torch.Tensor] = None  # [k, H] left by `tree_candidates` for `step`
         attn = self.draft.self_attn
-        self.qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()  # [(h+2kvh)D, H]
+        qkv = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+        self.qkv_weight = torch.cat(qkv).detach()  # [(h + 2 kvh) D, H]: one matmul
         self.mask = DraftMask(max_len, scratch, device, root_written=True)
 
     def state_tensors(self):

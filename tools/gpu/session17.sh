@@ -6,7 +6,9 @@
 #          bench.json's cycle_profile now has plain_step_ms and the host's time to issue each graph. Plain
 #          decoding took about 0.4 ms a token more than its launches suggested and one step in flight did not
 #          change it (Session 16): is the plain step's graph itself that slow (the device), or is the host slow
-#          to issue it? Then 20 prompts of the tree under py-spy (native frames): where the host's time goes.
+#          to issue it? tools/trace_decoding.py then sets the device's kernel time against the wall clock, per
+#          plain step and per cycle, and 20 prompts of the tree run under py-spy (native frames): where the
+#          host's time goes.
 #   distill15 (about 5.5 minutes), with gpu16 beside it: the training data again, the runtime's GPU tests.
 #   heads17 (about 14 minutes): issue 4 from the trained EAGLE-3 head (method.init_from): PosS-2 at lr 3e-4 and
 #          1e-3, PosS-1 at 3e-4, 1,000 steps each, on GPUs 0-2; Kangaroo l=2 and l=4 again on GPU 3 (Session 16's
@@ -23,6 +25,9 @@ runtime17() {
   tar xzf .exports/eagle3_s16.tgz -C "$(dirname "$EAGLE3")"
   wait_for_target
   bench15 0 eagle3_s16 eagle3 _alone
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/trace_decoding.py "$EAGLE3" --prompts "$PWD/.data/mt_bench.jsonl" \
+    --tokens 256 --out "$RESULTS/trace_decoding" > "$RESULTS/trace_decoding.log" 2>&1
+  stamp "traced: $(head -3 "$RESULTS/trace_decoding.log" | tail -2 | tr -s ' ' | tr '\n' ';')"
   stamp "py-spy: 20 prompts of the tree"
   CUDA_VISIBLE_DEVICES=0 timeout 150 /tmp/site/bin/py-spy record -r 200 --native -f raw \
     -o "$RESULTS/tree_pyspy_native.txt" -- python3 -m specdraft.cli bench "$EAGLE3" --temperature 0 --no-hf \
