@@ -62,11 +62,12 @@ class ChainCycles:
 
     # ---- device work (graph bodies) ---------------------------------------------------------------------
     def _record(self, depth: int, logits: torch.Tensor) -> None:
-        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth], stop."""
+        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth], and `stop` where an exit reads it."""
         scores, ids = draft_topk(logits, self.engine.drafter.d2t, 1)  # [1, 1]
         self.tokens[depth:depth + 1].copy_(ids[0])
         self.logprobs[depth:depth + 1].copy_(scores[0])
-        self.stop.copy_(scores[0] < self.log_eta)
+        if self.exit_threshold > 0:  # `draft` reads it; graphs are keyed by this (`_run`)
+            self.stop.copy_(scores[0] < self.log_eta)
 
     def _first(self) -> torch.Tensor:
         engine = self.engine
@@ -129,10 +130,11 @@ class ChainCycles:
 
     # ---- host loop ------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
-        """fn(*args), replayed from a CUDA graph per key and drafter variant (dynamic_exit.ExitChoice's draft)."""
+        """fn(*args), replayed from a CUDA graph per key, drafter variant (dynamic_exit.ExitChoice's draft) and
+        whether the confidence exit is on (`_record` writes `stop` only then)."""
         if not self.engine.use_graphs:
             return fn(*args)
-        key = key + (getattr(self.engine.drafter, "variant", 0),)
+        key = key + (self.exit_threshold > 0, getattr(self.engine.drafter, "variant", 0))
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = CallGraph(fn, self.engine._state_tensors() + self._state(), example=args)

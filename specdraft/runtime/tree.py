@@ -91,21 +91,25 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
     visible = torch.arange(shape.scratch, device=device).expand(k, -1) == 0  # [k, W] each sees the root
     lane = torch.arange(k, device=device)
+    # Depth d's frontier (row d - 1): its scratch slots, each lane's own slot in a mask, its position; built once.
+    slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, device=device).view(-1, k)  # [D-1, k]
+    own_slot = torch.arange(shape.scratch, device=device) == slots_by_depth[..., None]  # [D-1, k, W]
+    position_by_depth = root_position + torch.arange(1, shape.depth, device=device)  # [D-1]
     if keep_states:
         root_path = torch.arange(shape.num_candidates, device=device)[None, :] == 0  # [1, C]
         frontier_paths = _paths_of_children(root_path, 1, k)  # [k, C] depth 1: every candidate is expanded
         drafter.tree_candidates(frontier_tokens, (root_position + 1).expand(k), 1, frontier_paths, lane)
     for depth in range(1, shape.depth):
-        slots = 1 + (depth - 1) * k + lane  # [k] scratch slots of this depth's frontier
-        visible = visible.index_put((lane, slots), torch.ones_like(lane, dtype=torch.bool))
-        positions = (root_position + depth).expand(k)  # [k]
+        slots = slots_by_depth[depth - 1]  # [k]
+        visible = visible | own_slot[depth - 1]  # [k, W] the frontier's ancestors and itself
+        positions = position_by_depth[depth - 1:depth].expand(k)  # [k]
         logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)  # [k, Vd], [k, Hd]
         child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k]
         child_scores = frontier_scores[:, None] + child_scores  # joint log-probabilities
         base = sum(t.shape[0] for t in cand_tokens)
         cand_tokens.append(child_tokens.flatten())
         cand_scores.append(child_scores.flatten())
-        cand_parents.append(frontier_ids.repeat_interleave(k))
+        cand_parents.append(frontier_ids[:, None].expand(k, k).reshape(-1))
         frontier_scores, best = torch.topk(child_scores.flatten(), k)  # [k]
         parent_lane = best // k
         frontier_tokens = child_tokens.flatten()[best]
