@@ -90,7 +90,6 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], torch.arange(1, 1 + k, device=device)
     frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
     visible = torch.arange(shape.scratch, device=device).expand(k, -1) == 0  # [k, W] each sees the root
-    lane = torch.arange(k, device=device)
     # Depth d's frontier (row d - 1): its scratch slots, each lane's own slot in a mask, its position; built once.
     slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, device=device).view(-1, k)  # [D-1, k]
     own_slot = torch.arange(shape.scratch, device=device) == slots_by_depth[..., None]  # [D-1, k, W]
@@ -98,6 +97,7 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     if keep_states:
         root_path = torch.arange(shape.num_candidates, device=device)[None, :] == 0  # [1, C]
         frontier_paths = _paths_of_children(root_path, 1, k)  # [k, C] depth 1: every candidate is expanded
+        lane = torch.arange(k, device=device)  # depth 1's frontier: all k candidates
         drafter.tree_candidates(frontier_tokens, (root_position + 1).expand(k), 1, frontier_paths, lane)
     for depth in range(1, shape.depth):
         slots = slots_by_depth[depth - 1]  # [k]
