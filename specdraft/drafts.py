@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from specdraft.config import Recipe, load_recipe
+from specdraft.config import Recipe, TargetConfig, load_recipe
 from specdraft.errors import SpecdraftError
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftContext, MethodSpec, TargetInfo
@@ -46,18 +46,49 @@ def _snapshot_file(run_dir: Path) -> Path:
     raise SpecdraftError(f"no trained draft in {run_dir} (looked for best/ and last/{SNAPSHOT_FILE})")
 
 
-def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[TargetInfo] = None) -> LoadedDraft:
-    """A run directory or an `hf` export directory -> the draft in eval mode, with its recipe and target."""
+def _export_config(path: Path) -> Optional[Dict[str, Any]]:
+    """An export's config.json, or None for a run directory."""
+    if (path / "config.json").is_file() and (path / EXPORT_FILE).is_file():
+        return json.loads((path / "config.json").read_text())
+    return None
+
+
+def _trained_for(config: Optional[Dict[str, Any]], trained: TargetConfig,
+                 runs_with: Optional[TargetConfig]) -> TargetInfo:
+    """The geometry of the target the draft was trained for: what the export recorded; else read from the
+    recipe's target; else, where that target is not on this machine (an export from another one), from the
+    target it will run with, `runs_with`, whose fit the draft's weights then check as they load."""
+    recorded = ((config or {}).get("specdraft") or {}).get("target_info")
+    if recorded:
+        return TargetInfo.from_dict(recorded)
+    try:
+        return load_target_info(trained)
+    except SpecdraftError:
+        if runs_with is None:
+            raise
+        return load_target_info(runs_with)
+
+
+def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[TargetInfo] = None,
+               target_path: Optional[str] = None) -> LoadedDraft:
+    """A run directory or an `hf` export directory -> the draft in eval mode, with its recipe and the geometry of
+    the target it was trained for (`target`, when the caller has it; `target_path`: the target it will run with,
+    read only where the one it was trained for is not on this machine)."""
     path = Path(path)
     if not (path / "recipe.yaml").is_file():
         raise SpecdraftError(f"{path} is neither a training run nor an export (no recipe.yaml)")
     recipe = load_recipe(path / "recipe.yaml", list(overrides))
     spec = get_method(recipe.method_name)
-    target = target or load_target_info(recipe.target)
-    if (path / "config.json").is_file() and (path / EXPORT_FILE).is_file():
-        config = json.loads((path / "config.json").read_text())
-        cfg, draft = spec.from_export(config, read_safetensors(path / EXPORT_FILE), target)
+    config = _export_config(path)
+    runs_with = replace(recipe.target, path=target_path) if target_path else None
+    target = target or _trained_for(config, recipe.target, runs_with)
+    if config is not None:
         source = path / EXPORT_FILE
+        try:
+            cfg, draft = spec.from_export(config, read_safetensors(source), target)
+        except RuntimeError as err:  # load_state_dict: missing, unexpected or misshapen weights
+            raise SpecdraftError(f"{source} does not fit a draft for {target.name_or_path}: "
+                                 f"{str(err).splitlines()[0]}") from None
     else:
         source = _snapshot_file(path)
         cfg, draft = recipe.method, spec.build(recipe.method, DraftContext(target=target))

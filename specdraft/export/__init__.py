@@ -24,7 +24,8 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
     if fmt not in loaded.spec.exports:
         raise choices_error("export format", fmt, sorted(loaded.spec.exports))
     export = loaded.spec.exports[fmt]
-    provenance = {**target_provenance(loaded.recipe.target), "source": str(loaded.source)}
+    provenance = {**target_provenance(loaded.recipe.target), "target_info": loaded.target.to_dict(),
+                  "source": str(loaded.source)}
     config, tensors = export.write(loaded.draft, loaded.method_cfg, loaded.target, provenance)
     missing = [k for k in export.required_keys(loaded.draft, loaded.target) if k not in tensors]
     if missing:

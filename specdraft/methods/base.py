@@ -5,7 +5,7 @@ them branches on a method's name. A new method that needs something else from th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -55,6 +55,14 @@ class TargetInfo:
             rope_scaling=dict(rope_scaling) if rope_scaling else None,
             bos_token_id=text.bos_token_id, eos_token_id=eos,
         )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """What an export records of the target it was trained for (`from_dict` reads it back)."""
+        return {**asdict(self), "architectures": list(self.architectures)}
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "TargetInfo":
+        return cls(**{**values, "architectures": tuple(values.get("architectures") or ())})
 
 
 @dataclass

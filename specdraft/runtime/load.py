@@ -118,7 +118,7 @@ def load_parts(path: str | Path, target_path: Optional[str] = None, device: str 
     """A run directory or export -> (the draft, the target it was trained for or `target_path`), checked to fit."""
     path = Path(path)
     _check_export(path)
-    loaded = load_draft(path)
+    loaded = load_draft(path, target_path=target_path)
     if loaded.spec.runtime is None:
         raise SpecdraftError(f"method {loaded.spec.name!r} has no runtime drafter")
     target_cfg = replace(loaded.recipe.target, path=target_path) if target_path else loaded.recipe.target

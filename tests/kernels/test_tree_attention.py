@@ -70,3 +70,17 @@ def test_64_nodes_the_ancestor_bits_limit_and_dispatch():
     too_many = _inputs(1, 1, 65, 96, 16, 20, torch.float32)
     with pytest.raises(SpecdraftError, match="65 tree nodes"):
         tree_attention_triton(*too_many, 0.25)
+
+
+def test_cpu_dispatch_reads_only_the_slots_in_use(monkeypatch):
+    """Eagerly on the CPU the reference attends over the slots before prefix_len + N alone (a 2,048-slot cache
+    made plain decoding 3.5x slower, docs/benchmarks.md Session 17): the same function as over the whole cache,
+    whose stale slots hold huge values."""
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    seen = []
+    monkeypatch.setattr("specdraft.kernels.tree_attention.tree_attention_reference",
+                        lambda q, k, *rest: seen.append(k.shape[1]) or tree_attention_reference(q, k, *rest))
+    q, k_cache, v_cache, prefix_len, tree_mask = _inputs(6, 2, 5, 256, 8, 40, torch.float32, seed=4)
+    out = tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, 0.3)
+    assert seen == [40 + 5]
+    torch.testing.assert_close(out, tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, 0.3))

@@ -1,8 +1,11 @@
 """`specdraft generate` and `specdraft bench` end to end on a tiny trained draft, and their bad inputs."""
 import json
+import shutil
 import statistics
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from specdraft import cli
 from tests.test_train_export_eval import make_recipe
@@ -111,6 +114,41 @@ def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
     LlamaForCausalLM(config).save_pretrained(other)  # same tokenizer, other hidden size
     assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--target", str(other)]) == 2
     assert "hidden_size" in capsys.readouterr().err
+
+
+def _moved_export(export_dir: Path, out: Path, recorded: bool) -> Path:
+    """A copy of the export as another machine sees it: the recipe's target is not there; `recorded`: config.json
+    keeps the target geometry exports record (False: an export from before they did)."""
+    shutil.copytree(export_dir, out)
+    recipe = OmegaConf.load(out / "recipe.yaml")
+    recipe.target.path = str(out / "elsewhere" / "target")
+    OmegaConf.save(recipe, out / "recipe.yaml")
+    config = json.loads((out / "config.json").read_text())
+    if not recorded:
+        del config["specdraft"]["target_info"]
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["records-its-target", "older-export"])
+def test_an_export_from_another_machine_runs_with_target(export_dir, tiny_target_dir, tmp_path, capsys, recorded):
+    moved = _moved_export(export_dir, tmp_path / "moved", recorded)
+    argv = ["generate", str(moved), "--prompt", "question 1?", "--max-new-tokens", "6", "--device", "cpu"]
+    assert cli.main(argv) == 2
+    assert "elsewhere" in capsys.readouterr().err  # names the recipe's target, which is missing
+    assert cli.main([*argv, "--target", str(tiny_target_dir)]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_an_older_export_for_another_target_is_refused_cleanly(export_dir, tmp_path, capsys):
+    from tests.tiny import save_tiny_target, tiny_llama_config
+    from transformers import LlamaForCausalLM
+
+    other = save_tiny_target(tmp_path / "other")
+    LlamaForCausalLM(tiny_llama_config(hidden=32)).save_pretrained(other)
+    moved = _moved_export(export_dir, tmp_path / "moved", recorded=False)
+    assert cli.main(["generate", str(moved), "--prompt", "x", "--device", "cpu", "--target", str(other)]) == 2
+    assert "does not fit a draft for" in capsys.readouterr().err
 
 
 def test_tree_shapes_bench_every_shape_against_its_own_plain_run(export_dir, tmp_path, capsys):

@@ -1,7 +1,9 @@
 """`tree_attention`: the verify pass's attention of N tree nodes over the cached prefix and their own ancestors.
 
 Dispatch: the Triton kernels when `use_triton(q)`, else the reference (tests/kernels/test_tree_attention.py
-checks that both compute the same function).
+checks that both compute the same function). On the CPU (eager, never in a graph) the reference gets the slots in
+use alone, before prefix_len + N: the kernels skip the rest too, and over a whole long cache plain decoding was
+3.5x slower.
 """
 import torch
 
@@ -18,6 +20,9 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
 
         return tree_attention_triton(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+    if q.device.type == "cpu":  # eager (no graph): read only the slots in use, as the kernel does
+        used = int(prefix_len) + tree_mask.shape[0]  # slots from here on are never seen
+        k_cache, v_cache = k_cache[:, :used], v_cache[:, :used]
     return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, scale)
 
 
