@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Ready for the next session, on one machine of 2 or more GPUs (Session 17's nvidia-h100-x4 was not lent then:
+# only up to 2 GPUs), with tools/gpu/env.sh sourced (DEEPSPEED=1); SmolLM2 joined ($GGUF), .data/train_prompts.jsonl,
+# train_prompts2.jsonl and mt_bench.jsonl carried, and Session 16's EAGLE-3 export as .exports/eagle3_s16.tgz.
+# Every function uses the GPUs there are ($NGPU); times below are for 2 H100s.
+#   runtime18 (about 4.5 minutes, first, alone): Session 17's runtime17 without its A/B of the chain's trims: the
+#          kept head benched on all 80 prompts with the plain step's graph and the host's issue times, traced
+#          (the device's kernel time per plain step and per cycle against the wall clock) and sampled by py-spy.
+#          Where the 0.4 ms a token beyond the graphs goes (Session 16) decides issue 3's next step.
+#   distill18 (about 9 minutes on 2 GPUs, 5.5 on 4): the training prompts answered again, greedy, one worker a GPU;
+#          keep_data then packs the merged set in 15 MB parts for the last call's $OUT, so that no later session
+#          distills it again.
+#   long18 (about 9 minutes on 2 GPUs): the EAGLE-3 head at twice (on 4 GPUs, four times) Session 16's samples:
+#          32 rows a GPU a step, data-parallel, 2,500 steps, lr 1e-3. Session 16's held-out τ_sim still rose at
+#          its schedule's end (3.22, 3.27, 3.29 at steps 2,000, 2,250, 2,500) while training τ_sim reached 4.1:
+#          does more of the same data raise τ (issues 3-5 all wait on τ)? Then benched alone (80 prompts, chain 6
+#          and tree 6, 8, 48), beside Session 16's head in one plot.
+#   poss18 (after long18, if time is left): PosS-2 from the long head (method.init_from), 1,000 steps at lr 3e-4
+#          on one GPU, then its τ (issue 4).
+#   all18: runtime18, distill18, long18, poss18.
+set -u
+source tools/gpu/session17.sh  # (and session5-16.sh) stamp, pack, distill15, train15, bench15, plot_tagged, runtime17
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+ALL_GPUS=$(seq -s, 0 $((NGPU > 0 ? NGPU - 1 : 0)))
+LONG=eagle3_long18
+export DATA=$WORK/greedy/workers-$NGPU  # distill18's merged output, train15's data
+
+runtime18() {  # runtime17 without ab17
+  ab17() { stamp "ab17 skipped (session18.sh)"; }
+  runtime17
+}
+
+distill18() {
+  mkdir -p "$RESULTS"
+  for _ in $(seq 120); do [ -f "$PWD/.data/train_prompts2.jsonl" ] && break; sleep 5; done
+  wait_for_target
+  stamp "distill18: the training prompts answered again, greedy, $NGPU workers"
+  CUDA_VISIBLE_DEVICES=$ALL_GPUS timeout 900 python3 tools/bench_distill_scale.py --workers "$NGPU" --out "$WORK/greedy" \
+    -- "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts.jsonl,$PWD/.data/train_prompts2.jsonl]" \
+    distill.batch_size=512 distill.shard_size=256 distill.max_new_tokens=256 > "$RESULTS/distill_greedy.log" 2>&1
+  cp "$WORK/greedy/workers-$NGPU/counts.json" "$RESULTS/greedy_counts.json" 2>/dev/null
+  cp "$WORK/greedy/bench_distill_scale.json" "$RESULTS/" 2>/dev/null
+  tar czf "$HOME/distilled.tgz" -C "$WORK/greedy" "workers-$NGPU" && stamp "distilled set: $(du -h "$HOME/distilled.tgz")"
+  pack
+}
+
+keep_data() {  # the distilled set in 15 MB parts under $1 (a device call's $OUT; join: cat distilled.tgz.part* >
+  # distilled.tgz, then tar xzf it into .data/ and name .data/workers-N as DATA)
+  split -b 15M -d "$HOME/distilled.tgz" "$1/distilled.tgz.part"
+}
+
+long18() {
+  mkdir -p "$RESULTS"
+  stamp "long18: EAGLE-3 on $NGPU GPUs, 32 rows each a step, data $DATA"
+  train15 "$ALL_GPUS" "$LONG" eagle3 "train.devices=$NGPU" train.strategy=ddp
+  pack
+  bench15 0 "$LONG" eagle3 _alone
+  plot_tagged _alone eagle3_s16 "$LONG"  # runtime18 benched Session 16's head (the kept export) the same way
+  pack
+}
+
+poss18() {
+  local init=method.init_from=$HOME/work_$LONG/methods45/eagle3/export
+  train15 0 poss2_from_long poss2 "$init" train.max_steps=1000 train.warmup_steps=50 train.lr=3e-4
+  bench15 0 poss2_from_long poss2 _alone
+  plot_tagged _alone "$LONG" poss2_from_long
+  pack
+  stamp "poss18 done"
+}
+
+all18() {
+  runtime18
+  distill18
+  long18
+  poss18
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-all18}"; fi  # sourced: its functions only, status 0
