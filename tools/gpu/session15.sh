@@ -42,15 +42,17 @@ bench15() {  # GPU $1, label $2, run $3, tag $4: its chain of 6 and tree (6, 8, 
   stamp "benched $label$tag"
 }
 
-distill15() {
+distill15() {  # one worker a GPU of $1 (default 0,1,2,3), the merged set in $WORK/greedy/workers-<count>
+  local gpus=${1:-0,1,2,3} workers
+  workers=$(tr ',' '\n' <<< "$gpus" | wc -l)
   mkdir -p "$RESULTS"
   for _ in $(seq 120); do [ -f "$PWD/.data/train_prompts2.jsonl" ] && break; sleep 5; done
   wait_for_target
-  stamp "distill15: the training prompts answered again, greedy, 4 workers"
-  CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 720 python3 tools/bench_distill_scale.py --workers 4 --out "$WORK/greedy" -- \
-    "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts.jsonl,$PWD/.data/train_prompts2.jsonl]" \
+  stamp "distill15: the training prompts answered again, greedy, $workers workers"
+  CUDA_VISIBLE_DEVICES=$gpus timeout 900 python3 tools/bench_distill_scale.py --workers "$workers" --out "$WORK/greedy" \
+    -- "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts.jsonl,$PWD/.data/train_prompts2.jsonl]" \
     distill.batch_size=512 distill.shard_size=256 distill.max_new_tokens=256 > "$RESULTS/distill_greedy.log" 2>&1
-  cp "$WORK/greedy/workers-4/counts.json" "$RESULTS/greedy_counts.json" 2>/dev/null
+  cp "$WORK/greedy/workers-$workers/counts.json" "$RESULTS/greedy_counts.json" 2>/dev/null
   cp "$WORK/greedy/bench_distill_scale.json" "$RESULTS/" 2>/dev/null
   tail -4 "$RESULTS/distill_greedy.log"
   pack

@@ -30,18 +30,9 @@ runtime18() {  # runtime17 without ab17
   runtime17
 }
 
-distill18() {
-  mkdir -p "$RESULTS"
-  for _ in $(seq 120); do [ -f "$PWD/.data/train_prompts2.jsonl" ] && break; sleep 5; done
-  wait_for_target
-  stamp "distill18: the training prompts answered again, greedy, $NGPU workers"
-  CUDA_VISIBLE_DEVICES=$ALL_GPUS timeout 900 python3 tools/bench_distill_scale.py --workers "$NGPU" --out "$WORK/greedy" \
-    -- "target.path=$GGUF" "data.prompts=[$PWD/.data/train_prompts.jsonl,$PWD/.data/train_prompts2.jsonl]" \
-    distill.batch_size=512 distill.shard_size=256 distill.max_new_tokens=256 > "$RESULTS/distill_greedy.log" 2>&1
-  cp "$WORK/greedy/workers-$NGPU/counts.json" "$RESULTS/greedy_counts.json" 2>/dev/null
-  cp "$WORK/greedy/bench_distill_scale.json" "$RESULTS/" 2>/dev/null
+distill18() {  # distill15 on every GPU, then the set tarred for keep_data
+  distill15 "$ALL_GPUS"
   tar czf "$HOME/distilled.tgz" -C "$WORK/greedy" "workers-$NGPU" && stamp "distilled set: $(du -h "$HOME/distilled.tgz")"
-  pack
 }
 
 keep_data() {  # the distilled set in 15 MB parts under $1 (a device call's $OUT; join: cat distilled.tgz.part* >
