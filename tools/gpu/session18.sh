@@ -17,7 +17,11 @@
 #          and tree 6, 8, 48), beside Session 16's head in one plot.
 #   poss18 (after long18, if time is left): PosS-2 from the long head (method.init_from), 1,000 steps at lr 3e-4
 #          on one GPU, then its τ (issue 4).
-#   all18: runtime18, distill18, long18, poss18.
+#   heads18 (4 GPUs or more; else long18 then poss18): long18 on GPUs 0,1 (twice Session 16's samples), beside it
+#          PosS-2 from Session 16's head (the kept export) on GPU 2, then its τ (issue 4: against the head it
+#          started from, benched by runtime18), and Kangaroo l=2 on GPU 3, then its η sweep on 10 prompts
+#          (issue 5; a busy host: its speedups are indicative). The long head's bench waits for both, alone.
+#   all18: runtime18, distill18 (gpu16, the runtime's GPU tests, beside it), heads18.
 set -u
 source tools/gpu/session17.sh  # (and session5-16.sh) stamp, pack, distill15, train15, bench15, plot_tagged, runtime17
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -40,11 +44,14 @@ keep_data() {  # the distilled set in 15 MB parts under $1 (a device call's $OUT
   split -b 15M -d "$HOME/distilled.tgz" "$1/distilled.tgz.part"
 }
 
-long18() {
+long18() {  # $1: its GPUs (default all), $2: a command to wait for before the bench (default none)
+  local gpus=${1:-$ALL_GPUS} before=${2:-true} count
+  count=$(tr ',' '\n' <<< "$gpus" | wc -l)
   mkdir -p "$RESULTS"
-  stamp "long18: EAGLE-3 on $NGPU GPUs, 32 rows each a step, data $DATA"
-  train15 "$ALL_GPUS" "$LONG" eagle3 "train.devices=$NGPU" train.strategy=ddp
+  stamp "long18: EAGLE-3 on GPUs $gpus, 32 rows each a step, data $DATA"
+  train15 "$gpus" "$LONG" eagle3 "train.devices=$count" train.strategy=ddp
   pack
+  $before
   bench15 0 "$LONG" eagle3 _alone
   plot_tagged _alone eagle3_s16 "$LONG"  # runtime18 benched Session 16's head (the kept export) the same way
   pack
@@ -59,11 +66,31 @@ poss18() {
   stamp "poss18 done"
 }
 
+heads18() {
+  if [ "$NGPU" -lt 4 ]; then long18; poss18; return; fi
+  local init=method.init_from=$EAGLE3
+  ( train15 2 poss2_from_s16 poss2 "$init" train.max_steps=1000 train.warmup_steps=50 train.lr=3e-4
+    bench15 2 poss2_from_s16 poss2 _busy ) &
+  ( train15 3 kangaroo2_s18 kangaroo2
+    stamp "kangaroo sweep (busy host)"
+    CUDA_VISIBLE_DEVICES=3 timeout 300 python3 tools/bench_kangaroo.py "$HOME/work_kangaroo2_s18/methods45/kangaroo2/export" \
+      --eta 0 0.3 0.5 0.7 --depth 6 --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 10 \
+      --out "$RESULTS/kangaroo_sweep" > "$RESULTS/kangaroo_sweep.log" 2>&1
+    stamp "kangaroo sweep done" ) &
+  long18 0,1 wait  # the long head's bench waits for the two above: alone
+  cp "$RESULTS/heads/eagle3_s16/bench_tree_alone.json" "$RESULTS/heads/eagle3_s16/bench_tree_busy.json" 2>/dev/null
+  cp "$RESULTS/heads/eagle3_s16/bench_chain_alone.json" "$RESULTS/heads/eagle3_s16/bench_chain_busy.json" 2>/dev/null
+  plot_tagged _busy eagle3_s16 poss2_from_s16  # τ only: PosS against the head it started from
+  pack
+  stamp "heads18 done"
+}
+
 all18() {
   runtime18
+  gpu16 &
   distill18
-  long18
-  poss18
+  wait
+  heads18
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-all18}"; fi  # sourced: its functions only, status 0
