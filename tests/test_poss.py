@@ -153,6 +153,19 @@ def test_init_from_rejects_what_does_not_fit(tmp_path, tiny_target_dir, target):
         SPEC.initialize(draft, cfg, DraftContext(target.info))
 
 
+def test_eagle3_warm_starts_from_its_own_export(tmp_path, tiny_target_dir, target):
+    source, eagle3 = _eagle3_export(tmp_path, tiny_target_dir, target, ttt_steps=3, draft_vocab_size=300)
+    cfg = EAGLE3.config(ttt_steps=3, draft_vocab_size=300, init_from=str(source))
+    torch.manual_seed(1)
+    draft = EAGLE3.build(cfg, DraftContext(target.info, _counts(target)))
+    EAGLE3.initialize(draft, cfg, DraftContext(target.info, _counts(target)))
+    for name, value in eagle3.state_dict().items():
+        assert torch.equal(draft.state_dict()[name], value), name
+    small = EAGLE3.config(ttt_steps=3, draft_vocab_size=200, init_from=str(source))
+    with pytest.raises(SpecdraftError, match="does not fit this EAGLE-3 head"):
+        EAGLE3.initialize(EAGLE3.build(small, DraftContext(target.info)), small, DraftContext(target.info))
+
+
 def test_hf_export_says_which_specialist_serves_which_depth(target):
     cfg, draft = _draft(target, ttt_steps=7, num_specialists=3, positions_per_specialist=2)
     config, tensors = SPEC.exports["hf"].write(draft, cfg, target.info, {"target": "tiny"})

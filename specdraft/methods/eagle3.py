@@ -85,6 +85,9 @@ class Eagle3Config:
     """Standard deviation of the initial linear weights."""
     attention: str = "auto"
     """TTT attention in training: auto (flex attention with block masks on CUDA, dense elsewhere), dense, flex."""
+    init_from: Optional[str] = None
+    """An EAGLE-3 run directory or `hf` export whose weights start the training (a warm start: more steps, another
+    schedule or more data); None starts from random weights."""
 
     def __post_init__(self):
         if self.ttt_steps < 1:
@@ -515,6 +518,37 @@ def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
     return cfg, draft
 
 
+def eagle3_source(cfg: Eagle3Config, ctx: DraftContext, feature_layers: List[int], what: str) -> Eagle3Draft:
+    """The EAGLE-3 draft `cfg.init_from` names, checked to fuse the same `feature_layers` as the head it starts
+    (`what`, for the error)."""
+    from specdraft.drafts import load_draft  # the registry imports this module: load lazily
+
+    loaded = load_draft(cfg.init_from, target=ctx.target)
+    if type(loaded.draft) is not Eagle3Draft:
+        raise SpecdraftError(f"method.init_from {cfg.init_from} holds a {loaded.recipe.method_name!r} draft; "
+                             f"{what} starts from an EAGLE-3 run or export")
+    if list(loaded.draft.feature_layers) != list(feature_layers):
+        raise SpecdraftError(f"method.init_from {cfg.init_from} fuses layers {loaded.draft.feature_layers}, this "
+                             f"{what} fuses {feature_layers}; set method.feature_layers to match")
+    return loaded.draft
+
+
+def load_initial_state(draft: nn.Module, state: Dict[str, torch.Tensor], cfg: Eagle3Config, what: str) -> None:
+    try:
+        with torch.no_grad():
+            draft.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise SpecdraftError(f"method.init_from {cfg.init_from} does not fit this {what} (draft_vocab_size or "
+                             f"intermediate_size differ): {str(err).splitlines()[-1].strip()}") from None
+
+
+def eagle3_initialize(draft: Eagle3Draft, cfg: Eagle3Config, ctx: DraftContext) -> None:
+    """`method.init_from`: every weight from an EAGLE-3 run directory or `hf` export."""
+    if cfg.init_from is not None:
+        source = eagle3_source(cfg, ctx, draft.feature_layers, "EAGLE-3 head")
+        load_initial_state(draft, source.state_dict(), cfg, "EAGLE-3 head")
+
+
 class Eagle3Drafter:
     """The runtime's EAGLE-3 drafter (specdraft/runtime/drafter.py): one draft KV cache of step-0 keys.
 
@@ -588,4 +622,5 @@ SPEC = MethodSpec(
              "speculators": ExportFormat(write=eagle3_to_speculators, required_keys=eagle3_speculators_keys)},
     from_export=eagle3_from_export,
     runtime=eagle3_runtime,
+    initialize=eagle3_initialize,
 )

@@ -53,6 +53,8 @@ from specdraft.methods.eagle3 import (
     eagle3_feature_layers,
     eagle3_hf_keys,
     eagle3_loss,
+    eagle3_source,
+    load_initial_state,
     ttt_inputs,
 )
 from specdraft.runtime.drafter import DraftMask, rope_tables
@@ -242,28 +244,14 @@ def poss_initialize(draft: PossDraft, cfg: PossConfig, ctx: DraftContext) -> Non
     """`method.init_from`: shared parts and every specialist from an EAGLE-3 run directory or `hf` export."""
     if cfg.init_from is None:
         return
-    from specdraft.drafts import load_draft  # the registry imports this module: load lazily
-
-    loaded = load_draft(cfg.init_from, target=ctx.target)
-    source = loaded.draft
-    if type(source) is not Eagle3Draft:
-        raise SpecdraftError(f"method.init_from {cfg.init_from} holds a {loaded.recipe.method_name!r} draft; "
-                             "PosS starts from an EAGLE-3 run or export")
-    if list(source.feature_layers) != list(draft.feature_layers):
-        raise SpecdraftError(f"method.init_from {cfg.init_from} fuses layers {source.feature_layers}, this PosS "
-                             f"head fuses {draft.feature_layers}; set method.feature_layers to match")
+    source = eagle3_source(cfg, ctx, draft.feature_layers, "PosS head")
     state = {}
     for name, tensor in source.state_dict().items():
         if name.startswith("midlayer."):
             state.update({f"specialists.{j}.{name[len('midlayer.'):]}": tensor for j in range(len(draft.specialists))})
         else:
             state[name] = tensor
-    try:
-        with torch.no_grad():
-            draft.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise SpecdraftError(f"method.init_from {cfg.init_from} does not fit this PosS head (draft_vocab_size or "
-                             f"intermediate_size differ): {str(err).splitlines()[-1].strip()}") from None
+    load_initial_state(draft, state, cfg, "PosS head")
 
 
 class PossDrafter:

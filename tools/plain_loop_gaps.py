@@ -1,0 +1,208 @@
+"""Where plain decoding's time goes between its CUDA graphs: the runtime's plain loop taken apart, step by step.
+
+On SmolLM2 the bench's plain decoding ran at about 1.54 ms a token while its step's graph, replayed back to back,
+took 0.95 ms (Session 18, H200); the speculative cycles lost far less beyond their graph. This script times, on
+a random target of a real geometry (launch-bound work does not depend on the weights), one prompt's decoding as:
+
+  graph         the plain step's graph replayed back to back (the device's floor)
+  graph+argmax  the same, each step's argmax eager after it, fed to the next (no read-back)
+  fused         step and argmax in one graph, fed to the next (no read-back)
+  loop          `decode_plain`'s loop without its prefill: argmax, staged copy, one step in flight
+  decode_plain  the whole call as `bench` times it (prefill included), and the prefill alone
+  cycle, generate  the speculative tree cycle's graph back to back, and `generate` as `bench` times it
+
+With --export (and --target, --prompts), a trained draft over its real target instead: `bench`'s own loop on
+real prompts (which stop at EOS), prompt by prompt as `bench` runs them and blocked (every plain decoding first),
+with Python's garbage collector on and off, each prompt's prefill alone and its times (per_prompt in the JSON):
+whether the time beyond the graphs comes from the prompts, the order or the host.
+
+    python tools/plain_loop_gaps.py --config smollm2 --tokens 256 --out runs/plain_loop_gaps
+    python tools/plain_loop_gaps.py --export EXPORT --target PATH --prompts mt_bench.jsonl --max-prompts 10
+
+Prints ms a step for each and writes OUT/plain_loop_gaps.json. On CPU it runs eagerly (no graphs): a check that
+the script works, not a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tools")]
+
+from specdraft.io import write_json  # noqa: E402
+
+
+def build_engine(config: str, shape_text: str, device: torch.device, max_len: int):
+    """A bf16 SpecEngine on `device` (CUDA graphs there) over a random target of `config`'s geometry and a random
+    EAGLE-3 head."""
+    from bench_tree_shapes import parse_shape
+    from count_cycle_launches import CONFIGS
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
+    from specdraft.runtime.engine import SpecEngine
+    from specdraft.runtime.target import from_hf, hf_rope_tables
+
+    geometry, draft_vocab = CONFIGS[config]
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**geometry, max_position_embeddings=max_len, tie_word_embeddings=False))
+    hf = hf.eval().to(device=device, dtype=torch.bfloat16)
+    info = TargetInfo.from_hf_config(hf.config, config)
+    counts = torch.randint(0, 50, (info.vocab_size,))
+    draft = Eagle3Draft(Eagle3Config(draft_vocab_size=draft_vocab), DraftContext(info, counts))
+    draft = draft.eval().to(device=device, dtype=torch.bfloat16)
+    target = from_hf(hf, info)
+    return SpecEngine(target, Eagle3Drafter(draft, target), parse_shape(shape_text), max_len,
+                      hf_rope_tables(hf, max_len))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_ms(device: torch.device, run: Callable[[], object]) -> float:
+    _sync(device)
+    started = time.perf_counter()
+    run()
+    _sync(device)
+    return 1000 * (time.perf_counter() - started)
+
+
+def _steps(engine, prompt: torch.Tensor, tokens: int, step: Callable) -> float:
+    """Prefill, then `step(token) -> token` `tokens` times without reading anything back -> ms a step."""
+    engine.prefill(prompt, 0.0)
+    token = engine.root.clone()
+
+    def run():
+        nonlocal token
+        for _ in range(tokens):
+            token = step(token)
+    return _timed_ms(engine.device, run) / tokens
+
+
+def measure(engine, prompt_ids, tokens: int) -> Dict[str, float]:
+    from specdraft.runtime.graphs import CallGraph
+    from specdraft.runtime.sampling import sample_token
+
+    device = engine.device
+    prompt = torch.tensor(prompt_ids, device=device)
+    engine.decode_plain(prompt_ids, 32)  # captures the plain step's graph
+    engine.generate(prompt_ids, 32)  # and the cycle's
+    plain = engine.plain_stepper(engine.root.clone())
+    graph_only = _steps(engine, prompt, tokens, lambda token: (plain(token), token)[1])
+    eager_argmax = _steps(engine, prompt, tokens, lambda token: sample_token(plain(token), 0.0))
+    step_and_argmax = (lambda token: sample_token(engine._plain_step(token), 0.0))
+    if engine.use_graphs:
+        state = [engine.prefix_len, engine.target.k_cache, engine.target.v_cache]
+        step_and_argmax = CallGraph(step_and_argmax, state, example=(engine.root.clone(),))
+        engine.prefill(prompt, 0.0)
+        step_and_argmax(engine.root.clone())  # its capture, untimed
+    fused = _steps(engine, prompt, tokens, step_and_argmax)
+    prefill = _timed_ms(device, lambda: engine.prefill(prompt, 0.0))
+    whole = engine.decode_plain(prompt_ids, tokens)
+    spec = engine.generate(prompt_ids, tokens)
+    engine.prefill(prompt, 0.0)
+    cycle = _timed_ms(device, lambda: [engine._cycle(0.0, None) for _ in range(16)]) / 16
+    decode_ms = 1000 * whole.seconds
+    return {"graph": graph_only, "graph+argmax": eager_argmax, "fused": fused,
+            "loop": (decode_ms - prefill) / len(whole.tokens), "decode_plain": decode_ms / len(whole.tokens),
+            "prefill_ms": prefill, "cycle": cycle, "generate_per_cycle": 1000 * spec.seconds / len(spec.accepted),
+            "generate_cycles": len(spec.accepted), "plain_tokens": len(whole.tokens)}
+
+
+def _bench_order(engine, prompts, tokens: int, eos_ids, interleaved: bool):
+    """Plain then speculative decoding of every prompt: prompt by prompt as `bench` runs them, or all plain ones
+    first -> (plain results, speculative results)."""
+    if interleaved:
+        pairs = [(engine.decode_plain(p, tokens, eos_ids), engine.generate(p, tokens, eos_ids)) for p in prompts]
+        return [plain for plain, _ in pairs], [spec for _, spec in pairs]
+    plain = [engine.decode_plain(p, tokens, eos_ids) for p in prompts]
+    return plain, [engine.generate(p, tokens, eos_ids) for p in prompts]
+
+
+def measure_real(runtime, prompts, tokens: int) -> Dict:
+    """`bench`'s loop in its order and blocked, the garbage collector on and off; each prompt's prefill alone;
+    the graphs back to back. ms a token (plain) and a cycle (speculative), prefill included as `bench` has it."""
+    engine, device = runtime.engine, runtime.engine.device
+    engine.decode_plain(prompts[0], 32, runtime.eos_ids)
+    engine.generate(prompts[0], 32, runtime.eos_ids)
+    row: Dict = {}
+    for order, collector in (("interleaved", True), ("interleaved", False), ("blocked", True)):
+        gc.enable() if collector else gc.disable()
+        plain, spec = _bench_order(engine, prompts, tokens, runtime.eos_ids, order == "interleaved")
+        gc.enable()
+        key = f"{order}_gc_{'on' if collector else 'off'}"
+        row[f"plain_{key}"] = 1000 * sum(r.seconds for r in plain) / sum(len(r.tokens) for r in plain)
+        row[f"cycle_{key}"] = 1000 * sum(r.seconds for r in spec) / sum(len(r.accepted) for r in spec)
+    prefill = [_timed_ms(device, lambda: engine.prefill(torch.tensor(p, device=device), 0.0)) for p in prompts]
+    row["prefill_ms"] = sum(prefill) / len(prefill)
+    row["tokens_per_prompt"] = sum(len(r.tokens) for r in plain) / len(plain)
+    row["cycles_per_prompt"] = sum(len(r.accepted) for r in spec) / len(spec)
+    first = torch.tensor(prompts[0], device=device)
+    engine.prefill(first, 0.0)
+    step = engine.plain_stepper(engine.root.clone())
+    row["graph"] = _steps(engine, first, tokens, lambda token: (step(token), token)[1])
+    engine.prefill(first, 0.0)
+    row["cycle"] = _timed_ms(device, lambda: [engine._cycle(0.0, None) for _ in range(16)]) / 16
+    row["per_prompt"] = [{"prompt_len": len(p), "prefill_ms": ms, "plain_tokens": len(a.tokens),
+                          "plain_ms": 1000 * a.seconds, "cycles": len(b.accepted), "spec_ms": 1000 * b.seconds}
+                         for p, ms, a, b in zip(prompts, prefill, plain, spec)]
+    return row
+
+
+def _real(args) -> tuple:
+    from specdraft.runtime.bench import first_user_turns
+    from specdraft.runtime.load import load_runtime
+
+    runtime = load_runtime(args.export, target_path=args.target, device=args.device, max_len=args.max_len)
+    prompts = first_user_turns(runtime, args.prompts, args.max_prompts)
+    return runtime.engine, [measure_real(runtime, prompts, args.tokens) for _ in range(args.repeats)]
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="smollm2", choices=["smollm2", "tiny"])
+    parser.add_argument("--shape", default="6,8,48", help="the speculative tree: depth,topk,budget")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-len", type=int, default=2048, help="cache slots, as `bench` allocates them")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="runs/plain_loop_gaps")
+    parser.add_argument("--export", default=None, help="a trained draft: its real target instead of a random one")
+    parser.add_argument("--target", default=None, help="with --export: the target's path (default: the export's)")
+    parser.add_argument("--prompts", default=None, help="with --export: a prompt file (MT-bench's questions)")
+    parser.add_argument("--max-prompts", type=int, default=10)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if args.export:
+        engine, runs = _real(args)
+    else:
+        engine = build_engine(args.config, args.shape, device, max_len=args.max_len)
+        vocab = engine.target.lm_head_weight.shape[0]
+        prompt_ids = torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+        runs = [measure(engine, prompt_ids, args.tokens) for _ in range(args.repeats)]
+    print(f"{'ms a step':>26} " + " ".join(f"{f'run {i + 1}':>9}" for i in range(len(runs))))
+    for key in [key for key in runs[0] if key != "per_prompt"]:
+        print(f"{key:>26} " + " ".join(f"{run[key]:>9.3f}" for run in runs))
+    report = {"config": args.export or args.config, "shape": args.shape, "tokens": args.tokens, "prompt_len": args.prompt_len,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "cuda_graphs": engine.use_graphs, "runs": runs}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "plain_loop_gaps.json", report)
+    print(f"-> {out / 'plain_loop_gaps.json'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
