@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Ready for the next session, on one machine of 4 GPUs (2 also work, with less), with tools/gpu/env.sh sourced
+# (DEEPSPEED=1); SmolLM2 joined ($GGUF), .data/mt_bench.jsonl, Session 16's EAGLE-3 export (.exports/eagle3_s16.tgz)
+# and Session 18's distilled set (.data/distilled_s18.tgz: the 11,209 answers, no distillation this time) carried.
+#   gaps19 (about 3 minutes, first, alone): tools/plain_loop_gaps.py on Session 16's head and SmolLM2, 20 MT-bench
+#          prompts in bench's order and blocked, the garbage collector on and off, every prompt's prefill alone;
+#          then on a random SmolLM2-shaped target. Session 18: the plain loop on a random target ran at its
+#          graph's pace (0.964 against 0.953 ms a step) while bench's plain decoding of SmolLM2 took 1.41-1.54
+#          ms a token: if that time is an artefact of bench, the speedups over plain are overstated (issue 3).
+#   heads19 (about 15 minutes on 4 GPUs): issue 4's fair comparison: PosS-2 and EAGLE-3 each warm-started from
+#          Session 16's head (method.init_from), 1,000 steps at lr 3e-4, side by side (GPUs 2 and 3), then their
+#          τ; Session 18 compared PosS-2 so trained with the head it started from (+4.0% chain, +3.3% tree), which
+#          had 1,000 steps less. Beside them the long EAGLE-3 head again (long18: GPUs 0,1, twice Session 16's
+#          samples), this time kept (keep_long19 in the last call); then Kangaroo l=2 on GPU 2. The long head
+#          and Kangaroo are benched alone at the end (issues 3 and 5).
+#   all19: gaps19, then heads19.
+set -u
+source tools/gpu/session18.sh  # (and session5-17.sh) stamp, pack, train15, bench15, plot_tagged, long18, keep_data
+export DATA=$WORK/greedy/workers-4  # Session 18's set, unpacked by data19
+
+data19() {  # the carried set into $DATA's folder
+  for _ in $(seq 120); do [ -f .data/distilled_s18.tgz ] && break; sleep 5; done  # the third call carries it
+  mkdir -p "$WORK/greedy" && tar xzf .data/distilled_s18.tgz -C "$WORK/greedy" && stamp "data: $(du -sh "$DATA")"
+}
+
+gaps19() {
+  mkdir -p "$RESULTS" "$(dirname "$EAGLE3")"
+  for _ in $(seq 120); do [ -f .exports/eagle3_s16.tgz ] && break; sleep 5; done  # the second call carries it
+  tar xzf .exports/eagle3_s16.tgz -C "$(dirname "$EAGLE3")"
+  wait_for_target
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 tools/plain_loop_gaps.py --export "$EAGLE3" --target "$GGUF" \
+    --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20 --repeats 2 --out "$RESULTS/gaps_real" \
+    > "$RESULTS/gaps_real.log" 2>&1
+  stamp "gaps, SmolLM2: $(grep -c plain_ "$RESULTS/gaps_real.log") plain rows"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/plain_loop_gaps.py --config smollm2 --repeats 2 \
+    --out "$RESULTS/gaps_random" > "$RESULTS/gaps_random.log" 2>&1
+  stamp "gaps, random: $(grep -c ' graph' "$RESULTS/gaps_random.log") graph rows"
+  pack
+}
+
+warm19() {  # GPU $1, label $2, run $3 (eagle3 or poss2): warm-started from Session 16's head, then its τ (busy)
+  train15 "$1" "$2" "$3" "method.init_from=$EAGLE3" train.max_steps=1000 train.warmup_steps=50 train.lr=3e-4
+  bench15 "$1" "$2" "$3" _busy
+}
+
+heads19() {
+  data19
+  if [ "$NGPU" -lt 4 ]; then  # two GPUs: the fair comparison, then Kangaroo alone; no long head
+    warm19 0 eagle3_warm_s16 eagle3 & warm19 1 poss2_warm_s16 poss2 & wait
+    train15 0 kangaroo2_s19 kangaroo2
+  else
+    ( warm19 2 eagle3_warm_s16 eagle3; train15 2 kangaroo2_s19 kangaroo2 ) &
+    warm19 3 poss2_warm_s16 poss2 &
+    long18 0,1 wait  # its bench waits for the two above: alone
+  fi
+  plot_tagged _busy eagle3_warm_s16 poss2_warm_s16  # issue 4: the same start, the same steps
+  pack
+  bench15 0 kangaroo2_s19 kangaroo2 _alone
+  pack
+  stamp "heads19 done"
+}
+
+keep_long19() {  # the long head's export in 15 MB parts under $1 (the last call's $OUT)
+  tar czf "$HOME/long_export.tgz" -C "$HOME/work_$LONG/methods45/eagle3" export \
+    && split -b 15M -d "$HOME/long_export.tgz" "$1/long_export.tgz.part"
+}
+
+all19() {
+  gaps19
+  heads19
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then "${1:-all19}"; fi  # sourced: its functions only, status 0
