@@ -68,13 +68,14 @@ def tau_against_unquantized(recipe, run_dir: Path) -> dict:
     from specdraft.methods import get_method
     from specdraft.methods.base import DraftContext
     from specdraft.target import load_target
-    from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_indices
+    from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_distilled
     from specdraft.train.module import DraftModule
     from specdraft.train.trainer import _precision
 
     recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, quantization="none"))
-    dataset = load_distilled([recipe.distill.output_dir, *recipe.train.extra_distilled])
-    train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, recipe.train.seed)
+    distill_dirs = [recipe.distill.output_dir, *recipe.train.extra_distilled]
+    dataset = load_distilled(distill_dirs)
+    train_idx, val_idx = split_distilled(distill_dirs, len(dataset), recipe.data.val_fraction, recipe.train.seed)
     target = load_target(recipe.target, "cpu")
     ctx = DraftContext(target=target.info, token_counts=answer_token_counts(dataset, train_idx, target.info.vocab_size))
     module = DraftModule(get_method(recipe.method_name), recipe.method, recipe.train, ctx, target.model)

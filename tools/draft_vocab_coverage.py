@@ -60,11 +60,12 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     from specdraft.io import write_json
     from specdraft.methods.eagle3 import build_draft_vocab
     from specdraft.target.load import load_target_info
-    from specdraft.train.data import answer_token_counts, load_distilled, split_indices
+    from specdraft.train.data import answer_token_counts, load_distilled, split_distilled
 
     recipe = load_recipe(args.recipe, args.overrides)
-    dataset = load_distilled([recipe.distill.output_dir, *recipe.train.extra_distilled])
-    train_idx, _ = split_indices(len(dataset), recipe.data.val_fraction, recipe.train.seed)
+    distill_dirs = [recipe.distill.output_dir, *recipe.train.extra_distilled]
+    dataset = load_distilled(distill_dirs)
+    train_idx, _ = split_distilled(distill_dirs, len(dataset), recipe.data.val_fraction, recipe.train.seed)
     vocab_size = load_target_info(recipe.target).vocab_size
     counts = answer_token_counts(dataset, train_idx, vocab_size)  # [V]
     started = time.perf_counter()

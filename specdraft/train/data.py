@@ -29,11 +29,45 @@ def load_distilled(distill_dirs: List[str]):
     return dataset
 
 
-def split_indices(num_rows: int, val_fraction: float, seed: int):
-    """Deterministic train/val split -> (train indices, val indices); val has at least one row."""
-    order = np.random.default_rng(seed).permutation(num_rows)
+def split_indices(num_rows: int, val_fraction: float, seed: int, groups=None):
+    """Deterministic train/val split -> (train indices, val indices); val has at least one row. groups [N] (ids
+    0..G-1 in order of first appearance, `prompt_groups`): a group's rows fall on one side. Without groups, or
+    with one row a group, the split is the same."""
+    groups = np.arange(num_rows) if groups is None else np.asarray(groups)
+    num_groups = int(groups.max()) + 1 if num_rows else 0
+    order = np.random.default_rng(seed).permutation(num_groups)
     num_val = min(num_rows - 1, max(1, round(num_rows * val_fraction)))
-    return np.sort(order[num_val:]), np.sort(order[:num_val])
+    rows_taken = np.cumsum(np.bincount(groups, minlength=num_groups)[order])  # [G] rows in the first g groups
+    is_val = np.isin(groups, order[:np.searchsorted(rows_taken, num_val) + 1])
+    if is_val.all():  # one group holds (nearly) every row: split its rows instead
+        return split_indices(num_rows, val_fraction, seed)
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def prompt_groups(dataset):
+    """[N] ids of the prompt each row answers (its `source` and `index`), in order of first appearance, or None
+    when the rows lack them: two distilled sets of the same prompts (greedy and sampled answers) then never put
+    one prompt on both sides of the split."""
+    if not {"source", "index"} <= set(dataset.column_names):
+        return None
+    keys = np.array([f"{source}\0{index}" for source, index in zip(dataset["source"], dataset["index"])])
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse]
+
+
+def load_prompt_groups(distill_dirs: List[str]):
+    """`prompt_groups` of the rows `load_distilled(distill_dirs)` returns, or None if a set lacks prompt ids."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    parts = [load_from_disk(str(dataset_dir(distill_dir))) for distill_dir in distill_dirs]
+    if not all({"source", "index"} <= set(part.column_names) for part in parts):
+        return None
+    return prompt_groups(concatenate_datasets([part.select_columns(["source", "index"]) for part in parts]))
+
+
+def split_distilled(distill_dirs: List[str], num_rows: int, val_fraction: float, seed: int):
+    """`split_indices` of `load_distilled(distill_dirs)`'s rows, a prompt's rows on one side -> (train, val)."""
+    return split_indices(num_rows, val_fraction, seed, load_prompt_groups(distill_dirs))
 
 
 def answer_token_counts(dataset, indices, vocab_size: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
 from specdraft.methods.base import DraftContext
-from specdraft.train.data import answer_token_counts, load_distilled, split_indices
+from specdraft.train.data import answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
 from specdraft.train.module import DraftModule
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
@@ -281,7 +281,7 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
     device = trainer.strategy.root_device
     features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs, device,
                                                       shard_target(recipe, device))
-    train_idx, val_idx = split_indices(len(dataset), recipe.data.val_fraction, cfg.seed)
+    train_idx, val_idx = split_distilled(distill_dirs, len(dataset), recipe.data.val_fraction, cfg.seed)
     ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
                        activation_checkpointing=cfg.activation_checkpointing,
                        compile=compile_enabled(cfg.compile, device))

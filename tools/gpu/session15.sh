@@ -36,6 +36,7 @@ bench15() {  # GPU $1, label $2, run $3, tag $4: its chain of 6 and tree (6, 8, 
   CUDA_VISIBLE_DEVICES=$gpu WORK=$HOME/work_$label RUNS=$run STAGES=bench BENCH_TAG=$tag \
     bash tools/gpu/methods45.sh > "$RESULTS/bench_$label$tag.log" 2>&1
   local dir=$HOME/work_$label/methods45/$run
+  mkdir -p "$RESULTS/heads/$label"  # a head benched without train15 (a carried export) has none yet
   for kind in chain tree; do
     cp "$dir/bench_$kind$tag/bench.json" "$RESULTS/heads/$label/bench_$kind$tag.json" 2>/dev/null
   done

@@ -44,12 +44,13 @@ keep_data() {  # the distilled set in 15 MB parts under $1 (a device call's $OUT
   split -b 15M -d "$HOME/distilled.tgz" "$1/distilled.tgz.part"
 }
 
-long18() {  # $1: its GPUs (default all), $2: a command to wait for before the bench (default none)
+long18() {  # $1: its GPUs (default all), $2: a command to wait for before the bench (default none), then overrides
   local gpus=${1:-$ALL_GPUS} before=${2:-true} count
+  shift $(($# < 2 ? $# : 2))
   count=$(tr ',' '\n' <<< "$gpus" | wc -l)
   mkdir -p "$RESULTS"
   stamp "long18: EAGLE-3 on GPUs $gpus, 32 rows each a step, data $DATA"
-  train15 "$gpus" "$LONG" eagle3 "train.devices=$count" train.strategy=ddp
+  train15 "$gpus" "$LONG" eagle3 "train.devices=$count" train.strategy=ddp "$@"
   pack
   $before
   bench15 0 "$LONG" eagle3 _alone
