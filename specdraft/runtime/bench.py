@@ -71,6 +71,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0]}
     accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
+    per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
         plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
@@ -83,6 +84,8 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         drafted += spec.drafted
         exits += spec.exits
         same_as_plain += spec.tokens == plain.tokens
+        per_prompt.append({"prompt_len": len(prompt), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
+                           "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
         if settings.hf_baseline:
             hf_tokens, seconds = _timed(lambda: _hf_generate(runtime, prompt, n_new, temperature), device)
@@ -91,7 +94,8 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
             plain_matches_hf += hf_tokens == plain.tokens
     summary = _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts),
                        temperature, settings)
-    return {**summary, "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()}}
+    return {**summary, "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()},
+            "per_prompt": per_prompt}
 
 
 def host_load() -> Optional[float]:

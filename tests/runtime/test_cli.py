@@ -46,6 +46,11 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
         host, whole = profile[f"{name}_host_ms"], profile[f"{name}_ms" if name == "cycle" else "plain_step_ms"]
         assert 0 < host <= whole, (name, host, whole)
     assert report["settings"]["overlap"] is True
+    per_prompt = report["runs"][0]["per_prompt"]  # the totals, prompt by prompt
+    assert len(per_prompt) == prompts_run and all(p["prompt_len"] > 0 for p in per_prompt)
+    assert sum(p["plain_tokens"] for p in per_prompt) == report["runs"][0]["new_tokens"]["plain"]
+    assert sum(p["spec_cycles"] for p in per_prompt) == report["runs"][0]["cycles"]
+    assert abs(sum(p["spec_s"] for p in per_prompt) - report["runs"][0]["seconds"]["spec"]) < 1e-6
     load = report["runs"][0]["host_load"]
     assert load["cpus"] >= 1 and load["before"] >= 0 and load["after"] >= 0
     assert (tmp_path / "bench.png").stat().st_size > 0
