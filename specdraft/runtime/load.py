@@ -46,9 +46,12 @@ def _check_export(path: Path) -> None:
                              f"section); valid: {', '.join(KNOWN_EXPORTS)}")
 
 
+GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")  # what a draft fits
+
+
 def _check_geometry(loaded: LoadedDraft, target: LoadedTarget) -> None:
     trained, given = loaded.target, target.info
-    for field_name in ("vocab_size", "hidden_size"):
+    for field_name in GEOMETRY:
         if getattr(trained, field_name) != getattr(given, field_name):
             raise SpecdraftError(f"the draft was trained for a target with {field_name}={getattr(trained, field_name)}"
                                  f" ({trained.name_or_path}); {given.name_or_path} has "

@@ -121,6 +121,17 @@ def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
     assert "hidden_size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("field_name, geometry", [("num_layers", {"layers": 6}), ("num_kv_heads", {"kv_heads": 4})])
+def test_a_draft_for_a_target_of_other_depth_or_heads_is_refused(export_dir, tmp_path, capsys, field_name, geometry):
+    from tests.tiny import save_tiny_target, tiny_llama_config
+    from transformers import LlamaForCausalLM
+
+    other = save_tiny_target(tmp_path / "other")
+    LlamaForCausalLM(tiny_llama_config(**geometry)).save_pretrained(other)  # same vocabulary and width
+    assert cli.main(["generate", str(export_dir), "--prompt", "x", "--device", "cpu", "--target", str(other)]) == 2
+    assert f"{field_name}=" in capsys.readouterr().err
+
+
 def _moved_export(export_dir: Path, out: Path, recorded: bool) -> Path:
     """A copy of the export as another machine sees it: the recipe's target is not there; `recorded`: config.json
     keeps the target geometry exports record (False: an export from before they did)."""
