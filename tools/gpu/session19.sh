@@ -76,8 +76,15 @@ heads19() {
   plot_tagged _busy eagle3_warm_s16 poss2_warm_s16  # issue 4: the same start, the same steps
   pack
   bench15 0 kangaroo2_s19 kangaroo2 _alone
+  costs19
   pack
   stamp "heads19 done"
+}
+
+costs19() {  # every bench's cost a prompt and a cost a step beside its graphs (tools/loop_costs.py)
+  local runs=() file
+  for file in "$RESULTS"/heads/*/bench_*.json; do [ -f "$file" ] && runs+=("$(basename "$(dirname "$file")")/$(basename "$file" .json)=$file"); done
+  [ ${#runs[@]} -gt 0 ] && python3 tools/loop_costs.py "${runs[@]}" --out "$RESULTS" > "$RESULTS/loop_costs.log" 2>&1
 }
 
 keep19() {  # the long head's export and the sampled set, in 15 MB parts under $1 (the last call's $OUT)
