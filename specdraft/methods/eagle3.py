@@ -534,6 +534,7 @@ def eagle3_source(cfg: Eagle3Config, ctx: DraftContext, feature_layers: List[int
 
 
 def load_initial_state(draft: nn.Module, state: Dict[str, torch.Tensor], cfg: Eagle3Config, what: str) -> None:
+    """`state` into `draft`, every weight; a mismatch is one line naming `cfg.init_from`."""
     try:
         with torch.no_grad():
             draft.load_state_dict(state, strict=True)
