@@ -214,6 +214,21 @@ def silu_mul_cases(models, rows_list, device):
                               lambda impl, h=halves: [impl(*h)])
 
 
+def frontier_cases(models, topks, device):
+    from specdraft.kernels.tree_frontier.reference import advance_frontier_reference
+    from specdraft.kernels.tree_frontier.triton_kernel import advance_frontier_triton
+
+    for name, model in models.items():
+        for k in topks:
+            args = (-torch.rand(k, k, device=device) * 5, torch.randint(0, model["vocab"], (k, k), device=device),
+                    -torch.rand(k, device=device), torch.arange(1, k + 1, device=device), 1 + k,
+                    torch.randn(k, model["hidden"], device=device).bfloat16(),
+                    torch.rand(k, 1 + 6 * k, device=device) > 0.5)
+            yield Case("advance_frontier", f"{name} k={k} H={model['hidden']}",
+                       lambda a=args: advance_frontier_reference(*a), lambda a=args: advance_frontier_triton(*a),
+                       _same(lambda e, g: all(torch.equal(x, y) for x, y in zip(e, g))))
+
+
 def all_cases(device: torch.device, ops: set):
     tiny = device.type == "cpu"
     models = TINY if tiny else MODELS
@@ -225,7 +240,8 @@ def all_cases(device: torch.device, ops: set):
               "tree_attention": lambda: attention_cases(models, nodes, seq_len, device),
               "rms_norm": lambda: norm_cases(models, nodes, device),
               "rope_cache": lambda: rope_cases(models, nodes, seq_len, device),
-              "silu_mul": lambda: silu_mul_cases(models, nodes, device)}
+              "silu_mul": lambda: silu_mul_cases(models, nodes, device),
+              "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device)}
     for op, make in makers.items():
         if op in ops:
             yield from make()
@@ -284,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench_kernels.json")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
-                                         "silu_mul")
+                                         "silu_mul,advance_frontier")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)

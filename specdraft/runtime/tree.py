@@ -24,6 +24,7 @@ import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.runtime.drafter import Drafter
 
 
@@ -104,18 +105,14 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
         visible = visible | own_slot[depth - 1]  # [k, W] the frontier's ancestors and itself
         positions = position_by_depth[depth - 1:depth].expand(k)  # [k]
         logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)  # [k, Vd], [k, Hd]
-        child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k]
-        child_scores = frontier_scores[:, None] + child_scores  # joint log-probabilities
+        child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k] each node's own children
         base = sum(t.shape[0] for t in cand_tokens)
+        frontier = advance_frontier(child_scores, child_tokens, frontier_scores, frontier_ids, base, hidden, visible)
         cand_tokens.append(child_tokens.flatten())
-        cand_scores.append(child_scores.flatten())
-        cand_parents.append(frontier_ids[:, None].expand(k, k).reshape(-1))
-        frontier_scores, best = torch.topk(child_scores.flatten(), k)  # [k]
-        parent_lane = best // k
-        frontier_tokens = child_tokens.flatten()[best]
-        frontier_ids = base + best
-        frontier_hidden = hidden[parent_lane]
-        visible = visible[parent_lane]
+        cand_scores.append(frontier.joint)  # [k * k] joint log-probabilities
+        cand_parents.append(frontier.parents)
+        frontier_scores, frontier_tokens, frontier_ids = frontier.scores, frontier.tokens, frontier.ids  # [k]
+        frontier_hidden, visible, best = frontier.hidden, frontier.visible, frontier.best
         if keep_states:
             child_paths = _paths_of_children(frontier_paths, base, k)  # [k * k, C]
             drafter.tree_candidates(child_tokens.flatten(), (root_position + depth + 1).expand(k * k), base,

@@ -15,6 +15,7 @@ from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.tree_attention import tree_attention
+from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.tree_verify import verify_greedy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,9 @@ CALLS = {  # module: (its dispatching function, the Triton launcher's name, a ca
                                  torch.randn(6, 8), torch.tensor([1, 4]), torch.zeros(2, 6, 8), torch.zeros(2, 6, 8),
                                  torch.tensor([2, 3]))),
     "silu_mul": (silu_mul, "silu_mul_triton", lambda op: op(torch.randn(2, 12), torch.randn(2, 12))),
+    "tree_frontier": (advance_frontier, "advance_frontier_triton",
+                      lambda op: op(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2),
+                                    torch.tensor([1, 2]), 3, torch.randn(2, 8), torch.ones(2, 5, dtype=torch.bool))),
 }
 
 

@@ -9,6 +9,7 @@ from specdraft.kernels.rms_norm import rms_norm, rms_norm_reference
 from specdraft.kernels.rope_cache import rope_cache, rope_cache_reference
 from specdraft.kernels.silu_mul import silu_mul, silu_mul_reference
 from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
+from specdraft.kernels.tree_frontier import advance_frontier, advance_frontier_reference
 from specdraft.kernels.tree_verify import verify_greedy, verify_greedy_reference
 from tests.kernels.trees import ancestor_mask, random_parents
 
@@ -40,6 +41,23 @@ def test_draft_topk_on_gpu_and_in_a_graph(rows, vocab):
         expected = draft_topk_reference(draft_logits, d2t, 10)
         torch.testing.assert_close(logprobs, expected[0], rtol=0, atol=1e-4)
         assert torch.equal(target_ids, expected[1])
+
+
+@pytest.mark.parametrize("k, width", [(8, 576), (10, 4096), (1, 64)])
+def test_advance_frontier_on_gpu_and_in_a_graph(k, width):
+    child_logprobs = torch.empty(k, k, device=CUDA)
+    frontier_scores = torch.empty(k, device=CUDA)
+    tokens, ids = torch.randint(0, 49152, (k, k), device=CUDA), torch.arange(1, k + 1, device=CUDA)
+    hidden = torch.randn(k, width, device=CUDA).bfloat16()
+    visible = torch.rand(k, 1 + 6 * k, device=CUDA) > 0.5
+    args = (child_logprobs, tokens, frontier_scores, ids, 1 + k, hidden, visible)
+    graph, outputs = _captured(lambda: advance_frontier(*args))
+    for _ in range(2):
+        child_logprobs.copy_(-torch.rand(k, k, device=CUDA) * 5)
+        frontier_scores.copy_(-torch.rand(k, device=CUDA))
+        graph.replay()
+        for got, expected in zip(outputs, advance_frontier_reference(*args)):
+            assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("num_nodes, vocab", [(64, 152064), (1, 49152), (20, 32000)])
