@@ -5,7 +5,8 @@ Each op lives in `kernels/<op>/`: `reference.py` (the spec, short, shape comment
 Triton kernels run on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1` (how CI tests them).
 
 Ops: `soft_ce` (training loss); for the runtime, `draft_topk` (log-softmax + top-k + d2t over the draft
-vocabulary), `tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `kv_compact.compact_kv`
+vocabulary), `tree_frontier.advance_frontier` (a tree expansion step's joint scores, next frontier and gathers),
+`tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `kv_compact.compact_kv`
 (accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass attention over the prefix
 and the tree, flash-decoding style); in every decoder layer (the target's and the draft heads'), `rms_norm`
 ((residual add +) RMSNorm), `rope_cache` (rotary q and k + the KV-cache write) and `silu_mul` (SwiGLU's
