@@ -1,7 +1,8 @@
 """Fused and chunked ops, each beside a plain PyTorch reference that is its spec.
 
 Each op lives in `kernels/<op>/`: `reference.py` (the spec, short, shape comments), the fast version, and an
-`__init__.py` exposing one function that dispatches. `SPECDRAFT_KERNELS=reference` forces the references.
+`__init__.py` exposing one function that dispatches. `SPECDRAFT_KERNELS=reference` forces the references;
+`SPECDRAFT_KERNELS=reference:OP,...` those ops' alone.
 Triton kernels run on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1` (how CI tests them).
 
 Ops: `soft_ce` (training loss); for the runtime, `draft_topk` (log-softmax + top-k + d2t over the draft
@@ -21,18 +22,22 @@ import os
 import torch
 
 
-def use_reference() -> bool:
-    """True when SPECDRAFT_KERNELS=reference asks every op for its reference implementation."""
-    return os.environ.get("SPECDRAFT_KERNELS", "auto") == "reference"
+def use_reference(op: str = "") -> bool:
+    """True when SPECDRAFT_KERNELS asks for references: `reference` for every op, `reference:OP,OP` for those ops
+    alone (the kernels' directory names: one kernel's share of a run, measured against the same run without it)."""
+    value = os.environ.get("SPECDRAFT_KERNELS", "auto")
+    if value.startswith("reference:"):
+        return op in value[len("reference:"):].split(",")
+    return value == "reference"
 
 
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def use_triton(tensor: torch.Tensor) -> bool:
-    """Whether an op on `tensor` runs its Triton kernel: Triton is installed, the references are not forced,
-    and the tensor is on a CUDA device (or Triton interprets kernels on the CPU)."""
-    if use_reference() or importlib.util.find_spec("triton") is None:
+def use_triton(tensor: torch.Tensor, op: str = "") -> bool:
+    """Whether op `op` on `tensor` runs its Triton kernel: Triton is installed, its reference is not forced, and
+    the tensor is on a CUDA device (or Triton interprets kernels on the CPU)."""
+    if use_reference(op) or importlib.util.find_spec("triton") is None:
         return False
     return tensor.is_cuda or triton_interpreting()

@@ -59,6 +59,12 @@ def test_dispatch_follows_use_triton(name, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     call(dispatch)
     assert calls == [1]
+    monkeypatch.setenv("SPECDRAFT_KERNELS", f"reference:soft_ce,{name}")  # this op's reference alone
+    call(dispatch)
+    assert calls == [1]
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference:soft_ce")  # another op's
+    call(dispatch)
+    assert calls == [1, 1]
 
 
 NO_TRITON = """

@@ -22,7 +22,7 @@ CODE_KEYS = ("exp_avg_codes", "exp_avg_sq_root_codes")
 
 def adamw8bit_step(param: torch.Tensor, grad: torch.Tensor, moments: Moments, scalars: StepScalars) -> None:
     """param [...] float32 and its moments updated in place by one AdamW step with gradient grad [...]."""
-    if use_triton(param):
+    if use_triton(param, "adamw8bit"):
         from specdraft.kernels.adamw8bit.triton_kernel import adamw8bit_step_triton
 
         adamw8bit_step_triton(param, grad, moments, scalars)

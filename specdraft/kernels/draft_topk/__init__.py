@@ -12,7 +12,7 @@ from specdraft.kernels.draft_topk.reference import draft_topk_reference
 def draft_topk(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int):
     """draft_logits [N, Vd] (fp32/bf16/fp16); d2t [Vd] int64; k <= Vd ->
     (topk_logprobs [N, k] float32 in descending order, topk_target_ids [N, k] int64)."""
-    if use_triton(draft_logits):
+    if use_triton(draft_logits, "draft_topk"):
         from specdraft.kernels.draft_topk.triton_kernel import draft_topk_triton
 
         return draft_topk_triton(draft_logits, d2t, k)

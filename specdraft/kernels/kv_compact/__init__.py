@@ -14,7 +14,7 @@ def compact_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, src_slots: torch.Te
                count: torch.Tensor) -> None:
     """k_cache, v_cache [L, Hkv, S, D] (same shape and dtype); src_slots [M] int64 increasing; dst_start,
     count [1] int64 (count <= M). In place: cache[:, :, dst_start + i] = old cache[:, :, src_slots[i]], i < count."""
-    if use_triton(k_cache):
+    if use_triton(k_cache, "kv_compact"):
         from specdraft.kernels.kv_compact.triton_kernel import compact_kv_triton
 
         return compact_kv_triton(k_cache, v_cache, src_slots, dst_start, count)

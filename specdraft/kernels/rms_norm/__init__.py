@@ -16,7 +16,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     """x [..., H]; weight [H]; residual [..., H] or None -> normed [..., H] in x's dtype, or (normed, x + residual)
     when a residual is given (the sum is the next residual). weight_in_fp32: multiply by the weight in float32
     before the cast (the draft heads' RMSNorm) instead of after it (HF Llama)."""
-    if use_triton(x):
+    if use_triton(x, "rms_norm"):
         from specdraft.kernels.rms_norm.triton_kernel import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual, weight_in_fp32)

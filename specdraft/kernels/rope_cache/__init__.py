@@ -17,7 +17,7 @@ def rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: tor
     """q [N, Hq, D]; k, v [N, Hkv, D]; cos_table, sin_table [P, D] (half-rotation layout); positions [N] int64 rows
     of the tables (None: row i for token i, P = N); k_cache, v_cache [Hkv, S, D], or [C, Hkv, S, D] to write the
     same keys into C caches; slots [N] int64. Writes rotated k and v at the slots; returns rotated q [Hq, N, D]."""
-    if use_triton(q):
+    if use_triton(q, "rope_cache"):
         from specdraft.kernels.rope_cache.triton_kernel import rope_cache_triton
 
         return rope_cache_triton(q, k, v, cos_table, sin_table, positions, k_cache, v_cache, slots)

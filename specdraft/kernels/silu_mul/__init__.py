@@ -12,7 +12,7 @@ from specdraft.kernels.silu_mul.reference import silu_mul_reference
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up [..., I] (any row strides, contiguous last dim) -> silu(gate) * up [..., I] in their dtype."""
-    if use_triton(gate):
+    if use_triton(gate, "silu_mul"):
         from specdraft.kernels.silu_mul.triton_kernel import silu_mul_triton
 
         return silu_mul_triton(gate, up)

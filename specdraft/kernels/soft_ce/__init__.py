@@ -21,9 +21,9 @@ def _pick(impl: str, draft_logits: torch.Tensor) -> str:
         raise choices_error("soft_cross_entropy impl", impl, IMPLS)
     if impl != "auto":
         return impl
-    if use_reference():
+    if use_reference("soft_ce"):
         return "reference"
-    return "triton" if draft_logits.is_cuda and use_triton(draft_logits) else "chunked"
+    return "triton" if draft_logits.is_cuda and use_triton(draft_logits, "soft_ce") else "chunked"
 
 
 def soft_cross_entropy(draft_logits: torch.Tensor, target_logits: torch.Tensor, row_weights: torch.Tensor,

@@ -16,7 +16,7 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     """q [Hq, N, D]; k_cache, v_cache [Hkv, S, D] (Hq % Hkv == 0); prefix_len [1] int64; tree_mask [N, N] bool
     (node i sees node j) -> out [Hq, N, D] in q's dtype (softmax in float32; the Triton kernel's is laid out
     token-major, a transposed view of [N, Hq, D], so the output projection needs no copy)."""
-    if use_triton(q):
+    if use_triton(q, "tree_attention"):
         from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
 
         return tree_attention_triton(q, k_cache, v_cache, prefix_len, tree_mask, scale)

@@ -14,7 +14,7 @@ def advance_frontier(child_logprobs: torch.Tensor, child_tokens: torch.Tensor, f
                      frontier_ids: torch.Tensor, base: int, hidden: torch.Tensor, visible: torch.Tensor) -> Frontier:
     """child_logprobs [k, K] float32, child_tokens [k, K] int64, frontier_scores [k], frontier_ids [k], base,
     hidden [k, H], visible [k, W] bool -> Frontier (reference.py)."""
-    if use_triton(child_logprobs):
+    if use_triton(child_logprobs, "tree_frontier"):
         from specdraft.kernels.tree_frontier.triton_kernel import advance_frontier_triton
 
         return advance_frontier_triton(child_logprobs, child_tokens, frontier_scores, frontier_ids, base, hidden,

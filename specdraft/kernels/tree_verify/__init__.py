@@ -13,7 +13,7 @@ def verify_greedy(target_logits: torch.Tensor, tree_tokens: torch.Tensor, parent
                   depth_limit: int):
     """target_logits [N, V]; tree_tokens, parents [N] int64 (parents[0] = -1, parents[i] < i) ->
     (accepted_nodes [depth_limit + 1] int64 padded with -1, accept_length [1] int64, bonus_token [1] int64)."""
-    if use_triton(target_logits):
+    if use_triton(target_logits, "tree_verify"):
         from specdraft.kernels.tree_verify.triton_kernel import verify_greedy_triton
 
         return verify_greedy_triton(target_logits, tree_tokens, parents, depth_limit)

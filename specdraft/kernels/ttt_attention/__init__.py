@@ -34,7 +34,7 @@ def ttt_mask(document_ids: Optional[torch.Tensor], batch: int, num_cols: int, de
              impl: str = "auto") -> TTTMask:
     if impl not in IMPLS:
         raise choices_error("TTT attention", impl, IMPLS)
-    flex = impl == "flex" or (impl == "auto" and torch.device(device).type == "cuda" and not use_reference())
+    flex = impl == "flex" or (impl == "auto" and torch.device(device).type == "cuda" and not use_reference("ttt_attention"))
     if not flex:
         return TTTMask(document_ids=document_ids)
     from specdraft.kernels.ttt_attention.flex import ttt_block_mask
