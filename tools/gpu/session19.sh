@@ -2,11 +2,13 @@
 # Ready for the next session, on one machine of 4 GPUs (2 also work, with less), with tools/gpu/env.sh sourced
 # (DEEPSPEED=1); SmolLM2 joined ($GGUF), .data/mt_bench.jsonl, Session 16's EAGLE-3 export (.exports/eagle3_s16.tgz),
 # Session 18's greedy set (.data/distilled_s18.tgz: its 11,209 answers) and the training prompts carried.
-#   gaps19 (about 3 minutes, first, alone): tools/plain_loop_gaps.py on Session 16's head and SmolLM2, 20 MT-bench
-#          prompts in bench's order and blocked, the garbage collector on and off, every prompt's prefill alone;
-#          then on a random SmolLM2-shaped target. Session 18: the plain loop on a random target ran at its
-#          graph's pace (0.964 against 0.953 ms a step) while bench's plain decoding of SmolLM2 took 1.41-1.54
-#          ms a token: if that time is an artefact of bench, the speedups over plain are overstated (issue 3).
+#   gaps19 (about 4 minutes, first, alone): the fused tree frontier's GPU test (on failure every run takes its
+#          reference); tools/plain_loop_gaps.py on Session 16's head and SmolLM2, 20 MT-bench prompts in bench's
+#          order and blocked, the garbage collector on and off, every prompt's prefill alone (Session 18: the
+#          plain loop on a random target ran at its graph's pace, 0.964 against 0.953 ms a step, while bench's
+#          plain decoding of SmolLM2 took 1.41-1.54 ms a token: if that is an artefact of bench, the speedups over
+#          plain are overstated, issue 3); ab19: the tree with the fused frontier against its reference, 20
+#          prompts each (the graphed cycle: 554 launches against 589 counted on the CPU).
 #   sampled19 (about 5 minutes, 4 GPUs only): the training prompts answered once more, sampled at T=0.8: Session
 #          18's long head nearly exhausted the greedy set (held-out τ_sim 3.415, 3.447, 3.450 at its last three
 #          checkpoints, 14.6 passes), so more τ needs more answers. Kept by keep19 in the last call.
@@ -30,17 +32,35 @@ data19() {  # the carried set into $DATA's folder
 
 gaps19() {
   mkdir -p "$RESULTS" "$(dirname "$EAGLE3")"
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -m gpu tests/kernels/test_kernels_gpu.py -k frontier \
+    > "$RESULTS/frontier_gpu_test.log" 2>&1
+  local summary
+  summary=$(tail -1 "$RESULTS/frontier_gpu_test.log")  # pytest's last line: "N passed, M deselected in S s"
+  if [[ $summary != *" passed"* || $summary == *failed* || $summary == *error* ]]; then
+    export SPECDRAFT_KERNELS=reference:tree_frontier  # the new kernel failed on the GPU: its reference, every run
+  fi
+  stamp "frontier kernel on the GPU: $summary; SPECDRAFT_KERNELS=${SPECDRAFT_KERNELS:-auto}"
   for _ in $(seq 120); do [ -f .exports/eagle3_s16.tgz ] && break; sleep 5; done  # the second call carries it
   tar xzf .exports/eagle3_s16.tgz -C "$(dirname "$EAGLE3")"
   wait_for_target
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 tools/plain_loop_gaps.py --export "$EAGLE3" --target "$GGUF" \
-    --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20 --repeats 2 --out "$RESULTS/gaps_real" \
+    --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20 --repeats 1 --out "$RESULTS/gaps_real" \
     > "$RESULTS/gaps_real.log" 2>&1
   stamp "gaps, SmolLM2: $(grep -c plain_ "$RESULTS/gaps_real.log") plain rows"
-  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 tools/plain_loop_gaps.py --config smollm2 --repeats 2 \
-    --out "$RESULTS/gaps_random" > "$RESULTS/gaps_random.log" 2>&1
-  stamp "gaps, random: $(grep -c ' graph' "$RESULTS/gaps_random.log") graph rows"
+  ab19
   pack
+}
+
+ab19() {  # Session 16's head, its default tree, 20 prompts, alone: the fused frontier (new) against its reference
+  local run
+  for run in new reference; do
+    local kernels=${SPECDRAFT_KERNELS:-auto}
+    [ "$run" = reference ] && kernels=reference:tree_frontier
+    SPECDRAFT_KERNELS=$kernels CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m specdraft.cli bench "$EAGLE3" \
+      --target "$GGUF" --temperature 0 --no-hf --lossless-prompts 0 --prompts "$PWD/.data/mt_bench.jsonl" \
+      --max-prompts 20 --out "$RESULTS/ab19/$run" > "$RESULTS/ab19_$run.log" 2>&1
+    stamp "ab19 $run ($kernels): $(grep -o '"tau".*' "$RESULTS/ab19_$run.log" | head -1 | cut -c1-120)"
+  done
 }
 
 sampled19() {
