@@ -36,8 +36,9 @@ CONFIGS = {  # target geometry (Hugging Face LlamaConfig fields) and the head's 
 SPEEDUP_GOAL = 2.5  # issue 3's goal over plain decoding
 
 
-def build_engine(config: str, shape, max_len: int = 256):
-    """A bf16 SpecEngine (no CUDA graphs) of a random Llama of `config`'s geometry and a random EAGLE-3 head."""
+def build_engine(config: str, shape, max_len: int = 256, device: torch.device = torch.device("cpu")):
+    """A bf16 SpecEngine of a random Llama of `config`'s geometry and a random EAGLE-3 head, on `device` (CUDA
+    graphs there; none on the CPU, where the launches are counted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdraft.methods.base import DraftContext, TargetInfo
@@ -48,12 +49,14 @@ def build_engine(config: str, shape, max_len: int = 256):
     geometry, draft_vocab = CONFIGS[config]
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(**geometry, max_position_embeddings=max_len, tie_word_embeddings=False))
-    hf = hf.eval().to(torch.bfloat16)
+    hf = hf.eval().to(device=device, dtype=torch.bfloat16)
     info = TargetInfo.from_hf_config(hf.config, config)
     counts = torch.randint(0, 50, (info.vocab_size,))
-    draft = Eagle3Draft(Eagle3Config(draft_vocab_size=draft_vocab), DraftContext(info, counts)).eval().to(torch.bfloat16)
+    draft = Eagle3Draft(Eagle3Config(draft_vocab_size=draft_vocab), DraftContext(info, counts))
+    draft = draft.eval().to(device=device, dtype=torch.bfloat16)
     target = from_hf(hf, info)
-    return SpecEngine(target, Eagle3Drafter(draft, target), shape, max_len, hf_rope_tables(hf, max_len), False)
+    return SpecEngine(target, Eagle3Drafter(draft, target), shape, max_len, hf_rope_tables(hf, max_len),
+                      device.type == "cuda")
 
 
 def _counted(fn):

@@ -40,28 +40,11 @@ from specdraft.io import write_json  # noqa: E402
 
 
 def build_engine(config: str, shape_text: str, device: torch.device, max_len: int):
-    """A bf16 SpecEngine on `device` (CUDA graphs there) over a random target of `config`'s geometry and a random
-    EAGLE-3 head."""
+    """count_cycle_launches' random target and EAGLE-3 head, on `device`, for a tree of `shape_text`."""
     from bench_tree_shapes import parse_shape
-    from count_cycle_launches import CONFIGS
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from count_cycle_launches import build_engine as random_engine
 
-    from specdraft.methods.base import DraftContext, TargetInfo
-    from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
-    from specdraft.runtime.engine import SpecEngine
-    from specdraft.runtime.target import from_hf, hf_rope_tables
-
-    geometry, draft_vocab = CONFIGS[config]
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**geometry, max_position_embeddings=max_len, tie_word_embeddings=False))
-    hf = hf.eval().to(device=device, dtype=torch.bfloat16)
-    info = TargetInfo.from_hf_config(hf.config, config)
-    counts = torch.randint(0, 50, (info.vocab_size,))
-    draft = Eagle3Draft(Eagle3Config(draft_vocab_size=draft_vocab), DraftContext(info, counts))
-    draft = draft.eval().to(device=device, dtype=torch.bfloat16)
-    target = from_hf(hf, info)
-    return SpecEngine(target, Eagle3Drafter(draft, target), parse_shape(shape_text), max_len,
-                      hf_rope_tables(hf, max_len))
+    return random_engine(config, parse_shape(shape_text), max_len, device)
 
 
 def _sync(device: torch.device) -> None:
