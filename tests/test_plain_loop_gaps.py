@@ -30,7 +30,7 @@ def test_real_mode_times_bench_order_and_each_prompt(tiny):
     tool, engine, prompt = tiny
     runtime = SimpleNamespace(engine=engine, eos_ids=[])
     row = tool.measure_real(runtime, [prompt, prompt[:7]], 8)
-    for order in ("interleaved_gc_on", "interleaved_gc_off", "blocked_gc_on"):
+    for order in ("interleaved_gc_on", "interleaved_gc_off", "spec_first_gc_on", "blocked_gc_on"):
         assert row[f"plain_{order}"] > 0 and row[f"cycle_{order}"] > 0
     assert [p["prompt_len"] for p in row["per_prompt"]] == [12, 7]
     assert all(p["plain_tokens"] == 8 and 1 <= p["cycles"] <= 8 for p in row["per_prompt"])

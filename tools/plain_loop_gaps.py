@@ -12,7 +12,8 @@ a random target of a real geometry (launch-bound work does not depend on the wei
   cycle, generate  the speculative tree cycle's graph back to back, and `generate` as `bench` times it
 
 With --export (and --target, --prompts), a trained draft over its real target instead: `bench`'s own loop on
-real prompts (which stop at EOS), prompt by prompt as `bench` runs them and blocked (every plain decoding first),
+real prompts (which stop at EOS), prompt by prompt as `bench` runs them, the speculative one first, and blocked
+(every plain decoding first),
 with Python's garbage collector on and off, each prompt's prefill alone and its times (per_prompt in the JSON):
 whether the time beyond the graphs comes from the prompts, the order or the host.
 
@@ -102,14 +103,24 @@ def measure(engine, prompt_ids, tokens: int) -> Dict[str, float]:
             "generate_cycles": len(spec.accepted), "plain_tokens": len(whole.tokens)}
 
 
-def _bench_order(engine, prompts, tokens: int, eos_ids, interleaved: bool):
-    """Plain then speculative decoding of every prompt: prompt by prompt as `bench` runs them, or all plain ones
-    first -> (plain results, speculative results)."""
-    if interleaved:
-        pairs = [(engine.decode_plain(p, tokens, eos_ids), engine.generate(p, tokens, eos_ids)) for p in prompts]
-        return [plain for plain, _ in pairs], [spec for _, spec in pairs]
-    plain = [engine.decode_plain(p, tokens, eos_ids) for p in prompts]
-    return plain, [engine.generate(p, tokens, eos_ids) for p in prompts]
+def _bench_order(engine, prompts, tokens: int, eos_ids, order: str):
+    """Plain and speculative decoding of every prompt -> (plain results, speculative results). `order`:
+    "interleaved" (prompt by prompt, plain first, as `bench` runs them), "spec_first" (prompt by prompt, the
+    speculative one first: a cost paid by whichever loop meets a prompt first moves to it) or "blocked" (every
+    plain decoding first)."""
+    plain = lambda p: engine.decode_plain(p, tokens, eos_ids)  # noqa: E731
+    spec = lambda p: engine.generate(p, tokens, eos_ids)  # noqa: E731
+    if order == "blocked":
+        plain_results = [plain(p) for p in prompts]
+        return plain_results, [spec(p) for p in prompts]
+    plain_results, spec_results = [], []
+    for prompt in prompts:
+        if order == "spec_first":
+            spec_results.append(spec(prompt))
+        plain_results.append(plain(prompt))
+        if order != "spec_first":
+            spec_results.append(spec(prompt))
+    return plain_results, spec_results
 
 
 def measure_real(runtime, prompts, tokens: int) -> Dict:
@@ -119,9 +130,9 @@ def measure_real(runtime, prompts, tokens: int) -> Dict:
     engine.decode_plain(prompts[0], 32, runtime.eos_ids)
     engine.generate(prompts[0], 32, runtime.eos_ids)
     row: Dict = {}
-    for order, collector in (("interleaved", True), ("interleaved", False), ("blocked", True)):
+    for order, collector in (("interleaved", True), ("interleaved", False), ("spec_first", True), ("blocked", True)):
         gc.enable() if collector else gc.disable()
-        plain, spec = _bench_order(engine, prompts, tokens, runtime.eos_ids, order == "interleaved")
+        plain, spec = _bench_order(engine, prompts, tokens, runtime.eos_ids, order)
         gc.enable()
         key = f"{order}_gc_{'on' if collector else 'off'}"
         row[f"plain_{key}"] = 1000 * sum(r.seconds for r in plain) / sum(len(r.tokens) for r in plain)
