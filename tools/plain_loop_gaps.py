@@ -153,12 +153,38 @@ def measure_real(runtime, prompts, tokens: int) -> Dict:
     return row
 
 
+def first_seen(runtime, prompts, top: int = 30) -> Dict:
+    """Each prompt's prefill and a 32-token plain decoding timed the first time its length is met and again,
+    the first pass under cProfile (its `top` functions by cumulative time go to stdout): what a loop pays for a
+    prompt length it has not run before."""
+    import cProfile
+    import pstats
+
+    engine, device = runtime.engine, runtime.engine.device
+    engine.decode_plain(prompts[0], 32, runtime.eos_ids)
+    engine.generate(prompts[0], 32, runtime.eos_ids)
+    fresh = [p for p in prompts if len(p) != len(prompts[0])]
+    rows = []
+    profiler = cProfile.Profile()
+    for prompt in fresh:
+        tensor = torch.tensor(prompt, device=device)
+        profiler.enable()
+        first = _timed_ms(device, lambda: engine.prefill(tensor, 0.0))
+        profiler.disable()
+        second = _timed_ms(device, lambda: engine.prefill(tensor, 0.0))
+        rows.append({"prompt_len": len(prompt), "prefill_first_ms": first, "prefill_again_ms": second})
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
+    return {"first_seen": rows}
+
+
 def _real(args) -> tuple:
     from specdraft.runtime.bench import first_user_turns
     from specdraft.runtime.load import load_runtime
 
     runtime = load_runtime(args.export, target_path=args.target, device=args.device, max_len=args.max_len)
     prompts = first_user_turns(runtime, args.prompts, args.max_prompts)
+    if args.first_seen:
+        return runtime.engine, [first_seen(runtime, prompts)]
     return runtime.engine, [measure_real(runtime, prompts, args.tokens) for _ in range(args.repeats)]
 
 
@@ -176,6 +202,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--target", default=None, help="with --export: the target's path (default: the export's)")
     parser.add_argument("--prompts", default=None, help="with --export: a prompt file (MT-bench's questions)")
     parser.add_argument("--max-prompts", type=int, default=10)
+    parser.add_argument("--first-seen", action="store_true",
+                        help="with --export: each prompt's prefill the first time its length is met and again")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.export:
@@ -186,8 +214,11 @@ def main(argv=None) -> dict:
         prompt_ids = torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
         runs = [measure(engine, prompt_ids, args.tokens) for _ in range(args.repeats)]
     print(f"{'ms a step':>26} " + " ".join(f"{f'run {i + 1}':>9}" for i in range(len(runs))))
-    for key in [key for key in runs[0] if key != "per_prompt"]:
+    for key in [key for key in runs[0] if key not in ("per_prompt", "first_seen")]:
         print(f"{key:>26} " + " ".join(f"{run[key]:>9.3f}" for run in runs))
+    for row in runs[0].get("first_seen", []):
+        print(f"prompt of {row['prompt_len']:>4}: prefill {row['prefill_first_ms']:8.2f} ms first, "
+              f"{row['prefill_again_ms']:8.2f} ms again")
     report = {"config": args.export or args.config, "shape": args.shape, "tokens": args.tokens, "prompt_len": args.prompt_len,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "cuda_graphs": engine.use_graphs, "runs": runs}

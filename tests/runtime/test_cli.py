@@ -51,6 +51,8 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert sum(p["plain_tokens"] for p in per_prompt) == report["runs"][0]["new_tokens"]["plain"]
     assert sum(p["spec_cycles"] for p in per_prompt) == report["runs"][0]["cycles"]
     assert abs(sum(p["spec_s"] for p in per_prompt) - report["runs"][0]["seconds"]["spec"]) < 1e-6
+    warmup = report["runs"][0]["prompt_warmup"]  # every prompt prefilled twice before the timed loops
+    assert warmup["prompts"] == prompts_run and warmup["prefill_first_ms"] > 0 and warmup["prefill_again_ms"] > 0
     load = report["runs"][0]["host_load"]
     assert load["cpus"] >= 1 and load["before"] >= 0 and load["after"] >= 0
     assert (tmp_path / "bench.png").stat().st_size > 0

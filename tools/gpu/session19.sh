@@ -114,6 +114,28 @@ keep19() {  # the long head's export and the sampled set, in 15 MB parts under $
     && split -b 15M -d "$HOME/sampled.tgz" "$1/sampled.tgz.part"
 }
 
+firstseen19() {  # each prompt's prefill the first time its length is met and again, under cProfile (GPU 0)
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 tools/plain_loop_gaps.py --export "$EAGLE3" --target "$GGUF" \
+    --prompts "$PWD/.data/mt_bench.jsonl" --max-prompts 20 --first-seen --out "$RESULTS/first_seen" \
+    > "$RESULTS/first_seen.log" 2>&1
+  stamp "first seen: $(grep -c 'ms first' "$RESULTS/first_seen.log") prompts"
+}
+
+rerun19() {  # Session 19's second machine (the first was released mid-run): the probe, issue 4's fair
+  # comparison, and Session 16's head benched with every prompt length met before the timed loops
+  mkdir -p "$RESULTS" "$(dirname "$EAGLE3")"
+  for _ in $(seq 120); do [ -f .exports/eagle3_s16.tgz ] && break; sleep 5; done
+  tar xzf .exports/eagle3_s16.tgz -C "$(dirname "$EAGLE3")"
+  wait_for_target
+  ( firstseen19; bench15 0 eagle3_s16 eagle3 _busy ) &
+  data19
+  warm19 2 eagle3_warm_s16 eagle3 & warm19 3 poss2_warm_s16 poss2 & wait
+  plot_tagged _busy eagle3_warm_s16 poss2_warm_s16
+  costs19
+  pack
+  stamp "rerun19 done"
+}
+
 all19() {
   gaps19
   sampled19
