@@ -229,6 +229,22 @@ def frontier_cases(models, topks, device):
                        _same(lambda e, g: all(torch.equal(x, y) for x, y in zip(e, g))))
 
 
+def select_cases(shapes, device):
+    from specdraft.kernels.tree_select.reference import select_tree_reference
+    from specdraft.kernels.tree_select.triton_kernel import select_tree_triton
+    for depth, topk, budget in shapes:
+        count = 1 + topk + (depth - 1) * topk * topk  # the expansion's candidates; each hangs under an earlier one
+        parents = torch.cat([torch.tensor([-1]), torch.arange(count - 1) // topk])
+        scores = torch.zeros(count)
+        for index in range(1, count):  # a child scores below its parent, as joint log-probabilities do
+            scores[index] = scores[parents[index]] - 4 * torch.rand(())
+        tokens = torch.randint(0, 49152, (count,))
+        args = (tokens.to(device), parents.to(device), scores.to(device), budget, depth)
+        yield Case("select_tree", f"depth={depth} topk={topk} budget={budget} C={count}",
+                   lambda a=args: select_tree_reference(*a), lambda a=args: select_tree_triton(*a),
+                   _same(lambda e, g: all(torch.equal(x, y) for x, y in zip(e, g))))
+
+
 def all_cases(device: torch.device, ops: set):
     tiny = device.type == "cpu"
     models = TINY if tiny else MODELS
@@ -241,7 +257,8 @@ def all_cases(device: torch.device, ops: set):
               "rms_norm": lambda: norm_cases(models, nodes, device),
               "rope_cache": lambda: rope_cases(models, nodes, seq_len, device),
               "silu_mul": lambda: silu_mul_cases(models, nodes, device),
-              "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device)}
+              "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device),
+              "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device)}
     for op, make in makers.items():
         if op in ops:
             yield from make()
@@ -300,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench_kernels.json")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
-                                         "silu_mul,advance_frontier")
+                                         "silu_mul,advance_frontier,select_tree")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)

@@ -103,6 +103,7 @@ def count(config: str, shape_texts: List[str]) -> dict:
         if plain is None:
             plain = plain_step_launches(engine)
             engine.prefill(prompt, 0.0)
+        cycle_launches(engine)  # a first cycle builds what is cached per shape, as a graph's warm-up runs do
         phases = cycle_launches(engine)
         total = sum(len(names) for names in phases.values())
         rows.append({"shape": text, **{name: len(names) for name, names in phases.items()}, "cycle": total,

@@ -17,14 +17,16 @@ can start from those states (engine.py, `tree_verify_states`).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.tree_frontier import advance_frontier
+from specdraft.kernels.tree_select import select_tree
 from specdraft.runtime.drafter import Drafter
 
 
@@ -69,6 +71,31 @@ class DraftTree:
     candidate_ids: Optional[torch.Tensor] = None  # [N] ascending: each node's index among the candidates
 
 
+class _TreeConstants(NamedTuple):
+    """What a tree's expansion reads that depends on its shape alone, built once per shape and device (each a
+    launch or two a cycle otherwise)."""
+    root_score: torch.Tensor  # [1] float32 0: the root's joint log-probability
+    root_parent: torch.Tensor  # [1] int64 -1
+    first_parents: torch.Tensor  # [k] int64 0: depth 1 hangs under the root
+    first_ids: torch.Tensor  # [k] int64 1..k: depth 1's candidate indices
+    root_visible: torch.Tensor  # [k, W] bool: each of depth 1 sees scratch slot 0 (the root)
+    slots_by_depth: torch.Tensor  # [D-1, k] int64: depth d's scratch slots (row d - 1)
+    own_slot: torch.Tensor  # [D-1, k, W] bool: each lane's own scratch slot, by depth
+    depth_offsets: torch.Tensor  # [D-1] int64 1..D-1: depth d's position past the root's
+
+
+@functools.lru_cache(maxsize=32)
+def _tree_constants(shape: TreeShape, device: torch.device) -> _TreeConstants:
+    k, long = shape.topk, dict(dtype=torch.long, device=device)
+    slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, **long).view(-1, k)
+    return _TreeConstants(
+        root_score=torch.zeros(1, device=device), root_parent=torch.full((1,), -1, **long),
+        first_parents=torch.zeros(k, **long), first_ids=torch.arange(1, 1 + k, **long),
+        root_visible=torch.arange(shape.scratch, device=device).expand(k, -1) == 0, slots_by_depth=slots_by_depth,
+        own_slot=torch.arange(shape.scratch, device=device) == slots_by_depth[..., None],
+        depth_offsets=torch.arange(1, shape.depth, **long))
+
+
 def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) -> torch.Tensor:
     """parent_paths [p, C] bool (the candidates from the root to each parent) -> [p * per_parent, C], the paths
     of their children, numbered first, first + 1, ... (per_parent consecutive ones per parent): the parent's path
@@ -82,19 +109,15 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
             keep_states: bool = False):
     """Run the draft over `shape.depth` levels -> candidate tokens, parents (candidate index), joint scores.
     With keep_states, every candidate also goes through the drafter's `tree_candidates` (module docstring)."""
-    k, device = shape.topk, root.device
+    k, device, const = shape.topk, root.device, _tree_constants(shape, root.device)
     logits, hidden = drafter.first(root, root_position)  # [1, Vd], [1, Hd]
     scores, tokens = draft_topk(logits, drafter.d2t, k)  # [1, k]
-    cand_tokens, cand_scores = [root, tokens[0]], [torch.zeros(1, device=device), scores[0]]
-    cand_parents = [torch.full((1,), -1, device=device, dtype=torch.long), torch.zeros(k, device=device,
-                                                                                      dtype=torch.long)]
-    frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], torch.arange(1, 1 + k, device=device)
+    cand_tokens, cand_scores = [root, tokens[0]], [const.root_score, scores[0]]
+    cand_parents = [const.root_parent, const.first_parents]
+    frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], const.first_ids
     frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
-    visible = torch.arange(shape.scratch, device=device).expand(k, -1) == 0  # [k, W] each sees the root
-    # Depth d's frontier (row d - 1): its scratch slots, each lane's own slot in a mask, its position; built once.
-    slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, device=device).view(-1, k)  # [D-1, k]
-    own_slot = torch.arange(shape.scratch, device=device) == slots_by_depth[..., None]  # [D-1, k, W]
-    position_by_depth = root_position + torch.arange(1, shape.depth, device=device)  # [D-1]
+    visible, slots_by_depth, own_slot = const.root_visible, const.slots_by_depth, const.own_slot
+    position_by_depth = root_position + const.depth_offsets  # [D-1]
     if keep_states:
         root_path = torch.arange(shape.num_candidates, device=device)[None, :] == 0  # [1, C]
         frontier_paths = _paths_of_children(root_path, 1, k)  # [k, C] depth 1: every candidate is expanded
@@ -121,43 +144,12 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     return torch.cat(cand_tokens), torch.cat(cand_parents), torch.cat(cand_scores)
 
 
-def _select(cand_parents: torch.Tensor, cand_scores: torch.Tensor, shape: TreeShape) -> torch.Tensor:
-    """-> [budget] candidate indices, ascending (parents before children), the root first; kept[] closed."""
-    first = torch.arange(cand_scores.shape[0], device=cand_scores.device) == 0
-    scores = torch.where(first, float("inf"), cand_scores)  # the root is always kept
-    chosen = torch.topk(scores, shape.budget).indices
-    return torch.sort(chosen).values
-
-
 def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
                keep_states: bool = False) -> DraftTree:
     """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
     keep_states: the drafter keeps every candidate's shallow state (module docstring)."""
     cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position, keep_states)
-    chosen = _select(cand_parents, cand_scores, shape)  # [N]
-    n, device = shape.budget, root.device
-    node_of = torch.full((cand_tokens.shape[0],), -1, dtype=torch.long, device=device)
-    node_of[chosen] = torch.arange(n, device=device)
-    is_root = torch.arange(n, device=device) == 0
-    parents = torch.where(is_root, -1, node_of[cand_parents[chosen].clamp(min=0)])  # [N], -1: parent not kept
-    reach = ancestry(parents, shape.depth)  # [N, N]
-    valid = reach[:, 0]  # the path reaches the root: no ancestor was dropped (ties in joint probability)
-    # A dropped node is padding: it hangs under the root (depth 1) and its tree_mask row is itself alone.
-    tree_mask = reach & valid[:, None] | torch.eye(n, dtype=torch.bool, device=device)  # [N, N]
-    return DraftTree(tokens=cand_tokens[chosen], parents=torch.where(is_root, -1, torch.where(valid, parents, 0)),
-                     depths=torch.where(valid, reach.sum(1) - 1, 1), valid=valid, tree_mask=tree_mask,
-                     joint_logprobs=torch.where(valid, cand_scores[chosen], float("-inf")), candidate_ids=chosen)
-
-
-def ancestry(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """parents [N] (-1: none) -> reach [N, N] bool: node j is node i or one of its ancestors up to max_depth steps
-    up (a node under a missing parent reaches neither it nor the root). By repeated squaring of the one-step
-    relation, ceil(log2(max_depth)) small matmuls: about a dozen launches where a walk up the parents, one level
-    at a time, took ten a level."""
-    index = torch.arange(parents.shape[0], device=parents.device)
-    reach = ((parents[:, None] == index[None, :]) | (index[:, None] == index[None, :])).float()  # [N, N]
-    hops = 1
-    while hops < max_depth:  # reach covers paths of up to `hops` steps
-        reach = (reach @ reach).clamp(max=1.0)
-        hops *= 2
-    return reach > 0
+    selection = select_tree(cand_tokens, cand_parents, cand_scores, shape.budget, shape.depth)
+    return DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
+                     valid=selection.valid, tree_mask=selection.tree_mask, joint_logprobs=selection.joint_logprobs,
+                     candidate_ids=selection.chosen)

@@ -10,8 +10,9 @@ from specdraft.kernels.rope_cache import rope_cache, rope_cache_reference
 from specdraft.kernels.silu_mul import silu_mul, silu_mul_reference
 from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
 from specdraft.kernels.tree_frontier import advance_frontier, advance_frontier_reference
+from specdraft.kernels.tree_select import select_tree, select_tree_reference
 from specdraft.kernels.tree_verify import verify_greedy, verify_greedy_reference
-from tests.kernels.trees import ancestor_mask, random_parents
+from tests.kernels.trees import ancestor_mask, expansion_candidates, random_parents
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -57,6 +58,19 @@ def test_advance_frontier_on_gpu_and_in_a_graph(k, width):
         frontier_scores.copy_(-torch.rand(k, device=CUDA))
         graph.replay()
         for got, expected in zip(outputs, advance_frontier_reference(*args)):
+            assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("depth, topk, budget", [(6, 8, 48), (6, 10, 60), (4, 1, 5)])
+def test_select_tree_on_gpu_and_in_a_graph(depth, topk, budget):
+    tokens, parents, scores = (t.to(CUDA) for t in expansion_candidates(depth, topk, torch.Generator().manual_seed(0)))
+    graph, outputs = _captured(lambda: select_tree(tokens, parents, scores, budget, depth))
+    for seed in (1, 2):
+        for tensor, fresh in zip((tokens, parents, scores),
+                                 expansion_candidates(depth, topk, torch.Generator().manual_seed(seed))):
+            tensor.copy_(fresh)
+        graph.replay()
+        for got, expected in zip(outputs, select_tree_reference(tokens, parents, scores, budget, depth)):
             assert torch.equal(got, expected)
 
 

@@ -32,3 +32,22 @@ def depth(parents: torch.Tensor) -> int:
     for node in range(1, parents.shape[0]):
         depths[node] = depths[int(parents[node])] + 1
     return max(depths)
+
+
+def expansion_candidates(depth: int, topk: int, generator: torch.Generator, vocab: int = 49152):
+    """A tree expansion's candidates as runtime/tree.py lays them out: the root, its topk children, then topk * topk
+    a depth under the previous depth's best topk -> (tokens [C] int64, parents [C] int64, scores [C] float32),
+    each score its parent's plus a log-probability (never above the parent's)."""
+    tokens = [torch.randint(0, vocab, (1,), generator=generator)]
+    parents, scores = [torch.tensor([-1])], [torch.zeros(1)]
+    frontier_ids, frontier_scores = torch.zeros(1, dtype=torch.int64), torch.zeros(1)
+    base = 1
+    for _ in range(depth):
+        count = frontier_ids.shape[0] * topk
+        child_scores = frontier_scores.repeat_interleave(topk) - torch.rand(count, generator=generator) * 4
+        tokens.append(torch.randint(0, vocab, (count,), generator=generator))
+        parents.append(frontier_ids.repeat_interleave(topk))
+        scores.append(child_scores)
+        best = torch.sort(child_scores, descending=True, stable=True).indices[:topk]
+        frontier_ids, frontier_scores, base = base + best, child_scores[best], base + count
+    return torch.cat(tokens), torch.cat(parents), torch.cat(scores)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdraft.runtime.drafter import DraftMask, draft_visible
-from specdraft.runtime.tree import ancestry
+from specdraft.kernels.tree_select import ancestry
 
 
 def _walked_ancestry(parents: list, max_depth: int) -> torch.Tensor:

@@ -1,0 +1,51 @@
+"""select_tree: the Triton kernel (under TRITON_INTERPRET=1 on CPU) against its reference on expansions of
+runtime shapes, ties included, and the reference against tree.py's selection as it was written before the fusion
+(torch.topk, then the tree built from the kept candidates)."""
+import pytest
+import torch
+
+from specdraft.kernels.tree_select import ancestry, select_tree, select_tree_reference
+from specdraft.kernels.tree_select.triton_kernel import select_tree_triton
+from tests.kernels.trees import ancestor_mask, expansion_candidates
+
+
+def _assert_same(got, expected):
+    for name, a, b in zip(expected._fields, got, expected):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("depth, topk, budget", [(6, 8, 48), (5, 8, 32), (3, 2, 6), (1, 4, 3), (4, 1, 5),
+                                                 (6, 10, 60), (2, 3, 13)])
+def test_triton_matches_reference(depth, topk, budget):
+    for seed in range(3):
+        candidates = expansion_candidates(depth, topk, torch.Generator().manual_seed(seed))
+        _assert_same(select_tree_triton(*candidates, budget, depth), select_tree_reference(*candidates, budget, depth))
+
+
+def test_ties_keep_the_lower_candidate_and_pad_orphans():
+    """Every candidate ties: the first budget - 1 after the root are kept, and a kept candidate whose parent was not
+    (it lies past the budget) becomes padding in both: under the root, its mask row itself alone, scored -inf."""
+    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4))
+    scores[1:] = -1.0
+    parents[5] = 9  # candidate 5 hangs under candidate 9, which a budget of 8 leaves out
+    got = select_tree_triton(tokens, parents, scores, 8, 3)
+    _assert_same(got, select_tree_reference(tokens, parents, scores, 8, 3))
+    assert got.chosen.tolist() == list(range(8))
+    assert got.valid.tolist() == [True] * 5 + [False] + [True] * 2
+    assert got.parents[5] == 0 and got.depths[5] == 1 and got.joint_logprobs[5] == -float("inf")
+    assert got.tree_mask[5].tolist() == [False] * 5 + [True] + [False] * 2
+
+
+def test_reference_keeps_what_topk_kept():
+    """Without ties the reference keeps the root and torch.topk's budget - 1 best, with every node's ancestors in
+    its mask row and its depth."""
+    tokens, parents, scores = expansion_candidates(6, 8, torch.Generator().manual_seed(5))
+    got = select_tree(tokens, parents, scores, 48, 6)
+    ranked = torch.where(torch.arange(scores.shape[0]) == 0, float("inf"), scores)
+    assert torch.equal(got.chosen, torch.sort(torch.topk(ranked, 48).indices).values)
+    assert got.valid.all() and torch.equal(got.tokens, tokens[got.chosen])
+    node_parents = got.parents.clone()
+    assert torch.equal(got.tree_mask, ancestor_mask(node_parents))
+    assert torch.equal(got.depths, ancestor_mask(node_parents).sum(1) - 1)
+    assert torch.equal(ancestry(node_parents, 6), got.tree_mask)
