@@ -64,7 +64,7 @@ from specdraft.methods.base import (
     TargetFeatures,
     TargetInfo,
 )
-from specdraft.runtime.drafter import DraftMask, rope_tables
+from specdraft.runtime.drafter import draft_attention, ingest_attention, rope_tables
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
@@ -571,40 +571,37 @@ class Eagle3Drafter:
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
         self.weights = RuntimeWeights.of(self.draft.midlayer)
-        self.mask = DraftMask(max_len, scratch, device, root_written=False)
 
     def state_tensors(self):
-        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden] + self.mask.state_tensors()
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
-    def _layer(self, hidden, embeds, rope_positions, slots, visible):
-        """hidden, embeds [M, H]; rope_positions, slots [M]; visible [M, S] -> (the head's final norm of the output,
-        the midlayer's output), each [M, H]; cached."""
-        layer, m = self.draft.midlayer, hidden.shape[0]
-        q = layer_query(layer, self.weights, hidden, embeds, self.rope, rope_positions, self.k_cache, self.v_cache,
-                        slots)  # [Hq, M, D]
-        out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
-                                             enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
-        attn_out = F.linear(out.transpose(0, 1).reshape(m, -1), self.weights.o)  # [M, H]
-        return layer_tail(layer, self.weights, self.draft.norm, hidden, attn_out)
+    def _query(self, hidden, embeds, rope_positions, slots):
+        """hidden, embeds [M, H]; rope_positions, slots [M] -> q [Hq, M, D]; writes their keys and values."""
+        return layer_query(self.draft.midlayer, self.weights, hidden, embeds, self.rope, rope_positions, self.k_cache,
+                           self.v_cache, slots)
+
+    def _tail(self, hidden, attended):
+        """hidden [M, H], attended [Hq, M, D] (the attention's output) -> (the head's final norm of the midlayer's
+        output, that output), each [M, H]."""
+        attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), self.weights.o)  # [M, H]
+        return layer_tail(self.draft.midlayer, self.weights, self.draft.norm, hidden, attn_out)
 
     def ingest(self, features, next_tokens, start, count) -> None:
-        m, slots_all = next_tokens.shape[0], torch.arange(self.k_cache.shape[1], device=next_tokens.device)
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
-        columns = start + torch.arange(m, device=next_tokens.device)  # [M]
-        visible = slots_all[None, :] <= columns[:, None]  # [M, S] causal over the prefix
-        _, hidden = self._layer(hidden, self.embed(next_tokens).to(hidden.dtype), columns, columns, visible)
+        columns = start + torch.arange(next_tokens.shape[0], device=next_tokens.device)  # [M]
+        q = self._query(hidden, self.embed(next_tokens).to(hidden.dtype), columns, columns)
+        _, hidden = self._tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
         self.last_hidden.copy_(hidden[count - 1])
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
-        self.mask.new_cycle(self.prefix_len)
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        visible = self.mask(scratch_visible)  # [k, S]
-        normed, out = self._layer(hidden, self.embed(tokens).to(hidden.dtype), positions - 1,
-                                  self.prefix_len + scratch_slots, visible)
+        q = self._query(hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.prefix_len + scratch_slots)
+        attended = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=False)
+        normed, out = self._tail(hidden, attended)
         return self.draft.lm_head(normed), out
 
 

@@ -62,7 +62,7 @@ from specdraft.methods.base import (
     TargetInfo,
 )
 from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
-from specdraft.runtime.drafter import DraftMask, draft_visible, rope_tables
+from specdraft.runtime.drafter import draft_attention, draft_visible, rope_tables
 from specdraft.target.partial import new_layer_cache, run_first_layers
 
 
@@ -354,11 +354,10 @@ class KangarooDrafter:
         attn = self.draft.self_attn
         qkv = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
         self.qkv_weight = torch.cat(qkv).detach()  # [(h + 2 kvh) D, H]: one matmul
-        self.mask = DraftMask(max_len, scratch, device, root_written=True)
 
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.scratch_tokens, self.scratch_positions,
-                self.scratch_mask, self.shallow_states] + self.mask.state_tensors()
+                self.scratch_mask, self.shallow_states]
 
     def _write_kv(self, shallow, positions, slots):
         """shallow [M, H] at positions [M] -> queries [Hq, M, D]; writes their keys and values at slots [M]."""
@@ -368,12 +367,12 @@ class KangarooDrafter:
         return rope_cache(q.view(m, self.heads, -1), k.view(m, self.kv_heads, -1), v.view(m, self.kv_heads, -1),
                           *self.rope, positions, self.k_cache, self.v_cache, slots)
 
-    def _adapter(self, shallow, positions, slots, visible):
-        """shallow [M, H] -> (logits [M, Vd], adapter output [M, H]); visible [M, S] over the adapter cache. The
-        residual add and the target's final norm are one launch (`draft.logits`' bits)."""
+    def _adapter(self, shallow, positions, slots, scratch_visible):
+        """shallow [M, H] at scratch slots -> (logits [M, Vd], adapter output [M, H]); each row sees the confirmed
+        prefix and the scratch slots scratch_visible [M, W] marks (`draft_attention`). The residual add and the
+        target's final norm are one launch (`draft.logits`' bits)."""
         q = self._write_kv(shallow, positions, slots)
-        out = F.scaled_dot_product_attention(q[None], self.k_cache[None], self.v_cache[None], attn_mask=visible,
-                                             enable_gqa=self.heads != self.kv_heads)[0]  # [Hq, M, D]
+        out = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=True)
         attn_out = self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
         normed, hidden = rms_norm(attn_out, self.target.norm, self.target.info.rms_norm_eps, shallow)
         return F.linear(normed, self.rows.to(normed.dtype)), hidden
@@ -402,13 +401,11 @@ class KangarooDrafter:
 
     def first(self, root_token, position):
         self.frontier_shallow = None  # a new cycle: nothing left for `step` until `tree_candidates` runs
-        self.mask.new_cycle(self.prefix_len)
         self.scratch_tokens[:1] = root_token
         self.scratch_positions[:1] = position
         shallow, kept = self._shallow_chain(root_token, position, self.prefix_len)  # [1, H] each
         self.shallow_states[:1] = kept
-        visible = torch.arange(self.k_cache.shape[1], device=shallow.device)[None, :] <= self.prefix_len
-        return self._adapter(shallow, position, self.prefix_len, visible)
+        return self._adapter(shallow, position, self.prefix_len, self.root_mask)  # the root sees itself
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         frontier_shallow, self.frontier_shallow = self.frontier_shallow, None
@@ -419,8 +416,7 @@ class KangarooDrafter:
             self.shallow_states.index_copy_(0, scratch_slots, kept)
         else:
             shallow = self._shallow_tree(tokens, positions, scratch_slots, scratch_visible)  # [k, H]
-        visible = self.mask(scratch_visible)  # [k, S]
-        return self._adapter(shallow, positions, self.prefix_len + scratch_slots, visible)
+        return self._adapter(shallow, positions, self.prefix_len + scratch_slots, scratch_visible)
 
     def _shallow_tree(self, tokens, positions, scratch_slots, scratch_visible):
         """Every scratch node so far through layers 0..ℓ-1 (W rows, tree mask) -> the k new nodes' [k, H]."""

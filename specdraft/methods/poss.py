@@ -57,7 +57,7 @@ from specdraft.methods.eagle3 import (
     load_initial_state,
     ttt_inputs,
 )
-from specdraft.runtime.drafter import DraftMask, rope_tables
+from specdraft.runtime.drafter import draft_attention, ingest_attention, rope_tables
 
 
 @dataclass
@@ -278,10 +278,9 @@ class PossDrafter:
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
         self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
         self.weights = [RuntimeWeights.of(layer) for layer in self.draft.specialists]
-        self.mask = DraftMask(max_len, scratch, device, root_written=False)
 
     def state_tensors(self):
-        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden] + self.mask.state_tensors()
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
     def _project(self, specialist: int, hidden, embeds, rope_positions, k_cache, v_cache, slots):
         """hidden, embeds [M, H]; rope_positions, slots [M] -> q [Hq, M, D] of `specialist`; writes its keys and
@@ -289,15 +288,12 @@ class PossDrafter:
         return layer_query(self.draft.specialists[specialist], self.weights[specialist], hidden, embeds, self.rope,
                            rope_positions, k_cache, v_cache, slots)
 
-    def _attend(self, specialist: int, hidden, q, visible):
-        """hidden [M, H], q [Hq, M, D], visible [M, S] -> (the head's final norm of the specialist's output, the
-        output), each [M, H], over its cache."""
-        layer, m = self.draft.specialists[specialist], hidden.shape[0]
-        out = F.scaled_dot_product_attention(q[None], self.k_cache[specialist][None], self.v_cache[specialist][None],
-                                             attn_mask=visible, enable_gqa=self.heads != self.kv_heads)[0]
+    def _tail(self, specialist: int, hidden, attended):
+        """hidden [M, H], attended [Hq, M, D] (the specialist's attention output) -> (the head's final norm of the
+        specialist's output, the output), each [M, H]."""
         weights = self.weights[specialist]
-        attn_out = F.linear(out.transpose(0, 1).reshape(m, -1), weights.o)  # [M, H]
-        return layer_tail(layer, weights, self.draft.norm, hidden, attn_out)
+        attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), weights.o)  # [M, H]
+        return layer_tail(self.draft.specialists[specialist], weights, self.draft.norm, hidden, attn_out)
 
     def ingest(self, features, next_tokens, start, count) -> None:
         m, device = next_tokens.shape[0], next_tokens.device
@@ -308,21 +304,20 @@ class PossDrafter:
         for specialist in reversed(range(len(self.draft.specialists))):  # ends with specialist 0's queries
             q = self._project(specialist, fused, embeds, columns, self.k_cache[specialist],
                               self.v_cache[specialist], columns)
-        visible = torch.arange(self.k_cache.shape[2], device=device)[None, :] <= columns[:, None]  # [M, S]
-        _, hidden = self._attend(0, fused, q, visible)
+        _, hidden = self._tail(0, fused, ingest_attention(q, self.k_cache[0], self.v_cache[0], start))
         self.last_hidden.copy_(hidden[count - 1])
         self.prefix_len.copy_(start + count)
 
     def first(self, root_token, position):
-        self.mask.new_cycle(self.prefix_len)
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         specialist = self.draft.specialist_for(depth)  # TTT step `depth` drafts depth + 1
         q = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.k_cache,
                           self.v_cache, self.prefix_len + scratch_slots)  # every specialist sees the chain
-        visible = self.mask(scratch_visible)  # [k, S]
-        normed, out = self._attend(specialist, hidden, q, visible)
+        attended = draft_attention(q, self.k_cache[specialist], self.v_cache[specialist], self.prefix_len,
+                                   scratch_visible, root_written=False)
+        normed, out = self._tail(specialist, hidden, attended)
         return self.draft.lm_head(normed), out
 
 

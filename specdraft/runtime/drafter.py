@@ -58,10 +58,12 @@ Optional, for drafters that run the target's own shallow layers (self-speculatio
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
 
+from specdraft.kernels.tree_attention import tree_attention
 from specdraft.layers import rope_cos_sin
 
 
@@ -99,30 +101,33 @@ def draft_visible(prefix_len: torch.Tensor, num_slots: int, scratch_visible: tor
     return in_scratch | (relative < 0)
 
 
-class DraftMask:
-    """`draft_visible` for a drafter's steps in three launches a step instead of about ten: the confirmed-prefix
-    part and the scratch slots' cache columns are built once a cycle (`new_cycle`, from the drafter's `first`), a
-    step scatters its scratch_visible [k, W] into that. Needs prefix_len + W <= num_slots (the engine's
-    `_check_room` keeps a scratch region free past the prefix)."""
+def draft_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
+                    scratch_visible: torch.Tensor, root_written: bool) -> torch.Tensor:
+    """A drafting step's attention over a drafter's own cache: q [Hq, k, D] of k frontier nodes, k_cache and
+    v_cache [Hkv, S, D]; each node sees the confirmed prefix (slots < prefix_len [1]) and the scratch slots
+    prefix_len + j that scratch_visible [k, W] marks, scratch slot 0 (the root) only when the drafter wrote KV
+    there (`root_written`) -> [Hq, k, D] (token-major from the kernel: the output projection reads it without a
+    copy). `kernels.tree_attention` with the scratch slots as its window: two launches, where a [k, S] mask
+    built each step, its conversion and SDPA took about seven (as `draft_visible` spells out, its test's spec)."""
+    window = scratch_visible if root_written else scratch_visible & _past_root(scratch_visible.shape[1], q.device)
+    return tree_attention(q, k_cache, v_cache, prefix_len, window, q.shape[-1] ** -0.5)
 
-    def __init__(self, num_slots: int, scratch: int, device: torch.device, root_written: bool):
-        self.slot_ids = torch.arange(num_slots, device=device)  # [S]
-        self.offsets = torch.arange(scratch, device=device)  # [W]
-        self.keep = (self.offsets > 0) | root_written  # [W] scratch slot 0 (the root) only when written
-        self.prefix = torch.zeros(num_slots, dtype=torch.bool, device=device)  # [S] slots < prefix_len
-        self.columns = torch.zeros(scratch, dtype=torch.long, device=device)  # [W] cache slot of scratch slot j
 
-    def state_tensors(self) -> List[torch.Tensor]:
-        return [self.prefix, self.columns]
+def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """An ingest's attention over a drafter's own cache: q [Hq, M, D] of rows whose keys were just written at slots
+    start..start+M-1 (start [1]), each seeing every slot up to its own -> [Hq, M, D] (token-major from the kernel).
+    A cycle's M (depth + 1) fits the kernel's window; a prompt's longer M takes its reference."""
+    return tree_attention(q, k_cache, v_cache, start, _causal(q.shape[1], q.device), q.shape[-1] ** -0.5)
 
-    def new_cycle(self, prefix_len: torch.Tensor) -> None:  # prefix_len [1]
-        torch.lt(self.slot_ids, prefix_len, out=self.prefix)
-        torch.add(self.offsets, prefix_len, out=self.columns)
 
-    def __call__(self, scratch_visible: torch.Tensor) -> torch.Tensor:  # [k, W] -> [k, S] bool
-        k, width = scratch_visible.shape
-        allowed = scratch_visible & self.keep[:width]  # [k, W]
-        return self.prefix.expand(k, -1).scatter(1, self.columns[:width].expand(k, -1), allowed)
+@functools.lru_cache(maxsize=16)
+def _causal(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(rows, rows, dtype=torch.bool, device=device).tril()  # [M, M] row i sees rows 0..i
+
+
+@functools.lru_cache(maxsize=16)
+def _past_root(width: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(width, device=device) > 0  # [W] every scratch slot but the root's
 
 
 def rope_tables(max_len: int, head_dim: int, theta: float, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ def _slow_attention(q, k_cache, v_cache, prefix_len, tree_mask, scale):
     for head in range(q_heads):
         keys, values = k_cache[head // group].double(), v_cache[head // group].double()
         for node in range(num_nodes):
-            slots = list(range(prefix_len)) + [prefix_len + j for j in range(num_nodes) if tree_mask[node, j]]
+            slots = list(range(prefix_len)) + [prefix_len + j for j in range(tree_mask.shape[1]) if tree_mask[node, j]]
             weights = torch.softmax(keys[slots] @ q[head, node].double() * scale, dim=0)
             out[head, node] = weights @ values[slots]
     return out
@@ -57,6 +57,24 @@ def test_triton_matches_reference(q_heads, kv_heads, num_nodes, seq_len, head_di
     torch.testing.assert_close(got.float(), expected.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("num_nodes, window, prefix_len", [(8, 49, 30), (1, 7, 0), (10, 61, 3)])
+def test_a_window_wider_than_the_queries(num_nodes, window, prefix_len):
+    """A drafting step's frontier (N rows) over its scratch window (W slots after the prefix), each row seeing the
+    slots its mask marks: the kernel, the reference and the float64 definition agree, stale slots unseen."""
+    generator = torch.Generator().manual_seed(window)
+    q = torch.randn(6, num_nodes, 16, generator=generator)
+    k_cache, v_cache = torch.randn(2, 2, 96, 16, generator=generator)
+    k_cache[:, prefix_len + window:] = 1e4
+    v_cache[:, prefix_len + window:] = 1e4
+    window_mask = torch.rand(num_nodes, window, generator=generator) > 0.6
+    window_mask[:, 0] = prefix_len == 0  # a row must see something: the prefix, or the window's first slot
+    inputs = (q, k_cache, v_cache, torch.tensor([prefix_len]), window_mask)
+    expected = _slow_attention(q, k_cache, v_cache, prefix_len, window_mask, 0.25)
+    torch.testing.assert_close(tree_attention_reference(*inputs, 0.25).double(), expected, rtol=1e-5, atol=1e-5)
+    got = tree_attention_triton(*inputs, 0.25, block_s=16, split_size=32)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_reference_is_the_definition():
     inputs = _inputs(4, 2, 6, 32, 8, 10, torch.float32, seed=3)
     expected = _slow_attention(*inputs[:3], 10, inputs[4], 0.3)
@@ -68,7 +86,7 @@ def test_64_nodes_the_ancestor_bits_limit_and_dispatch():
     torch.testing.assert_close(tree_attention(*inputs, 0.25), tree_attention_reference(*inputs, 0.25),
                                rtol=1e-5, atol=1e-5)
     too_many = _inputs(1, 1, 65, 96, 16, 20, torch.float32)
-    with pytest.raises(SpecdraftError, match="65 tree nodes"):
+    with pytest.raises(SpecdraftError, match="a window of 65 slots"):
         tree_attention_triton(*too_many, 0.25)
 
 

@@ -1,10 +1,12 @@
 """The masks a cycle builds with few launches against plain references: the tree's ancestry (repeated squaring)
-against a walk up the parents, and a drafter's step mask (`DraftMask`) against `draft_visible`."""
+against a walk up the parents, and a drafter's step attention over its scratch window (`draft_attention`) against
+SDPA over the whole cache with `draft_visible`'s mask."""
 import pytest
 import torch
+import torch.nn.functional as F
 
-from specdraft.runtime.drafter import DraftMask, draft_visible
 from specdraft.kernels.tree_select import ancestry
+from specdraft.runtime.drafter import draft_attention, draft_visible
 
 
 def _walked_ancestry(parents: list, max_depth: int) -> torch.Tensor:
@@ -50,15 +52,21 @@ def test_a_chain_reaches_the_root_only_within_max_depth():
     assert ancestry(parents, 4)[:, 0].tolist() == [True] * 5 + [False]
 
 
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
 @pytest.mark.parametrize("root_written", [False, True])
 @pytest.mark.parametrize("width", [4, 9])
-def test_the_draft_mask_equals_draft_visible(root_written, width):
+def test_draft_attention_equals_sdpa_over_draft_visible(kernels, root_written, width, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
     generator = torch.Generator().manual_seed(width)
-    num_slots, scratch = 40, 9
-    mask = DraftMask(num_slots, scratch, torch.device("cpu"), root_written)
+    num_slots, scratch, k = 40, 9, 3
+    k_cache, v_cache = torch.randn(2, 2, num_slots, 16, generator=generator)  # [Hkv, S, D] each
+    q = torch.randn(4, k, 16, generator=generator)  # [Hq, k, D]
     for prefix in [0, 7, num_slots - scratch]:
         prefix_len = torch.tensor([prefix])
-        mask.new_cycle(prefix_len)
-        scratch_visible = torch.rand(3, width, generator=generator) < 0.5  # [k, W]
-        expected = draft_visible(prefix_len, num_slots, scratch_visible, root_written)
-        assert torch.equal(mask(scratch_visible), expected), (prefix, width)
+        scratch_visible = torch.rand(k, width, generator=generator) < 0.5  # [k, W]
+        scratch_visible[:, width - 1] = True  # each node sees itself (past the root)
+        expected = F.scaled_dot_product_attention(
+            q[None], k_cache[None], v_cache[None], enable_gqa=True,
+            attn_mask=draft_visible(prefix_len, num_slots, scratch_visible, root_written))[0]
+        got = draft_attention(q, k_cache, v_cache, prefix_len, scratch_visible, root_written)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -2,7 +2,7 @@
 
 Dispatch: the Triton kernels when `use_triton(q)`, else the reference (tests/kernels/test_tree_attention.py
 checks that both compute the same function). On the CPU (eager, never in a graph) the reference gets the slots in
-use alone, before prefix_len + N: the kernels skip the rest too, and over the whole 2,048-slot cache SmolLM2's
+use alone, before prefix_len + W: the kernels skip the rest too, and over the whole 2,048-slot cache SmolLM2's
 plain decoding was 1.3-1.5x slower (docs/benchmarks.md, Session 17).
 """
 import torch
@@ -13,15 +13,16 @@ from specdraft.kernels.tree_attention.reference import tree_attention_reference,
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
                    tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [Hq, N, D]; k_cache, v_cache [Hkv, S, D] (Hq % Hkv == 0); prefix_len [1] int64; tree_mask [N, N] bool
-    (node i sees node j) -> out [Hq, N, D] in q's dtype (softmax in float32; the Triton kernel's is laid out
-    token-major, a transposed view of [N, Hq, D], so the output projection needs no copy)."""
-    if use_triton(q, "tree_attention"):
+    """q [Hq, N, D]; k_cache, v_cache [Hkv, S, D] (Hq % Hkv == 0); prefix_len [1] int64; tree_mask [N, W] bool
+    (query i sees slot prefix_len + j; W = N in a verify) -> out [Hq, N, D] in q's dtype (softmax in float32; the
+    Triton kernel's is laid out token-major, a transposed view of [N, Hq, D], so the output projection needs no
+    copy). Windows of more than 64 slots take the reference."""
+    if use_triton(q, "tree_attention") and tree_mask.shape[1] <= 64:
         from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
 
         return tree_attention_triton(q, k_cache, v_cache, prefix_len, tree_mask, scale)
     if q.device.type == "cpu":  # eager (no graph): read only the slots in use, as the kernel does
-        used = int(prefix_len) + tree_mask.shape[0]  # slots from here on are never seen
+        used = int(prefix_len) + tree_mask.shape[1]  # slots from here on are never seen
         k_cache, v_cache = k_cache[:, :used], v_cache[:, :used]
     return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, scale)
 

@@ -3,8 +3,9 @@
 Stage 1, one program per (key split, row block, kv head): the rows are the (query head of the group, tree node)
 pairs that share the kv head, so a kv block is loaded once for the whole group. Each program runs an online
 softmax (base 2, float32) over its split's visible slots and writes an unnormalised partial output with its
-running max and sum. Splits that start past prefix_len + N do nothing. Stage 2, one program per (query head,
-node): rescales and sums the active splits' partials. The grid depends only on shapes, never on prefix_len,
+running max and sum. Splits that start past prefix_len + W (the window) do nothing. Stage 2, one program per (query head,
+node): rescales and sums the active splits' partials. The window (the slots after prefix_len a query may see,
+through its mask row) is the tree's N nodes in a verify, a draft's scratch slots in a drafting step. The grid depends only on shapes, never on prefix_len,
 so both launches can be captured in a CUDA graph."""
 import math
 
@@ -29,14 +30,14 @@ def _dot_operand(tile, UPCAST: tl.constexpr):
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
-                  q_stride_h, q_stride_n, k_stride_h, k_stride_s, v_stride_h, v_stride_s, num_nodes, group,
+                  q_stride_h, q_stride_n, k_stride_h, k_stride_s, v_stride_h, v_stride_s, num_nodes, window, group,
                   seq_len, num_splits, qk_scale_log2, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT_BLOCKS: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     split, row_block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     prefix_len = tl.load(prefix_len_ptr).to(tl.int32)
     split_start = split * (SPLIT_BLOCKS * BLOCK_S)
-    split_end = tl.minimum(tl.minimum(split_start + SPLIT_BLOCKS * BLOCK_S, prefix_len + num_nodes), seq_len)
+    split_end = tl.minimum(tl.minimum(split_start + SPLIT_BLOCKS * BLOCK_S, prefix_len + window), seq_len)
     rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R], row = group member * N + node
     is_row = rows < group * num_nodes
     node = rows % num_nodes
@@ -47,8 +48,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
                 mask=is_row[:, None] & is_dim[None, :], other=0.0)  # [BLOCK_R, BLOCK_D]
     q = _dot_operand(q, UPCAST)
     tree_cols = tl.arange(0, BLOCK_T)
-    sees = tl.load(tree_mask_ptr + node[:, None] * num_nodes + tree_cols[None, :],
-                   mask=is_row[:, None] & (tree_cols < num_nodes)[None, :], other=0)  # [BLOCK_R, BLOCK_T]
+    sees = tl.load(tree_mask_ptr + node[:, None] * window + tree_cols[None, :],
+                   mask=is_row[:, None] & (tree_cols < window)[None, :], other=0)  # [BLOCK_R, BLOCK_T]
     ancestor_bits = tl.sum(tl.where(sees != 0, tl.full([1, BLOCK_T], 1, tl.int64) << tree_cols[None, :], 0), 1)
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_h + dims[None, :]
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_h + dims[None, :]
@@ -63,7 +64,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
             kv_mask = in_split[:, None] & is_dim[None, :]
             keys = _dot_operand(tl.load(k_base + slots[:, None] * k_stride_s, mask=kv_mask, other=0.0), UPCAST)
             scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_R, BLOCK_S]
-            tree_index = slots - prefix_len  # [BLOCK_S], the node whose key sits in each slot
+            tree_index = slots - prefix_len  # [BLOCK_S], the window column of each slot
             in_tree = in_split & (tree_index >= 0)
             bit = tl.minimum(tl.maximum(tree_index, 0), 63).to(tl.int64)
             sees_node = ((ancestor_bits[:, None] >> bit[None, :]) & 1) != 0  # [BLOCK_R, BLOCK_S]
@@ -78,7 +79,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
             row_sum = row_sum * rescale + tl.sum(probs, 1)
             row_max = new_max
     part_rows = (kv_head * group * num_nodes + rows) * num_splits + split  # (q_head * N + node) * splits + split
-    is_active = is_row & (split_start < prefix_len + num_nodes)
+    is_active = is_row & (split_start < prefix_len + window)
     tl.store(part_max_ptr + part_rows, row_max, mask=is_active)
     tl.store(part_sum_ptr + part_rows, row_sum, mask=is_active)
     tl.store(part_out_ptr + part_rows[:, None] * BLOCK_D + dims[None, :], out, mask=is_active[:, None])
@@ -86,11 +87,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
 
 @triton.jit
 def _combine_kernel(part_out_ptr, part_max_ptr, part_sum_ptr, prefix_len_ptr, out_ptr, out_stride_h, out_stride_n,
-                    num_nodes, num_splits, split_size, BLOCK_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    num_nodes, window, num_splits, split_size, BLOCK_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     row = tl.program_id(0)  # q_head * N + node
     splits = tl.arange(0, BLOCK_SPLITS)
-    is_active = (splits < num_splits) & (splits * split_size < tl.load(prefix_len_ptr).to(tl.int32) + num_nodes)
+    is_active = (splits < num_splits) & (splits * split_size < tl.load(prefix_len_ptr).to(tl.int32) + window)
     part_max = tl.load(part_max_ptr + row * num_splits + splits, mask=is_active, other=-float("inf"))
     part_sum = tl.load(part_sum_ptr + row * num_splits + splits, mask=is_active, other=0.0)
     top = tl.max(part_max, 0)
@@ -133,9 +134,10 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if not q.dtype == k_cache.dtype == v_cache.dtype or q.dtype not in _DTYPES:
         raise SpecdraftError(f"tree_attention: q, k_cache, v_cache dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
                              " must be one of float16, bfloat16, float32, all the same")
-    if not 1 <= num_nodes <= 64:
-        raise SpecdraftError(f"tree_attention: {num_nodes} tree nodes; the kernel takes 1 to 64 (one int64 of "
-                             "ancestor bits per node)")
+    window = tree_mask.shape[1]
+    if not 1 <= window <= 64:
+        raise SpecdraftError(f"tree_attention: a window of {window} slots; the kernel takes 1 to 64 (one int64 of "
+                             "mask bits per query)")
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     group = q_heads // kv_heads
     block_r, block_s, split_size = _launch_shape(group * num_nodes, kv_heads, seq_len, q.device, block_s,
@@ -152,13 +154,13 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     grid = (num_splits, triton.cdiv(group * num_nodes, block_r), kv_heads)
     _split_kernel[grid](q, k_cache, v_cache, prefix_len, tree_mask, part_out, part_max, part_sum, q.stride(0),
                         q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-                        num_nodes, group, seq_len, num_splits, scale * math.log2(math.e), BLOCK_R=block_r,
+                        num_nodes, window, group, seq_len, num_splits, scale * math.log2(math.e), BLOCK_R=block_r,
                         BLOCK_S=block_s, SPLIT_BLOCKS=split_size // block_s,
-                        BLOCK_T=next_power_of_2(num_nodes), HEAD_DIM=head_dim, BLOCK_D=block_d,
+                        BLOCK_T=next_power_of_2(window), HEAD_DIM=head_dim, BLOCK_D=block_d,
                         UPCAST=upcast, DOT_PRECISION="ieee" if upcast or q.dtype == torch.float32 else "tf32",
                         num_warps=8 if block_r * block_d >= 64 * 128 else 4)
     _combine_kernel[(q_heads * num_nodes,)](part_out, part_max, part_sum, prefix_len, out, out.stride(0),
-                                            out.stride(1), num_nodes, num_splits, split_size,
+                                            out.stride(1), num_nodes, window, num_splits, split_size,
                                             BLOCK_SPLITS=next_power_of_2(num_splits), HEAD_DIM=head_dim,
                                             BLOCK_D=block_d, num_warps=4)
     return out
