@@ -562,7 +562,7 @@ class Eagle3Drafter:
         self.draft, self.embed = draft, target_model.embed
         self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
         attn = draft.midlayer.self_attn
-        self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
+        self.kv_heads, self.head_dim, self.theta = attn.kv_heads, attn.head_dim, attn.rope_theta
 
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)

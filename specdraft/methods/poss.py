@@ -268,7 +268,7 @@ class PossDrafter:
         self.draft, self.embed = draft, target_model.embed
         self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
         attn = draft.specialists[0].self_attn
-        self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
+        self.kv_heads, self.head_dim, self.theta = attn.kv_heads, attn.head_dim, attn.rope_theta
 
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         shape = (len(self.draft.specialists), self.kv_heads, max_len, self.head_dim)
