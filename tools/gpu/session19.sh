@@ -19,6 +19,8 @@
 #          64 rows a step, 2,500 steps; the split keeps a prompt's two answers on one side), kept by keep19; then
 #          Kangaroo l=2 on GPU 2. The long head and Kangaroo are benched alone at the end (issues 3 and 5).
 #   all19: gaps19, sampled19, then heads19.
+#   rerun19 (what Session 19 ran on its second machine, after losing the first): firstseen19 (each prompt's first
+#          prefill against its second, under cProfile), Session 16's head benched again, issue 4's comparison.
 set -u
 source tools/gpu/session18.sh  # (and session5-17.sh) stamp, pack, train15, bench15, plot_tagged, long18, keep_data
 export DATA=$WORK/greedy/workers-4  # Session 18's set, unpacked by data19
