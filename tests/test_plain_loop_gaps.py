@@ -34,3 +34,12 @@ def test_real_mode_times_bench_order_and_each_prompt(tiny):
         assert row[f"plain_{order}"] > 0 and row[f"cycle_{order}"] > 0
     assert [p["prompt_len"] for p in row["per_prompt"]] == [12, 7]
     assert all(p["plain_tokens"] == 8 and 1 <= p["cycles"] <= 8 for p in row["per_prompt"])
+
+
+def test_first_seen_times_each_new_length_twice(tiny, capsys):
+    tool, engine, prompt = tiny
+    runtime = SimpleNamespace(engine=engine, eos_ids=[])
+    rows = tool.first_seen(runtime, [prompt, prompt[:7], prompt[:12], prompt[:5]])["first_seen"]
+    assert [row["prompt_len"] for row in rows] == [7, 5]  # the warm-up's length (12) is not new
+    assert all(row["prefill_first_ms"] > 0 and row["prefill_again_ms"] > 0 for row in rows)
+    assert "cumulative" in capsys.readouterr().out  # the first pass's profile

@@ -1,0 +1,23 @@
+"""The prefill's attention never takes cuDNN's backend, which plans each new prompt length anew (Session 19: a
+prompt's first prefill 130-230 ms on an H200, 20-40 ms again); the CPU checks the backend flags the prefill runs
+under."""
+import torch
+
+from specdraft.runtime import engine as engine_module
+from tests.tools import load_tool
+
+
+def test_prefill_runs_without_cudnn_attention(monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    engine = load_tool("plain_loop_gaps").build_engine("tiny", "3,2,6", torch.device("cpu"), max_len=64)
+    seen = []
+    run_layers = engine.target.run_layers
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return run_layers(*args, **kwargs)
+
+    monkeypatch.setattr(engine.target, "run_layers", recording)
+    engine.prefill(torch.arange(9), 0.0)
+    assert seen == [False]
+    assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in engine_module.PREFILL_ATTENTION
