@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from specdraft.kernels.draft_input import draft_input
 from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.silu_mul import silu_mul
@@ -93,17 +94,19 @@ def layer_tail(layer, weights: RuntimeWeights, final_norm, hidden: torch.Tensor,
     return fused_norm(final_norm, F.linear(silu_mul(*gate_up.chunk(2, dim=-1)), weights.down), hidden)
 
 
-def layer_query(layer, weights: RuntimeWeights, hidden, embeds, rope, rope_positions, k_cache, v_cache,
-                slots) -> torch.Tensor:
-    """The runtime's midlayer up to attention: hidden, embeds [M, H]; rope (cos, sin) [S, D]; rope_positions,
-    slots [M] -> rotated queries [Hq, M, D]; the rotated keys and the values go to k_cache, v_cache [Hkv, S, D]
-    (or [C, Hkv, S, D]: every copy) at `slots`. Launches: two norms, the join, the q/k/v matmul, rope + cache."""
+def layer_query(layer, weights: RuntimeWeights, hidden, tokens, embed_weight, rope, rope_positions, k_cache, v_cache,
+                slots, position_offset: int = 0, slot_base: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The runtime's midlayer up to attention: hidden [M, H]; tokens [M] (their embeddings are the rows of
+    embed_weight [V, H], the target's table); rope (cos, sin) [S, D]; rope_positions, slots [M] -> rotated queries
+    [Hq, M, D] (rotated at rope_positions + position_offset); the rotated keys and the values go to k_cache,
+    v_cache [Hkv, S, D] (or [C, Hkv, S, D]: every copy) at `slots` (+ slot_base [1], when given). Launches: the joined, normed input (`kernels.draft_input`), the q/k/v matmul, rope + cache."""
     attn, m = layer.self_attn, hidden.shape[0]
-    x = torch.cat([fused_norm(layer.input_layernorm, embeds), fused_norm(layer.hidden_norm, hidden)], dim=-1)
+    x = draft_input(tokens, embed_weight, hidden, layer.input_layernorm.weight, layer.hidden_norm.weight,
+                    layer.input_layernorm.eps)  # [M, 2H] (both norms have the target's eps)
     kv_width = attn.kv_heads * attn.head_dim
     q, k, v = F.linear(x, weights.qkv).split([attn.heads * attn.head_dim, kv_width, kv_width], dim=-1)
     return rope_cache(q.view(m, attn.heads, -1), k.view(m, attn.kv_heads, -1), v.view(m, attn.kv_heads, -1), *rope,
-                      rope_positions, k_cache, v_cache, slots)
+                      rope_positions, k_cache, v_cache, slots, position_offset, slot_base)
 
 
 def fused_norm(norm, x: torch.Tensor, residual: Optional[torch.Tensor] = None):

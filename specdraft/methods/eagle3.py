@@ -559,7 +559,7 @@ class Eagle3Drafter:
     """
 
     def __init__(self, draft: Eagle3Draft, target_model):
-        self.draft, self.embed = draft, target_model.embed
+        self.draft, self.embed_weight = draft, target_model.embed_tokens.weight  # [V, H]
         self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
         attn = draft.midlayer.self_attn
         self.kv_heads, self.head_dim, self.theta = attn.kv_heads, attn.head_dim, attn.rope_theta
@@ -575,10 +575,11 @@ class Eagle3Drafter:
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
-    def _query(self, hidden, embeds, rope_positions, slots):
-        """hidden, embeds [M, H]; rope_positions, slots [M] -> q [Hq, M, D]; writes their keys and values."""
-        return layer_query(self.draft.midlayer, self.weights, hidden, embeds, self.rope, rope_positions, self.k_cache,
-                           self.v_cache, slots)
+    def _query(self, hidden, tokens, rope_positions, slots, position_offset=0, slot_base=None):
+        """hidden [M, H]; tokens, rope_positions, slots [M] -> q [Hq, M, D] (at rope_positions + position_offset);
+        writes their keys and values at slots (+ slot_base [1])."""
+        return layer_query(self.draft.midlayer, self.weights, hidden, tokens, self.embed_weight, self.rope,
+                           rope_positions, self.k_cache, self.v_cache, slots, position_offset, slot_base)
 
     def _tail(self, hidden, attended):
         """hidden [M, H], attended [Hq, M, D] (the attention's output) -> (the head's final norm of the midlayer's
@@ -590,7 +591,7 @@ class Eagle3Drafter:
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
         columns = start + torch.arange(next_tokens.shape[0], device=next_tokens.device)  # [M]
-        q = self._query(hidden, self.embed(next_tokens).to(hidden.dtype), columns, columns)
+        q = self._query(hidden, next_tokens, columns, columns)
         _, hidden = self._tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
         self.last_hidden.copy_(hidden[count - 1])
         self.prefix_len.copy_(start + count)
@@ -599,7 +600,7 @@ class Eagle3Drafter:
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        q = self._query(hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.prefix_len + scratch_slots)
+        q = self._query(hidden, tokens, positions, scratch_slots, position_offset=-1, slot_base=self.prefix_len)
         attended = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=False)
         normed, out = self._tail(hidden, attended)
         return self.draft.lm_head(normed), out

@@ -265,7 +265,7 @@ class PossDrafter:
     """
 
     def __init__(self, draft: PossDraft, target_model):
-        self.draft, self.embed = draft, target_model.embed
+        self.draft, self.embed_weight = draft, target_model.embed_tokens.weight  # [V, H]
         self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
         attn = draft.specialists[0].self_attn
         self.kv_heads, self.head_dim, self.theta = attn.kv_heads, attn.head_dim, attn.rope_theta
@@ -282,11 +282,14 @@ class PossDrafter:
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
-    def _project(self, specialist: int, hidden, embeds, rope_positions, k_cache, v_cache, slots):
-        """hidden, embeds [M, H]; rope_positions, slots [M] -> q [Hq, M, D] of `specialist`; writes its keys and
-        values at the slots of k_cache, v_cache ([Hkv, S, D], or [C, Hkv, S, D]: into every specialist's)."""
-        return layer_query(self.draft.specialists[specialist], self.weights[specialist], hidden, embeds, self.rope,
-                           rope_positions, k_cache, v_cache, slots)
+    def _project(self, specialist: int, hidden, tokens, rope_positions, k_cache, v_cache, slots, position_offset=0,
+                 slot_base=None):
+        """hidden [M, H]; tokens, rope_positions, slots [M] -> q [Hq, M, D] of `specialist` (at rope_positions +
+        position_offset); writes its keys and values at the slots (+ slot_base [1]) of k_cache, v_cache ([Hkv, S,
+        D], or [C, Hkv, S, D]: into every specialist's)."""
+        return layer_query(self.draft.specialists[specialist], self.weights[specialist], hidden, tokens,
+                           self.embed_weight, self.rope, rope_positions, k_cache, v_cache, slots, position_offset,
+                           slot_base)
 
     def _tail(self, specialist: int, hidden, attended):
         """hidden [M, H], attended [Hq, M, D] (the specialist's attention output) -> (the head's final norm of the
@@ -299,10 +302,9 @@ class PossDrafter:
         m, device = next_tokens.shape[0], next_tokens.device
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         fused = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
-        embeds = self.embed(next_tokens).to(fused.dtype)
         columns = start + torch.arange(m, device=device)  # [M]
         for specialist in reversed(range(len(self.draft.specialists))):  # ends with specialist 0's queries
-            q = self._project(specialist, fused, embeds, columns, self.k_cache[specialist],
+            q = self._project(specialist, fused, next_tokens, columns, self.k_cache[specialist],
                               self.v_cache[specialist], columns)
         _, hidden = self._tail(0, fused, ingest_attention(q, self.k_cache[0], self.v_cache[0], start))
         self.last_hidden.copy_(hidden[count - 1])
@@ -313,8 +315,8 @@ class PossDrafter:
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         specialist = self.draft.specialist_for(depth)  # TTT step `depth` drafts depth + 1
-        q = self._project(specialist, hidden, self.embed(tokens).to(hidden.dtype), positions - 1, self.k_cache,
-                          self.v_cache, self.prefix_len + scratch_slots)  # every specialist sees the chain
+        q = self._project(specialist, hidden, tokens, positions, self.k_cache, self.v_cache, scratch_slots,
+                          position_offset=-1, slot_base=self.prefix_len)  # every specialist sees the chain
         attended = draft_attention(q, self.k_cache[specialist], self.v_cache[specialist], self.prefix_len,
                                    scratch_visible, root_written=False)
         normed, out = self._tail(specialist, hidden, attended)

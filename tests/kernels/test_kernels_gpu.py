@@ -3,6 +3,7 @@ and replayed after its inputs (device scalars included) changed in place."""
 import pytest
 import torch
 
+from specdraft.kernels.draft_input import draft_input, draft_input_reference
 from specdraft.kernels.draft_topk import draft_topk, draft_topk_reference
 from specdraft.kernels.kv_compact import compact_kv, compact_kv_reference
 from specdraft.kernels.rms_norm import rms_norm, rms_norm_reference
@@ -163,23 +164,46 @@ def test_rms_norm_on_gpu_and_in_a_graph(rows, hidden):
         assert (out != expected_out).sum() <= max(1, out.numel() // 1000)
 
 
+@pytest.mark.parametrize("rows, hidden, vocab", [(1, 576, 49152), (8, 576, 49152), (7, 4096, 128256)])
+def test_draft_input_on_gpu_and_in_a_graph(rows, hidden, vocab):
+    """bfloat16: the reference's bits, but where the two reductions' float32 sums round apart (as rms_norm's)."""
+    embed_weight = torch.randn(vocab, hidden, device=CUDA).bfloat16()
+    states = torch.randn(rows, hidden, device=CUDA).mul(3).bfloat16()
+    tokens = torch.randint(0, vocab, (rows,), device=CUDA)
+    norms = [(1 + torch.randn(hidden, device=CUDA) / 4).bfloat16() for _ in range(2)]
+    graph, out = _captured(lambda: draft_input(tokens, embed_weight, states, *norms, 1e-5))
+    for _ in range(2):
+        tokens.copy_(torch.randint(0, vocab, (rows,), device=CUDA))
+        states.copy_(torch.randn_like(states, dtype=torch.float32))
+        graph.replay()
+        expected = draft_input_reference(tokens, embed_weight, states, *norms, 1e-5)
+        _within_one_bf16_step(out, expected)
+        assert (out != expected).sum() <= max(1, out.numel() // 1000)
+
+
+@pytest.mark.parametrize("shifted", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tokens, q_heads, kv_heads, head_dim", [(1, 9, 3, 64), (64, 9, 3, 64), (8, 32, 8, 128)])
-def test_rope_cache_on_gpu_and_in_a_graph(tokens, q_heads, kv_heads, head_dim, dtype):
-    """The reference's bits (q, and both caches after the write)."""
+def test_rope_cache_on_gpu_and_in_a_graph(tokens, q_heads, kv_heads, head_dim, dtype, shifted):
+    """The reference's bits (q, and both caches after the write); shifted: a drafting step's form (positions - 1,
+    slots after a device-scalar base that changes between replays)."""
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim, device=CUDA).to(dtype)
     q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split([q_heads * head_dim, kv_heads * head_dim,
                                                                 kv_heads * head_dim], dim=-1))
     cos, sin = torch.randn(2, 1024, head_dim, device=CUDA).to(dtype)
     k_cache, v_cache = torch.randn(2, kv_heads, 1024, head_dim, device=CUDA).to(dtype)
-    positions = torch.zeros(tokens, dtype=torch.int64, device=CUDA)
-    slots = torch.zeros_like(positions)
-    graph, q_rot = _captured(lambda: rope_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slots))
+    positions = torch.ones(tokens, dtype=torch.int64, device=CUDA)
+    slots, base = torch.zeros_like(positions), torch.zeros(1, dtype=torch.int64, device=CUDA)
+    offset, slot_base = (-1, base) if shifted else (0, None)
+    graph, q_rot = _captured(lambda: rope_cache(q, k, v, cos, sin, positions, k_cache, v_cache, slots, offset,
+                                                slot_base))
     for start in (0, 500):
-        positions.copy_(torch.randperm(1024, device=CUDA)[:tokens])
+        positions.copy_(1 + torch.randperm(1023, device=CUDA)[:tokens])
         slots.copy_(torch.arange(start, start + tokens, device=CUDA))
+        base.fill_(start // 2)
         expected_k, expected_v = k_cache.clone(), v_cache.clone()
-        expected_q = rope_cache_reference(q, k, v, cos, sin, positions, expected_k, expected_v, slots)
+        expected_q = rope_cache_reference(q, k, v, cos, sin, positions + offset, expected_k, expected_v,
+                                          slots + base if shifted else slots)
         graph.replay()
         assert torch.equal(q_rot, expected_q)
         assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)

@@ -51,6 +51,19 @@ def test_strided_positions_and_slots():
         assert torch.equal(e, g)
 
 
+@pytest.mark.parametrize("implementation", [rope_cache_reference, rope_cache_triton])
+def test_position_offset_and_slot_base(implementation):
+    """A drafting step's form: rotated at positions - 1, written at prefix_len + scratch slot (a device scalar),
+    the same as the unshifted call with both applied beforehand."""
+    (q, k, v, cos, sin, positions), caches, slots = _inputs(4, 4, 2, 16, torch.bfloat16)
+    positions, slots, base = positions.clamp(min=1), slots.clamp(max=30), torch.tensor([7])
+    expected = _run(rope_cache_reference, (q, k, v, cos, sin, positions - 1), caches, slots + base)
+    caches_got = [c.clone() for c in caches]
+    q_rot = implementation(q, k, v, cos, sin, positions, *caches_got, slots, position_offset=-1, slot_base=base)
+    for e, g in zip(expected, (q_rot, *caches_got)):
+        assert torch.equal(e, g)
+
+
 def test_rows_without_positions_and_dispatch(monkeypatch):
     (q, k, v, cos, sin, positions), caches, slots = _inputs(3, 4, 2, 16, torch.bfloat16)
     args = (q, k, v, cos[positions], sin[positions], None)
