@@ -56,9 +56,10 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     cmd.add_argument("--device", default="auto")
     cmd.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    cmd.add_argument("--depth", type=int, default=6, help="drafted tokens on the longest path")
+    cmd.add_argument("--depth", type=int, default=None,
+                     help="drafted tokens on the longest path (default: 5 for a tree, 6 for a chain)")
     cmd.add_argument("--topk", type=int, default=8, help="children per expanded node (1: a chain)")
-    cmd.add_argument("--budget", type=int, default=48, help="tree nodes verified, the root included")
+    cmd.add_argument("--budget", type=int, default=40, help="tree nodes verified, the root included")
     cmd.add_argument("--chain", action="store_true", help="a chain of --depth drafts (same as --topk 1)")
     cmd.add_argument("--exit-threshold", type=float, default=None, metavar="ETA",
                      help="chains: stop drafting once the draft's top-1 probability falls below ETA (0: off; "
@@ -84,10 +85,12 @@ def _runtime_args(cmd) -> None:
 def _load_runtime(args, dtype: Optional[str] = None):
     """The runtime the arguments describe, in `dtype` when given (else --dtype)."""
     from specdraft.runtime.load import ChainOptions, load_runtime
-    from specdraft.runtime.tree import TreeShape
+    from specdraft.runtime.tree import CHAIN_DEPTH, TreeShape
 
-    shape = TreeShape.chain(args.depth) if args.chain or args.topk == 1 else TreeShape(args.depth, args.topk,
-                                                                                        args.budget)
+    if args.chain or args.topk == 1:
+        shape = TreeShape.chain(args.depth or CHAIN_DEPTH)
+    else:
+        shape = TreeShape(args.depth or TreeShape.depth, args.topk, args.budget)
     chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse, tuple(args.more_exits),
                          args.shallow_reuse_tree, overlap=not args.no_overlap)
     return load_runtime(args.path, args.target, args.device, dtype or args.dtype, shape.validated(), args.max_len,

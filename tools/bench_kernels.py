@@ -6,7 +6,7 @@ with CUDA events over `--reps` replays: the median per call is reported, launch 
 L2 (as they are when the runtime has just produced them). Prints a table and writes JSON (`--out`).
 `draft_topk vs torch.topk` times the kernel against the unfused eager ops (log_softmax, topk, gather), whose
 tie order is unspecified: a fairer bar than the reference's stable sort. The decoder-layer ops (`rms_norm`,
-`add_rms_norm`, `rope_cache`, `silu_mul`) are timed against their references, which are the unfused layer's ops
+`add_rms_norm`, `rope_cache`, `silu_mul`, `draft_input`) are timed against their references, which are the unfused layer's ops
 (`rope_cache`'s includes the cos/sin gathers, once per forward before the fusion); their `bitwise` field says
 whether the outputs are the same bits (`match` allows one bfloat16 rounding step).
 
@@ -202,6 +202,21 @@ def rope_cases(models, rows_list, seq_len, device):
                               lambda impl, a=args, s=slots, c=caches: lambda: impl(*a, *c, s), outputs)
 
 
+def draft_input_cases(models, rows_list, device, eps=1e-5):
+    from specdraft.kernels.draft_input.reference import draft_input_reference
+    from specdraft.kernels.draft_input.triton_kernel import draft_input_triton
+
+    for name, model in models.items():
+        hidden = model["hidden"]
+        embed_weight = torch.randn(model["vocab"], hidden, device=device).bfloat16()
+        norms = [(1 + torch.randn(hidden, device=device) / 4).bfloat16() for _ in range(2)]
+        for rows in rows_list:
+            args = (torch.randint(0, model["vocab"], (rows,), device=device), embed_weight,
+                    torch.randn(rows, hidden, device=device).bfloat16(), *norms, eps)
+            yield _layer_case("draft_input", f"{name} N={rows} H={hidden}", (draft_input_reference, draft_input_triton),
+                              lambda impl, a=args: lambda: impl(*a), lambda impl, a=args: [impl(*a)])
+
+
 def silu_mul_cases(models, rows_list, device):
     from specdraft.kernels.silu_mul.reference import silu_mul_reference
     from specdraft.kernels.silu_mul.triton_kernel import silu_mul_triton
@@ -257,6 +272,7 @@ def all_cases(device: torch.device, ops: set):
               "rms_norm": lambda: norm_cases(models, nodes, device),
               "rope_cache": lambda: rope_cases(models, nodes, seq_len, device),
               "silu_mul": lambda: silu_mul_cases(models, nodes, device),
+              "draft_input": lambda: draft_input_cases(models, nodes, device),
               "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device),
               "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device)}
     for op, make in makers.items():
@@ -317,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench_kernels.json")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
-                                         "silu_mul,advance_frontier,select_tree")
+                                         "silu_mul,draft_input,advance_frontier,select_tree")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)

@@ -30,13 +30,18 @@ from specdraft.kernels.tree_select import select_tree
 from specdraft.runtime.drafter import Drafter
 
 
+CHAIN_DEPTH = 6
+"""A chain's drafts when none are asked for (Sessions 15-20 measured chains of 6)."""
+
+
 @dataclass(frozen=True)
 class TreeShape:
-    depth: int = 6
-    """Drafted tokens on the longest path."""
+    depth: int = 5
+    """Drafted tokens on the longest path. The defaults (5, 8, 40) were the fastest of five shapes on SmolLM2
+    with two EAGLE-3 heads (docs/benchmarks.md, Session 20); (6, 8, 48) accepts more but costs more a cycle."""
     topk: int = 8
     """Children proposed per expanded node, and nodes expanded per depth."""
-    budget: int = 48
+    budget: int = 40
     """Nodes the target verifies, the root included."""
 
     def validated(self) -> "TreeShape":
