@@ -18,6 +18,9 @@ more shallow pass, the last depth's candidates) and the verify skips those ℓ l
 rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the full verify, Session 8); its
 shallow KV takes the slots prefix..prefix+C-1.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
+Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
+prompt length rounded up to `PREFILL_ROWS` (captured the first time a length is met; padding rows follow the
+prompt, so causal attention keeps them out of its rows).
 Both loops keep one step in flight (`overlap`): step k+1 is queued on the device before the host reads step k's
 tokens (`HostReader`, a copy that does not wait), so the device does not idle while the host appends tokens,
 checks for EOS and launches the next graph. When the host finds the end, the step in flight is dropped: its
@@ -50,6 +53,11 @@ from specdraft.runtime.tree import DraftTree, TreeShape, build_tree
 # The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (Session 19, H200:
 # a prompt's first prefill 130-230 ms against 20-40 ms again; 45-76 against 30-48 without cuDNN's attention).
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# With CUDA graphs the prefill runs in two graphs (the target's pass, then the drafter's ingest) captured per prompt
+# length rounded up to a multiple of this: the rows past the prompt are padding that causal attention keeps out of
+# the prompt's rows, and whose cache slots are rewritten before anything reads them. Eager, a SmolLM2 prefill took
+# 16 ms a prompt for about 300 launches, host-bound, and was 19% of a prompt's speculative time (Session 20).
+PREFILL_ROWS = 64
 
 
 @dataclass
@@ -123,6 +131,7 @@ class SpecEngine:
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
+        self.prefill_rows = PREFILL_ROWS if self.use_graphs else 1  # a prompt's rows round up to a multiple of it
         self._reader = HostReader(shape.depth + 2, self.device)
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
         self.tree_start_layer = self._tree_start_layer(reuse_shallow_tree)
@@ -176,24 +185,44 @@ class SpecEngine:
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None) -> int:
         """prompt_ids [P] on the device: fills the caches, returns the first new token. Its attention avoids
-        cuDNN's (`PREFILL_ATTENTION`)."""
-        with sdpa_kernel(PREFILL_ATTENTION):
-            return self._prefill(prompt_ids, temperature, generator)
-
-    def _prefill(self, prompt_ids: torch.Tensor, temperature: float, generator) -> int:
+        cuDNN's (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of `prefill_rows` rows and
+        runs in the graphs of that length (`PREFILL_ROWS`)."""
         n = prompt_ids.shape[0]
-        self.prefix_len.zero_()
-        positions = torch.arange(n, device=self.device)
-        hidden, captured = self.target.run_layers(self.target.embed(prompt_ids), positions, self.prefix_len, None,
-                                                  capture=self.capture)
-        last_logits = self.target.logits(hidden[-1:])  # [1, V]
-        self.root.copy_(sample_token(last_logits, temperature, generator))
-        if self.drafter is not None:
-            next_tokens = torch.cat([prompt_ids[1:], self.root])
-            count = torch.tensor([n], device=self.device)
-            self.drafter.ingest(captured, next_tokens, self.prefix_len.clone(), count)
+        rows = min(-(-n // self.prefill_rows) * self.prefill_rows, self.max_len)
+        padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
+        count = torch.full((1,), n, dtype=torch.long, device=self.device)
+        with sdpa_kernel(PREFILL_ATTENTION):
+            last_logits, *features = self._prefill_call("prefill", self._prefill_target, padded, count)
+            self.root.copy_(sample_token(last_logits, temperature, generator))
+            if self.drafter is not None:
+                self._prefill_call("ingest", self._prefill_ingest, padded, count, *features)
         self.prefix_len.fill_(n)
         return int(self.root)
+
+    def _prefill_call(self, name: str, fn, *args: torch.Tensor):
+        """fn(*args), in its CUDA graph for the prompt's padded length when the engine uses graphs."""
+        if not self.use_graphs:
+            return fn(*args)
+        key = f"{name}@{args[0].shape[0]}"
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = CallGraph(fn, self._state_tensors(), example=args)
+        return graph(*args)
+
+    def _prefill_target(self, prompt_ids: torch.Tensor, count: torch.Tensor):
+        """prompt_ids [R]: the prompt's count [1] tokens, then padding -> (the last prompt token's logits [1, V], then
+        the drafter's features [R, H] in `capture` order), the target's cache filled from slot 0."""
+        self.prefix_len.zero_()
+        positions = torch.arange(prompt_ids.shape[0], device=self.device)  # [R]
+        hidden, captured = self.target.run_layers(self.target.embed(prompt_ids), positions, self.prefix_len, None,
+                                                  capture=self.capture)
+        return (self.target.logits(hidden.index_select(0, count - 1)), *(captured[i] for i in self.capture))
+
+    def _prefill_ingest(self, prompt_ids: torch.Tensor, count: torch.Tensor, *features: torch.Tensor) -> None:
+        """The prompt's features to the drafter: row i's next token is prompt token i + 1, the root after the last."""
+        rows = torch.arange(prompt_ids.shape[0], device=self.device)  # [R]
+        next_tokens = torch.where(rows == count - 1, self.root, prompt_ids.roll(-1))  # [R]
+        self.drafter.ingest(dict(zip(self.capture, features)), next_tokens, torch.zeros_like(self.prefix_len), count)
 
     def _build_tree(self) -> DraftTree:
         return build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0)

@@ -10,6 +10,7 @@ import torch
 
 from specdraft.methods.base import DraftContext
 from specdraft.runtime import chain
+from specdraft.runtime import engine as engine_module
 from specdraft.runtime.dynamic_exit import DynamicExit, ExitChoice
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
@@ -139,6 +140,7 @@ def test_dynamic_exit_picks_the_exit_whose_drafts_pay_for_their_layers():
 @torch.no_grad()
 def test_static_buffer_replays_give_the_eager_tokens(monkeypatch, options):
     monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
+    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)  # the prefill's graphs, padded as on a GPU
     _, eager = _engine(**options)
     _, replayed = _engine(use_graphs=True, **options)
     for prompt in PROMPTS:
@@ -215,6 +217,7 @@ def test_choosing_the_exit_layer_per_cycle_is_lossless(monkeypatch):
         assert result.tokens == _hf_greedy(model, prompt, 32)
     assert chosen[0] == 1 and set(chosen) == {1, 2}  # the cheap exit first, the one whose drafts land later
     monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
+    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)  # the prefill's graphs, padded as on a GPU
     _, replayed, replayed_chosen = _exit_choice_engine(use_graphs=True)
     for prompt, result in zip(PROMPTS, results):
         got = replayed.generate(prompt, 32)

@@ -34,6 +34,7 @@ def test_graphed_engine_equals_eager_engine(dtype, shape):
     model, eager = _engine(dtype, shape, use_graphs=False)
     _, graphed = _engine(dtype, shape, use_graphs=True)
     eager.overlap = False  # each step read before the next; the graphed engine keeps one in flight
+    eager.prefill_rows = graphed.prefill_rows  # the prompt padded as the graphs pad it: the same matmul shapes
     for _ in range(2):  # the second run replays the captured graphs
         expected, got = eager.generate(prompt, 64), graphed.generate(prompt, 64)
         assert got.tokens == expected.tokens and got.accepted == expected.accepted
@@ -53,3 +54,21 @@ def test_graphed_sampling_equals_eager_sampling(shape):
         runs = [engine.generate(prompt, 64, temperature=1.0,
                                 generator=torch.Generator(device="cuda").manual_seed(seed)) for engine in (eager, graphed)]
         assert runs[1].tokens == runs[0].tokens and runs[1].accepted == runs[0].accepted
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain(4), TreeShape(depth=4, topk=4, budget=16)])
+@torch.no_grad()
+def test_graphed_prefill_of_padded_lengths_equals_the_eager_prefill(shape):
+    """float32: the prefill's graphs (one per length rounded up to PREFILL_ROWS) give the eager, unpadded
+    prefill's answers, for prompts below, at and past a multiple, each length met twice (the second replays)."""
+    _, eager = _engine(torch.float32, shape, use_graphs=False)
+    _, graphed = _engine(torch.float32, shape, use_graphs=True)
+    assert eager.prefill_rows == 1 and graphed.prefill_rows > 1
+    for length in (21, 64, 65, 130, 21):
+        prompt = torch.randint(0, 300, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        expected = eager.generate(prompt, 32)
+        got = graphed.generate(prompt, 32)
+        assert got.tokens == expected.tokens and got.accepted == expected.accepted
+        assert graphed.decode_plain(prompt, 32).tokens == expected.tokens
+    assert {key for key in graphed._graphs if key.startswith("prefill@")} == {"prefill@64", "prefill@128",
+                                                                             "prefill@192"}

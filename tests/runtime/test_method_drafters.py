@@ -123,6 +123,26 @@ def test_speculative_decoding_is_lossless(method, shape):
 
 
 @pytest.mark.parametrize("method", RUNTIME_METHODS)
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=6)], ids=["chain", "tree"])
+@torch.no_grad()
+def test_a_padded_prefill_changes_nothing(method, shape):
+    """The prefill as CUDA graphs run it (the prompt padded to a multiple of `prefill_rows`), eagerly: the same
+    answers, drafts and acceptances as the prompt's own length, for prompts below, at and past a multiple."""
+    model, _, _, engine = _setup(method, shape)
+    for length in (7, 8, 9, len(PROMPT)):
+        prompt = PROMPT[:length]
+        engine.prefill_rows = 1
+        exact = engine.generate(prompt, 12, trace=True)
+        engine.prefill_rows = 8
+        padded = engine.generate(prompt, 12, trace=True)
+        assert padded.tokens == exact.tokens == _hf_greedy(model, prompt, 12)
+        assert padded.accepted == exact.accepted
+        for got, expected in zip(padded.trace, exact.trace):  # log-probabilities: other matmul shapes, other sums
+            assert got["draft_logprobs"] == pytest.approx(expected["draft_logprobs"], abs=1e-4)
+            assert {**got, "draft_logprobs": None} == {**expected, "draft_logprobs": None}
+
+
+@pytest.mark.parametrize("method", RUNTIME_METHODS)
 @torch.no_grad()
 def test_ingesting_in_pieces_equals_ingesting_at_once(method):
     _, _, _, engine = _setup(method, TreeShape(depth=3, topk=2, budget=6))
