@@ -78,7 +78,8 @@ class Drafter(Protocol):
 
     def ingest(self, features: Dict[int, torch.Tensor], next_tokens: torch.Tensor, start: torch.Tensor,
                count: torch.Tensor) -> None:
-        """features {i: [M, H]}, next_tokens [M], start [1], count [1] (both int64)."""
+        """features {i: [M, H]}, next_tokens [M], start [1], count [1] (both int64; read during the call only: the
+        engine advances `start`, its prefix length, right after)."""
 
     def first(self, root_token: torch.Tensor, position: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """root_token [1], position [1] -> (logits [1, Vd], hidden [1, Hd])."""
@@ -107,10 +108,11 @@ def draft_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     v_cache [Hkv, S, D]; each node sees the confirmed prefix (slots < prefix_len [1]) and the scratch slots
     prefix_len + j that scratch_visible [k, W] marks, scratch slot 0 (the root) only when the drafter wrote KV
     there (`root_written`) -> [Hq, k, D] (token-major from the kernel: the output projection reads it without a
-    copy). `kernels.tree_attention` with the scratch slots as its window: two launches, where a [k, S] mask
-    built each step, its conversion and SDPA took about seven (as `draft_visible` spells out, its test's spec)."""
-    window = scratch_visible if root_written else scratch_visible & _past_root(scratch_visible.shape[1], q.device)
-    return tree_attention(q, k_cache, v_cache, prefix_len, window, q.shape[-1] ** -0.5)
+    copy). `kernels.tree_attention` with the scratch slots as its window (from column 1 on when the root's is
+    unwritten): two launches, where a [k, S] mask built each step, its conversion and SDPA took about seven (as
+    `draft_visible` spells out, its test's spec)."""
+    return tree_attention(q, k_cache, v_cache, prefix_len, scratch_visible, q.shape[-1] ** -0.5,
+                          first_column=0 if root_written else 1)
 
 
 def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -123,11 +125,6 @@ def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 @functools.lru_cache(maxsize=16)
 def _causal(rows: int, device: torch.device) -> torch.Tensor:
     return torch.ones(rows, rows, dtype=torch.bool, device=device).tril()  # [M, M] row i sees rows 0..i
-
-
-@functools.lru_cache(maxsize=16)
-def _past_root(width: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(width, device=device) > 0  # [W] every scratch slot but the root's
 
 
 def rope_tables(max_len: int, head_dim: int, theta: float, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:

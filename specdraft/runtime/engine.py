@@ -130,6 +130,7 @@ class SpecEngine:
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
+        self._path_index = torch.arange(shape.depth + 1, device=self.device)  # [depth + 1] an accepted path's rows
         self._graphs: Dict[str, CallGraph] = {}
         self.prefill_rows = PREFILL_ROWS if self.use_graphs else 1  # a prompt's rows round up to a multiple of it
         self._reader = HostReader(shape.depth + 2, self.device)
@@ -240,17 +241,16 @@ class SpecEngine:
 
     def _commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
         """Compact caches to the accepted path, hand it to the drafter, move the root. All on the device."""
-        depth = self.shape.depth
-        index = torch.arange(depth + 1, device=self.device)
+        index = self._path_index  # [depth + 1]
         count = accept_length + 1  # [1] root + accepted drafts
         path = accepted_nodes.clamp(min=0)  # [depth + 1]
         valid = index < count
-        src_slots = torch.where(valid, self.prefix_len + path, self.prefix_len + index)
+        src_slots = self.prefix_len + torch.where(valid, path, index)  # [depth + 1]
         compact_kv(self.target.k_cache, self.target.v_cache, src_slots, self.prefix_len, count)
         after = torch.cat([tree.tokens[path[1:]], bonus])  # [depth + 1] the token after each path node
         next_tokens = torch.where(index == accept_length, bonus, after)
         features = {i: captured[i][path] for i in self.capture}  # [depth + 1, H]
-        self.drafter.ingest(features, next_tokens, self.prefix_len.clone(), count)
+        self.drafter.ingest(features, next_tokens, self.prefix_len, count)  # read before the add below
         self.prefix_len.add_(count)
         self.root.copy_(bonus)
         emitted = torch.where(valid, next_tokens, -1)

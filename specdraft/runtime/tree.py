@@ -18,6 +18,7 @@ can start from those states (engine.py, `tree_verify_states`).
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -25,11 +26,13 @@ import torch
 
 from specdraft.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.tree_select import select_tree
 from specdraft.runtime.drafter import Drafter
 
 
+logger = logging.getLogger(__name__)
 CHAIN_DEPTH = 6
 """A chain's drafts when none are asked for (Sessions 15-20 measured chains of 6)."""
 
@@ -50,6 +53,11 @@ class TreeShape:
         if not 2 <= self.budget <= self.num_candidates:
             raise SpecdraftError(f"tree budget must be in 2..{self.num_candidates} for depth={self.depth} "
                                  f"topk={self.topk}, got {self.budget}")
+        if max(self.budget, self.scratch) > MAX_WINDOW:
+            logger.warning("tree depth=%d topk=%d budget=%d: the verify's %d nodes and the draft's %d scratch slots "
+                           "must each be <= %d for the tree-attention kernel; beyond, attention runs its PyTorch "
+                           "reference (Session 20: depth 8, top-8 drafted 1.7x slower a cycle)", self.depth,
+                           self.topk, self.budget, self.budget, self.scratch, MAX_WINDOW)
         return self
 
     @classmethod
@@ -83,9 +91,8 @@ class _TreeConstants(NamedTuple):
     root_parent: torch.Tensor  # [1] int64 -1
     first_parents: torch.Tensor  # [k] int64 0: depth 1 hangs under the root
     first_ids: torch.Tensor  # [k] int64 1..k: depth 1's candidate indices
-    root_visible: torch.Tensor  # [k, W] bool: each of depth 1 sees scratch slot 0 (the root)
+    first_visible: torch.Tensor  # [k, W] bool: depth 1's node j sees scratch slot 0 (the root) and its own, 1 + j
     slots_by_depth: torch.Tensor  # [D-1, k] int64: depth d's scratch slots (row d - 1)
-    own_slot: torch.Tensor  # [D-1, k, W] bool: each lane's own scratch slot, by depth
     depth_offsets: torch.Tensor  # [D-1] int64 1..D-1: depth d's position past the root's
 
 
@@ -93,11 +100,12 @@ class _TreeConstants(NamedTuple):
 def _tree_constants(shape: TreeShape, device: torch.device) -> _TreeConstants:
     k, long = shape.topk, dict(dtype=torch.long, device=device)
     slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, **long).view(-1, k)
+    columns, first_ids = torch.arange(shape.scratch, **long), torch.arange(1, 1 + k, **long)  # [W], [k]
     return _TreeConstants(
         root_score=torch.zeros(1, device=device), root_parent=torch.full((1,), -1, **long),
-        first_parents=torch.zeros(k, **long), first_ids=torch.arange(1, 1 + k, **long),
-        root_visible=torch.arange(shape.scratch, device=device).expand(k, -1) == 0, slots_by_depth=slots_by_depth,
-        own_slot=torch.arange(shape.scratch, device=device) == slots_by_depth[..., None],
+        first_parents=torch.zeros(k, **long), first_ids=first_ids,
+        first_visible=(columns == 0) | (columns == first_ids[:, None]),  # depth 1's scratch slots are 1..k too
+        slots_by_depth=slots_by_depth,
         depth_offsets=torch.arange(1, shape.depth, **long))
 
 
@@ -121,7 +129,7 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     cand_parents = [const.root_parent, const.first_parents]
     frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], const.first_ids
     frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
-    visible, slots_by_depth, own_slot = const.root_visible, const.slots_by_depth, const.own_slot
+    visible, slots_by_depth = const.first_visible, const.slots_by_depth  # [k, W]: the frontier's ancestors, itself
     position_by_depth = root_position + const.depth_offsets  # [D-1]
     if keep_states:
         root_path = torch.arange(shape.num_candidates, device=device)[None, :] == 0  # [1, C]
@@ -130,12 +138,13 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
         drafter.tree_candidates(frontier_tokens, (root_position + 1).expand(k), 1, frontier_paths, lane)
     for depth in range(1, shape.depth):
         slots = slots_by_depth[depth - 1]  # [k]
-        visible = visible | own_slot[depth - 1]  # [k, W] the frontier's ancestors and itself
         positions = position_by_depth[depth - 1:depth].expand(k)  # [k]
         logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)  # [k, Vd], [k, Hd]
         child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k] each node's own children
         base = sum(t.shape[0] for t in cand_tokens)
-        frontier = advance_frontier(child_scores, child_tokens, frontier_scores, frontier_ids, base, hidden, visible)
+        next_slots = 1 + depth * k if depth + 1 < shape.depth else None  # the next frontier's scratch slots
+        frontier = advance_frontier(child_scores, child_tokens, frontier_scores, frontier_ids, base, hidden, visible,
+                                    next_slots)
         cand_tokens.append(child_tokens.flatten())
         cand_scores.append(frontier.joint)  # [k * k] joint log-probabilities
         cand_parents.append(frontier.parents)

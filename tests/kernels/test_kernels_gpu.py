@@ -127,20 +127,23 @@ def test_tree_attention_on_gpu_and_in_a_graph(q_heads, kv_heads, num_nodes, head
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("first_column", [0, 1])
 @pytest.mark.parametrize("num_nodes, window", [(8, 49), (1, 7), (10, 61)])
-def test_tree_attention_over_a_window_on_gpu_and_in_a_graph(num_nodes, window):
-    """A drafting step's shape: N frontier rows over a scratch window of W slots after the prefix."""
+def test_tree_attention_over_a_window_on_gpu_and_in_a_graph(num_nodes, window, first_column):
+    """A drafting step's shape: N frontier rows over a scratch window of W slots after the prefix (from column 1
+    on: an EAGLE-3 drafter's, whose root slot is unwritten)."""
     q = torch.randn(9, num_nodes, 64, device=CUDA).bfloat16()
     k_cache = torch.randn(3, 2048, 64, device=CUDA).bfloat16()
     v_cache = torch.randn_like(k_cache)
     prefix_len = torch.zeros(1, dtype=torch.int64, device=CUDA)
     window_mask = torch.rand(num_nodes, window, device=CUDA) > 0.5
-    window_mask[:, 0] = True  # with no prefix, every row still sees a slot
-    graph, out = _captured(lambda: tree_attention(q, k_cache, v_cache, prefix_len, window_mask, 0.125))
+    window_mask[:, :2] = True  # with no prefix, every row still sees a slot
+    graph, out = _captured(lambda: tree_attention(q, k_cache, v_cache, prefix_len, window_mask, 0.125,
+                                                  first_column=first_column))
     for prefix in (0, 700, 2048 - window):
         prefix_len.fill_(prefix)
         graph.replay()
-        expected = tree_attention_reference(q, k_cache, v_cache, prefix_len, window_mask, 0.125)
+        expected = tree_attention_reference(q, k_cache, v_cache, prefix_len, window_mask, 0.125, first_column)
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 

@@ -75,6 +75,28 @@ def test_a_window_wider_than_the_queries(num_nodes, window, prefix_len):
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["reference", "triton"])
+def test_first_column_hides_the_windows_first_slots(implementation):
+    """first_column=1: a drafter's unwritten root slot (prefix_len + 0) is never seen, marked or not: the same as
+    the mask with its first column cleared. The slot holds huge values, so seeing it would show."""
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(6, 8, 16, generator=generator)
+    k_cache, v_cache = torch.randn(2, 2, 96, 16, generator=generator)
+    k_cache[:, 30], v_cache[:, 30] = 1e4, 1e4
+    window_mask = torch.rand(8, 41, generator=generator) > 0.5
+    window_mask[:, 0] = True
+    cleared = window_mask.clone()
+    cleared[:, 0] = False
+    prefix_len = torch.tensor([30])
+    expected = _slow_attention(q, k_cache, v_cache, 30, cleared, 0.25)
+    if implementation == "reference":
+        got = tree_attention_reference(q, k_cache, v_cache, prefix_len, window_mask, 0.25, first_column=1)
+    else:
+        got = tree_attention_triton(q, k_cache, v_cache, prefix_len, window_mask, 0.25, block_s=16, split_size=32,
+                                    first_column=1)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_reference_is_the_definition():
     inputs = _inputs(4, 2, 6, 32, 8, 10, torch.float32, seed=3)
     expected = _slow_attention(*inputs[:3], 10, inputs[4], 0.3)

@@ -32,6 +32,19 @@ def test_triton_matches_reference(k, children, width, mask_width):
     _assert_same(advance_frontier_triton(*args), advance_frontier_reference(*args))
 
 
+@pytest.mark.parametrize("k, mask_width, own_slot_base", [(8, 49, 17), (4, 25, 21), (1, 2, 1)])
+def test_the_next_nodes_own_slots(k, mask_width, own_slot_base):
+    """With own_slot_base, node j of the next frontier sees its parent's slots and slot own_slot_base + j: the
+    kernel as the reference, and the reference as the or that runtime/tree.py did after it."""
+    scores, tokens, frontier_scores, ids, hidden, visible = _inputs(k, k, 64, mask_width)
+    visible[:, own_slot_base:own_slot_base + k] = False  # the next depth's slots: nobody's yet
+    args = (scores, tokens, frontier_scores, ids, 3, hidden, visible, own_slot_base)
+    got, expected = advance_frontier_triton(*args), advance_frontier_reference(*args)
+    _assert_same(got, expected)
+    own = torch.arange(mask_width) == own_slot_base + torch.arange(k)[:, None]  # [k, W]
+    assert torch.equal(expected.visible, advance_frontier_reference(*args[:-1]).visible | own)
+
+
 def test_ties_and_dead_branches_keep_the_lower_child_first():
     scores, tokens, frontier_scores, ids, hidden, visible = _inputs(4, 4, 32, 9, torch.float32, seed=1)
     scores[:] = -1.0

@@ -1,4 +1,6 @@
 """The runtime's target and engine on tiny random models, CPU, fp32: exact against Hugging Face."""
+import logging
+
 import pytest
 import torch
 
@@ -189,3 +191,14 @@ def test_a_short_generation_through_the_triton_kernels_is_lossless():
     drafter = OracleDrafter(prompt + greedy, 320, wrong_every=3)
     result = _engine(model, drafter, TreeShape(depth=2, topk=2, budget=4), max_len=32).generate(prompt, 8)
     assert result.tokens == greedy[:8]
+
+
+def test_a_tree_wider_than_the_attention_kernel_is_warned_of(caplog):
+    """The verify's nodes and the draft's scratch slots fit the tree-attention kernel's window, or a warning
+    names the shape: beyond it attention runs the reference, far slower (depth 8, top-8: 65 scratch slots)."""
+    with caplog.at_level(logging.WARNING, logger="specdraft.runtime.tree"):
+        TreeShape(depth=5, topk=8, budget=40).validated()
+        TreeShape.chain(6).validated()
+        assert not caplog.records
+        TreeShape(depth=8, topk=8, budget=64).validated()
+    assert "65 scratch slots" in caplog.text and "<= 64" in caplog.text

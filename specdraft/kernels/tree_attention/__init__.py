@@ -10,21 +10,24 @@ import torch
 from specdraft.kernels import use_triton
 from specdraft.kernels.tree_attention.reference import tree_attention_reference, visible_slots
 
+MAX_WINDOW = 64  # the most slots a query's mask covers in the Triton kernel (one int64 of bits)
+
 
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
-                   tree_mask: torch.Tensor, scale: float) -> torch.Tensor:
+                   tree_mask: torch.Tensor, scale: float, first_column: int = 0) -> torch.Tensor:
     """q [Hq, N, D]; k_cache, v_cache [Hkv, S, D] (Hq % Hkv == 0); prefix_len [1] int64; tree_mask [N, W] bool
-    (query i sees slot prefix_len + j; W = N in a verify) -> out [Hq, N, D] in q's dtype (softmax in float32; the
+    (query i sees slot prefix_len + j; W = N in a verify); window columns before first_column are never seen (a
+    drafter's scratch slot 0 when it wrote nothing there) -> out [Hq, N, D] in q's dtype (softmax in float32; the
     Triton kernel's is laid out token-major, a transposed view of [N, Hq, D], so the output projection needs no
-    copy). Windows of more than 64 slots take the reference."""
-    if use_triton(q, "tree_attention") and tree_mask.shape[1] <= 64:
+    copy). Windows of more than MAX_WINDOW slots take the reference."""
+    if use_triton(q, "tree_attention") and tree_mask.shape[1] <= MAX_WINDOW:
         from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
 
-        return tree_attention_triton(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+        return tree_attention_triton(q, k_cache, v_cache, prefix_len, tree_mask, scale, first_column=first_column)
     if q.device.type == "cpu":  # eager (no graph): read only the slots in use, as the kernel does
         used = int(prefix_len) + tree_mask.shape[1]  # slots from here on are never seen
         k_cache, v_cache = k_cache[:, :used], v_cache[:, :used]
-    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, scale, first_column)
 
 
-__all__ = ["tree_attention", "tree_attention_reference", "visible_slots"]
+__all__ = ["MAX_WINDOW", "tree_attention", "tree_attention_reference", "visible_slots"]

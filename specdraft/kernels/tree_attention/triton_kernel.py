@@ -32,8 +32,8 @@ def _dot_operand(tile, UPCAST: tl.constexpr):
 def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
                   q_stride_h, q_stride_n, k_stride_h, k_stride_s, v_stride_h, v_stride_s, num_nodes, window, group,
                   seq_len, num_splits, qk_scale_log2, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SPLIT_BLOCKS: tl.constexpr, BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  SPLIT_BLOCKS: tl.constexpr, BLOCK_T: tl.constexpr, FIRST_COLUMN: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     split, row_block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     prefix_len = tl.load(prefix_len_ptr).to(tl.int32)
     split_start = split * (SPLIT_BLOCKS * BLOCK_S)
@@ -49,7 +49,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
     q = _dot_operand(q, UPCAST)
     tree_cols = tl.arange(0, BLOCK_T)
     sees = tl.load(tree_mask_ptr + node[:, None] * window + tree_cols[None, :],
-                   mask=is_row[:, None] & (tree_cols < window)[None, :], other=0)  # [BLOCK_R, BLOCK_T]
+                   mask=is_row[:, None] & ((tree_cols < window) & (tree_cols >= FIRST_COLUMN))[None, :],
+                   other=0)  # [BLOCK_R, BLOCK_T]
     ancestor_bits = tl.sum(tl.where(sees != 0, tl.full([1, BLOCK_T], 1, tl.int64) << tree_cols[None, :], 0), 1)
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_h + dims[None, :]
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_h + dims[None, :]
@@ -122,7 +123,7 @@ def _launch_shape(group_rows: int, kv_heads: int, seq_len: int, device: torch.de
 
 def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix_len: torch.Tensor,
                           tree_mask: torch.Tensor, scale: float, block_s: int | None = None,
-                          split_size: int | None = None) -> torch.Tensor:
+                          split_size: int | None = None, first_column: int = 0) -> torch.Tensor:
     """Same contract as `tree_attention`; the output is token-major in memory (out.transpose(0, 1) is contiguous,
     so the o projection reads [N, Hq * D] without a copy). `block_s` (a power of two, >= 16) and `split_size` (a multiple of it)
     override the key block and the keys per split (tests use them to force several blocks and splits)."""
@@ -156,7 +157,7 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                         q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
                         num_nodes, window, group, seq_len, num_splits, scale * math.log2(math.e), BLOCK_R=block_r,
                         BLOCK_S=block_s, SPLIT_BLOCKS=split_size // block_s,
-                        BLOCK_T=next_power_of_2(window), HEAD_DIM=head_dim, BLOCK_D=block_d,
+                        BLOCK_T=next_power_of_2(window), FIRST_COLUMN=first_column, HEAD_DIM=head_dim, BLOCK_D=block_d,
                         UPCAST=upcast, DOT_PRECISION="ieee" if upcast or q.dtype == torch.float32 else "tf32",
                         num_warps=8 if block_r * block_d >= 64 * 128 else 4)
     _combine_kernel[(q_heads * num_nodes,)](part_out, part_max, part_sum, prefix_len, out, out.stride(0),

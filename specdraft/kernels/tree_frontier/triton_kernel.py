@@ -1,7 +1,7 @@
 """One tree expansion step's bookkeeping in one launch (one program): joint scores and parents of the k * K
 children, their top k by repeated max over packed (score, lower index first) keys, and the gathered rows of the
-parents' draft outputs and masks. Replaces eight launches a depth (add, reshape copy, topk, floor divide, three
-gathers, add)."""
+parents' draft outputs and masks (each mask row with its node's own next scratch slot set, when asked). Replaces
+nine launches a depth (add, reshape copy, topk, floor divide, three gathers, add, the own slot's or)."""
 import torch
 import triton
 import triton.language as tl
@@ -14,8 +14,8 @@ from specdraft.kernels.tree_frontier.reference import Frontier
 @triton.jit
 def _frontier_kernel(child_logprobs_ptr, child_tokens_ptr, frontier_scores_ptr, frontier_ids_ptr, base,
                      hidden_ptr, hidden_stride, visible_ptr, joint_ptr, parents_ptr, scores_ptr, tokens_ptr, ids_ptr,
-                     best_ptr, hidden_out_ptr, visible_out_ptr, width, mask_width,
-                     K: tl.constexpr, CHILDREN: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_H: tl.constexpr,
+                     best_ptr, hidden_out_ptr, visible_out_ptr, width, mask_width, own_slot_base,
+                     OWN_SLOT: tl.constexpr, K: tl.constexpr, CHILDREN: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_H: tl.constexpr,
                      BLOCK_W: tl.constexpr):
     flat = tl.arange(0, BLOCK_KK)  # [BLOCK_KK] child index
     in_range = flat < K * CHILDREN
@@ -38,12 +38,15 @@ def _frontier_kernel(child_logprobs_ptr, child_tokens_ptr, frontier_scores_ptr, 
         row = tl.load(hidden_ptr + parent_lane * hidden_stride + columns, mask=columns < width)
         tl.store(hidden_out_ptr + rank * width + columns, row, mask=columns < width)
         mask_row = tl.load(visible_ptr + parent_lane * mask_width + slots, mask=slots < mask_width)
+        if OWN_SLOT:  # the next step's node `rank` also sees its own scratch slot
+            mask_row = tl.where(slots == own_slot_base + rank, 1, mask_row).to(mask_row.dtype)
         tl.store(visible_out_ptr + rank * mask_width + slots, mask_row, mask=slots < mask_width)
 
 
 def advance_frontier_triton(child_logprobs: torch.Tensor, child_tokens: torch.Tensor,
                             frontier_scores: torch.Tensor, frontier_ids: torch.Tensor, base: int,
-                            hidden: torch.Tensor, visible: torch.Tensor) -> Frontier:
+                            hidden: torch.Tensor, visible: torch.Tensor,
+                            own_slot_base: int | None = None) -> Frontier:
     """The reference's contract (reference.py), in one launch."""
     k, children = child_logprobs.shape
     device = child_logprobs.device
@@ -59,7 +62,8 @@ def advance_frontier_triton(child_logprobs: torch.Tensor, child_tokens: torch.Te
     visible_out = torch.empty_like(visible)
     _frontier_kernel[(1,)](child_logprobs.float(), child_tokens, frontier_scores.float(), frontier_ids, base, hidden,
                            hidden.stride(0), visible.view(torch.uint8), joint, parents, scores, tokens, ids, best,
-                           hidden_out, visible_out.view(torch.uint8), hidden.shape[1], visible.shape[1], K=k,
+                           hidden_out, visible_out.view(torch.uint8), hidden.shape[1], visible.shape[1],
+                           own_slot_base if own_slot_base is not None else 0, OWN_SLOT=own_slot_base is not None, K=k,
                            CHILDREN=children,
                            BLOCK_KK=next_power_of_2(k * children), BLOCK_H=next_power_of_2(hidden.shape[1]),
                            BLOCK_W=next_power_of_2(visible.shape[1]), num_warps=4)
