@@ -5,7 +5,8 @@
 #   kernels21 (first): the GPU tests of the kernels and the runtime (the prefill's graphs among them); on a failure
 #        of the prefill's test every bench runs with the eager prefill's base instead of the current code.
 #   ab21 (about 6 minutes, alone): the long head on all 80 MT-bench prompts, tree (5, 8, 40) and chain of 6: the
-#        current runtime (the prefill in CUDA graphs per padded length), the base, the current again, one after
+#        current runtime (the prefill in CUDA graphs per padded length; 8-13 launches fewer a cycle: the frontier's
+#        own slots, the root column's first_column, the commit's path index), the base, the current again, one after
 #        another on one GPU; then the current with the float32 check. Session 20 measured 2.17x (tree) with the
 #        eager prefill, 2.45x inside the graphs alone.
 #   all21: kernels21, then ab21.
