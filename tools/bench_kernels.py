@@ -6,9 +6,9 @@ with CUDA events over `--reps` replays: the median per call is reported, launch 
 L2 (as they are when the runtime has just produced them). Prints a table and writes JSON (`--out`).
 `draft_topk vs torch.topk` times the kernel against the unfused eager ops (log_softmax, topk, gather), whose
 tie order is unspecified: a fairer bar than the reference's stable sort. The decoder-layer ops (`rms_norm`,
-`add_rms_norm`, `rope_cache`, `silu_mul`, `draft_input`) are timed against their references, which are the unfused layer's ops
-(`rope_cache`'s includes the cos/sin gathers, once per forward before the fusion); their `bitwise` field says
-whether the outputs are the same bits (`match` allows one bfloat16 rounding step).
+`add_rms_norm`, `rope_cache`, `silu_mul`, `draft_input`) are timed against their references, which are the unfused
+layer's ops (`rope_cache`'s includes the cos/sin gathers, once per forward before the fusion); their `bitwise` field
+says whether the outputs are the same bits (`match` allows one bfloat16 rounding step).
 
     python tools/bench_kernels.py --out runs/bench_kernels.json     # CUDA GPU, about a minute (mostly compiling)
     python tools/bench_kernels.py --device cpu --out /tmp/k.json    # tiny shapes, the Triton interpreter

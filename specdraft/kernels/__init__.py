@@ -11,10 +11,11 @@ vocabulary), `tree_frontier.advance_frontier` (a tree expansion step's joint sco
 `tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `kv_compact.compact_kv`
 (accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass attention over the prefix
 and the tree, flash-decoding style; a drafting step's over its scratch slots too), `draft_input` (the EAGLE-3
-draft layer's [norm(embedding) ; norm(hidden)] input: the gather, both norms and the join); in every decoder layer (the
-target's and the draft heads'), `rms_norm` ((residual add +) RMSNorm), `rope_cache` (rotary q and k + the KV-cache write) and `silu_mul` (SwiGLU's
-activation), one launch each, rounding where the unfused ops round (`rounding.py`). The runtime ops are
-CUDA-graph capturable: static shapes, no host sync, per-call scalars as device tensors. `tools/bench_kernels.py` times each against its reference on a GPU.
+draft layer's [norm(embedding) ; norm(hidden)] input: the gather, both norms and the join); in every decoder
+layer (the target's and the draft heads'), `rms_norm` ((residual add +) RMSNorm), `rope_cache` (rotary q and k +
+the KV-cache write) and `silu_mul` (SwiGLU's activation), one launch each, rounding where the unfused ops round
+(`rounding.py`). The runtime ops are CUDA-graph capturable: static shapes, no host sync, per-call scalars as device
+tensors. `tools/bench_kernels.py` times each against its reference on a GPU.
 For training, `adamw8bit` is one tensor's AdamW step from blockwise 8-bit moments (and `AdamW8bitFused`, the
 optimizer of train.optimizer=adamw8bit_fused).
 """

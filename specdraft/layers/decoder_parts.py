@@ -99,7 +99,8 @@ def layer_query(layer, weights: RuntimeWeights, hidden, tokens, embed_weight, ro
     """The runtime's midlayer up to attention: hidden [M, H]; tokens [M] (their embeddings are the rows of
     embed_weight [V, H], the target's table); rope (cos, sin) [S, D]; rope_positions, slots [M] -> rotated queries
     [Hq, M, D] (rotated at rope_positions + position_offset); the rotated keys and the values go to k_cache,
-    v_cache [Hkv, S, D] (or [C, Hkv, S, D]: every copy) at `slots` (+ slot_base [1], when given). Launches: the joined, normed input (`kernels.draft_input`), the q/k/v matmul, rope + cache."""
+    v_cache [Hkv, S, D] (or [C, Hkv, S, D]: every copy) at `slots` (+ slot_base [1], when given). Launches: the
+    joined, normed input (`kernels.draft_input`), the q/k/v matmul, rope + cache."""
     attn, m = layer.self_attn, hidden.shape[0]
     x = draft_input(tokens, embed_weight, hidden, layer.input_layernorm.weight, layer.hidden_norm.weight,
                     layer.input_layernorm.eps)  # [M, 2H] (both norms have the target's eps)

@@ -115,7 +115,8 @@ def draft_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                           first_column=0 if root_written else 1)
 
 
-def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     start: torch.Tensor) -> torch.Tensor:
     """An ingest's attention over a drafter's own cache: q [Hq, M, D] of rows whose keys were just written at slots
     start..start+M-1 (start [1]), each seeing every slot up to its own -> [Hq, M, D] (token-major from the kernel).
     A cycle's M (depth + 1) fits the kernel's window; a prompt's longer M takes its reference."""

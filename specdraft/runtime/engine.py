@@ -193,22 +193,25 @@ class SpecEngine:
         padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
         count = torch.full((1,), n, dtype=torch.long, device=self.device)
         with sdpa_kernel(PREFILL_ATTENTION):
-            last_logits, *features = self._prefill_call("prefill", self._prefill_target, padded, count)
+            last_logits, *features = self._graphed(f"prefill@{rows}", self._prefill_target, padded, count)
             self.root.copy_(sample_token(last_logits, temperature, generator))
             if self.drafter is not None:
-                self._prefill_call("ingest", self._prefill_ingest, padded, count, *features)
+                self._graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
         self.prefix_len.fill_(n)
         return int(self.root)
 
-    def _prefill_call(self, name: str, fn, *args: torch.Tensor):
-        """fn(*args), in its CUDA graph for the prompt's padded length when the engine uses graphs."""
-        if not self.use_graphs:
-            return fn(*args)
-        key = f"{name}@{args[0].shape[0]}"
+    def _graph(self, key: str, fn, state: List[torch.Tensor], example: Sequence[torch.Tensor] = ()) -> CallGraph:
+        """The engine's CUDA graph of fn under `key`, made at the first request (captured at its first call)."""
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = CallGraph(fn, self._state_tensors(), example=args)
-        return graph(*args)
+            graph = self._graphs[key] = CallGraph(fn, state, example=example)
+        return graph
+
+    def _graphed(self, key: str, fn, *args: torch.Tensor):
+        """fn(*args), replayed from its graph under `key` when the engine uses graphs (state: `_state_tensors`)."""
+        if not self.use_graphs:
+            return fn(*args)
+        return self._graph(key, fn, self._state_tensors(), args)(*args)
 
     def _prefill_target(self, prompt_ids: torch.Tensor, count: torch.Tensor):
         """prompt_ids [R]: the prompt's count [1] tokens, then padding -> (the last prompt token's logits [1, V], then
@@ -285,18 +288,8 @@ class SpecEngine:
     def _tree_cycle(self, temperature: float, generator) -> CycleOutput:
         if temperature > 0:
             uniforms = draw_uniforms(self.shape.budget, generator, self.device)
-            if not self.use_graphs:
-                return self._cycle_sampled(temperature, uniforms)
-            key = f"sampled@{temperature}"
-            graph = self._graphs.get(key) or self._graphs.setdefault(key, CallGraph(
-                lambda u: self._cycle_sampled(temperature, u), self._state_tensors(), example=(uniforms,)))
-            return graph(uniforms)
-        if not self.use_graphs:
-            return self._cycle_greedy()
-        graph = self._graphs.get("cycle")
-        if graph is None:
-            graph = self._graphs["cycle"] = CallGraph(self._cycle_greedy, self._state_tensors())
-        return graph()
+            return self._graphed(f"sampled@{temperature}", lambda u: self._cycle_sampled(temperature, u), uniforms)
+        return self._graphed("cycle", self._cycle_greedy)
 
     def _state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
@@ -356,11 +349,8 @@ class SpecEngine:
         graphs. token [1]: an example of its argument."""
         if not self.use_graphs:
             return self._plain_step
-        graph = self._graphs.get("plain")
-        if graph is None:
-            state = [self.prefix_len, self.target.k_cache, self.target.v_cache]
-            graph = self._graphs["plain"] = CallGraph(self._plain_step, state, example=(token,))
-        return graph
+        return self._graph("plain", self._plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
+                           (token,))
 
     @torch.no_grad()
     def decode_plain(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),

@@ -139,7 +139,8 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
     for depth in range(1, shape.depth):
         slots = slots_by_depth[depth - 1]  # [k]
         positions = position_by_depth[depth - 1:depth].expand(k)  # [k]
-        logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)  # [k, Vd], [k, Hd]
+        # [k, Vd], [k, Hd]
+        logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)
         child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k] each node's own children
         base = sum(t.shape[0] for t in cand_tokens)
         next_slots = 1 + depth * k if depth + 1 < shape.depth else None  # the next frontier's scratch slots

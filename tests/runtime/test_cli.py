@@ -188,3 +188,19 @@ def test_tree_shapes_bench_every_shape_against_its_own_plain_run(export_dir, tmp
     with pytest.raises(SystemExit):
         tool.main([str(export_dir), "--shapes", "3", "3,2", "--prompts", "p", "--out", str(tmp_path)])
     assert "'3,2': DEPTH (a chain) or DEPTH,TOPK,BUDGET" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ([], (5, 8, 40)),  # the default tree (Session 20's fastest shape)
+    (["--chain"], (6, 1, 7)),  # a chain's default depth stays 6
+    (["--chain", "--depth", "3"], (3, 1, 4)),
+    (["--depth", "7", "--budget", "60"], (7, 8, 60)),
+])
+def test_runtime_shape_defaults(monkeypatch, flags, expected):
+    """The shape `generate` and `bench` ask for: a tree of (5, 8, 40) by default, a chain of 6 with --chain."""
+    shapes = []
+    monkeypatch.setattr("specdraft.runtime.load.load_runtime", lambda path, target, device, dtype, shape, *rest,
+                        **kwargs: shapes.append(shape))
+    args = cli.build_parser().parse_args(["generate", "EXPORT", "--prompt", "x", *flags])
+    cli._load_runtime(args)
+    assert (shapes[0].depth, shapes[0].topk, shapes[0].budget) == expected

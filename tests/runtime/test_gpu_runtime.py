@@ -51,8 +51,8 @@ def test_graphed_sampling_equals_eager_sampling(shape):
     _, eager = _engine(torch.float32, shape, use_graphs=False)
     _, graphed = _engine(torch.float32, shape, use_graphs=True)
     for seed in range(2):
-        runs = [engine.generate(prompt, 64, temperature=1.0,
-                                generator=torch.Generator(device="cuda").manual_seed(seed)) for engine in (eager, graphed)]
+        runs = [engine.generate(prompt, 64, temperature=1.0, generator=torch.Generator(device="cuda").manual_seed(seed))
+                for engine in (eager, graphed)]
         assert runs[1].tokens == runs[0].tokens and runs[1].accepted == runs[0].accepted
 
 

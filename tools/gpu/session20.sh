@@ -25,7 +25,8 @@ CHAIN="--chain --depth 6 --exit-threshold 0"
 
 kernels20() {
   mkdir -p "$RESULTS"
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -m gpu tests/kernels tests/runtime > "$RESULTS/gpu_tests.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -m gpu tests/kernels tests/runtime \
+    > "$RESULTS/gpu_tests.log" 2>&1
   local failed=() op
   for op in draft_input rope_cache tree_attention tree_select tree_frontier; do
     grep -q "^FAILED .*$op" "$RESULTS/gpu_tests.log" && failed+=("$op")

@@ -18,7 +18,8 @@ CURRENT=$PWD
 
 kernels21() {
   mkdir -p "$RESULTS"
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -m gpu tests/kernels tests/runtime > "$RESULTS/gpu_tests.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -m gpu tests/kernels tests/runtime \
+    > "$RESULTS/gpu_tests.log" 2>&1
   stamp "GPU tests: $(tail -1 "$RESULTS/gpu_tests.log")"
   grep -q "^FAILED .*prefill" "$RESULTS/gpu_tests.log" && CURRENT=$BASE && stamp "prefill graphs failed: base only"
 }

@@ -1,7 +1,8 @@
 """Rotary embedding of q and k and the KV-cache write in one launch: one program per token loads its cos/sin row
-(by its position, plus an offset), rotates every q head and every k head as [heads, D] tiles (D padded to a power of two and
-masked; the rotation partner of dim d is d +- D/2, loaded directly), writes q to the output, and the rotated k
-and the plain v to the cache slot of the token (plus a base read from a device scalar; into every copy of a 4-d cache).
+(by its position, plus an offset), rotates every q head and every k head as [heads, D] tiles (D padded to a power
+of two and masked; the rotation partner of dim d is d +- D/2, loaded directly), writes q to the output, and the
+rotated k and the plain v to the cache slot of the token (plus a base read from a device scalar; into every copy
+of a 4-d cache).
 
 Rounding order, as the reference's separate ops: t1 = round(x * cos), t2 = round((-/+ partner) * sin),
 out = round(t1 + t2), `round` to the storage dtype (to nearest, ties to even; a no-op in float32). A product of
@@ -27,12 +28,12 @@ def _rotate(x_ptrs, partner_ptrs, mask, cos, sin, sign, DTYPE: tl.constexpr):
 
 @triton.jit
 def _rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, positions_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-                       slot_base_ptr, q_out_ptr, num_tokens, position_offset, positions_stride, slots_stride, q_stride_n, q_stride_h, k_stride_n,
-                       k_stride_h, v_stride_n, v_stride_h, cos_stride, sin_stride, kc_stride_c, kc_stride_h,
-                       kc_stride_s, vc_stride_c, vc_stride_h, vc_stride_s, Q_HEADS: tl.constexpr,
-                       KV_HEADS: tl.constexpr, COPIES: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       HAS_POSITIONS: tl.constexpr, HAS_SLOT_BASE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
+                       slot_base_ptr, q_out_ptr, num_tokens, position_offset, positions_stride, slots_stride,
+                       q_stride_n, q_stride_h, k_stride_n, k_stride_h, v_stride_n, v_stride_h, cos_stride,
+                       sin_stride, kc_stride_c, kc_stride_h, kc_stride_s, vc_stride_c, vc_stride_h, vc_stride_s,
+                       Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, COPIES: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       HAS_POSITIONS: tl.constexpr, HAS_SLOT_BASE: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                       BLOCK_HKV: tl.constexpr, BLOCK_D: tl.constexpr):
     dtype = q_out_ptr.dtype.element_ty
     token = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, BLOCK_D)  # [BLOCK_D]
@@ -103,7 +104,8 @@ def rope_cache_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_tab
     positions_stride = positions.stride(0) if positions is not None else 0
     _rope_cache_kernel[(num_tokens,)](
         q, k, v, cos_table, sin_table, positions if positions is not None else slots, k_cache, v_cache, slots,
-        slot_base if slot_base is not None else slots, q_out, num_tokens, position_offset, positions_stride, slots.stride(0), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
+        slot_base if slot_base is not None else slots, q_out, num_tokens, position_offset, positions_stride,
+        slots.stride(0), *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
         cos_table.stride(0), sin_table.stride(0), *k_strides, *v_strides, Q_HEADS=q_heads, KV_HEADS=k.shape[1],
         COPIES=copies, HEAD_DIM=head_dim, HAS_POSITIONS=positions is not None,
         HAS_SLOT_BASE=slot_base is not None, BLOCK_HQ=next_power_of_2(q_heads),

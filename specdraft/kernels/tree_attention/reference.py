@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 
-def visible_slots(prefix_len: torch.Tensor, tree_mask: torch.Tensor, seq_len: int, first_column: int = 0) -> torch.Tensor:
+def visible_slots(prefix_len: torch.Tensor, tree_mask: torch.Tensor, seq_len: int,
+                  first_column: int = 0) -> torch.Tensor:
     """prefix_len [1] int64; tree_mask [N, W] bool; window columns before first_column never seen -> [N, S] bool,
     which key slots each query sees."""
     window = tree_mask.shape[1]

@@ -3,10 +3,10 @@
 Stage 1, one program per (key split, row block, kv head): the rows are the (query head of the group, tree node)
 pairs that share the kv head, so a kv block is loaded once for the whole group. Each program runs an online
 softmax (base 2, float32) over its split's visible slots and writes an unnormalised partial output with its
-running max and sum. Splits that start past prefix_len + W (the window) do nothing. Stage 2, one program per (query head,
-node): rescales and sums the active splits' partials. The window (the slots after prefix_len a query may see,
-through its mask row) is the tree's N nodes in a verify, a draft's scratch slots in a drafting step. The grid depends only on shapes, never on prefix_len,
-so both launches can be captured in a CUDA graph."""
+running max and sum. Splits that start past prefix_len + W (the window) do nothing. Stage 2, one program per
+(query head, node): rescales and sums the active splits' partials. The window (the slots after prefix_len a query
+may see, through its mask row) is the tree's N nodes in a verify, a draft's scratch slots in a drafting step. The
+grid depends only on shapes, never on prefix_len, so both launches can be captured in a CUDA graph."""
 import math
 
 import torch
@@ -125,8 +125,9 @@ def tree_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           tree_mask: torch.Tensor, scale: float, block_s: int | None = None,
                           split_size: int | None = None, first_column: int = 0) -> torch.Tensor:
     """Same contract as `tree_attention`; the output is token-major in memory (out.transpose(0, 1) is contiguous,
-    so the o projection reads [N, Hq * D] without a copy). `block_s` (a power of two, >= 16) and `split_size` (a multiple of it)
-    override the key block and the keys per split (tests use them to force several blocks and splits)."""
+    so the o projection reads [N, Hq * D] without a copy). `block_s` (a power of two, >= 16) and `split_size` (a
+    multiple of it) override the key block and the keys per split (tests use them to force several blocks and
+    splits); window columns before `first_column` are never seen."""
     q_heads, num_nodes, head_dim = q.shape
     kv_heads, seq_len, _ = k_cache.shape
     if q_heads % kv_heads or k_cache.shape != v_cache.shape or k_cache.shape[2] != head_dim:

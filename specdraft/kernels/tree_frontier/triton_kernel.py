@@ -15,8 +15,8 @@ from specdraft.kernels.tree_frontier.reference import Frontier
 def _frontier_kernel(child_logprobs_ptr, child_tokens_ptr, frontier_scores_ptr, frontier_ids_ptr, base,
                      hidden_ptr, hidden_stride, visible_ptr, joint_ptr, parents_ptr, scores_ptr, tokens_ptr, ids_ptr,
                      best_ptr, hidden_out_ptr, visible_out_ptr, width, mask_width, own_slot_base,
-                     OWN_SLOT: tl.constexpr, K: tl.constexpr, CHILDREN: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_H: tl.constexpr,
-                     BLOCK_W: tl.constexpr):
+                     OWN_SLOT: tl.constexpr, K: tl.constexpr, CHILDREN: tl.constexpr, BLOCK_KK: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr):
     flat = tl.arange(0, BLOCK_KK)  # [BLOCK_KK] child index
     in_range = flat < K * CHILDREN
     lane = flat // CHILDREN
