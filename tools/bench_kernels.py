@@ -260,6 +260,26 @@ def select_cases(shapes, device):
                    _same(lambda e, g: all(torch.equal(x, y) for x, y in zip(e, g))))
 
 
+def commit_cases(models, depths, device):
+    from specdraft.kernels.path_commit.reference import commit_path_reference
+    from specdraft.kernels.path_commit.triton_kernel import commit_path_triton
+
+    for name, model in models.items():
+        for depth in depths:
+            nodes = 8 * depth
+            accepted = torch.full((depth + 1,), -1, dtype=torch.int64, device=device)
+            accepted[:depth] = torch.arange(0, 2 * depth, 2, device=device)  # the root and depth - 1 accepted
+            captured = [torch.randn(nodes, model["hidden"], device=device).bfloat16() for _ in range(3)]
+            args = (accepted, torch.tensor([depth - 1], device=device), torch.tensor([7], device=device),
+                    torch.randint(0, model["vocab"], (nodes,), device=device), torch.tensor([300], device=device),
+                    captured)
+            roots = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(2)]
+            yield Case("commit_path", f"{name} D={depth} H={model['hidden']} 3 layers",
+                       lambda a=args, r=roots[0]: commit_path_reference(*a, r),
+                       lambda a=args, r=roots[1]: commit_path_triton(*a, r),
+                       _same(lambda e, g: all(torch.equal(x, y) for x, y in zip(e[:3] + e[3], g[:3] + g[3]))))
+
+
 def all_cases(device: torch.device, ops: set):
     tiny = device.type == "cpu"
     models = TINY if tiny else MODELS
@@ -274,7 +294,8 @@ def all_cases(device: torch.device, ops: set):
               "silu_mul": lambda: silu_mul_cases(models, nodes, device),
               "draft_input": lambda: draft_input_cases(models, nodes, device),
               "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device),
-              "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device)}
+              "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device),
+              "commit_path": lambda: commit_cases(models, (3,) if tiny else (5, 6), device)}
     for op, make in makers.items():
         if op in ops:
             yield from make()
@@ -333,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench_kernels.json")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
-                                         "silu_mul,draft_input,advance_frontier,select_tree")
+                                         "silu_mul,draft_input,advance_frontier,select_tree,commit_path")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)

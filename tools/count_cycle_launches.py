@@ -108,7 +108,8 @@ def count(config: str, shape_texts: List[str]) -> dict:
         total = sum(len(names) for names in phases.values())
         rows.append({"shape": text, **{name: len(names) for name, names in phases.items()}, "cycle": total,
                      "cycle_over_plain": total / len(plain), "tau_for_goal": SPEEDUP_GOAL * total / len(plain),
-                     "draft_ops": dict(collections.Counter(phases["draft"]).most_common())})
+                     **{f"{name}_ops": dict(collections.Counter(names).most_common())
+                        for name, names in phases.items()}})
     return {"config": config, "layers": CONFIGS[config][0]["num_hidden_layers"], "plain_step": len(plain),
             "plain_ops": dict(collections.Counter(plain).most_common()), "speedup_goal": SPEEDUP_GOAL, "rows": rows}
 

@@ -64,7 +64,7 @@ from specdraft.methods.base import (
     TargetFeatures,
     TargetInfo,
 )
-from specdraft.runtime.drafter import draft_attention, ingest_attention, rope_tables
+from specdraft.runtime.drafter import draft_attention, ingest_attention, ingest_slots, rope_tables
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
@@ -590,11 +590,11 @@ class Eagle3Drafter:
     def ingest(self, features, next_tokens, start, count) -> None:
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
-        columns = start + torch.arange(next_tokens.shape[0], device=next_tokens.device)  # [M]
+        columns = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
         q = self._query(hidden, next_tokens, columns, columns)
         _, hidden = self._tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
-        self.last_hidden.copy_(hidden[count - 1])
-        self.prefix_len.copy_(start + count)
+        torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
+        torch.add(start, count, out=self.prefix_len)
 
     def first(self, root_token, position):
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden

@@ -62,7 +62,7 @@ from specdraft.methods.base import (
     TargetInfo,
 )
 from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
-from specdraft.runtime.drafter import draft_attention, draft_visible, rope_tables
+from specdraft.runtime.drafter import draft_attention, draft_visible, ingest_slots, rope_tables
 from specdraft.target.partial import new_layer_cache, run_first_layers
 
 
@@ -395,9 +395,9 @@ class KangarooDrafter:
 
     def ingest(self, features, next_tokens, start, count) -> None:
         shallow = features[self.exit_layer].to(self.k_cache.dtype)  # [M, H]
-        columns = start + torch.arange(shallow.shape[0], device=shallow.device)
+        columns = ingest_slots(start, shallow.shape[0], shallow.device)  # [M]
         self._write_kv(shallow, columns, columns)
-        self.prefix_len.copy_(start + count)
+        torch.add(start, count, out=self.prefix_len)
 
     def first(self, root_token, position):
         self.frontier_shallow = None  # a new cycle: nothing left for `step` until `tree_candidates` runs

@@ -57,7 +57,7 @@ from specdraft.methods.eagle3 import (
     load_initial_state,
     ttt_inputs,
 )
-from specdraft.runtime.drafter import draft_attention, ingest_attention, rope_tables
+from specdraft.runtime.drafter import draft_attention, ingest_attention, ingest_slots, rope_tables
 
 
 @dataclass
@@ -302,13 +302,13 @@ class PossDrafter:
         m, device = next_tokens.shape[0], next_tokens.device
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         fused = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
-        columns = start + torch.arange(m, device=device)  # [M]
+        columns = ingest_slots(start, m, device)  # [M]
         for specialist in reversed(range(len(self.draft.specialists))):  # ends with specialist 0's queries
             q = self._project(specialist, fused, next_tokens, columns, self.k_cache[specialist],
                               self.v_cache[specialist], columns)
         _, hidden = self._tail(0, fused, ingest_attention(q, self.k_cache[0], self.v_cache[0], start))
-        self.last_hidden.copy_(hidden[count - 1])
-        self.prefix_len.copy_(start + count)
+        torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
+        torch.add(start, count, out=self.prefix_len)
 
     def first(self, root_token, position):
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden

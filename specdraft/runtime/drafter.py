@@ -123,6 +123,16 @@ def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return tree_attention(q, k_cache, v_cache, start, _causal(q.shape[1], q.device), q.shape[-1] ** -0.5)
 
 
+def ingest_slots(start: torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
+    """start [1] -> [rows] the slots start..start+rows-1 an ingest writes (one launch: the range is cached)."""
+    return start + _row_index(rows, device)
+
+
+@functools.lru_cache(maxsize=16)
+def _row_index(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(rows, device=device)  # [rows]
+
+
 @functools.lru_cache(maxsize=16)
 def _causal(rows: int, device: torch.device) -> torch.Tensor:
     return torch.ones(rows, rows, dtype=torch.bool, device=device).tril()  # [M, M] row i sees rows 0..i

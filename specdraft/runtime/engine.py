@@ -40,6 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
+from specdraft.kernels.path_commit import commit_path
 from specdraft.kernels.tree_verify import verify_greedy
 from specdraft.runtime.chain import ChainCycles
 from specdraft.runtime.drafter import Drafter
@@ -130,7 +131,6 @@ class SpecEngine:
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
-        self._path_index = torch.arange(shape.depth + 1, device=self.device)  # [depth + 1] an accepted path's rows
         self._graphs: Dict[str, CallGraph] = {}
         self.prefill_rows = PREFILL_ROWS if self.use_graphs else 1  # a prompt's rows round up to a multiple of it
         self._reader = HostReader(shape.depth + 2, self.device)
@@ -244,21 +244,14 @@ class SpecEngine:
 
     def _commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
         """Compact caches to the accepted path, hand it to the drafter, move the root. All on the device."""
-        index = self._path_index  # [depth + 1]
-        count = accept_length + 1  # [1] root + accepted drafts
-        path = accepted_nodes.clamp(min=0)  # [depth + 1]
-        valid = index < count
-        src_slots = self.prefix_len + torch.where(valid, path, index)  # [depth + 1]
-        compact_kv(self.target.k_cache, self.target.v_cache, src_slots, self.prefix_len, count)
-        after = torch.cat([tree.tokens[path[1:]], bonus])  # [depth + 1] the token after each path node
-        next_tokens = torch.where(index == accept_length, bonus, after)
-        features = {i: captured[i][path] for i in self.capture}  # [depth + 1, H]
-        self.drafter.ingest(features, next_tokens, self.prefix_len, count)  # read before the add below
-        self.prefix_len.add_(count)
-        self.root.copy_(bonus)
-        emitted = torch.where(valid, next_tokens, -1)
-        return CycleOutput(emitted=emitted, count=count, accepted_nodes=accepted_nodes, tree=tree,
-                           for_host=torch.cat([count, emitted]))
+        committed = commit_path(accepted_nodes, accept_length, bonus, tree.tokens, self.prefix_len,
+                                [captured[i] for i in self.capture], self.root)
+        compact_kv(self.target.k_cache, self.target.v_cache, committed.src_slots, self.prefix_len, committed.count)
+        self.drafter.ingest(dict(zip(self.capture, committed.features)), committed.next_tokens, self.prefix_len,
+                            committed.count)  # read before the add below
+        self.prefix_len.add_(committed.count)
+        return CycleOutput(emitted=committed.emitted, count=committed.count, accepted_nodes=accepted_nodes,
+                           tree=tree, for_host=committed.for_host)
 
     def _cycle_greedy(self) -> CycleOutput:
         tree = self._build_tree()

@@ -6,6 +6,7 @@ import torch
 from specdraft.kernels.draft_input import draft_input, draft_input_reference
 from specdraft.kernels.draft_topk import draft_topk, draft_topk_reference
 from specdraft.kernels.kv_compact import compact_kv, compact_kv_reference
+from specdraft.kernels.path_commit import commit_path, commit_path_reference
 from specdraft.kernels.rms_norm import rms_norm, rms_norm_reference
 from specdraft.kernels.rope_cache import rope_cache, rope_cache_reference
 from specdraft.kernels.silu_mul import silu_mul, silu_mul_reference
@@ -109,6 +110,30 @@ def test_compact_kv_on_gpu_and_in_a_graph(layers, kv_heads, head_dim):
         compact_kv_reference(expected_k, expected_v, src_slots, dst_start, count)
         graph.replay()
         assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("depth, width, layers", [(5, 576, 3), (6, 4096, 3), (4, 576, 1)])
+def test_commit_path_on_gpu_and_in_a_graph(depth, width, layers):
+    nodes = 48
+    accepted = torch.full((depth + 1,), -1, dtype=torch.int64, device=CUDA)
+    accept_length, bonus, prefix_len = (torch.zeros(1, dtype=torch.int64, device=CUDA) for _ in range(3))
+    tree_tokens = torch.randint(0, 49152, (nodes,), device=CUDA)
+    captured = [torch.randn(nodes, width, device=CUDA).bfloat16() for _ in range(layers)]
+    root = torch.zeros(1, dtype=torch.int64, device=CUDA)
+    args = (accepted, accept_length, bonus, tree_tokens, prefix_len, captured)
+    graph, committed = _captured(lambda: commit_path(*args, root))
+    for path, start, token in [([], 100, 5), ([3, 11, 20][:depth], 250, 17), (list(range(1, depth + 1)), 7, 9)]:
+        accepted.fill_(-1)
+        accepted[:len(path) + 1] = torch.tensor([0] + path)
+        accept_length.fill_(len(path))
+        prefix_len.fill_(start)
+        bonus.fill_(token)
+        expected_root = torch.zeros_like(root)
+        expected = commit_path_reference(*args, expected_root)
+        graph.replay()
+        for got, want in zip(committed[:3] + (*committed.features,), expected[:3] + (*expected.features,)):
+            assert torch.equal(got, want)
+        assert torch.equal(root, expected_root)
 
 
 @pytest.mark.parametrize("q_heads, kv_heads, num_nodes, head_dim", [(9, 3, 1, 64), (9, 3, 64, 64), (32, 8, 1, 128),
