@@ -118,6 +118,7 @@ def _bench(args) -> dict:
     runtime = _load_runtime(args)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
+                             hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
                              **({"prompts": args.prompts} if args.prompts else {}))
     report = run_bench(runtime, settings, args.out, load_float32=lambda: _load_runtime(args, "float32"))
@@ -190,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    bench.add_argument("--hf-prompts", type=int, default=None, metavar="N",
+                       help="the Hugging Face baseline on the first N prompts alone (it decodes 20-50x slower); "
+                            "its speedups compare all three on those prompts (default: every prompt)")
     bench.add_argument("--lossless-prompts", type=int, default=10, metavar="N",
                        help="also check the first N prompts in float32, speculative against plain decoding token "
                             "for token (in bf16 near-tied argmaxes can round apart; 0: off)")

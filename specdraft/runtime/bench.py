@@ -28,6 +28,11 @@ class BenchSettings:
     temperatures: Sequence[float] = (0.0, 1.0)
     seed: int = 0
     hf_baseline: bool = True
+    hf_prompts: Optional[int] = None  # HF on the first N prompts alone (None: all); its speedups over those prompts
+
+    def __post_init__(self):
+        if self.hf_prompts is not None and self.hf_prompts < 1:
+            raise SpecdraftError(f"--hf-prompts must be at least 1, got {self.hf_prompts} (--no-hf skips the baseline)")
     trace: bool = False
     lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
 
@@ -70,7 +75,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         run = engine.decode_plain if mode == "plain" else engine.generate
         run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
     prompt_warmup = warm_prompt_lengths(engine, prompts)
-    totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0]}
+    totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0], "plain@hf": [0, 0.0], "spec@hf": [0, 0.0]}
     accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
@@ -88,10 +93,12 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         per_prompt.append({"prompt_len": len(prompt), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
                            "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
-        if settings.hf_baseline:
+        if settings.hf_baseline and (settings.hf_prompts is None or index < settings.hf_prompts):
             hf_tokens, seconds = _timed(lambda: _hf_generate(runtime, prompt, n_new, temperature), device)
-            totals["hf"][0] += len(hf_tokens)
-            totals["hf"][1] += seconds
+            for name, tokens, took in (("hf", hf_tokens, seconds), ("plain@hf", plain.tokens, plain.seconds),
+                                       ("spec@hf", spec.tokens, spec.seconds)):
+                totals[name][0] += len(tokens)
+                totals[name][1] += took
             plain_matches_hf += hf_tokens == plain.tokens
     summary = _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts),
                        temperature, settings)
@@ -143,10 +150,11 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "tokens_per_s_plain": speed["plain"],
         "tokens_per_s_hf": speed["hf"],
         "speedup_vs_plain": speed["spec"] / speed["plain"],
-        "speedup_vs_hf": speed["spec"] / speed["hf"] if speed["hf"] else None,
-        "plain_vs_hf": speed["plain"] / speed["hf"] if speed["hf"] else None,
-        "new_tokens": {name: tokens for name, (tokens, _) in totals.items()},
-        "seconds": {name: seconds for name, (_, seconds) in totals.items()},
+        "speedup_vs_hf": speed["spec@hf"] / speed["hf"] if speed["hf"] else None,  # over the same prompts
+        "plain_vs_hf": speed["plain@hf"] / speed["hf"] if speed["hf"] else None,
+        "hf_prompts": min(num_prompts, settings.hf_prompts or num_prompts) if settings.hf_baseline else 0,
+        "new_tokens": {name: tokens for name, (tokens, _) in totals.items() if "@" not in name},
+        "seconds": {name: seconds for name, (_, seconds) in totals.items() if "@" not in name},
         "lossless": same_as_plain == num_prompts if greedy else None,
         "lossless_prompts": same_as_plain if greedy else None,
         "plain_matches_hf_prompts": plain_matches_hf if greedy and settings.hf_baseline else None,

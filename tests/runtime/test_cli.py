@@ -61,6 +61,22 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert "| T | τ |" in capsys.readouterr().err
 
 
+def test_the_hf_baseline_on_the_first_prompts_alone(export_dir, tmp_path):
+    """--hf-prompts N: Hugging Face decodes the first N prompts; its speedups compare the three on those prompts."""
+    prompts = export_dir.parent / "eval.jsonl"
+    assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), "--max-new-tokens", "6", "--device", "cpu",
+                     "--max-len", "256", "--chain", "--depth", "2", "--temperature", "0", "--hf-prompts", "1",
+                     "--lossless-prompts", "0", "--out", str(tmp_path)]) == 0
+    run = json.loads((tmp_path / "bench.json").read_text())["runs"][0]
+    first = run["per_prompt"][0]
+    assert run["prompts"] > 1 and run["hf_prompts"] == 1 and run["plain_matches_hf_prompts"] == 1
+    hf_rate = run["new_tokens"]["hf"] / run["seconds"]["hf"]
+    assert run["new_tokens"]["hf"] == first["plain_tokens"]  # greedy: HF's answer is plain decoding's
+    assert abs(run["speedup_vs_hf"] - first["spec_tokens"] / first["spec_s"] / hf_rate) < 1e-9
+    assert abs(run["plain_vs_hf"] - first["plain_tokens"] / first["plain_s"] / hf_rate) < 1e-9
+    assert cli.main(["bench", str(export_dir), "--device", "cpu", "--hf-prompts", "0", "--out", str(tmp_path)]) == 2
+
+
 def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
     prompts = export_dir.parent / "eval.jsonl"
     assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), "--max-new-tokens", "8", "--device", "cpu",

@@ -10,7 +10,8 @@
 #   ab22 (GPU 0, alone, about 9 minutes): the long head on the 80 prompts: the commit in one launch and the
 #        ingest's three launches fewer (17 a cycle in all), against the base: tree (5, 8, 40) current, base,
 #        current; chain of 6 current, base; then the budget alone grown, (5, 8, 48) and (5, 8, 64) (the verify's
-#        rows cost little next to the draft's depth), the larger with the float32 check.
+#        rows cost little next to the draft's depth), the larger with the float32 check; last, the (5, 8, 40) tree
+#        with Hugging Face generate on the first 10 prompts (`--hf-prompts 10`: its speedups on those prompts).
 #   ops22 (GPU 0, alone, about a minute): tools/bench_kernels.py, every kernel against its reference.
 #   kangaroo22 (GPU 0, alone, about 7 minutes): each adapter's tree (3, 4, 12) (Session 21's best, 1.47x), then
 #        each one's chain of 3 at eta 0 and all of them with DEL choosing the exit (tools/bench_kangaroo.py; Session
@@ -52,9 +53,10 @@ train22() {  # the adapters, trained and exported (train15: methods45.sh's kanga
 }
 
 bench22() {  # $1 label, $2 repository, $3 export, $4 shape flags, $5 float32 prompts: one bench on GPU 0
-  local label=$1 root=$2 export=$3 shape=$4 lossless=$5
-  (cd "$root" && PYTHONPATH=/tmp/site:$root CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m specdraft.cli bench \
-    "$export" $shape --target "$GGUF" --temperature 0 --no-hf --lossless-prompts "$lossless" \
+  local label=$1 root=$2 export=$3 shape=$4 lossless=$5 hf=--no-hf
+  [[ $shape == *--hf-prompts* ]] && hf=""  # Hugging Face generate on the prompts it names
+  (cd "$root" && PYTHONPATH=/tmp/site:$root CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m specdraft.cli bench \
+    "$export" $shape --target "$GGUF" --temperature 0 $hf --lossless-prompts "$lossless" \
     --prompts "$HOME/repo/.data/mt_bench.jsonl" --max-prompts 80 --out "$RESULTS/ab22/$label" \
     > "$RESULTS/ab22_$label.log" 2>&1)
   stamp "ab22 $label: $(grep -o '"tau".*speedup_vs_plain[^,]*' "$RESULTS/ab22_$label.log" | head -1)"
@@ -72,6 +74,7 @@ ab22() {
   bench22 chain_new "$here" "$LONG_EXPORT" "$chain" 0; bench22 chain_base "$BASE" "$LONG_EXPORT" "$chain" 0
   bench22 tree_5_8_48 "$here" "$LONG_EXPORT" "--depth 5 --topk 8 --budget 48" 0
   bench22 tree_5_8_64 "$here" "$LONG_EXPORT" "--depth 5 --topk 8 --budget 64" 10
+  bench22 tree_hf "$here" "$LONG_EXPORT" "$tree --hf-prompts 10" 0  # issue 3's three rates in one run
   pack
   stamp "ab22 done"
 }
