@@ -251,6 +251,9 @@ def format_table(report: dict) -> str:
     rows.append("cycle split (eager, ms): " + ", ".join(f"{k} {v:.3f}" for k, v in profile["eager_ms"].items()) +
                 f"; whole cycle as run: {profile['cycle_ms']:.3f} ms (host {profile['cycle_host_ms']:.3f}); "
                 f"plain step as run: {profile['plain_step_ms']:.3f} ms (host {profile['plain_host_ms']:.3f})")
+    if profile.get("graph_split_ms"):
+        rows.append("cycle split (one CUDA graph a phase, device ms): " +
+                    ", ".join(f"{k} {v:.3f}" for k, v in profile["graph_split_ms"].items()))
     return "\n".join(rows)
 
 

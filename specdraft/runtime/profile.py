@@ -7,12 +7,15 @@ launch), not by the device; where a decoding loop reads far slower than its step
 steps (sampling, reading the token back)."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
 from specdraft.kernels.tree_verify import verify_greedy
+
+logger = logging.getLogger(__name__)
 
 
 def _clock(device: torch.device) -> float:
@@ -65,7 +68,61 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
     plain_ms, plain_host_ms = _replayed(engine, prompt, lambda: step(token), cycles)
     return {"eager_ms": {k: 1000 * v / cycles for k, v in totals.items()}, "cycle_ms": cycle_ms,
             "cycle_host_ms": cycle_host_ms, "plain_step_ms": plain_ms, "plain_host_ms": plain_host_ms,
+            "graph_split_ms": _graph_split_or_none(engine, prompt, cycles) if engine.use_graphs else None,
             "cycles": cycles, "cuda_graphs": engine.use_graphs}
+
+
+def _phases(engine):
+    """The greedy cycle (no exits) as three functions of nothing, each reading what the one before left in
+    `handoff` -> [(phase, fn)]. Captured one graph each, the last capture leaves the graphs' static tensors there."""
+    handoff, chain, depth = {}, engine.chain, engine.shape.depth
+
+    def draft():
+        handoff["tree"] = chain._draft_all() if chain is not None else engine._build_tree()
+
+    def verify():
+        if chain is not None:
+            handoff["verified"] = chain._verify_forward(depth, depth)
+        else:
+            handoff["verified"] = (*engine._verify_forward(handoff["tree"]), handoff["tree"])
+
+    def bookkeeping():
+        logits, captured, tree = handoff["verified"]
+        match_tokens = torch.where(tree.valid, tree.tokens, -1)
+        nodes, length, bonus = verify_greedy(logits, match_tokens, tree.parents, depth)
+        return engine._commit(tree, captured, nodes, length, bonus)
+
+    return [("draft", draft), ("verify", verify), ("bookkeeping", bookkeeping)]
+
+
+def _graph_split_or_none(engine, prompt: List[int], cycles: int) -> Optional[Dict[str, float]]:
+    """`_graph_split`, or None with a warning where a phase will not capture alone (the split is a diagnosis:
+    it must not cost the bench its other figures)."""
+    try:
+        return _graph_split(engine, prompt, cycles)
+    except RuntimeError as error:
+        logger.warning("cycle split by phase graphs skipped: %s", str(error).splitlines()[0])
+        return None
+
+
+def _graph_split(engine, prompt: List[int], cycles: int) -> Dict[str, float]:
+    """Each phase in its own CUDA graph, the three replayed in order `cycles` times with events between them ->
+    the device's ms per phase (a graph's launch gap included: they sum to a little over `cycle_ms`)."""
+    state = engine._state_tensors() + (engine.chain._state() if engine.chain is not None else [])
+    graphs = [(name, engine._graph(f"phase:{name}", fn, state)) for name, fn in _phases(engine)]
+    engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
+    for _, graph in graphs:  # captured in order: each one's warm-up reads the graph before it's outputs
+        graph()
+    engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
+    marks = [[torch.cuda.Event(enable_timing=True) for _ in range(len(graphs) + 1)] for _ in range(cycles)]
+    for events in marks:
+        events[0].record()
+        for (_, graph), event in zip(graphs, events[1:]):
+            graph()
+            event.record()
+    torch.cuda.synchronize(engine.device)
+    return {name: sum(events[i].elapsed_time(events[i + 1]) for events in marks) / cycles
+            for i, (name, _) in enumerate(graphs)}
 
 
 def _replayed(engine, prompt: List[int], call, repeats: int):

@@ -41,7 +41,7 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert report["lossless_float32"] == {"dtype": "float32", "prompts": min(10, prompts_run),
                                           "identical": min(10, prompts_run), "lossless": True, "divergences": []}
     profile = report["cycle_profile"]
-    assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"}
+    assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"} and profile["graph_split_ms"] is None
     for name in ("cycle", "plain"):  # the host issues each call before the device's end of it
         host, whole = profile[f"{name}_host_ms"], profile[f"{name}_ms" if name == "cycle" else "plain_step_ms"]
         assert 0 < host <= whole, (name, host, whole)
@@ -220,3 +220,27 @@ def test_runtime_shape_defaults(monkeypatch, flags, expected):
     args = cli.build_parser().parse_args(["generate", "EXPORT", "--prompt", "x", *flags])
     cli._load_runtime(args)
     assert (shapes[0].depth, shapes[0].topk, shapes[0].budget) == expected
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_the_profile_phases_make_one_cycle(export_dir, chain):
+    """The three phases the GPU profile captures one graph each, run in order, commit what one cycle commits."""
+    import torch
+
+    from specdraft.runtime.load import load_runtime
+    from specdraft.runtime.profile import _phases
+    from specdraft.runtime.tree import TreeShape
+
+    shape = TreeShape.chain(3) if chain else TreeShape(depth=3, topk=2, budget=6)
+    engines = [load_runtime(export_dir, device="cpu", dtype="float32", shape=shape, max_len=256).engine
+               for _ in range(2)]
+    prompt = torch.tensor([5, 9, 14, 3, 7])
+    for engine in engines:
+        engine.prefill(prompt, 0.0)
+    for _ in range(3):
+        with torch.no_grad():  # as the engine's loops run
+            expected, _ = engines[0]._cycle(0.0, None)
+            got = [fn() for _, fn in _phases(engines[1])][-1]
+        assert torch.equal(got.for_host, expected.for_host)
+        assert torch.equal(engines[1].prefix_len, engines[0].prefix_len)
+        assert torch.equal(engines[1].root, engines[0].root)

@@ -72,3 +72,22 @@ def test_graphed_prefill_of_padded_lengths_equals_the_eager_prefill(shape):
         assert graphed.decode_plain(prompt, 32).tokens == expected.tokens
     assert {key for key in graphed._graphs if key.startswith("prefill@")} == {"prefill@64", "prefill@128",
                                                                              "prefill@192"}
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain(4), TreeShape(depth=4, topk=4, budget=16)])
+@torch.no_grad()
+def test_the_cycle_split_by_phase_graphs(shape):
+    """profile_cycles' split: each phase in its own graph, the three near one graphed cycle; decoding after it
+    still gives the eager engine's tokens."""
+    from types import SimpleNamespace
+
+    from specdraft.runtime.profile import profile_cycles
+
+    prompt = torch.randint(0, 300, (21,), generator=torch.Generator().manual_seed(2)).tolist()
+    _, eager = _engine(torch.float32, shape, use_graphs=False)
+    _, graphed = _engine(torch.float32, shape, use_graphs=True)
+    profile = profile_cycles(SimpleNamespace(engine=graphed), prompt, cycles=8)
+    split = profile["graph_split_ms"]
+    assert set(split) == {"draft", "verify", "bookkeeping"} and all(ms > 0 for ms in split.values())
+    assert 0.5 * profile["cycle_ms"] < sum(split.values()) < 3 * profile["cycle_ms"], (split, profile["cycle_ms"])
+    assert graphed.generate(prompt, 48).tokens == eager.generate(prompt, 48).tokens
