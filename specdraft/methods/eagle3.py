@@ -587,6 +587,7 @@ class Eagle3Drafter:
         attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), self.weights.o)  # [M, H]
         return layer_tail(self.draft.midlayer, self.weights, self.draft.norm, hidden, attn_out)
 
+    @torch.no_grad()  # inference only: the last row goes through out=, which autograd refuses
     def ingest(self, features, next_tokens, start, count) -> None:
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]

@@ -298,6 +298,7 @@ class PossDrafter:
         attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), weights.o)  # [M, H]
         return layer_tail(self.draft.specialists[specialist], weights, self.draft.norm, hidden, attn_out)
 
+    @torch.no_grad()  # inference only: the last row goes through out=, which autograd refuses
     def ingest(self, features, next_tokens, start, count) -> None:
         m, device = next_tokens.shape[0], next_tokens.device
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
