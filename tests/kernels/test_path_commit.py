@@ -71,6 +71,7 @@ def test_strided_rows_and_dispatch():
     case["captured"] = [wide[:, i] for i in range(3)]  # [N, H] each, row stride 72
     root = torch.zeros(1, dtype=torch.int64)
     _check(commit_path(**case, root=root), root, case)
-    mixed = dict(case, captured=[wide[:, 0], wide[:, 1, :12]])
+    mixed = dict(case, captured=[wide[:, 0], wide[:, 1].contiguous()])  # two row strides: the launch copies
+    _check(commit_path_triton(**mixed, root=root), root, mixed)
     with pytest.raises(SpecdraftError, match="differ"):
-        commit_path_triton(**mixed, root=root)
+        commit_path_triton(**dict(case, captured=[wide[:, 0], wide[:, 1, :12]]), root=root)

@@ -57,11 +57,13 @@ def commit_path_triton(accepted_nodes: torch.Tensor, accept_length: torch.Tensor
     next_tokens = torch.empty(rows, dtype=torch.int64, device=device)
     for_host = torch.empty(rows + 1, dtype=torch.int64, device=device)
     layers = [layer if layer.stride(-1) == 1 else layer.contiguous() for layer in captured]
+    if len({(layer.shape, layer.dtype) for layer in layers}) > 1:
+        raise SpecdraftError("commit_path: the captured layers differ in shape or dtype")
+    if len({layer.stride(0) for layer in layers}) > 1:  # one row stride for the launch
+        layers = [layer.contiguous() for layer in layers]
     fused = layers[:MAX_FEATURES]
     outputs = [torch.empty(rows, layer.shape[1], dtype=layer.dtype, device=device) for layer in fused]
     width = fused[0].shape[1] if fused else 1
-    if len({(layer.shape, layer.dtype, layer.stride(0)) for layer in fused}) > 1:
-        raise SpecdraftError("commit_path: the captured layers differ in shape, dtype or row stride")
     sources = fused + [accepted_nodes] * (MAX_FEATURES - len(fused))  # unused pointer slots
     targets = outputs + [accepted_nodes] * (MAX_FEATURES - len(fused))
     _commit_kernel[(rows,)](accepted_nodes.contiguous(), accept_length, bonus, tree_tokens.contiguous(), prefix_len,
