@@ -29,12 +29,13 @@ class BenchSettings:
     seed: int = 0
     hf_baseline: bool = True
     hf_prompts: Optional[int] = None  # HF on the first N prompts alone (None: all); its speedups over those prompts
+    trace: bool = False
+    lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
 
     def __post_init__(self):
         if self.hf_prompts is not None and self.hf_prompts < 1:
-            raise SpecdraftError(f"--hf-prompts must be at least 1, got {self.hf_prompts} (--no-hf skips the baseline)")
-    trace: bool = False
-    lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
+            raise SpecdraftError(f"--hf-prompts must be at least 1, got {self.hf_prompts} "
+                                 f"(--no-hf skips the baseline)")
 
 
 def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
