@@ -69,19 +69,11 @@ def _counted(fn):
 
 def cycle_launches(engine) -> Dict[str, List[str]]:
     """One cycle after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch names}."""
-    from specdraft.kernels.tree_verify import verify_greedy
     from specdraft.runtime.profile import _draft, _verify
 
-    depth = engine.shape.depth
     drafted, draft = _counted(lambda: _draft(engine))
-    (logits, captured, tree), verify = _counted(lambda: _verify(engine, drafted))
-
-    def bookkeeping():
-        match_tokens = torch.where(tree.valid, tree.tokens, -1)
-        nodes, length, bonus = verify_greedy(logits, match_tokens, tree.parents, depth)
-        return engine._commit(tree, captured, nodes, length, bonus)
-
-    _, book = _counted(bookkeeping)
+    verified, verify = _counted(lambda: _verify(engine, drafted))
+    _, book = _counted(lambda: engine._accept_greedy(*verified))
     return {"draft": draft, "verify": verify, "bookkeeping": book}
 
 

@@ -253,12 +253,15 @@ class SpecEngine:
         return CycleOutput(emitted=committed.emitted, count=committed.count, accepted_nodes=accepted_nodes,
                            tree=tree, for_host=committed.for_host)
 
-    def _cycle_greedy(self) -> CycleOutput:
-        tree = self._build_tree()
-        logits, captured = self._verify_forward(tree)
-        match_tokens = torch.where(tree.valid, tree.tokens, -1)
+    def _accept_greedy(self, logits: torch.Tensor, captured, tree: DraftTree) -> CycleOutput:
+        """The verify's logits [N, V] -> the longest path matching the target's argmax, committed."""
+        match_tokens = torch.where(tree.valid, tree.tokens, -1)  # padding nodes match nothing
         accepted_nodes, accept_length, bonus = verify_greedy(logits, match_tokens, tree.parents, self.shape.depth)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
+
+    def _cycle_greedy(self) -> CycleOutput:
+        tree = self._build_tree()
+        return self._accept_greedy(*self._verify_forward(tree), tree)
 
     def _cycle_sampled(self, temperature: float, uniforms: torch.Tensor) -> CycleOutput:
         """uniforms [budget + 1]: the cycle's randomness (`sampling.draw_uniforms`)."""

@@ -13,8 +13,6 @@ from typing import Dict, List, Optional
 
 import torch
 
-from specdraft.kernels.tree_verify import verify_greedy
-
 logger = logging.getLogger(__name__)
 
 
@@ -44,7 +42,7 @@ def _verify(engine, drafted):
 @torch.no_grad()
 def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
     engine = runtime.engine
-    device, shape = engine.device, engine.shape
+    device = engine.device
     totals = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
     engine.prefill(torch.tensor(prompt, device=device), 0.0)
     use_graphs, engine.use_graphs = engine.use_graphs, False  # phase by phase, eagerly
@@ -54,9 +52,7 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
         draft_done = _clock(device)
         logits, captured, tree = _verify(engine, drafted)
         verified = _clock(device)
-        match_tokens = torch.where(tree.valid, tree.tokens, -1)
-        nodes, length, bonus = verify_greedy(logits, match_tokens, tree.parents, shape.depth)
-        engine._commit(tree, captured, nodes, length, bonus)
+        engine._accept_greedy(logits, captured, tree)
         done = _clock(device)
         totals["draft"] += draft_done - started
         totals["verify"] += verified - draft_done
@@ -87,10 +83,7 @@ def _phases(engine):
             handoff["verified"] = (*engine._verify_forward(handoff["tree"]), handoff["tree"])
 
     def bookkeeping():
-        logits, captured, tree = handoff["verified"]
-        match_tokens = torch.where(tree.valid, tree.tokens, -1)
-        nodes, length, bonus = verify_greedy(logits, match_tokens, tree.parents, depth)
-        return engine._commit(tree, captured, nodes, length, bonus)
+        return engine._accept_greedy(*handoff["verified"])
 
     return [("draft", draft), ("verify", verify), ("bookkeeping", bookkeeping)]
 
@@ -111,7 +104,7 @@ def _graph_split(engine, prompt: List[int], cycles: int) -> Dict[str, float]:
     state = engine._state_tensors() + (engine.chain._state() if engine.chain is not None else [])
     graphs = [(name, engine._graph(f"phase:{name}", fn, state)) for name, fn in _phases(engine)]
     engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
-    for _, graph in graphs:  # captured in order: each one's warm-up reads the graph before it's outputs
+    for _, graph in graphs:  # captured in order: each one's warm-up reads the outputs of the one before
         graph()
     engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
     marks = [[torch.cuda.Event(enable_timing=True) for _ in range(len(graphs) + 1)] for _ in range(cycles)]
