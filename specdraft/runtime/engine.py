@@ -24,8 +24,9 @@ prompt, so causal attention keeps them out of its rows).
 Both loops keep one step in flight (`overlap`): step k+1 is queued on the device before the host reads step k's
 tokens (`HostReader`, a copy that does not wait), so the device does not idle while the host appends tokens,
 checks for EOS and launches the next graph. When the host finds the end, the step in flight is dropped: its
-state lies past the answer, and the next prefill starts over. Plain decoding queues no step past the last token
-asked for. Traces and the dynamic exit read every cycle before the next one, so they run without the step in
+state lies past the answer, and the next prefill starts over. Neither loop queues a step past the last token
+asked for: while the steps in flight may reach it (a cycle gives up to depth + 1 tokens), the host reads them
+before it queues another, so the last cycles of an answer run one at a time and none is wasted. Traces and the dynamic exit read every cycle before the next one, so they run without the step in
 flight.
 """
 from __future__ import annotations
@@ -310,12 +311,15 @@ class SpecEngine:
             self.dynamic_exit.reset()
         done = _finished(generated, generated, eos_ids, max_new_tokens)
         ahead = 1 if self.overlap and not trace and self.dynamic_exit is None else 0  # cycles queued past the read
+        most_per_cycle = self.shape.depth + 1  # every draft accepted, then the bonus token
         queued = deque()
         while not done:
-            out, drafted = self._cycle(temperature, generator)
-            queued.append((self._reader.stage(out.for_host), drafted, self.exit_index, out))
-            if len(queued) <= ahead:
-                continue
+            may_end = len(generated) + most_per_cycle * len(queued) >= max_new_tokens  # by the cycles in flight
+            if not (queued and may_end):  # else read them first: no cycle runs past the last token asked for
+                out, drafted = self._cycle(temperature, generator)
+                queued.append((self._reader.stage(out.for_host), drafted, self.exit_index, out))
+                if len(queued) <= ahead:
+                    continue
             slot, drafted, exit_index, out = queued.popleft()
             host = self._reader.read(slot, self.shape.depth + 2)  # the one host wait of a cycle
             new_tokens = host[1:1 + host[0]]
