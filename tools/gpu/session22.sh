@@ -21,6 +21,7 @@ set -u
 source tools/gpu/session21.sh  # (and session5-20.sh) stamp, pack, wait_for_target, train15
 BASE=$HOME/base_s21
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+AB=ab22  # the benches' folder and log prefix under $RESULTS
 read -r -a KANGAROO_LAYERS <<< "${KANGAROO_LAYERS:-1 2 3 4}"  # on one GPU: KANGAROO_LAYERS="2 4"
 
 wait_for() {  # a carried file $1 (the third call brings them)
@@ -57,17 +58,21 @@ bench22() {  # $1 label, $2 repository, $3 export, $4 shape flags, $5 float32 pr
   [[ $shape == *--hf-prompts* ]] && hf=""  # Hugging Face generate on the prompts it names
   (cd "$root" && PYTHONPATH=/tmp/site:$root CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m specdraft.cli bench \
     "$export" $shape --target "$GGUF" --temperature 0 $hf --lossless-prompts "$lossless" \
-    --prompts "$HOME/repo/.data/mt_bench.jsonl" --max-prompts 80 --out "$RESULTS/ab22/$label" \
-    > "$RESULTS/ab22_$label.log" 2>&1)
-  stamp "ab22 $label: $(grep -o '"tau".*speedup_vs_plain[^,]*' "$RESULTS/ab22_$label.log" | head -1)"
+    --prompts "$HOME/repo/.data/mt_bench.jsonl" --max-prompts 80 --out "$RESULTS/$AB/$label" \
+    > "$RESULTS/${AB}_$label.log" 2>&1)
+  stamp "$AB $label: $(grep -o '"tau".*speedup_vs_plain[^,]*' "$RESULTS/${AB}_$label.log" | head -1)"
+}
+
+unpack_ab() {  # $1: the base's archive (a carried file): it and the long head unpacked, the target joined
+  mkdir -p "$RESULTS/$AB" "$BASE" "$(dirname "$LONG_EXPORT")"
+  wait_for "$1" && wait_for .exports/long_export.tgz.part00 || return
+  [ -d "$BASE/specdraft" ] || tar xzf "$1" -C "$BASE"
+  [ -d "$LONG_EXPORT" ] || tar xzf .exports/long_export.tgz.part00 -C "$(dirname "$LONG_EXPORT")"
+  wait_for_target
 }
 
 ab22() {
-  mkdir -p "$RESULTS/ab22" "$BASE" "$(dirname "$LONG_EXPORT")"
-  wait_for .data/base_s21.tgz && wait_for .exports/long_export.tgz.part00 || return
-  [ -d "$BASE/specdraft" ] || tar xzf .data/base_s21.tgz -C "$BASE"
-  [ -d "$LONG_EXPORT" ] || tar xzf .exports/long_export.tgz.part00 -C "$(dirname "$LONG_EXPORT")"
-  wait_for_target
+  unpack_ab .data/base_s21.tgz || return
   local tree="--depth 5 --topk 8 --budget 40" chain="--chain --depth 6 --exit-threshold 0" here=$PWD
   bench22 tree_new "$here" "$LONG_EXPORT" "$tree" 0; bench22 tree_base "$BASE" "$LONG_EXPORT" "$tree" 0
   bench22 tree_new2 "$here" "$LONG_EXPORT" "$tree" 0
@@ -87,7 +92,7 @@ ops22() {
 }
 
 kangaroo22() {
-  mkdir -p "$RESULTS/kangaroo22"
+  mkdir -p "$RESULTS/kangaroo22" "$RESULTS/$AB"
   local layer exports=() export
   for layer in "${KANGAROO_LAYERS[@]}"; do
     export=$HOME/work_kangaroo${layer}_s22/methods45/kangaroo$layer/export

@@ -7,29 +7,16 @@
 #        Hugging Face generate on the first 10 prompts (issue 3's three rates in one run), base, current again;
 #        chain of 6 current, base.
 set -u
-source tools/gpu/session22.sh  # (and session5-21.sh) stamp, pack, wait_for, wait_for_target
-BASE=$HOME/base_s22
-
-bench23() {  # $1 label, $2 repository, $3 shape flags: one bench of the long head on GPU 0
-  local label=$1 root=$2 shape=$3 hf=--no-hf
-  [[ $shape == *--hf-prompts* ]] && hf=""
-  (cd "$root" && PYTHONPATH=/tmp/site:$root CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m specdraft.cli bench \
-    "$LONG_EXPORT" $shape --target "$GGUF" --temperature 0 $hf --lossless-prompts 0 \
-    --prompts "$HOME/repo/.data/mt_bench.jsonl" --max-prompts 80 --out "$RESULTS/ab23/$label" \
-    > "$RESULTS/ab23_$label.log" 2>&1)
-  stamp "ab23 $label: $(grep -o '"tau".*speedup_vs_plain[^,]*' "$RESULTS/ab23_$label.log" | head -1)"
-  pack
-}
+source tools/gpu/session22.sh  # (and session5-21.sh) stamp, pack, unpack_ab, bench22
+BASE=$HOME/base_s22 AB=ab23
 
 ab23() {
-  mkdir -p "$RESULTS/ab23" "$BASE" "$(dirname "$LONG_EXPORT")"
-  wait_for .data/base_s22.tgz && wait_for .exports/long_export.tgz.part00 || return
-  [ -d "$BASE/specdraft" ] || tar xzf .data/base_s22.tgz -C "$BASE"
-  [ -d "$LONG_EXPORT" ] || tar xzf .exports/long_export.tgz.part00 -C "$(dirname "$LONG_EXPORT")"
-  wait_for_target
+  unpack_ab .data/base_s22.tgz || return
   local tree="--depth 5 --topk 8 --budget 40" chain="--chain --depth 6 --exit-threshold 0" here=$PWD
-  bench23 tree_new_hf "$here" "$tree --hf-prompts 10"; bench23 tree_base "$BASE" "$tree"
-  bench23 tree_new2 "$here" "$tree"; bench23 chain_new "$here" "$chain"; bench23 chain_base "$BASE" "$chain"
+  bench22 tree_new_hf "$here" "$LONG_EXPORT" "$tree --hf-prompts 10" 0
+  bench22 tree_base "$BASE" "$LONG_EXPORT" "$tree" 0; bench22 tree_new2 "$here" "$LONG_EXPORT" "$tree" 0
+  bench22 chain_new "$here" "$LONG_EXPORT" "$chain" 0; bench22 chain_base "$BASE" "$LONG_EXPORT" "$chain" 0
+  pack
   stamp "ab23 done"
 }
 
