@@ -256,8 +256,7 @@ class SpecEngine:
 
     def _accept_greedy(self, logits: torch.Tensor, captured, tree: DraftTree) -> CycleOutput:
         """The verify's logits [N, V] -> the longest path matching the target's argmax, committed."""
-        match_tokens = torch.where(tree.valid, tree.tokens, -1)  # padding nodes match nothing
-        accepted_nodes, accept_length, bonus = verify_greedy(logits, match_tokens, tree.parents, self.shape.depth)
+        accepted_nodes, accept_length, bonus = verify_greedy(logits, tree.tokens, tree.parents, self.shape.depth)
         return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
 
     def _cycle_greedy(self) -> CycleOutput:

@@ -70,7 +70,7 @@ def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: i
     walking = torch.ones(1, dtype=torch.bool, device=node_index.device)
     accepted = [node]
     for _ in range(depth_limit):
-        is_child = (tree.parents == node) & tree.valid  # [N]
+        is_child = tree.parents == node  # [N] (padding's parent is -1: no node's child)
         probs = torch.where(is_child, child_probs, 0.0)  # [N]
         passes = is_child & (uniforms[:-1] * _remaining_mass(probs) < probs)  # [N]
         step = walking & passes.any(dim=0, keepdim=True)  # [1]
@@ -79,7 +79,7 @@ def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: i
         node = torch.where(step, child, node)
         walking = step
     accepted_nodes = torch.cat(accepted)  # [depth_limit + 1]
-    rejected = (tree.parents == node) & tree.valid  # [N] every child of the last node was rejected
+    rejected = tree.parents == node  # [N] every child of the last node was rejected
     weights = _ban_rejected(target_probs.index_select(0, node)[0], tree.tokens, rejected)  # [V] (no host read)
     bonus = _inverse_cdf(weights, uniforms[-1:])  # [1]
     return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), bonus

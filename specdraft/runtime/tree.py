@@ -76,7 +76,7 @@ class TreeShape:
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # [N] target ids; node 0 is the root
-    parents: torch.Tensor  # [N] parent node index, -1 for the root
+    parents: torch.Tensor  # [N] parent node index, -1 for the root and for padding
     depths: torch.Tensor  # [N] 0 for the root
     valid: torch.Tensor  # [N] bool: False for padding (when ties removed candidates)
     tree_mask: torch.Tensor  # [N, N] bool: node i sees node j (j is i or an ancestor)

@@ -25,7 +25,7 @@ def test_triton_matches_reference(depth, topk, budget):
 
 def test_ties_keep_the_lower_candidate_and_pad_orphans():
     """Every candidate ties: the first budget - 1 after the root are kept, and a kept candidate whose parent was not
-    (it lies past the budget) becomes padding in both: under the root, its mask row itself alone, scored -inf."""
+    (it lies past the budget) becomes padding in both: under no node, its mask row itself alone, scored -inf."""
     tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4))
     scores[1:] = -1.0
     parents[5] = 9  # candidate 5 hangs under candidate 9, which a budget of 8 leaves out
@@ -33,7 +33,7 @@ def test_ties_keep_the_lower_candidate_and_pad_orphans():
     _assert_same(got, select_tree_reference(tokens, parents, scores, 8, 3))
     assert got.chosen.tolist() == list(range(8))
     assert got.valid.tolist() == [True] * 5 + [False] + [True] * 2
-    assert got.parents[5] == 0 and got.depths[5] == 1 and got.joint_logprobs[5] == -float("inf")
+    assert got.parents[5] == -1 and got.depths[5] == 1 and got.joint_logprobs[5] == -float("inf")
     assert got.tree_mask[5].tolist() == [False] * 5 + [True] + [False] * 2
 
 

@@ -85,3 +85,14 @@ def test_argmax_ties_take_the_lowest_id_across_chunks():
     assert _check(target_logits, torch.tensor([9, 5, 33]), parents, 2, block_v=32) == 2
     assert verify_greedy_triton(target_logits, torch.tensor([9, 40, 33]), parents, 2, block_v=32)[1].item() == 0
     assert verify_greedy(target_logits, torch.tensor([9, 5, 34]), parents, 2)[2].tolist() == [33]
+
+
+def test_padding_under_no_node_is_never_accepted():
+    """`select_tree` hangs padding under no node (parent -1): node 1 carries the root's argmax but is padding, so
+    the path goes through node 2, the lowest matching child of the root."""
+    target_logits = torch.randn(4, 40)
+    argmax = target_logits.argmax(-1)
+    parents = torch.tensor([-1, -1, 0, 2])
+    tree_tokens = torch.stack([argmax[0], argmax[0], argmax[0], argmax[2]])
+    assert verify_greedy_triton(target_logits, tree_tokens, parents, 3)[0].tolist() == [0, 2, 3, -1]
+    assert _check(target_logits, tree_tokens, parents, 3) == 2

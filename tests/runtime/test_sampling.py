@@ -73,3 +73,21 @@ def test_a_walk_that_forgets_earlier_rejections_is_caught(monkeypatch):
 def test_temperature_zero_sampling_is_argmax():
     logits = torch.tensor([[0.1, 3.0, 0.2]])
     assert int(sampling.sample_token(logits, 0.0)) == 1
+
+
+def test_padding_under_no_node_is_never_accepted_nor_banned():
+    """Node 2 is padding (parent -1, as `select_tree` leaves it): the walk never accepts it, and when node 1 is
+    rejected the bonus may still be node 2's token (only rejected children are banned)."""
+    tree, logits = _tree_and_logits()
+    tree.parents = torch.tensor([-1, 0, -1, 1, 1])
+    tree.valid = torch.tensor([True, True, False, True, True])
+    logits[0] = torch.tensor([0.0, 4.0, 0.0, 0.0, -9.0, 0.0])  # the target prefers token 1, node 2's
+    generator = torch.Generator().manual_seed(1)
+    bonus_tokens = set()
+    for _ in range(200):
+        uniforms = sampling.draw_uniforms(5, generator, torch.device("cpu"))
+        nodes, length, bonus = sampling.verify_sampling(logits, tree, 2, 1.0, uniforms)
+        assert 2 not in nodes.tolist()
+        if int(length) == 0:
+            bonus_tokens.add(int(bonus))
+    assert 1 in bonus_tokens

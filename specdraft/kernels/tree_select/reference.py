@@ -1,7 +1,8 @@
 """The spec of a draft tree's selection (runtime/tree.py, after the expansion): the root and the `budget - 1`
 candidates of highest joint score (ties: the lower candidate index first), in candidate order, with each node's
 parent among them, its depth, its tree-attention row, and whether its path reaches the root (a candidate whose
-ancestor fell out on a tie is padding: it hangs under the root, sees itself alone, scores -inf)."""
+ancestor fell out on a tie is padding: it hangs under no node (parent -1, as the root: no verify matches it),
+sits at depth 1, sees itself alone, scores -inf)."""
 from typing import NamedTuple
 
 import torch
@@ -9,7 +10,7 @@ import torch
 
 class TreeSelection(NamedTuple):
     tokens: torch.Tensor  # [N] int64 target ids; node 0 is the root
-    parents: torch.Tensor  # [N] int64 parent node, -1 for the root, 0 for padding
+    parents: torch.Tensor  # [N] int64 parent node, -1 for the root and for padding
     depths: torch.Tensor  # [N] int64, 0 for the root, 1 for padding
     valid: torch.Tensor  # [N] bool: False for padding
     tree_mask: torch.Tensor  # [N, N] bool: node i sees node j (j is i or an ancestor)
@@ -46,6 +47,6 @@ def select_tree_reference(cand_tokens: torch.Tensor, cand_parents: torch.Tensor,
     reach = ancestry(parents, max_depth)  # [N, N]
     valid = reach[:, 0]  # the path reaches the root
     tree_mask = reach & valid[:, None] | torch.eye(budget, dtype=torch.bool, device=device)  # [N, N]
-    return TreeSelection(tokens=cand_tokens[chosen], parents=torch.where(is_root, -1, torch.where(valid, parents, 0)),
+    return TreeSelection(tokens=cand_tokens[chosen], parents=torch.where(valid, parents, -1),
                          depths=torch.where(valid, reach.sum(1) - 1, 1), valid=valid, tree_mask=tree_mask,
                          joint_logprobs=torch.where(valid, cand_scores[chosen], float("-inf")), chosen=chosen)

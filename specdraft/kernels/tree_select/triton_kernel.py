@@ -50,7 +50,7 @@ def _select_kernel(cand_tokens_ptr, cand_parents_ptr, cand_scores_ptr, count, no
     in_mask = is_node[:, None] & (columns[None, :] < BUDGET)
     tl.store(mask_ptr + node[:, None] * BUDGET + columns[None, :], rows.to(tl.uint8), mask=in_mask)
     tl.store(tokens_ptr + node, tl.load(cand_tokens_ptr + chosen, mask=is_node, other=0), mask=is_node)
-    tl.store(parents_ptr + node, tl.where(node == 0, -1, tl.where(valid, parent, 0)), mask=is_node)
+    tl.store(parents_ptr + node, tl.where(valid & (node != 0), parent, -1), mask=is_node)
     tl.store(depths_ptr + node, tl.where(valid, depth, 1), mask=is_node)
     tl.store(valid_ptr + node, valid.to(tl.uint8), mask=is_node)
     joint = tl.load(cand_scores_ptr + chosen, mask=is_node, other=0.0)
