@@ -26,8 +26,8 @@ tokens (`HostReader`, a copy that does not wait), so the device does not idle wh
 checks for EOS and launches the next graph. When the host finds the end, the step in flight is dropped: its
 state lies past the answer, and the next prefill starts over. Neither loop queues a step past the last token
 asked for: while the steps in flight may reach it (a cycle gives up to depth + 1 tokens), the host reads them
-before it queues another, so the last cycles of an answer run one at a time and none is wasted. Traces and the dynamic exit read every cycle before the next one, so they run without the step in
-flight.
+before it queues another, so the last cycles of an answer run one at a time and none is wasted. Traces and the
+dynamic exit read every cycle before the next one, so they run without the step in flight.
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ from specdraft.kernels.tree_verify.reference import verify_greedy_reference
 
 def verify_greedy(target_logits: torch.Tensor, tree_tokens: torch.Tensor, parents: torch.Tensor,
                   depth_limit: int):
-    """target_logits [N, V]; tree_tokens, parents [N] int64 (parents[0] = -1, parents[i] < i; -1: a node no path reaches) ->
-    (accepted_nodes [depth_limit + 1] int64 padded with -1, accept_length [1] int64, bonus_token [1] int64)."""
+    """target_logits [N, V]; tree_tokens, parents [N] int64 (parents[0] = -1, parents[i] < i; -1 also
+    marks a node no path reaches) -> (accepted_nodes [depth_limit + 1] int64 padded with -1, accept_length [1]
+    int64, bonus_token [1] int64)."""
     if use_triton(target_logits, "tree_verify"):
         from specdraft.kernels.tree_verify.triton_kernel import verify_greedy_triton
 

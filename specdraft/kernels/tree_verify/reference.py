@@ -6,8 +6,9 @@ import torch
 
 def verify_greedy_reference(target_logits: torch.Tensor, tree_tokens: torch.Tensor, parents: torch.Tensor,
                             depth_limit: int):
-    """target_logits [N, V]; tree_tokens, parents [N] int64 (parents[0] = -1, parents[i] < i; -1: a node no path reaches) ->
-    (accepted_nodes [depth_limit + 1] int64 padded with -1, accept_length [1] int64, bonus_token [1] int64)."""
+    """target_logits [N, V]; tree_tokens, parents [N] int64 (parents[0] = -1, parents[i] < i; -1 also
+    marks a node no path reaches) -> (accepted_nodes [depth_limit + 1] int64 padded with -1, accept_length [1]
+    int64, bonus_token [1] int64)."""
     num_nodes = tree_tokens.shape[0]
     node_ids = torch.arange(num_nodes, device=tree_tokens.device)  # [N]
     target_argmax = target_logits.argmax(dim=-1)  # [N], first maximal id
