@@ -6,6 +6,7 @@ import torch
 
 from specdraft.kernels.tree_select import ancestry, select_tree, select_tree_reference
 from specdraft.kernels.tree_select.triton_kernel import select_tree_triton
+from specdraft.kernels.tree_verify import verify_greedy
 from tests.kernels.trees import ancestor_mask, expansion_candidates
 
 
@@ -49,3 +50,19 @@ def test_reference_keeps_what_topk_kept():
     assert torch.equal(got.tree_mask, ancestor_mask(node_parents))
     assert torch.equal(got.depths, ancestor_mask(node_parents).sum(1) - 1)
     assert torch.equal(ancestry(node_parents, 6), got.tree_mask)
+
+
+def test_selected_padding_is_never_accepted_by_the_verify():
+    """select_tree and verify_greedy together (each dispatched as the runtime does): the padding the selection leaves
+    carries the root's argmax, and no real child of the root does, so the verify accepts nothing and the bonus is
+    the argmax. Hung under the root instead, the padding would be accepted."""
+    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4), vocab=40)
+    scores[1:] = -1.0
+    parents[5] = 9  # padding after a budget of 8 (test above)
+    tokens[5] = next(token for token in range(40) if token not in tokens[1:4].tolist())
+    tree = select_tree(tokens, parents, scores, 8, 3)
+    target_logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(5))  # [N, V]
+    target_logits[0, tokens[5]] = 100.0
+    accepted, accept_length, bonus = verify_greedy(target_logits, tree.tokens, tree.parents, 3)
+    assert tree.tokens[5] == tokens[5] and not tree.valid[5]
+    assert accepted.tolist() == [0, -1, -1, -1] and accept_length.item() == 0 and bonus.item() == tokens[5]
