@@ -3,8 +3,10 @@ target's distribution exactly. A chi-square test on a 6-token vocabulary with a 
 rule fails it."""
 import torch
 
+from specdraft.kernels.tree_select import select_tree
 from specdraft.runtime import sampling
 from specdraft.runtime.tree import DraftTree
+from tests.kernels.trees import expansion_candidates
 
 VOCAB, TRIALS = 6, 3000
 
@@ -91,3 +93,23 @@ def test_padding_under_no_node_is_never_accepted_nor_banned():
         if int(length) == 0:
             bonus_tokens.add(int(bonus))
     assert 1 in bonus_tokens
+
+
+def test_selected_padding_is_never_accepted():
+    """select_tree's padding (a kept candidate whose parent was not kept) carries the token the target all but
+    surely samples at the root, and no real child of the root does: the walk never accepts it. Hung under the root
+    instead, it would be (its draft probability is 0)."""
+    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4), vocab=VOCAB)
+    scores[1:] = -1.0
+    parents[5] = 9  # padding after a budget of 8 (tests/kernels/test_tree_select.py)
+    tokens[5] = next(token for token in range(VOCAB) if token not in tokens[1:4].tolist())
+    selection = select_tree(tokens, parents, scores, 8, 3)
+    tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
+                     valid=selection.valid, tree_mask=selection.tree_mask, joint_logprobs=selection.joint_logprobs)
+    target_logits = torch.zeros(8, VOCAB)  # [N, V]
+    target_logits[0, tokens[5]] = 20.0
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        uniforms = sampling.draw_uniforms(8, generator, torch.device("cpu"))
+        nodes, length, bonus = sampling.verify_sampling(target_logits, tree, 3, 1.0, uniforms)
+        assert 5 not in nodes.tolist() and int(length) == 0 and int(bonus) == tokens[5]
