@@ -7,7 +7,7 @@ import torch
 from specdraft.kernels.tree_select import ancestry, select_tree, select_tree_reference
 from specdraft.kernels.tree_select.triton_kernel import select_tree_triton
 from specdraft.kernels.tree_verify import verify_greedy
-from tests.kernels.trees import ancestor_mask, expansion_candidates
+from tests.kernels.trees import ancestor_mask, expansion_candidates, padded_expansion
 
 
 def _assert_same(got, expected):
@@ -27,9 +27,7 @@ def test_triton_matches_reference(depth, topk, budget):
 def test_ties_keep_the_lower_candidate_and_pad_orphans():
     """Every candidate ties: the first budget - 1 after the root are kept, and a kept candidate whose parent was not
     (it lies past the budget) becomes padding in both: under no node, its mask row itself alone, scored -inf."""
-    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4))
-    scores[1:] = -1.0
-    parents[5] = 9  # candidate 5 hangs under candidate 9, which a budget of 8 leaves out
+    tokens, parents, scores = padded_expansion()  # candidate 5 hangs under candidate 9, which 8 nodes leave out
     got = select_tree_triton(tokens, parents, scores, 8, 3)
     _assert_same(got, select_tree_reference(tokens, parents, scores, 8, 3))
     assert got.chosen.tolist() == list(range(8))
@@ -56,10 +54,7 @@ def test_selected_padding_is_never_accepted_by_the_verify():
     """select_tree and verify_greedy together (each dispatched as the runtime does): the padding the selection leaves
     carries the root's argmax, and no real child of the root does, so the verify accepts nothing and the bonus is
     the argmax. Hung under the root instead, the padding would be accepted."""
-    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4), vocab=40)
-    scores[1:] = -1.0
-    parents[5] = 9  # padding after a budget of 8 (test above)
-    tokens[5] = next(token for token in range(40) if token not in tokens[1:4].tolist())
+    tokens, parents, scores = padded_expansion(vocab=40)
     tree = select_tree(tokens, parents, scores, 8, 3)
     target_logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(5))  # [N, V]
     target_logits[0, tokens[5]] = 100.0

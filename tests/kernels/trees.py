@@ -51,3 +51,14 @@ def expansion_candidates(depth: int, topk: int, generator: torch.Generator, voca
         best = torch.sort(child_scores, descending=True, stable=True).indices[:topk]
         frontier_ids, frontier_scores, base = base + best, child_scores[best], base + count
     return torch.cat(tokens), torch.cat(parents), torch.cat(scores)
+
+
+def padded_expansion(vocab: int = 49152):
+    """expansion_candidates(3, 3) with every score below the root tied and candidate 5 hung under candidate 9: a
+    budget of 8 keeps candidates 0..7, and 5, its parent left out, becomes padding. Candidate 5's token is one no
+    child of the root carries -> (tokens [C] int64, parents [C] int64, scores [C] float32)."""
+    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4), vocab)
+    scores[1:] = -1.0
+    parents[5] = 9
+    tokens[5] = next(token for token in range(vocab) if token not in tokens[1:4].tolist())
+    return tokens, parents, scores

@@ -6,7 +6,7 @@ import torch
 from specdraft.kernels.tree_select import select_tree
 from specdraft.runtime import sampling
 from specdraft.runtime.tree import DraftTree
-from tests.kernels.trees import expansion_candidates
+from tests.kernels.trees import padded_expansion
 
 VOCAB, TRIALS = 6, 3000
 
@@ -99,10 +99,7 @@ def test_selected_padding_is_never_accepted():
     """select_tree's padding (a kept candidate whose parent was not kept) carries the token the target all but
     surely samples at the root, and no real child of the root does: the walk never accepts it. Hung under the root
     instead, it would be (its draft probability is 0)."""
-    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(4), vocab=VOCAB)
-    scores[1:] = -1.0
-    parents[5] = 9  # padding after a budget of 8 (tests/kernels/test_tree_select.py)
-    tokens[5] = next(token for token in range(VOCAB) if token not in tokens[1:4].tolist())
+    tokens, parents, scores = padded_expansion(vocab=VOCAB)
     selection = select_tree(tokens, parents, scores, 8, 3)
     tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
                      valid=selection.valid, tree_mask=selection.tree_mask, joint_logprobs=selection.joint_logprobs)

@@ -6,8 +6,9 @@
 #        base ran one more cycle at the end of each answer, 55 of 80 prompts): tree (5, 8, 40) current with
 #        Hugging Face generate on the first 10 prompts (issue 3's three rates in one run), base, current again;
 #        chain of 6 current, base.
-# Session 23 ran final23's commands by hand on one H100 (its last 5 minutes of device time), in two calls after the
-# GGUF's: .data/base_s23.tgz (`git archive d80713f specdraft`: the runtime ab23 measured) carried, unpacked in $BASE.
+# Session 23 ran final23's commands by hand on one H100 (its last 5 minutes of device time), in three calls: part a
+# with .whl and .data/base_s23.tgz (`git archive d80713f specdraft`: the runtime ab23 measured), part b, then the
+# long head and the benches (tools/gpu/README.md, "Session 23's calls as run").
 #   final23 (about 3 minutes): the (5, 8, 40) tree as the runtime stands, with the float32 check on 10 prompts, then
 #        the base; then the GPU tests of the tree's selection and verification kernels.
 set -u
