@@ -30,9 +30,9 @@ from typing import Dict, List, Optional
 import torch
 
 from specdraft.config import CHECKPOINTING
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 from specdraft.methods import get_method
-from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 
 TTT_STEPS = 7
 CONFIGS = {

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 

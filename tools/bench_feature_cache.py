@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specdraft.data.features import FeatureStore, write_feature_file
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 
 
 def synchronize(device: torch.device) -> None:

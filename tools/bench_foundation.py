@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 
 
 def _read(path: Path) -> dict:

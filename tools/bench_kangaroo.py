@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 from specdraft.runtime.bench import BenchSettings, first_user_turns, run_temperature
 from specdraft.runtime.load import ChainOptions, load_runtime
 from specdraft.runtime.tree import TreeShape

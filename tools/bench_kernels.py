@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 
 MODELS = {
     "smollm2": {"layers": 30, "kv_heads": 3, "q_heads": 9, "head_dim": 64, "vocab": 49152,

@@ -288,14 +288,14 @@ def parse_args(argv=None):
 
 def micro_batch(recipe: Path, overrides: list) -> int:
     """Rows per GPU per step, as `specdraft train` resolves the recipe and the overrides."""
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
 
     return load_recipe(recipe, overrides).train.micro_batch_size
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from specdraft.io import write_json
+    from specdraft.core.io import write_json
 
     spec = CONFIGS[args.config]
     work = args.out / "work"

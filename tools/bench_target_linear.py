@@ -4,7 +4,7 @@
 ZeRO-3 (its default `memory_efficient_linear`) replaces `torch.nn.functional.linear` process-wide with an autograd
 Function, and leaves it replaced. Every linear of the frozen target then paid a Python Function call, argument
 binding by `inspect.signature` included, though the target runs under no_grad. `capture_features` now runs the
-target under `specdraft.target.features.torch_linear`, PyTorch's own op.
+target under `specdraft.targets.features.torch_linear`, PyTorch's own op.
 
 A random Llama target with Llama-3.1-8B's 32 layers (so its 224 linears per forward) at a tiny width and a short
 row, so that the forward is bound by the host, runs under no_grad with DeepSpeed's linear installed: as
@@ -50,7 +50,7 @@ def measure(steps: int, layers: int, hidden: int, tokens: int) -> dict:
     import torch.nn.functional as F
     from deepspeed.runtime.zero.linear import zero3_linear_wrap
 
-    from specdraft.target.features import _run_decoder, capture_features, causal_attention
+    from specdraft.targets.features import _run_decoder, capture_features, causal_attention
 
     model = random_target(layers, hidden)
     ids = torch.randint(0, 512, (1, tokens), generator=torch.Generator().manual_seed(0))  # [1, T]
@@ -106,7 +106,7 @@ def main(argv=None) -> dict:
         result["cpu_ms_p90"] = timed[min(len(timed) - 1, int(0.9 * len(timed)))]
     print(table(results))
     report = {**vars(args), "out": str(args.out), "results": results}
-    from specdraft.io import write_json
+    from specdraft.core.io import write_json
 
     write_json(args.out / "bench_target_linear.json", report)
     print(f"-> {args.out / 'bench_target_linear.json'}")

@@ -55,11 +55,11 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods import eagle3 as eagle3_module
 from specdraft.methods import get_method
-from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.train.features import OnlineFeatures
 from specdraft.train.module import build_optimizer
 from specdraft.train.profiling import op_report, print_op_tables

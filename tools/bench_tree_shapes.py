@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 def parse_shape(text: str):
     """'6' -> a chain of 6; '6,8,48' -> TreeShape(6, 8, 48), validated."""
-    from specdraft.errors import SpecdraftError
+    from specdraft.core.errors import SpecdraftError
     from specdraft.runtime.tree import TreeShape
 
     try:
@@ -43,7 +43,7 @@ def parse_shape(text: str):
 
 def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
     """Every shape parsed before any work starts; a bad one is the parser's usage error."""
-    from specdraft.errors import SpecdraftError
+    from specdraft.core.errors import SpecdraftError
 
     for text in texts:
         try:
@@ -105,7 +105,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from specdraft.io import write_json
+    from specdraft.core.io import write_json
     from specdraft.runtime.load import load_parts
 
     check_shapes(parser, args.shapes)

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 10  # steps left out of the statistics (DeepSpeed records its parameter trace in the first)
@@ -36,7 +36,7 @@ def worker(stage: int, steps: int) -> dict:
     sys.path.insert(0, str(REPO / "tools"))
     from profile_train import host_canary_ms
 
-    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.core.types import DraftContext, TargetInfo
     from tests import zero_init_run
     from tests.tiny import tiny_llama_config
 

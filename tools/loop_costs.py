@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from specdraft.io import write_json  # noqa: E402
+from specdraft.core.io import write_json  # noqa: E402
 
 
 def fit_line(steps: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float]:

@@ -37,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
-from specdraft.io import write_json  # noqa: E402
+from specdraft.core.io import write_json  # noqa: E402
 
 
 def build_engine(config: str, shape_text: str, device: torch.device, max_len: int):
@@ -84,7 +84,7 @@ def measure(engine, prompt_ids, tokens: int) -> Dict[str, float]:
     plain = engine.plain_stepper(engine.root.clone())
     graph_only = _steps(engine, prompt, tokens, lambda token: (plain(token), token)[1])
     eager_argmax = _steps(engine, prompt, tokens, lambda token: sample_token(plain(token), 0.0))
-    step_and_argmax = (lambda token: sample_token(engine._plain_step(token), 0.0))
+    step_and_argmax = (lambda token: sample_token(engine.plain_step(token), 0.0))
     if engine.use_graphs:
         state = [engine.prefix_len, engine.target.k_cache, engine.target.v_cache]
         step_and_argmax = CallGraph(step_and_argmax, state, example=(engine.root.clone(),))
@@ -95,7 +95,7 @@ def measure(engine, prompt_ids, tokens: int) -> Dict[str, float]:
     whole = engine.decode_plain(prompt_ids, tokens)
     spec = engine.generate(prompt_ids, tokens)
     engine.prefill(prompt, 0.0)
-    cycle = _timed_ms(device, lambda: [engine._cycle(0.0, None) for _ in range(16)]) / 16
+    cycle = _timed_ms(device, lambda: [engine.cycle(0.0, None) for _ in range(16)]) / 16
     decode_ms = 1000 * whole.seconds
     return {"graph": graph_only, "graph+argmax": eager_argmax, "fused": fused,
             "loop": (decode_ms - prefill) / len(whole.tokens), "decode_plain": decode_ms / len(whole.tokens),
@@ -146,7 +146,7 @@ def measure_real(runtime, prompts, tokens: int) -> Dict:
     step = engine.plain_stepper(engine.root.clone())
     row["graph"] = _steps(engine, first, tokens, lambda token: (step(token), token)[1])
     engine.prefill(first, 0.0)
-    row["cycle"] = _timed_ms(device, lambda: [engine._cycle(0.0, None) for _ in range(16)]) / 16
+    row["cycle"] = _timed_ms(device, lambda: [engine.cycle(0.0, None) for _ in range(16)]) / 16
     row["per_prompt"] = [{"prompt_len": len(p), "prefill_ms": ms, "plain_tokens": len(a.tokens),
                           "plain_ms": 1000 * a.seconds, "cycles": len(b.accepted), "spec_ms": 1000 * b.seconds}
                          for p, ms, a, b in zip(prompts, prefill, plain, spec)]
