@@ -53,7 +53,7 @@ def sweep_export(paths: List[str], args: argparse.Namespace) -> List[dict]:
                              hf_baseline=False, **({"prompts": args.prompts} if args.prompts else {}))
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
     drafter = runtime.engine.drafter
-    layers = getattr(drafter, "exit_layers", [getattr(drafter, "exit_layer", None)])
+    layers = list(drafter.caps.exit_layers) or [drafter.caps.shallow_layers]
     adapter_params = _adapter_params(paths) if len(paths) > 1 else _params(runtime.draft.draft)
     rows = []
     for eta in args.eta:
