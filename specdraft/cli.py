@@ -52,49 +52,75 @@ def _eval(args) -> dict:
 
 
 def _runtime_args(cmd) -> None:
+    """The runtime's flags, each mapped onto the `runtime:` recipe field of the same name (specdraft.config.
+    RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's)."""
     cmd.add_argument("path", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
-    cmd.add_argument("--device", default="auto")
-    cmd.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    cmd.add_argument("--trust-remote-code", action="store_true",
+                     help="let the target's own modeling code run (a hub model that ships Python); never set by a "
+                          "file: only this flag turns it on, for this command")
+    cmd.add_argument("--device", default=None, help="auto (default: the first GPU, else cpu), cpu, cuda, cuda:N")
+    cmd.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                     help="target and draft dtype (default auto: bf16 on GPUs that have it, else float32)")
     cmd.add_argument("--depth", type=int, default=None,
                      help="drafted tokens on the longest path (default: 5 for a tree, 6 for a chain)")
-    cmd.add_argument("--topk", type=int, default=8, help="children per expanded node (1: a chain)")
-    cmd.add_argument("--budget", type=int, default=40, help="tree nodes verified, the root included")
-    cmd.add_argument("--chain", action="store_true", help="a chain of --depth drafts (same as --topk 1)")
+    cmd.add_argument("--topk", type=int, default=None, help="children per expanded node (1: a chain; default 8)")
+    cmd.add_argument("--budget", type=int, default=None, help="tree nodes verified, the root included (default 40)")
+    cmd.add_argument("--chain", action="store_true", default=None, help="a chain of --depth drafts (same as --topk 1)")
     cmd.add_argument("--exit-threshold", type=float, default=None, metavar="ETA",
                      help="chains: stop drafting once the draft's top-1 probability falls below ETA (0: off; "
                           "default: the draft's own, e.g. Kangaroo's method.exit_threshold, else off)")
-    cmd.add_argument("--dynamic-exit", action="store_true",
+    cmd.add_argument("--dynamic-exit", action="store_true", default=None,
                      help="chains: choose the draft length per context from acceptance statistics (DEL)")
-    cmd.add_argument("--more-exits", nargs="+", default=(), metavar="EXPORT_DIR",
+    cmd.add_argument("--more-exits", nargs="+", default=None, metavar="EXPORT_DIR",
                      help="chains, with --dynamic-exit: drafts of the same target at other exit layers; each cycle "
                           "drafts with the one DEL's statistics favour")
-    cmd.add_argument("--no-shallow-reuse", action="store_true",
+    cmd.add_argument("--no-shallow-reuse", dest="shallow_reuse", action="store_false", default=None,
                      help="chains: verify through every target layer even if the draft ran the shallow ones")
-    cmd.add_argument("--shallow-reuse-tree", action="store_true",
+    cmd.add_argument("--shallow-reuse-tree", action="store_true", default=None,
                      help="trees, for drafts that run the target's shallow layers (Kangaroo): run every candidate "
                           "through them while drafting and verify from above them")
-    cmd.add_argument("--no-overlap", action="store_true",
+    cmd.add_argument("--prune-threshold", type=float, default=None, metavar="BETA",
+                     help="drafts that score their tree (C2T): drop candidates scored below BETA (default: the "
+                          "draft's own)")
+    cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
+                     help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
+                          "(lossy, T=0 only; default: exact acceptance)")
+    cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                      help="read every step's tokens before queuing the next (default: one step in flight)")
-    cmd.add_argument("--max-len", type=int, default=2048, help="KV-cache slots (prompt + answer + tree)")
-    cmd.add_argument("--no-cuda-graphs", action="store_true")
-    cmd.add_argument("--max-new-tokens", type=int, default=256)
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--max-len", type=int, default=None, help="KV-cache slots: prompt + answer + tree (default 2048)")
+    cmd.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
+                     help="run every step eagerly on a GPU (default: CUDA graphs)")
+    cmd.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt (default 256)")
+    cmd.add_argument("--seed", type=int, default=0, help="sampling seed at T > 0 (default 0)")
+
+
+RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
+                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "overlap",
+                 "max_len", "cuda_graphs")
+"""The runtime flags, by their RuntimeConfig field names."""
+
+
+def runtime_config(args, dtype: Optional[str] = None):
+    """The draft's own runtime settings with every flag given on the command line over them (`dtype` over all)."""
+    from dataclasses import replace
+
+    from specdraft.drafts import runtime_settings
+
+    given = {name: getattr(args, name) for name in RUNTIME_FLAGS if getattr(args, name) is not None}
+    if dtype is not None:
+        given["dtype"] = dtype
+    try:
+        return replace(runtime_settings(args.path), **given)
+    except TypeError as err:
+        raise SpecdraftError(f"bad runtime setting: {err}") from None
 
 
 def _load_runtime(args, dtype: Optional[str] = None):
-    """The runtime the arguments describe, in `dtype` when given (else --dtype)."""
-    from specdraft.runtime.load import ChainOptions, load_runtime
-    from specdraft.runtime.tree import CHAIN_DEPTH, TreeShape
+    """The runtime the arguments describe, in `dtype` when given (else the settings')."""
+    from specdraft.runtime.load import load_runtime
 
-    if args.chain or args.topk == 1:
-        shape = TreeShape.chain(args.depth or CHAIN_DEPTH)
-    else:
-        shape = TreeShape(args.depth or TreeShape.depth, args.topk, args.budget)
-    chain = ChainOptions(args.exit_threshold, args.dynamic_exit, not args.no_shallow_reuse, tuple(args.more_exits),
-                         args.shallow_reuse_tree, overlap=not args.no_overlap)
-    return load_runtime(args.path, args.target, args.device, dtype or args.dtype, shape.validated(), args.max_len,
-                        False if args.no_cuda_graphs else None, chain)
+    return load_runtime(args.path, runtime_config(args, dtype), args.target, args.trust_remote_code)
 
 
 def _generate(args) -> None:

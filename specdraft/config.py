@@ -237,6 +237,62 @@ class EvalConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """How the runtime drafts and verifies (`specdraft generate`, `bench` and the evaluator's engine). An export
+    carries its recipe's section; `generate` and `bench` flags override it field by field."""
+
+    depth: Optional[int] = None
+    """Drafted tokens on the longest path; None: 5 for a tree, 6 for a chain (the fastest shapes on SmolLM2,
+    docs/benchmarks.md)."""
+    topk: int = 8
+    """Children proposed per expanded tree node, and nodes expanded per depth (1: a chain)."""
+    budget: int = 40
+    """Tree nodes the target verifies, the root included."""
+    chain: bool = False
+    """Draft a chain of `depth` tokens (the same as topk=1)."""
+    exit_threshold: Optional[float] = None
+    """Chains: stop drafting once the draft's top-1 probability falls below η (0: off); None: the draft's own
+    (Kangaroo's method.exit_threshold), else off."""
+    dynamic_exit: bool = False
+    """Chains: choose the draft length per context from running acceptance statistics (DEL)."""
+    more_exits: List[str] = field(default_factory=list)
+    """Chains with dynamic_exit: exports of drafts of the same target at other exit layers; each cycle drafts
+    with the one the statistics favour."""
+    shallow_reuse: bool = True
+    """Chains: verify from the layer the draft's shallow pass reached (Kangaroo) instead of from layer 0."""
+    shallow_reuse_tree: bool = False
+    """Trees, for drafts that run the target's shallow layers: run every candidate through them while drafting
+    and verify above them (slower on small targets: docs/benchmarks.md)."""
+    prune_threshold: Optional[float] = None
+    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped; None:
+    the draft's own default."""
+    judge_threshold: Optional[float] = None
+    """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
+    target's argmax differs (lossy, greedy only); None: exact acceptance."""
+    overlap: bool = True
+    """Keep one step in flight while the host reads the one before (false: read each step first)."""
+    max_len: int = 2048
+    """KV-cache slots: prompt + answer + one tree."""
+    cuda_graphs: bool = True
+    """Replay the cycle, the plain step and the prefill from CUDA graphs on a GPU (never on a CPU)."""
+    device: str = "auto"
+    """auto (the first GPU if there is one, else cpu), cpu, cuda, cuda:N."""
+    dtype: str = "auto"
+    """Target and draft dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
+
+    def __post_init__(self):
+        _check_choice("runtime.dtype", self.dtype, DTYPES)
+        if self.exit_threshold is not None and not 0.0 <= self.exit_threshold < 1.0:
+            raise SpecdraftError(f"runtime.exit_threshold must be in [0, 1), got {self.exit_threshold}")
+        for name in ("prune_threshold", "judge_threshold"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise SpecdraftError(f"runtime.{name} must be in [0, 1], got {value}")
+        if self.max_len < 2:
+            raise SpecdraftError(f"runtime.max_len must be at least 2, got {self.max_len}")
+
+
+@dataclass
 class Recipe:
     method: Any
     """The method's own config dataclass (chosen by `method.name`)."""
@@ -246,6 +302,7 @@ class Recipe:
     distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self):
         if self.train.shard_target != "true":
@@ -260,4 +317,4 @@ class Recipe:
 
 
 SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,
-            "train": TrainConfig, "eval": EvalConfig}
+            "train": TrainConfig, "eval": EvalConfig, "runtime": RuntimeConfig}

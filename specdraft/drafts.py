@@ -1,34 +1,44 @@
-"""Find and load a trained draft: from a run directory (best/ or last/ snapshot) or from an `hf` export."""
+"""Find and load a trained draft: from an export (config.json + model.safetensors) or a training run directory
+(best/ or last/ snapshot + recipe.yaml).
+
+An export is read from its config.json alone: its `specdraft` section names the method, the method's config, the
+target it was trained for (where it was, and its geometry) and the draft's runtime settings, so a serving
+machine loads it without the trainer's dependencies (no OmegaConf). A run directory is read through its recipe.
+"""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from specdraft.config import Recipe, TargetConfig
-from specdraft.recipes import load_recipe
+from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError
-from specdraft.methods import get_method
 from specdraft.core.types import DraftContext, TargetInfo
+from specdraft.methods import get_method
 from specdraft.methods.base import MethodSpec
 from specdraft.targets import load_target_info
 
 SNAPSHOT_FILE = "draft.safetensors"
 EXPORT_FILE = "model.safetensors"
+RECIPE_FILE = "recipe.yaml"
 
 
 @dataclass
 class LoadedDraft:
-    recipe: Recipe
     spec: MethodSpec
     method_cfg: Any
     draft: torch.nn.Module
     target: TargetInfo
+    """The geometry of the target the draft was trained for."""
+    target_config: TargetConfig
+    """Where that target is (path, revision, dtype); never trusts remote code (a file cannot turn that on)."""
+    runtime: RuntimeConfig
+    """The draft's runtime settings: the export's, or its run's recipe's `runtime` section."""
     source: Path
 
 
@@ -41,26 +51,55 @@ def read_safetensors(path: Path) -> Dict[str, torch.Tensor]:
         raise SpecdraftError(f"corrupt safetensors file {path}: {err}") from None
 
 
-def _snapshot_file(run_dir: Path) -> Path:
-    for name in ("best", "last"):
-        if (run_dir / name / SNAPSHOT_FILE).is_file():
-            return run_dir / name / SNAPSHOT_FILE
-    raise SpecdraftError(f"no trained draft in {run_dir} (looked for best/ and last/{SNAPSHOT_FILE})")
+def is_export(path: Path) -> bool:
+    """An export has a config.json (a run directory has none); `read_export_config` checks it is ours."""
+    return (path / "config.json").is_file()
 
 
-def _export_config(path: Path) -> Optional[Dict[str, Any]]:
-    """An export's config.json, or None for a run directory."""
-    if (path / "config.json").is_file() and (path / EXPORT_FILE).is_file():
-        return json.loads((path / "config.json").read_text())
-    return None
+def read_export_config(path: Path) -> Dict[str, Any]:
+    """An export's config.json, checked to carry the `specdraft` section this loader reads."""
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
+        raise SpecdraftError(f"unreadable export config {config_file}: {err}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("specdraft"), dict) \
+            or "method" not in config["specdraft"]:
+        raise SpecdraftError(f"{path} is not an export specdraft can run (config.json has no `specdraft` section "
+                             f"naming its method); export it with `specdraft export RUN_DIR --format hf`")
+    return config
 
 
-def _trained_for(config: Optional[Dict[str, Any]], trained: TargetConfig,
-                 runs_with: Optional[TargetConfig]) -> TargetInfo:
-    """The geometry of the target the draft was trained for: what the export recorded; else read from the
-    recipe's target; else, where that target is not on this machine (an export from another one), from the
-    target it will run with, `runs_with`, whose fit the draft's weights then check as they load."""
-    recorded = ((config or {}).get("specdraft") or {}).get("target_info")
+def export_section(recipe_target: TargetConfig, runtime: RuntimeConfig, target: TargetInfo, method: str,
+                   method_cfg: Any, source: str) -> Dict[str, Any]:
+    """The `specdraft` section an export's config.json carries (what `load_draft` reads back)."""
+    target_config = {k: v for k, v in asdict(recipe_target).items() if k != "trust_remote_code"}
+    return {"method": method, "method_config": asdict(method_cfg), "target": recipe_target.path,
+            "target_revision": recipe_target.revision, "target_config": target_config,
+            "target_info": target.to_dict(), "runtime": asdict(runtime), "source": source}
+
+
+def _dataclass_from(cls, values: Optional[Dict[str, Any]], what: str):
+    """cls(**values) for the fields cls has; a bad value is one line naming `what`."""
+    known = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in (values or {}).items() if k in known})
+    except (TypeError, ValueError) as err:
+        raise SpecdraftError(f"bad {what}: {err}") from None
+
+
+def _export_parts(section: Dict[str, Any]) -> Tuple[TargetConfig, RuntimeConfig]:
+    """The target's place and the runtime settings an export's section records (older exports: path only)."""
+    target_values = section.get("target_config") or {"path": section.get("target"),
+                                                     "revision": section.get("target_revision")}
+    target_cfg = _dataclass_from(TargetConfig, target_values, "target_config in the export's config.json")
+    return target_cfg, _dataclass_from(RuntimeConfig, section.get("runtime"), "runtime in the export's config.json")
+
+
+def _trained_for(recorded: Optional[Dict[str, Any]], trained: TargetConfig, runs_with: Optional[str]) -> TargetInfo:
+    """The geometry of the target the draft was trained for: what the export recorded; else read from where the
+    target was; else, where that target is not on this machine, from `runs_with`, whose fit the draft's weights
+    then check as they load."""
     if recorded:
         return TargetInfo.from_dict(recorded)
     try:
@@ -68,38 +107,74 @@ def _trained_for(config: Optional[Dict[str, Any]], trained: TargetConfig,
     except SpecdraftError:
         if runs_with is None:
             raise
-        return load_target_info(runs_with)
+        return load_target_info(TargetConfig(path=runs_with))
+
+
+def _load_export(path: Path, target: Optional[TargetInfo], target_path: Optional[str]) -> LoadedDraft:
+    config = read_export_config(path)
+    section = config["specdraft"]
+    spec = get_method(str(section["method"]))
+    target_cfg, runtime = _export_parts(section)
+    target = target or _trained_for(section.get("target_info"), target_cfg, target_path)
+    source = path / EXPORT_FILE
+    try:
+        cfg, draft = spec.from_export(config, read_safetensors(source), target)
+    except RuntimeError as err:  # load_state_dict: missing, unexpected or misshapen weights
+        raise SpecdraftError(f"{source} does not fit a draft for {target.name_or_path}: "
+                             f"{str(err).splitlines()[0]}") from None
+    return LoadedDraft(spec, cfg, draft.eval(), target, target_cfg, runtime, source)
+
+
+def _snapshot_file(run_dir: Path) -> Path:
+    for name in ("best", "last"):
+        if (run_dir / name / SNAPSHOT_FILE).is_file():
+            return run_dir / name / SNAPSHOT_FILE
+    raise SpecdraftError(f"no trained draft in {run_dir} (looked for best/ and last/{SNAPSHOT_FILE})")
+
+
+def _load_run(path: Path, overrides: List[str], target: Optional[TargetInfo], target_path: Optional[str]
+              ) -> LoadedDraft:
+    from specdraft.recipes import load_recipe  # a run directory's recipe: the trainer's dependencies
+
+    recipe = load_recipe(path / RECIPE_FILE, list(overrides))
+    spec = get_method(recipe.method_name)
+    target = target or _trained_for(None, recipe.target, target_path)
+    source = _snapshot_file(path)
+    draft = spec.build(recipe.method, DraftContext(target=target))
+    try:
+        draft.load_state_dict(read_safetensors(source), strict=True)
+    except RuntimeError as err:
+        raise SpecdraftError(f"{source} does not fit this recipe's draft: {str(err).splitlines()[0]}") from None
+    target_cfg = replace(recipe.target, trust_remote_code=False)  # a file never turns it on: the caller does
+    return LoadedDraft(spec, recipe.method, draft.eval(), target, target_cfg, recipe.runtime, source)
 
 
 def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[TargetInfo] = None,
                target_path: Optional[str] = None) -> LoadedDraft:
-    """A run directory or an `hf` export directory -> the draft in eval mode, with its recipe and the geometry of
-    the target it was trained for (`target`, when the caller has it; `target_path`: the target it will run with,
-    read only where the one it was trained for is not on this machine)."""
+    """An export or a run directory -> the draft in eval mode, with the geometry of the target it was trained for
+    (`target`, when the caller has it; `target_path`: the target it will run with, read only where the one it was
+    trained for is not on this machine). `overrides` (key=value) apply to a run directory's recipe."""
     path = Path(path)
-    if not (path / "recipe.yaml").is_file():
-        raise SpecdraftError(f"{path} is neither a training run nor an export (no recipe.yaml)")
-    recipe = load_recipe(path / "recipe.yaml", list(overrides))
-    spec = get_method(recipe.method_name)
-    config = _export_config(path)
-    runs_with = replace(recipe.target, path=target_path) if target_path else None
-    target = target or _trained_for(config, recipe.target, runs_with)
-    if config is not None:
-        source = path / EXPORT_FILE
-        try:
-            cfg, draft = spec.from_export(config, read_safetensors(source), target)
-        except RuntimeError as err:  # load_state_dict: missing, unexpected or misshapen weights
-            raise SpecdraftError(f"{source} does not fit a draft for {target.name_or_path}: "
-                                 f"{str(err).splitlines()[0]}") from None
-    else:
-        source = _snapshot_file(path)
-        cfg, draft = recipe.method, spec.build(recipe.method, DraftContext(target=target))
-        state = read_safetensors(source)
-        try:
-            draft.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise SpecdraftError(f"{source} does not fit this recipe's draft: {str(err).splitlines()[0]}") from None
-    return LoadedDraft(recipe=recipe, spec=spec, method_cfg=cfg, draft=draft.eval(), target=target, source=source)
+    if not path.is_dir():
+        raise SpecdraftError(f"{path} does not exist (expected an export or a training run directory)")
+    if is_export(path):
+        return _load_export(path, target, target_path)
+    if not (path / RECIPE_FILE).is_file():
+        raise SpecdraftError(f"{path} is neither an export (config.json, {EXPORT_FILE}) nor a training run "
+                             f"({RECIPE_FILE})")
+    return _load_run(path, overrides, target, target_path)
+
+
+def runtime_settings(path: str | Path) -> RuntimeConfig:
+    """The runtime settings a draft carries (an export's config.json or a run's recipe), without loading it."""
+    path = Path(path)
+    if is_export(path):
+        return _export_parts(read_export_config(path)["specdraft"])[1]
+    if (path / RECIPE_FILE).is_file():
+        from specdraft.recipes import load_recipe
+
+        return load_recipe(path / RECIPE_FILE).runtime
+    return RuntimeConfig()
 
 
 def warm_start_draft(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional[torch.nn.Module]:

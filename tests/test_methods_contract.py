@@ -7,6 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specdraft.config import RuntimeConfig
+
 from specdraft.recipes import load_recipe
 from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.eval.run import run_eval
@@ -94,7 +96,7 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
         assert torch.equal(tokens, expected_tokens), fmt
     report = run_eval(tmp_path / "hf", tmp_path / "eval")
     assert report["lossless"] is True and report["settings"]["method"] == method
-    runtime = load_runtime(tmp_path / "hf", device="cpu", shape=TreeShape(depth=3, topk=2, budget=6), max_len=128)
+    runtime = load_runtime(tmp_path / "hf", RuntimeConfig(device="cpu", depth=3, topk=2, budget=6, max_len=128))
     prompt = ids[0, :8].tolist()
     expected = target.model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), do_sample=False,
                                      max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0)

@@ -96,7 +96,7 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, dis
 @pytest.mark.parametrize("argv, message", [
     (["export", "{run}", "--format", "onnx", "--out", "{tmp}/x"],
      "unknown export format 'onnx'; valid: hf, speculators"),
-    (["export", "{tmp}/nowhere", "--out", "{tmp}/x"], "neither a training run nor an export"),
+    (["export", "{tmp}/nowhere", "--out", "{tmp}/x"], "nowhere does not exist"),
     pytest.param(["train", "{recipe}", "train.strategy=deepspeed_stage_2"], "needs CUDA GPUs",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check")),
     (["train", "{recipe}", "distill.output_dir={tmp}/empty"], "no distilled dataset"),

@@ -21,8 +21,8 @@ from typing import List
 
 from specdraft.core.io import write_json
 from specdraft.runtime.bench import BenchSettings, first_user_turns, run_temperature
-from specdraft.runtime.load import ChainOptions, load_runtime
-from specdraft.runtime.tree import TreeShape
+from specdraft.config import RuntimeConfig
+from specdraft.runtime.load import load_runtime
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -45,10 +45,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 
 def sweep_export(paths: List[str], args: argparse.Namespace) -> List[dict]:
     """Every η over one export (or, with several, all in one runtime choosing the exit) -> one row per η."""
-    chain = ChainOptions(exit_threshold=0.0, dynamic_exit=args.dynamic_exit or len(paths) > 1,
-                         reuse_shallow=not args.no_shallow_reuse, more_exits=tuple(paths[1:]))
-    runtime = load_runtime(paths[0], device=args.device, dtype=args.dtype, shape=TreeShape.chain(args.depth).validated(),
-                           max_len=args.max_len, chain=chain)
+    settings = RuntimeConfig(chain=True, depth=args.depth, exit_threshold=0.0,
+                             dynamic_exit=args.dynamic_exit or len(paths) > 1, shallow_reuse=not args.no_shallow_reuse,
+                             more_exits=list(paths[1:]), device=args.device, dtype=args.dtype, max_len=args.max_len)
+    runtime = load_runtime(paths[0], settings)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens, temperatures=(0.0,),
                              hf_baseline=False, **({"prompts": args.prompts} if args.prompts else {}))
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)

@@ -55,10 +55,12 @@ def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
 def bench_shape(args, parts, text: str) -> dict:
     """parts: load_parts' (draft, target), shared by every shape."""
     from specdraft.runtime.bench import BenchSettings, first_user_turns, run_temperature
+    from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import build_runtime
 
     shape = parse_shape(text)
-    runtime = build_runtime(*parts, shape, use_graphs=False if args.no_cuda_graphs else None)
+    runtime = build_runtime(*parts, RuntimeConfig(depth=shape.depth, topk=shape.topk, budget=shape.budget,
+                                                  cuda_graphs=not args.no_cuda_graphs))
     settings = BenchSettings(prompts=args.prompts, max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=(0.0,), hf_baseline=False)
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
@@ -106,10 +108,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     from specdraft.core.io import write_json
+    from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_parts
 
     check_shapes(parser, args.shapes)
-    parts = load_parts(args.export, args.target, args.device, args.dtype)
+    parts = load_parts(args.export, RuntimeConfig(device=args.device, dtype=args.dtype), args.target)
     rows: List[dict] = []
     for text in args.shapes:
         try:

@@ -179,9 +179,10 @@ def first_seen(runtime, prompts, top: int = 30) -> Dict:
 
 def _real(args) -> tuple:
     from specdraft.runtime.bench import first_user_turns
+    from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
 
-    runtime = load_runtime(args.export, target_path=args.target, device=args.device, max_len=args.max_len)
+    runtime = load_runtime(args.export, RuntimeConfig(device=args.device, max_len=args.max_len), args.target)
     prompts = first_user_turns(runtime, args.prompts, args.max_prompts)
     if args.first_seen:
         return runtime.engine, [first_seen(runtime, prompts)]

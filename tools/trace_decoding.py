@@ -88,9 +88,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("runs/trace_decoding"))
     args = parser.parse_args(argv)
     from specdraft.runtime.bench import BenchSettings, first_user_turns
+    from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
 
-    runtime = load_runtime(args.export, args.target, args.device)
+    runtime = load_runtime(args.export, RuntimeConfig(device=args.device), args.target)
     prompt = first_user_turns(runtime, args.prompts or BenchSettings.prompts, 1)[0]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [trace_mode(runtime.engine, mode, prompt, args.tokens, args.out / f"{mode}_trace.json")

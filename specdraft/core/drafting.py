@@ -83,6 +83,9 @@ class TreeScorer(Protocol):
     """Decides, after each depth's expansion, which candidates stay in the tree (the rest become padding that
     nothing selects or accepts). Static shapes: a mask, never a shorter tensor."""
 
+    threshold: float
+    """β: candidates scored below it are dropped (the runtime sets it from runtime.prune_threshold)."""
+
     def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
         """joint_logprobs [c] (the draft's log-probability of the path to each candidate), parent_entropy [c]
         (the entropy of each candidate's parent's draft distribution), depth (a Python int, 1-based) -> [c] bool."""

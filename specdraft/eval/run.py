@@ -13,11 +13,12 @@ from tqdm import tqdm
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import write_json
 from specdraft.data.sources import load_conversations
-from specdraft.drafts import load_draft
+from specdraft.config import RuntimeConfig
+from specdraft.drafts import RECIPE_FILE, load_draft
 from specdraft.eval.plot import plot_acceptance
-from specdraft.runtime.load import ChainOptions, build_runtime, resolve_device
+from specdraft.recipes import load_recipe
+from specdraft.runtime.load import build_runtime, resolve_device
 from specdraft.runtime.stats import acceptance_by_position
-from specdraft.runtime.tree import TreeShape
 from specdraft.targets import load_target
 
 
@@ -48,15 +49,16 @@ def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids
 def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
     """Decode eval.prompts with the draft through the runtime (a chain of eval.num_draft_tokens, no early exit,
     in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`."""
+    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides))
     loaded = load_draft(path, overrides)
-    cfg = loaded.recipe.eval
+    cfg = recipe.eval
     device = resolve_device(cfg.device)
-    target = load_target(loaded.recipe.target, device=device, dtype=cfg.dtype)
+    target = load_target(loaded.target_config, device=device, dtype=cfg.dtype)
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
-    runtime = build_runtime(loaded, target, TreeShape.chain(cfg.num_draft_tokens),
-                            chain=ChainOptions(exit_threshold=0.0))
+    runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
+                                                          device=cfg.device, dtype=cfg.dtype))
     prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
     for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
@@ -90,6 +92,6 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
         "seconds_greedy_hf": greedy_seconds,
         "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
                      "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
-                     "method": loaded.recipe.method_name, "skip_prompts": cfg.skip_prompts,
-                     "target": loaded.recipe.target.path, "draft": str(loaded.source)},
+                     "method": loaded.spec.name, "skip_prompts": cfg.skip_prompts,
+                     "target": loaded.target_config.path, "draft": str(loaded.source)},
     }

@@ -12,29 +12,32 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from specdraft.recipes import save_recipe
-from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.io import atomic_dir
-from specdraft.targets import target_provenance
+from specdraft.drafts import EXPORT_FILE, RECIPE_FILE, export_section, load_draft
+from specdraft.recipes import load_recipe, save_recipe
 
 
 def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "bfloat16") -> Path:
+    """A training run (or an export, exported again) -> `out` in format `fmt`, with its recipe."""
+    run_dir = Path(run_dir)
     loaded = load_draft(run_dir)
+    recipe = load_recipe(run_dir / RECIPE_FILE)
     if fmt not in loaded.spec.exports:
         raise choices_error("export format", fmt, sorted(loaded.spec.exports))
     export = loaded.spec.exports[fmt]
-    provenance = {**target_provenance(loaded.recipe.target), "target_info": loaded.target.to_dict(),
-                  "source": str(loaded.source)}
-    config, tensors = export.write(loaded.draft, loaded.method_cfg, loaded.target, provenance)
+    section = export_section(recipe.target, recipe.runtime, loaded.target, loaded.spec.name, loaded.method_cfg,
+                             str(loaded.source))
+    config, tensors = export.write(loaded.draft, loaded.method_cfg, loaded.target, section)
     missing = [k for k in export.required_keys(loaded.draft, loaded.target) if k not in tensors]
     if missing:
         raise SpecdraftError(f"export format {fmt!r} is missing required weights: {', '.join(missing)}")
     weights_dtype = getattr(torch, dtype)
     tensors = {k: (v.to(weights_dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     config["torch_dtype"] = dtype
+    config["specdraft"] = {**config.get("specdraft", {}), **section}
     with atomic_dir(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / EXPORT_FILE), metadata={"format": "pt"})
-        save_recipe(loaded.recipe, tmp)
+        save_recipe(recipe, tmp)
     return Path(out)

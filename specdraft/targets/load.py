@@ -310,10 +310,6 @@ def eos_token_ids(model, tokenizer) -> list:
     return sorted({i for i in [tokenizer.eos_token_id, *configured] if i is not None})
 
 
-def target_provenance(cfg: TargetConfig) -> dict:
-    return {"target": cfg.path, "target_revision": cfg.revision}
-
-
 def load_target_info(cfg: TargetConfig) -> TargetInfo:
     """The target's geometry from its config alone (no weights loaded)."""
     from transformers import AutoConfig

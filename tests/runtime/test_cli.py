@@ -93,9 +93,10 @@ def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
 def test_the_float32_check_records_where_outputs_part(export_dir, tmp_path):
     from specdraft.runtime.bench import BenchSettings, lossless_in_float32
     from specdraft.runtime.engine import GenerationResult
+    from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
 
-    runtime = load_runtime(export_dir, device="cpu", dtype="float32", max_len=256)
+    runtime = load_runtime(export_dir, RuntimeConfig(device="cpu", dtype="float32", max_len=256))
     generate = runtime.engine.generate
 
     def one_token_off(prompt_ids, *args, **kwargs):  # a broken speculative decoder: its 4th token differs
@@ -151,15 +152,18 @@ def test_a_draft_for_a_target_of_other_depth_or_heads_is_refused(export_dir, tmp
 
 
 def _moved_export(export_dir: Path, out: Path, recorded: bool) -> Path:
-    """A copy of the export as another machine sees it: the recipe's target is not there; `recorded`: config.json
-    keeps the target geometry exports record (False: an export from before they did)."""
+    """A copy of the export as another machine sees it: the target it records is not there; `recorded`: config.json
+    keeps the target geometry and settings exports record (False: an export from before they did)."""
     shutil.copytree(export_dir, out)
+    elsewhere = str(out / "elsewhere" / "target")
     recipe = OmegaConf.load(out / "recipe.yaml")
-    recipe.target.path = str(out / "elsewhere" / "target")
+    recipe.target.path = elsewhere
     OmegaConf.save(recipe, out / "recipe.yaml")
     config = json.loads((out / "config.json").read_text())
+    config["specdraft"]["target"] = config["specdraft"]["target_config"]["path"] = elsewhere
     if not recorded:
-        del config["specdraft"]["target_info"]
+        for key in ("target_info", "target_config", "runtime"):
+            del config["specdraft"][key]
     (out / "config.json").write_text(json.dumps(config))
     return out
 
@@ -207,19 +211,18 @@ def test_tree_shapes_bench_every_shape_against_its_own_plain_run(export_dir, tmp
 
 
 @pytest.mark.parametrize("flags, expected", [
-    ([], (5, 8, 40)),  # the default tree (Session 20's fastest shape)
+    ([], (5, 8, 40)),  # the default tree (the fastest shape measured on SmolLM2)
     (["--chain"], (6, 1, 7)),  # a chain's default depth stays 6
     (["--chain", "--depth", "3"], (3, 1, 4)),
     (["--depth", "7", "--budget", "60"], (7, 8, 60)),
 ])
 def test_runtime_shape_defaults(monkeypatch, flags, expected):
     """The shape `generate` and `bench` ask for: a tree of (5, 8, 40) by default, a chain of 6 with --chain."""
-    shapes = []
-    monkeypatch.setattr("specdraft.runtime.load.load_runtime", lambda path, target, device, dtype, shape, *rest,
-                        **kwargs: shapes.append(shape))
+    from specdraft.runtime.load import tree_shape
+
     args = cli.build_parser().parse_args(["generate", "EXPORT", "--prompt", "x", *flags])
-    cli._load_runtime(args)
-    assert (shapes[0].depth, shapes[0].topk, shapes[0].budget) == expected
+    shape = tree_shape(cli.runtime_config(args))
+    assert (shape.depth, shape.topk, shape.budget) == expected
 
 
 @pytest.mark.parametrize("chain", [True, False])
@@ -227,12 +230,13 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
     """The three phases the GPU profile captures one graph each, run in order, commit what one cycle commits."""
     import torch
 
+    from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
     from specdraft.runtime.profile import _phases
     from specdraft.runtime.tree import TreeShape
 
-    shape = TreeShape.chain(3) if chain else TreeShape(depth=3, topk=2, budget=6)
-    engines = [load_runtime(export_dir, device="cpu", dtype="float32", shape=shape, max_len=256).engine
+    shape = dict(depth=3, chain=True) if chain else dict(depth=3, topk=2, budget=6)
+    engines = [load_runtime(export_dir, RuntimeConfig(device="cpu", dtype="float32", max_len=256, **shape)).engine
                for _ in range(2)]
     prompt = torch.tensor([5, 9, 14, 3, 7])
     for engine in engines:
