@@ -1,18 +1,19 @@
-"""distill-data throughput with 1, 2, ... workers, one GPU each (data_gen/workers.py), on the recipe's target.
+"""Distillation suite: distill-data throughput with 1, 2, ... workers, one GPU each (data_gen/workers.py), on the
+recipe's target.
 
 Each worker count W runs `specdraft distill-data RECIPE distill.num_workers=W distill.worker_index=i` as W
 processes at once (worker i sees only GPU i), into its own output dir; the last worker merges. Reported from the
 merged throughput.json: answer tokens per second of wall-clock time from the first worker's first generation
 to the last worker's end (target loading excluded), the sum of the workers' own generation rates (time inside
 generate only: the steady rate, free of start-up skew between workers), and the efficiencies
-tokens/s(W) / (W x tokens/s(1)) of both. Prints a table, writes DIR/bench_distill_scale.json after every
-worker count. A worker count that fails or outlasts --timeout (its workers are stopped) is recorded with its
-error and the next one runs.
+tokens/s(W) / (W x tokens/s(1)) of both. Prints a table, writes OUT/distill.json after every worker count. A
+worker count that fails or outlasts --timeout (its workers are stopped) is recorded with its error and the next
+one runs.
 
-    python tools/bench_distill_scale.py --workers 1,2 --out runs/bench_distill -- \\
+    python tools/bench/distill.py --workers 1,2,4 --out runs/bench -- \\
         target.path=$GGUF data.prompts=[$PWD/.data/train_prompts.jsonl] data.max_samples=1024 \\
         distill.batch_size=256 distill.shard_size=64 distill.max_new_tokens=256
-    python tools/bench_distill_scale.py --device cpu --workers 1,2 --recipe R --out DIR -- OVERRIDES   # CPU
+    python tools/bench/distill.py --device cpu --workers 1,2 --recipe R --out DIR -- OVERRIDES   # CPU
 
 Overrides after `--` go to every worker (the output dir is set per worker count).
 """
@@ -20,21 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from specdraft.io import write_json
-
-REPO = Path(__file__).resolve().parents[1]
+from suite import REPO, child_env, finish, kill_group, machine, markdown_table, write_report
 
 
 def _environment(args, index: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env = child_env(drop=["SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"])
     env["CUDA_VISIBLE_DEVICES"] = str(index) if args.device == "cuda" else ""
     if args.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
@@ -50,11 +46,7 @@ def _wait_all(processes: list, timeout: float) -> None:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
     finally:
         for process in processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group has exited already
-            process.wait()
+            kill_group(process)
 
 
 def run_workers(args, count: int) -> dict:
@@ -104,29 +96,30 @@ def add_efficiency(results: list) -> list:
 
 
 def table(results: list) -> str:
-    lines = [f"{'workers':>7} {'tokens/s':>10} {'sum of rates':>12} {'efficiency':>10} {'of rates':>9} "
-             f"{'answer tokens':>13}"]
+    rows = []
     for r in results:
         if r["status"] != "ok":
-            lines.append(f"{r['workers']:>7}  {r['status'][:100]}")
+            rows.append([r["workers"], r["status"][:100], "", "", "", ""])
             continue
         percent = ["-" if v is None else f"{100 * v:.1f}%" for v in (r["efficiency"], r["efficiency_generate"])]
-        lines.append(f"{r['workers']:>7} {r['tokens_per_s']:>10.0f} {r['sum_of_worker_rates']:>12.0f} "
-                     f"{percent[0]:>10} {percent[1]:>9} {r['generated_tokens']:>13}")
-    return "\n".join(lines)
+        rows.append([r["workers"], f"{r['tokens_per_s']:,.0f}", f"{r['sum_of_worker_rates']:,.0f}", *percent,
+                     f"{r['generated_tokens']:,}"])
+    return markdown_table(["workers", "answer tokens/s (wall)", "sum of workers' rates", "efficiency (wall)",
+                           "efficiency (rates)", "answer tokens"], rows)
 
 
 def parse_args(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="distill-data answer tokens/s with 1, 2, ... workers")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "eagle3_smollm2.yaml")
     parser.add_argument("--workers", default=None, help="worker counts, e.g. 1,2,4 (one GPU each; default 1, 2 and "
                                                          "4 as far as GPUs are present, 1,2 on the CPU)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per worker count")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="a directory: OUT/distill.json, OUT/logs, "
+                                                                "OUT/workers-W")
     args = parser.parse_args(argv)
     if args.workers is None:
         args.workers = ",".join(str(n) for n in (1, 2, 4) if n <= max(_gpu_count(args.device), 1))
@@ -145,15 +138,14 @@ def _gpu_count(device: str) -> int:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    report = {"recipe": str(args.recipe), "overrides": args.overrides, "device": args.device, "results": []}
+    report = {"recipe": str(args.recipe), "overrides": args.overrides, "device": args.device,
+              "machine": machine(args.device), "results": []}
     args.out.mkdir(parents=True, exist_ok=True)
     for count in args.workers:
         report["results"].append(run_one(args, count))
         add_efficiency(report["results"])
-        write_json(args.out / "bench_distill_scale.json", report)
-    print(table(report["results"]))
-    print(f"-> {args.out / 'bench_distill_scale.json'}")
-    return report
+        write_report(args.out, report, "distill")
+    return finish(table(report["results"]), args.out, report, "distill")
 
 
 if __name__ == "__main__":

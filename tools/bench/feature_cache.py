@@ -1,13 +1,13 @@
-"""What `data.features=hybrid` (and offline) cost per batch on this machine: writing a batch's target features to
-the cache, and reading a batch back, at a target's hidden size. Compare the two rates with the online step's
+"""Feature cache suite: what `data.features=hybrid` (and offline) cost per batch on this machine: writing a
+batch's target features to the cache, and reading a batch back, at a target's hidden size. Compare the two rates with the online step's
 target forward: caching pays only when reading a batch is faster than computing its features.
 
-    python tools/bench_feature_cache.py --hidden 576 --names 4 --rows 32 --tokens 266 --pad-to 1024 --out runs/fc
+    python tools/bench/feature_cache.py --hidden 576 --names 4 --rows 32 --tokens 266 --pad-to 1024 --out runs/bench
 
 The features are random bf16 tensors made on the GPU when there is one (as the online target's are), copied to
 the host and written with the same code as the hybrid cache (`write_feature_file`); reads go through
 `FeatureStore` and `stack_features`, then to the device. The cache lies under --dir (default: a temporary
-directory beside --out, on the disk a run's output_dir would use). Writes OUT/bench_feature_cache.json.
+directory beside --out, on the disk a run's output_dir would use). Writes OUT/feature_cache.json.
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from suite import finish, machine, markdown_table
+
 import torch
 
 from specdraft.data.features import FeatureStore, write_feature_file
-from specdraft.io import write_json
 
 
 def synchronize(device: torch.device) -> None:
@@ -85,7 +86,7 @@ def summarize(label: str, times: list, batch_mb: float, tokens: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="ms a batch to write and to read the hybrid feature cache")
     parser.add_argument("--hidden", type=int, default=576, help="the target's hidden size (SmolLM2-135M: 576)")
     parser.add_argument("--names", type=int, default=4, help="tensors stored per token (EAGLE-3: 3 layers + final)")
     parser.add_argument("--rows", type=int, default=32, help="rows per batch (train.micro_batch_size)")
@@ -108,17 +109,14 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     batch_mb = args.rows * args.tokens * args.hidden * args.names * 2 / 1e6
-    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    report = {"device": device.type, "machine": machine(device.type),
               "cache_dir": str(directory), "args": {k: str(v) for k, v in vars(args).items()},
               "batch_mb": batch_mb, "phase_ms_each": phases}
     report["rows"] = [summarize(label, times, batch_mb, args.rows * args.tokens) for label, times in phases.items()]
-    print(f"{'op':12} {'MB/batch':>9} {'ms/batch':>9} {'MB/s':>8} {'tokens/s':>10}  parts (ms)")
-    for row in report["rows"]:
-        parts = ", ".join(f"{part} {ms:.1f}" for part, ms in row["parts_ms"].items())
-        print(f"{row['op']:12} {batch_mb:9.1f} {row['ms']:9.1f} {row['mb_per_s']:8.0f} "
-              f"{row['tokens_per_s']:10.0f}  {parts}")
-    write_json(args.out / "bench_feature_cache.json", report)
-    print(f"-> {args.out / 'bench_feature_cache.json'}")
+    rows = [[row["op"], f"{batch_mb:.1f}", f"{row['ms']:.1f}", f"{row['mb_per_s']:,.0f}", f"{row['tokens_per_s']:,.0f}",
+             ", ".join(f"{part} {ms:.1f}" for part, ms in row["parts_ms"].items())] for row in report["rows"]]
+    finish(markdown_table(["op", "MB a batch", "ms a batch", "MB/s", "tokens/s", "parts (ms)"], rows), args.out,
+           report, "feature_cache")
     return 0
 
 

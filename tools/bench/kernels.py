@@ -1,32 +1,31 @@
-"""Kernel benchmark: each runtime op's Triton kernel against its PyTorch reference at runtime shapes
-(SmolLM2-135M and Llama-3-8B, batch 1, bfloat16), checking on the way that both give the same outputs.
+"""Kernels suite: each runtime op's Triton kernel against its PyTorch reference at runtime shapes (SmolLM2-135M
+and Llama-3-8B, batch 1, bfloat16), checking on the way that both give the same outputs.
 
 On CUDA each implementation is captured in a CUDA graph of `--iters` calls (as the runtime replays it) and timed
 with CUDA events over `--reps` replays: the median per call is reported, launch overhead excluded, inputs warm in
-L2 (as they are when the runtime has just produced them). Prints a table and writes JSON (`--out`).
+L2 (as they are when the runtime has just produced them). Prints a table and writes OUT/kernels.json (or --out
+itself, a .json path); exits 1 if any kernel's outputs differ from its reference's.
 `draft_topk vs torch.topk` times the kernel against the unfused eager ops (log_softmax, topk, gather), whose
 tie order is unspecified: a fairer bar than the reference's stable sort. The decoder-layer ops (`rms_norm`,
 `add_rms_norm`, `rope_cache`, `silu_mul`, `draft_input`) are timed against their references, which are the unfused
 layer's ops (`rope_cache`'s includes the cos/sin gathers, once per forward before the fusion); their `bitwise` field
 says whether the outputs are the same bits (`match` allows one bfloat16 rounding step).
 
-    python tools/bench_kernels.py --out runs/bench_kernels.json     # CUDA GPU, about a minute (mostly compiling)
-    python tools/bench_kernels.py --device cpu --out /tmp/k.json    # tiny shapes, the Triton interpreter
+    python tools/bench/kernels.py --out runs/bench                 # CUDA GPU, about a minute (mostly compiling)
+    python tools/bench/kernels.py --device cpu --out /tmp/bench     # tiny shapes, the Triton interpreter
 """
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+
+from suite import finish, machine, markdown_table
 
 import torch
-
-from specdraft.io import write_json
 
 MODELS = {
     "smollm2": {"layers": 30, "kv_heads": 3, "q_heads": 9, "head_dim": 64, "vocab": 49152,
@@ -343,16 +342,10 @@ def _graph_of(fn, iters: int):
     return graph.replay
 
 
-def _machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (Triton interpreter)"
-
-
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="each Triton kernel against its PyTorch reference")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="runs/bench_kernels.json")
+    parser.add_argument("--out", default="runs/bench", help="a directory (OUT/kernels.json) or a .json path")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
                                          "silu_mul,draft_input,advance_frontier,select_tree,commit_path")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
@@ -366,7 +359,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(0)
     rows = []
-    print(f"{'op':<26} {'shape':<52} {'reference µs':>12} {'triton µs':>10} {'speedup':>8}  match")
     for case in all_cases(device, set(args.ops.split(","))):
         match = bool(case.check(case))
         reference_us, how = time_us(case.reference, device, args.iters, args.reps)
@@ -376,13 +368,14 @@ def main(argv: list[str] | None = None) -> dict:
                      "match": match, "timing": how if how == triton_how else f"{how}/{triton_how}"})
         if case.bitwise is not None:
             rows[-1]["bitwise"] = bool(case.bitwise(case))
-        print(f"{case.op:<26} {case.shape:<52} {reference_us:>12.1f} {triton_us:>10.1f} "
-              f"{reference_us / triton_us:>7.2f}x  {match}", flush=True)
-    result = {"machine": _machine(device), "torch": torch.__version__, "triton": triton.__version__,
+        print(f"{case.op} {case.shape}: {reference_us:.1f} -> {triton_us:.1f} µs, match {match}", flush=True)
+    result = {"machine": machine(args.device) + ("" if device.type == "cuda" else " (Triton interpreter)"),
+              "torch": torch.__version__, "triton": triton.__version__,
               "all_match": all(row["match"] for row in rows), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, result)
-    return result
+    table = markdown_table(["op", "shape", "reference µs", "Triton µs", "speedup", "outputs match"],
+                           [[row["op"], row["shape"], f"{row['reference_us']:.1f}", f"{row['triton_us']:.1f}",
+                             f"{row['speedup']:.2f}×", row["match"]] for row in rows])
+    return finish(table, args.out, result, "kernels")
 
 
 if __name__ == "__main__":

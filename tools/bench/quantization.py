@@ -1,4 +1,5 @@
-"""What an 8/4-bit frozen target (target.quantization, bitsandbytes) costs in simulated τ, on existing distilled data.
+"""Quantization suite: what an 8/4-bit frozen target (target.quantization, bitsandbytes) costs in simulated τ, on
+existing distilled data.
 
 For each setting (none, 8bit, 4bit) it trains the recipe's draft from scratch with the same data, split, seed and
 steps (online features from the target at that setting), then measures held-out simulated τ twice: as the trainer
@@ -7,12 +8,12 @@ server runs the draft beside). Each setting runs in its own process, so peak GPU
 of every setting measured in WORK so far (this call's and earlier calls', so that settings can run in separate
 calls) and writes WORK/quantization.json.
 
-    python tools/bench_quantization.py RECIPE --work WORK [--settings none,8bit,4bit] [--steps 400]
+    python tools/bench/quantization.py RECIPE --work WORK [--settings none,8bit,4bit] [--steps 400]
         [--micro-batch 16] [key=value ...]
 
-On the GPU, with SmolLM2 and distilled data already at $HOME/work/data (tools/gpu/foundation.sh), about
+On the GPU, with SmolLM2 and distilled data already at $HOME/work/data (the acceptance suite's WORK/data), about
 2-3 minutes a setting on an H200 (add --settings none, then 8bit, then 4bit to keep each call short):
-    python tools/bench_quantization.py recipes/eagle3_smollm2.yaml --work $HOME/work/quant \\
+    python tools/bench/quantization.py recipes/eagle3_smollm2.yaml --work $HOME/work/quant \\
         target.path=$HOME/smol/SmolLM2-135M-Instruct.Q4_1.gguf distill.output_dir=$HOME/work/data \\
         data.max_length=1024 data.val_fraction=0.02
 """
@@ -20,22 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from suite import child_env, finish, machine, markdown_table, write_report
+
 import torch
 
-from specdraft.io import write_json
-
-ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ("none", "8bit", "4bit")
-
-
-def _machine() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu, {os.cpu_count()} cores"
 
 
 def _gib(num_bytes: float) -> float:
@@ -115,41 +110,37 @@ def run_setting(recipe_path: str, setting: str, work: Path, steps: int, micro_ba
             "val_acc1_vs_unquantized": unquantized.get("val/acc@1")}
 
 
-def print_table(rows: list) -> None:
-    header = ["setting", "target GiB", "peak GiB", "tokens/s", "train s", "val τ_sim (logged)", "val τ_sim vs bf16"]
-    print(" | ".join(header))
-    for row in rows:
-        print(" | ".join([row["setting"], f"{row['target_weights_gib']:.3f}", f"{row['train_peak_gib']:.2f}",
-                          f"{row['tokens_per_s']:.0f}", f"{row['train_seconds']:.0f}",
-                          f"{row['val_tau_sim_logged']:.3f}", f"{row['val_tau_sim_vs_unquantized']:.3f}"]))
+def table(rows: list) -> str:
+    return markdown_table(
+        ["setting", "target GiB", "peak GiB", "tokens/s", "train s", "val τ_sim (logged)", "val τ_sim vs bf16"],
+        [[row["setting"], f"{row['target_weights_gib']:.3f}", f"{row['train_peak_gib']:.2f}",
+          f"{row['tokens_per_s']:,.0f}", f"{row['train_seconds']:.0f}", f"{row['val_tau_sim_logged']:.3f}",
+          f"{row['val_tau_sim_vs_unquantized']:.3f}"] for row in rows])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description="what an 8/4-bit frozen target costs in simulated τ")
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
-    parser.add_argument("--work", default="runs/bench_quantization")
+    parser.add_argument("--work", default="runs/bench/quantization")
     parser.add_argument("--settings", default="none,8bit,4bit")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: run this setting, write its JSON
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(args.work)
     if args.one:
         result = run_setting(args.recipe, args.one, work, args.steps, args.micro_batch, args.overrides)
-        write_json(work / f"{args.one}.json", result)
-        return
+        return {"path": str(write_report(work / f"{args.one}.json", result, args.one))}
     for setting in args.settings.split(","):
         command = [sys.executable, __file__, args.recipe, *args.overrides, "--work", str(work), "--one", setting,
                    "--steps", str(args.steps), "--micro-batch", str(args.micro_batch)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        if subprocess.run(command, env=env).returncode != 0:
+        if subprocess.run(command, env=child_env()).returncode != 0:
             raise SystemExit(f"setting {setting} failed")
     rows = [json.loads((work / f"{s}.json").read_text()) for s in SETTINGS if (work / f"{s}.json").is_file()]
-    print_table(rows)
-    result = {"machine": _machine(), "torch": torch.__version__, "steps": args.steps, "micro_batch": args.micro_batch,
+    result = {"machine": machine(), "torch": torch.__version__, "steps": args.steps, "micro_batch": args.micro_batch,
               "recipe": args.recipe, "overrides": args.overrides, "settings": rows}
-    write_json(work / "quantization.json", result)
+    return finish(table(rows), work, result, "quantization")
 
 
 if __name__ == "__main__":
