@@ -22,7 +22,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from specdraft.config import DistillConfig, Recipe, save_recipe
+from specdraft.config import DistillConfig, Recipe
+from specdraft.recipes import save_recipe
 from data_gen.shards import (
     merge_shards,
     missing_shards,
@@ -34,9 +35,9 @@ from data_gen.shards import (
 from data_gen.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.errors import SpecdraftError
-from specdraft.io import write_json
-from specdraft.target.load import eos_token_ids
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import write_json
+from specdraft.targets.load import eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,7 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
     generation throughput: answer tokens, seconds inside generate, tokens/s, wall-clock start and end."""
     from tqdm.auto import tqdm
 
-    from specdraft.target.load import load_target
+    from specdraft.targets.load import load_target
 
     shards = {i: _shard_conversations(conversations, i, recipe.distill.shard_size) for i in pending}
     target = load_target(recipe.target, device)

@@ -30,8 +30,8 @@ from specdraft.data.features import (
     write_feature_file,
 )
 from specdraft.data.format import dataset_dir
-from specdraft.errors import SpecdraftError
-from specdraft.io import TMP_PREFIX
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import TMP_PREFIX
 from specdraft.methods import get_method
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def right_pad(rows: List[np.ndarray]) -> tuple:
 def shard_features(model, rows: List[np.ndarray], layers: List[int], batch_size: int,
                    device) -> List[Dict[str, torch.Tensor]]:
     """Features of one shard's rows, in row order; batches are length-sorted to pad little."""
-    from specdraft.target.features import capture_features
+    from specdraft.targets.features import capture_features
 
     order = sorted(range(len(rows)), key=lambda k: -len(rows[k]))
     out: List[Optional[dict]] = [None] * len(rows)
@@ -107,8 +107,8 @@ def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None, loade
     `loaded` keeps the target between calls (it is loaded only when a shard is missing)."""
     from datasets import load_from_disk
 
-    from specdraft.target.features import layers_to_store
-    from specdraft.target.load import load_target, load_target_info, resolve_dtype
+    from specdraft.targets.features import layers_to_store
+    from specdraft.targets.load import load_target, load_target_info, resolve_dtype
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dataset = load_from_disk(str(dataset_dir(out))).with_format("numpy")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List
 
 from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, shards_dir
-from specdraft.io import TMP_PREFIX, atomic_dir, write_json
+from specdraft.core.io import TMP_PREFIX, atomic_dir, write_json
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import List, Mapping, Optional, Tuple
 
 from specdraft.config import DistillConfig
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 BATCH_STEP = "batch"
 """SLURM_STEP_ID of the batch script itself (srun steps are numbered)."""

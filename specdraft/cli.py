@@ -18,19 +18,19 @@ import logging
 import sys
 from typing import List, Optional
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 
 def _distill(args) -> dict:
     from data_gen.distill import merge_only, run_distill
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     return merge_only(recipe) if args.merge else run_distill(recipe)
 
 
 def _train(args) -> dict:
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
 
     return run_train(load_recipe(args.recipe, args.overrides))

@@ -10,11 +10,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from specdraft.config import Recipe, TargetConfig, load_recipe
-from specdraft.errors import SpecdraftError
+from specdraft.config import Recipe, TargetConfig
+from specdraft.recipes import load_recipe
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods import get_method
-from specdraft.methods.base import DraftContext, MethodSpec, TargetInfo
-from specdraft.target import load_target_info
+from specdraft.core.types import DraftContext, TargetInfo
+from specdraft.methods.base import MethodSpec
+from specdraft.targets import load_target_info
 
 SNAPSHOT_FILE = "draft.safetensors"
 EXPORT_FILE = "model.safetensors"
@@ -98,3 +100,10 @@ def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[Tar
         except RuntimeError as err:
             raise SpecdraftError(f"{source} does not fit this recipe's draft: {str(err).splitlines()[0]}") from None
     return LoadedDraft(recipe=recipe, spec=spec, method_cfg=cfg, draft=draft.eval(), target=target, source=source)
+
+
+def warm_start_draft(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional[torch.nn.Module]:
+    """The trained draft the method's `warm_start` hook names (its init_from), loaded for its `initialize`; None
+    when it names none."""
+    path = spec.warm_start(method_cfg) if spec.warm_start is not None else None
+    return load_draft(path, target=target).draft if path else None

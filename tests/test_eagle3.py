@@ -4,9 +4,11 @@ import torch
 
 from specdraft.config import TargetConfig
 from specdraft.methods import get_method
-from specdraft.methods.base import ChainState, DraftBatch, DraftContext, TargetFeatures
-from specdraft.methods.eagle3 import build_draft_vocab, ttt_unroll
-from specdraft.target import capture_features, load_target
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
+from specdraft.methods.eagle3 import ttt_unroll
+from specdraft.methods.shared import build_draft_vocab
+from specdraft.targets import capture_features, load_target
+from tests.oracles import ChainState, eagle3_chain
 
 SPEC = get_method("eagle3")
 
@@ -42,7 +44,7 @@ def test_chain_drafting_matches_training_time_test(target):
     prefix = 9  # features for ids[:, :prefix], newest token ids[:, prefix]
     state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
                        features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()}))
-    drafted = SPEC.propose(draft, state, cfg.ttt_steps)  # [k]
+    drafted = eagle3_chain(draft, state, cfg.ttt_steps)  # [k]
     teacher = ids.clone()
     teacher[0, prefix + 1: prefix + cfg.ttt_steps] = drafted[:-1]  # TTT sees the drafted tokens
     teacher_feats = capture_features(target.model, teacher, torch.ones_like(teacher), list(feats.hidden_states))

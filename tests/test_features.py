@@ -10,14 +10,14 @@ from safetensors.torch import load_file
 
 from data_gen.features import dump_features, shard_file
 from specdraft import cli
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.data.features import FINAL, FeatureStore, feature_names, features_dir, hidden_key
 from specdraft.data.format import ROW_FEATURES, dataset_dir
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods.eagle3 import SPEC
-from specdraft.target import load as load_module
-from specdraft.target import load_target
-from specdraft.target.heads import load_target_heads
+from specdraft.targets import load as load_module
+from specdraft.targets import load_target
+from specdraft.targets.heads import load_target_heads
 from specdraft.train.data import collate
 from specdraft.train.features import FeatureLookup, FeatureRows, OfflineFeatures, OnlineFeatures, collate_with_features
 from specdraft.train.trainer import run_train
@@ -136,14 +136,14 @@ def test_offline_loss_equals_online_loss(prepared):
 
 
 def _ctx(info, dataset):
-    from specdraft.methods.base import DraftContext
+    from specdraft.core.types import DraftContext
     from specdraft.train.data import answer_token_counts
 
     return DraftContext(target=info, token_counts=answer_token_counts(dataset, list(range(12)), info.vocab_size))
 
 
 def _draft_batch(batch, features):
-    from specdraft.methods.base import DraftBatch
+    from specdraft.core.types import DraftBatch
 
     return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
                       attention_mask=batch["attention_mask"], features=features)
@@ -262,7 +262,7 @@ def test_online_features_of_right_padded_rows_need_no_mask(tiny_target_dir):
     on right-padded rows every real token's states are those the masked forward gives. The padded columns'
     states differ (they see each other now), so the check would fail if the padding sat on the left."""
     from specdraft.config import TargetConfig
-    from specdraft.target.features import capture_features
+    from specdraft.targets.features import capture_features
 
     model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
     rows = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)) for n in (32, 20, 9)]
@@ -281,7 +281,7 @@ def test_online_features_never_read_a_tensor_back_to_the_host(tiny_target_dir):
     """The online target forward (one per training step) reads no tensor value on the host; Hugging Face's own
     forward with the batch's mask does (its mask check), which shows the counter sees such reads."""
     from specdraft.config import TargetConfig
-    from specdraft.target.features import capture_features
+    from specdraft.targets.features import capture_features
 
     model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))  # [B, T]
@@ -329,7 +329,7 @@ def test_targets_with_local_attention_or_not_on_sdpa_keep_their_mask(tiny_target
     """causal_attention applies to SDPA targets whose every layer attends to the whole prefix; the others run
     their own attention (a sliding window needs the mask Hugging Face builds)."""
     from specdraft.config import TargetConfig
-    from specdraft.target.features import causal_attention
+    from specdraft.targets.features import causal_attention
 
     model = load_target(TargetConfig(path=str(tiny_target_dir)), "cpu").model
     config = model.config

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft import cli
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.train.trainer import run_train
 from tests.test_train_export_eval import make_recipe
 

@@ -3,7 +3,7 @@
 progress bar), and each read makes the host wait for the device. Tiny target, CPU."""
 import lightning as L
 
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.train.trainer import run_train
 from tests.host_reads import HostReads
 from tests.test_train_export_eval import make_recipe

@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from specdraft.config import TargetConfig
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods import get_method
-from specdraft.methods.base import ChainState, DraftBatch, DraftContext, TargetFeatures
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
 from specdraft.methods.kangaroo import KangarooConfig, chain_metrics, kangaroo_exit_layer
-from specdraft.target import capture_features, load_target
-from specdraft.target.partial import new_layer_cache, run_first_layers
+from specdraft.targets import capture_features, load_target
+from tests.partial_layers import new_layer_cache, run_first_layers
 from tests.tiny import tiny_llama_config
+from tests.oracles import ChainState, kangaroo_chain
 
 SPEC = get_method("kangaroo")
 
@@ -34,7 +35,7 @@ def _features(target, cfg, ids):
 
 @pytest.mark.parametrize("layers, expected", [(4, 1), (30, 2), (32, 2), (40, 2), (80, 5)])
 def test_default_exit_layer_by_depth(layers, expected):
-    from specdraft.methods.base import TargetInfo
+    from specdraft.core.types import TargetInfo
 
     info = TargetInfo.from_hf_config(tiny_llama_config(layers=layers), "tiny")
     assert kangaroo_exit_layer(KangarooConfig(), info) == expected
@@ -81,7 +82,7 @@ def test_chain_drafting_matches_teacher_forced_training(target):
     prefix, k = 9, 4
     state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
                        features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()}))
-    drafted = SPEC.propose(draft, state, k)  # [k]
+    drafted = kangaroo_chain(draft, state, k)  # [k]
     teacher = ids.clone()
     teacher[0, prefix + 1: prefix + k] = drafted[:-1]
     shallow = _features(target, cfg, teacher).hidden_states[2]

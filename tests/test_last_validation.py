@@ -1,7 +1,7 @@
 """The last step is validated and checkpointed when max_steps is not a multiple of val_every_steps."""
 import json
 
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.train.trainer import run_train
 from tests.test_train_export_eval import make_recipe
 

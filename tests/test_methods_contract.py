@@ -7,16 +7,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.eval.run import run_eval
 from specdraft.export import export_draft
 from specdraft.methods import METHODS
-from specdraft.methods.base import ChainState, DraftBatch, TargetFeatures
+from specdraft.core.types import DraftBatch, TargetFeatures
 from specdraft.runtime.load import load_runtime
 from specdraft.runtime.tree import TreeShape
-from specdraft.target import capture_features, load_target
+from specdraft.targets import capture_features, load_target
 from specdraft.train.trainer import run_train
+from tests.oracles import ChainState, chain_of
 
 CASES = {  # small settings per method; every registered method needs one
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 256},
@@ -65,7 +66,7 @@ def _outputs(loaded, target, ids):
     prefix = ids.shape[1] - 4
     state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
                        features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()}))
-    return loss, spec.propose(draft, state, 3)
+    return loss, chain_of(spec.name)(draft, state, 3)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.train.trainer import run_train
 from tests.test_train_export_eval import make_recipe
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from specdraft.config import DataConfig, TargetConfig
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods import get_method
-from specdraft.methods.base import DraftBatch, DraftContext
-from specdraft.target import capture_features, load_target
+from specdraft.core.types import DraftBatch, DraftContext
+from specdraft.targets import capture_features, load_target
 from specdraft.train.data import collate, collate_packed, pack_rows
 
 SPEC = get_method("eagle3")
@@ -114,7 +114,7 @@ def test_pack_length_shorter_than_max_length_is_an_error():
 
 def test_training_on_packed_rows_with_checkpointing(tmp_path, tiny_target_dir, distilled, monkeypatch):
     """`train` with data.pack_length and train.activation_checkpointing: packed batches reach the draft."""
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
     from specdraft.train.module import DraftModule
     from specdraft.train.trainer import run_train
     from tests.test_train_export_eval import make_recipe

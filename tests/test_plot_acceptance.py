@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specdraft.eval.chain import acceptance_by_position
+from specdraft.runtime.stats import acceptance_by_position
 from tests.tools import load_tool
 
 def _tool():

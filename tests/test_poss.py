@@ -5,14 +5,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdraft.config import TargetConfig, load_recipe, save_recipe
-from specdraft.drafts import EXPORT_FILE
-from specdraft.errors import SpecdraftError
+from specdraft.config import TargetConfig
+from specdraft.recipes import load_recipe, save_recipe
+from specdraft.drafts import EXPORT_FILE, load_draft
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods import get_method
-from specdraft.methods.base import ChainState, DraftBatch, DraftContext, TargetFeatures
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
 from specdraft.methods.eagle3 import ttt_unroll
 from specdraft.methods.poss import PossConfig, poss_unroll, specialist_prefix_kv
-from specdraft.target import capture_features, load_target
+from specdraft.targets import capture_features, load_target
+from tests.oracles import ChainState, poss_chain
 
 SPEC = get_method("poss")
 EAGLE3 = get_method("eagle3")
@@ -83,7 +85,7 @@ def test_chain_drafting_matches_training_time_test(target):
     prefix = 9  # features for ids[:, :prefix], newest token ids[:, prefix]
     state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
                        features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()}))
-    drafted = SPEC.propose(draft, state, cfg.ttt_steps)  # [k]
+    drafted = poss_chain(draft, state, cfg.ttt_steps)  # [k]
     teacher = ids.clone()
     teacher[0, prefix + 1: prefix + cfg.ttt_steps] = drafted[:-1]  # TTT sees the drafted tokens
     teacher_feats = capture_features(target.model, teacher, torch.ones_like(teacher), list(feats.hidden_states))
@@ -132,7 +134,7 @@ def _eagle3_export(directory, target_dir, target, **method):
 def test_init_from_eagle3_computes_what_eagle3_computes(tmp_path, tiny_target_dir, target):
     source, eagle3 = _eagle3_export(tmp_path, tiny_target_dir, target, ttt_steps=3, draft_vocab_size=300)
     cfg, draft = _draft(target, init_from=str(source))
-    SPEC.initialize(draft, cfg, DraftContext(target.info, _counts(target)))
+    SPEC.initialize(draft, cfg, DraftContext(target.info, _counts(target), warm_start=_source(source, target)))
     assert torch.equal(draft.d2t, eagle3.d2t) and torch.equal(draft.t2d, eagle3.t2d)
     ids = torch.randint(0, 250, (2, 14))
     feats = _features(target, cfg, ids).hidden_states
@@ -147,10 +149,10 @@ def test_init_from_rejects_what_does_not_fit(tmp_path, tiny_target_dir, target):
     source, _ = _eagle3_export(tmp_path, tiny_target_dir, target, draft_vocab_size=200)
     cfg, draft = _draft(target, init_from=str(source))
     with pytest.raises(SpecdraftError, match="does not fit this PosS head"):
-        SPEC.initialize(draft, cfg, DraftContext(target.info))
+        SPEC.initialize(draft, cfg, DraftContext(target.info, warm_start=_source(source, target)))
     cfg, draft = _draft(target, init_from=str(source), draft_vocab_size=200, feature_layers=[1, 2, 3])
     with pytest.raises(SpecdraftError, match="fuses layers"):
-        SPEC.initialize(draft, cfg, DraftContext(target.info))
+        SPEC.initialize(draft, cfg, DraftContext(target.info, warm_start=_source(source, target)))
 
 
 def test_eagle3_warm_starts_from_its_own_export(tmp_path, tiny_target_dir, target):
@@ -158,12 +160,13 @@ def test_eagle3_warm_starts_from_its_own_export(tmp_path, tiny_target_dir, targe
     cfg = EAGLE3.config(ttt_steps=3, draft_vocab_size=300, init_from=str(source))
     torch.manual_seed(1)
     draft = EAGLE3.build(cfg, DraftContext(target.info, _counts(target)))
-    EAGLE3.initialize(draft, cfg, DraftContext(target.info, _counts(target)))
+    EAGLE3.initialize(draft, cfg, DraftContext(target.info, _counts(target), warm_start=_source(source, target)))
     for name, value in eagle3.state_dict().items():
         assert torch.equal(draft.state_dict()[name], value), name
     small = EAGLE3.config(ttt_steps=3, draft_vocab_size=200, init_from=str(source))
     with pytest.raises(SpecdraftError, match="does not fit this EAGLE-3 head"):
-        EAGLE3.initialize(EAGLE3.build(small, DraftContext(target.info)), small, DraftContext(target.info))
+        EAGLE3.initialize(EAGLE3.build(small, DraftContext(target.info)), small,
+                          DraftContext(target.info, warm_start=_source(source, target)))
 
 
 def test_hf_export_says_which_specialist_serves_which_depth(target):
@@ -181,12 +184,14 @@ def test_hf_export_says_which_specialist_serves_which_depth(target):
 
 def test_trainer_initialises_from_eagle3(tmp_path, tiny_target_dir, target):
     from specdraft.config import TrainConfig
+    from specdraft.drafts import warm_start_draft
     from specdraft.train.module import DraftModule
 
     source, eagle3 = _eagle3_export(tmp_path, tiny_target_dir, target, ttt_steps=3, draft_vocab_size=300)
     cfg = SPEC.config(ttt_steps=3, draft_vocab_size=300, num_specialists=3, positions_per_specialist=1,
                       init_from=str(source))
-    module = DraftModule(SPEC, cfg, TrainConfig(), DraftContext(target.info, _counts(target)), target.model)
+    ctx = DraftContext(target.info, _counts(target), warm_start=warm_start_draft(SPEC, cfg, target.info))
+    module = DraftModule(SPEC, cfg, TrainConfig(), ctx, target.model)
     module.configure_model()
     for layer in module.draft.specialists:
         torch.testing.assert_close(layer.self_attn.q_proj.weight, eagle3.midlayer.self_attn.q_proj.weight)
@@ -232,3 +237,8 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(target, attention, che
     assert len(packed_grads) == (0 if attention == "flex" else len(unpacked_grads))
     for name, grad in packed_grads.items():
         torch.testing.assert_close(grad, unpacked_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _source(path, target):
+    """The draft `init_from` names, as the trainer loads it."""
+    return load_draft(path, target=target.info).draft

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft import cli
-from specdraft.config import load_recipe
-from specdraft.errors import SpecdraftError
-from specdraft.target import load_target
+from specdraft.recipes import load_recipe
+from specdraft.core.errors import SpecdraftError
+from specdraft.targets import load_target
 from specdraft.train.trainer import run_train
 from tests.test_train_export_eval import make_recipe
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.config import load_recipe, recipe_to_yaml
-from specdraft.errors import SpecdraftError
+from specdraft.recipes import load_recipe, recipe_to_yaml
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods import METHODS
 
 RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml"))

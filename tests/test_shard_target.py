@@ -3,9 +3,9 @@ instant; the sharded run itself is tests/test_multi_gpu.py (2 GPUs)."""
 import pytest
 import torch
 
-from specdraft.config import load_recipe
-from specdraft.methods.base import TargetInfo
-from specdraft.target.load import estimated_weight_bytes
+from specdraft.recipes import load_recipe
+from specdraft.core.types import TargetInfo
+from specdraft.targets.load import estimated_weight_bytes
 from specdraft.train.trainer import shard_target
 from tests.tiny import tiny_llama_config
 
@@ -44,8 +44,8 @@ def test_sharded_target_is_a_frozen_submodule_in_eval_mode(tiny_target_dir, monk
     module to training, and its features carry the whole LM head copy."""
     from specdraft.config import TargetConfig, TrainConfig
     from specdraft.methods import get_method
-    from specdraft.methods.base import DraftContext
-    from specdraft.target.load import load_target
+    from specdraft.core.types import DraftContext
+    from specdraft.targets.load import load_target
     from specdraft.train import features as features_module
     from specdraft.train.module import DraftModule
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 
 def write_jsonl(path, records):

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from specdraft.config import TargetConfig
-from specdraft.errors import SpecdraftError
-from specdraft.target import load_target, load_target_info
+from specdraft.core.errors import SpecdraftError
+from specdraft.targets import load_target, load_target_info
 from tests.tiny import save_tiny_target
 
 
@@ -56,7 +56,7 @@ def test_a_gguf_head_left_on_meta_is_tied_to_the_embedding(tmp_path):
     conversion ties it before saving, and the saved target's head is the embedding."""
     from transformers import LlamaForCausalLM
 
-    from specdraft.target.load import _tie_meta_head
+    from specdraft.targets.load import _tie_meta_head
     from tests.tiny import tiny_llama_config
 
     config = tiny_llama_config()

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft import cli
-from specdraft.config import load_recipe
+from specdraft.recipes import load_recipe
 from specdraft.train import trainer as trainer_module
 from specdraft.train.timing import read_step_times
 from specdraft.train.trainer import run_train

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from specdraft.config import TargetConfig
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.layers.compile import Compiled, compile_decoder_layers, compile_enabled
-from specdraft.methods.base import DraftBatch, DraftContext
-from specdraft.target import capture_features, load_target
+from specdraft.core.types import DraftBatch, DraftContext
+from specdraft.targets import capture_features, load_target
 from specdraft.train.module import build_optimizer
 
 
@@ -36,7 +36,7 @@ def test_adamw8bit_keeps_8_bit_moments_and_trains():
 def test_training_with_adamw8bit_fused_checkpoints_and_resumes(tmp_path, tiny_target_dir, distilled):
     """`train` with train.optimizer=adamw8bit_fused (the Triton kernel, interpreted here): the checkpoint holds
     8-bit codes, and a resume continues from it."""
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
     from tests.test_train_export_eval import make_recipe
 
@@ -157,7 +157,7 @@ def test_compiled_target_layers_capture_the_same_features(target):
 def test_training_with_adamw8bit_and_selective_checkpointing(tmp_path, tiny_target_dir, distilled, monkeypatch):
     """`train` with train.optimizer=adamw8bit and train.activation_checkpointing=selective (compile: false by
     default): the optimizer is bitsandbytes', the draft runs selective, and the run finishes."""
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
     from tests.test_train_export_eval import make_recipe
 

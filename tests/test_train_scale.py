@@ -13,7 +13,7 @@ import pytest
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from specdraft.config import TrainConfig
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.train.data import ResumableSampler
 from specdraft.train.trainer import _check_resume_format, _plugins, _resume_path
 from tests.test_train_export_eval import make_recipe

@@ -54,7 +54,7 @@ def _plain_and_sharded(name: str, settings: dict, ctx, config: dict):
 def drafts(cases: dict) -> None:
     import deepspeed
 
-    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.core.types import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
@@ -72,7 +72,7 @@ def drafts(cases: dict) -> None:
 def _random_batch(spec, cfg, info, generator, rows: int = 2, repeat: int = 1):
     """Random token ids and target features: `rows` rows, each repeated `repeat` times (identical rows give
     every rank of a data-parallel run the same loss normalization as one process with all of them)."""
-    from specdraft.methods.base import DraftBatch, TargetFeatures
+    from specdraft.core.types import DraftBatch, TargetFeatures
 
     def rows_of(*shape):  # [rows * repeat, *shape]
         return torch.randn(rows, *shape, generator=generator).repeat_interleave(repeat, dim=0)
@@ -87,7 +87,7 @@ def _random_batch(spec, cfg, info, generator, rows: int = 2, repeat: int = 1):
 
 def _rows(batch, start: int, stop: int):
     """Rows start..stop-1 of a DraftBatch from _random_batch."""
-    from specdraft.methods.base import DraftBatch, TargetFeatures
+    from specdraft.core.types import DraftBatch, TargetFeatures
 
     feats = batch.features
     features = TargetFeatures(hidden_states={i: h[start:stop] for i, h in feats.hidden_states.items()},
@@ -100,7 +100,7 @@ def losses(cases: dict) -> None:
     import deepspeed
     from transformers import LlamaForCausalLM
 
-    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.core.types import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
@@ -152,7 +152,7 @@ def two_ranks(cases: dict) -> None:
     torch's AdamW in this process: the step's all-gathers, then the weights."""
     import deepspeed
 
-    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.core.types import DraftContext, TargetInfo
     from tests.tiny import tiny_llama_config
 
     rank, adamw = int(os.environ["RANK"]), {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0}
@@ -220,8 +220,8 @@ def target(directory: str, guard: str = "guard") -> None:
     from transformers import LlamaForCausalLM  # noqa: F401  imported inside it, they fail)
 
     from specdraft.config import TargetConfig
-    from specdraft.target.features import capture_features
-    from specdraft.target.load import load_sharded_target, load_target
+    from specdraft.targets.features import capture_features
+    from specdraft.targets.load import load_sharded_target, load_target
 
     if guard == "no-guard":  # Transformers before prevent_arange_dtype_change (5.17): inv_freq comes out bf16
         import transformers.integrations.deepspeed

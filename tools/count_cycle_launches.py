@@ -25,7 +25,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from specdraft.io import write_json  # noqa: E402
+from specdraft.core.io import write_json  # noqa: E402
 
 CONFIGS = {  # target geometry (Hugging Face LlamaConfig fields) and the head's draft vocabulary
     "smollm2": ({"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -38,7 +38,7 @@ SPEEDUP_GOAL = 2.5  # issue 3's goal over plain decoding
 
 def parse_shape(text: str):
     """'6' -> a chain of 6; '6,8,48' -> TreeShape(6, 8, 48), validated."""
-    from specdraft.errors import SpecdraftError
+    from specdraft.core.errors import SpecdraftError
     from specdraft.runtime.tree import TreeShape
 
     try:
@@ -54,7 +54,7 @@ def parse_shape(text: str):
 
 def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
     """Every shape parsed before any work starts; a bad one is the parser's usage error."""
-    from specdraft.errors import SpecdraftError
+    from specdraft.core.errors import SpecdraftError
 
     for text in texts:
         try:
@@ -68,7 +68,7 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
     graphs there; none on the CPU, where the launches are counted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.core.types import DraftContext, TargetInfo
     from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
     from specdraft.runtime.engine import SpecEngine
     from specdraft.runtime.target import from_hf, hf_rope_tables
@@ -96,11 +96,11 @@ def _counted(fn):
 
 def cycle_launches(engine) -> Dict[str, List[str]]:
     """One cycle after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch names}."""
-    from specdraft.runtime.profile import _draft, _verify
+    from specdraft.runtime.profile import draft_phase, verify_phase
 
-    drafted, draft = _counted(lambda: _draft(engine))
-    verified, verify = _counted(lambda: _verify(engine, drafted))
-    _, book = _counted(lambda: engine._accept_greedy(*verified))
+    drafted, draft = _counted(lambda: draft_phase(engine))
+    (tree, verified), verify = _counted(lambda: verify_phase(engine, drafted))
+    _, book = _counted(lambda: engine.accept_and_commit(engine.acceptance(0.0), tree, verified))
     return {"draft": draft, "verify": verify, "bookkeeping": book}
 
 
@@ -108,7 +108,7 @@ def plain_step_launches(engine) -> List[str]:
     """One plain decoding step: the target's forward of one token and the next token's argmax."""
     from specdraft.runtime.sampling import sample_token
 
-    return _counted(lambda: sample_token(engine._plain_step(engine.root.clone()), 0.0, None))[1]
+    return _counted(lambda: sample_token(engine.plain_step(engine.root.clone()), 0.0, None))[1]
 
 
 def count(config: str, shape_texts: List[str]) -> dict:

@@ -35,8 +35,8 @@ def coverage(token_ids: torch.Tensor, vocab: torch.Tensor) -> float:
 def eval_answers(recipe, max_prompts: int, max_new_tokens: int, device: str) -> torch.Tensor:
     """The target's greedy answers to the first `max_prompts` evaluation prompts, concatenated -> [N] ids."""
     from specdraft.eval.run import eval_prompts, greedy_answer
-    from specdraft.target import load_target
-    from specdraft.target.load import eos_token_ids
+    from specdraft.targets import load_target
+    from specdraft.targets.load import eos_token_ids
 
     target = load_target(recipe.target, device, "float32" if device == "cpu" else "bfloat16")
     eos_ids = eos_token_ids(target.model, target.tokenizer)
@@ -56,10 +56,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from specdraft.config import load_recipe
-    from specdraft.io import write_json
-    from specdraft.methods.eagle3 import build_draft_vocab
-    from specdraft.target.load import load_target_info
+    from specdraft.recipes import load_recipe
+    from specdraft.core.io import write_json
+    from specdraft.methods.shared import build_draft_vocab
+    from specdraft.targets.load import load_target_info
     from specdraft.train.data import answer_token_counts, load_distilled, split_distilled
 
     recipe = load_recipe(args.recipe, args.overrides)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 
 
 def load_runs(pairs: List[str]) -> Dict[str, dict]:

@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.profiler import ProfilerActivity, profile
 
-from specdraft.io import write_json
+from specdraft.core.io import write_json
 from specdraft.train.profiling import op_report, print_op_tables
 
 
@@ -343,7 +343,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     args = parser.parse_args(argv)
     if args.split_forward and not args.phases:
         parser.error("--split-forward splits --phases' forward: add --phases")
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
 
     out = Path(args.out)

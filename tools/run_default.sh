@@ -9,7 +9,7 @@ default=recipes/eagle3_smollm2.yaml
 recipe=${1:-$default}
 shift || true
 spec=.venv/bin/specdraft
-run_dir=$(.venv/bin/python -c "import sys; from specdraft.config import load_recipe; print(load_recipe(sys.argv[1], sys.argv[2:]).train.output_dir)" "$recipe" "$@")
+run_dir=$(.venv/bin/python -c "import sys; from specdraft.recipes import load_recipe; print(load_recipe(sys.argv[1], sys.argv[2:]).train.output_dir)" "$recipe" "$@")
 $spec distill-data "$recipe" "$@"
 $spec train "$recipe" "$@"
 $spec export "$run_dir" --format hf --out "$run_dir/../export"

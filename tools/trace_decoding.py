@@ -26,7 +26,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
-from specdraft.io import write_json  # noqa: E402
+from specdraft.core.io import write_json  # noqa: E402
 
 
 def _kernel_times(profiler) -> Optional[Dict[str, float]]:

@@ -24,9 +24,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specdraft.errors import SpecdraftError
-from specdraft.io import TMP_PREFIX
-from specdraft.methods.base import TargetFeatures
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import TMP_PREFIX
+from specdraft.core.types import TargetFeatures
 
 MANIFEST = "manifest.json"
 FINAL = "final_hidden"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple
 
-from specdraft.errors import SpecdraftError
-from specdraft.io import resolve_file
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import resolve_file
 
 SUPPORTED_FIELDS = ("conversations", "messages", "instruction", "prompt", "question", "turns")
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz")

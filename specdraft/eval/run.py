@@ -1,5 +1,6 @@
 """Evaluate a draft: τ (tokens per draft-verify cycle, bonus included) and acceptance by position at T=0,
-against the target's own greedy output token for token. Writes eval.json and eval.png."""
+decoding through the runtime (the drafter a method writes once serves both), against the target's own greedy
+output from Hugging Face `generate`, token for token. Writes eval.json and eval.png."""
 from __future__ import annotations
 
 import time
@@ -9,14 +10,15 @@ from typing import List, Optional
 import torch
 from tqdm import tqdm
 
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import write_json
 from specdraft.data.sources import load_conversations
 from specdraft.drafts import load_draft
-from specdraft.errors import SpecdraftError
-from specdraft.eval.chain import acceptance_by_position, chain_generate
 from specdraft.eval.plot import plot_acceptance
-from specdraft.io import write_json
-from specdraft.target import load_target
-from specdraft.target.load import eos_token_ids
+from specdraft.runtime.load import ChainOptions, build_runtime, resolve_device
+from specdraft.runtime.stats import acceptance_by_position
+from specdraft.runtime.tree import TreeShape
+from specdraft.targets import load_target
 
 
 def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
@@ -44,27 +46,24 @@ def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids
 
 
 def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
+    """Decode eval.prompts with the draft through the runtime (a chain of eval.num_draft_tokens, no early exit,
+    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`."""
     loaded = load_draft(path, overrides)
     cfg = loaded.recipe.eval
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    device = resolve_device(cfg.device)
     target = load_target(loaded.recipe.target, device=device, dtype=cfg.dtype)
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
-    draft = loaded.draft.to(device=device, dtype=target.model.dtype)
-    if loaded.spec.bind_target is not None:
-        loaded.spec.bind_target(draft, target.model)
-    layers = loaded.spec.feature_layers(loaded.method_cfg, target.info)
-    eos_ids = eos_token_ids(target.model, target.tokenizer)
+    runtime = build_runtime(loaded, target, TreeShape.chain(cfg.num_draft_tokens),
+                            chain=ChainOptions(exit_threshold=0.0))
     prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
     for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
+        result = runtime.engine.generate(prompt_ids[0].tolist(), cfg.max_new_tokens, runtime.eos_ids)
+        spec_seconds += result.seconds
         started = time.perf_counter()
-        result = chain_generate(target.model, lambda state, k: loaded.spec.propose(draft, state, k), layers,
-                                prompt_ids, cfg.max_new_tokens, cfg.num_draft_tokens, eos_ids)
-        spec_seconds += time.perf_counter() - started
-        started = time.perf_counter()
-        reference = greedy_answer(target, prompt_ids, cfg.max_new_tokens, eos_ids)
+        reference = greedy_answer(target, prompt_ids, cfg.max_new_tokens, runtime.eos_ids)
         greedy_seconds += time.perf_counter() - started
         lossless_count += result.tokens == reference
         accepted += result.accepted

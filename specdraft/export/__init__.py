@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from specdraft.config import save_recipe
+from specdraft.recipes import save_recipe
 from specdraft.drafts import EXPORT_FILE, load_draft
-from specdraft.errors import SpecdraftError, choices_error
-from specdraft.io import atomic_dir
-from specdraft.target import target_provenance
+from specdraft.core.errors import SpecdraftError, choices_error
+from specdraft.core.io import atomic_dir
+from specdraft.targets import target_provenance
 
 
 def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "bfloat16") -> Path:

@@ -25,9 +25,10 @@ from pathlib import Path
 from string import Template
 from typing import List, Optional
 
-from specdraft.config import Recipe, load_recipe
-from specdraft.errors import SpecdraftError, choices_error
-from specdraft.io import write_text
+from specdraft.config import Recipe
+from specdraft.recipes import load_recipe
+from specdraft.core.errors import SpecdraftError, choices_error
+from specdraft.core.io import write_text
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "tools" / "slurm"
 KINDS = ("train", "distill-data")

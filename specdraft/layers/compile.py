@@ -7,7 +7,7 @@ from typing import Callable, Dict
 
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 COMPILE_KEY = "train.compile"
 

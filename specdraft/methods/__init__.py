@@ -1,5 +1,5 @@
 """The method registry: one explicit entry per method module, no import-time side effects."""
-from specdraft.errors import choices_error
+from specdraft.core.errors import choices_error
 from specdraft.methods import eagle3, kangaroo, poss
 from specdraft.methods.base import MethodSpec
 

@@ -1,141 +1,19 @@
-"""What every method gives the generic trainer, exporter and evaluator: a `MethodSpec` of plain functions.
+"""What every method gives the generic trainer, exporter, evaluator and runtime: a `MethodSpec` of plain
+functions.
 
-The Lightning module, the CLI, the exporter, the evaluator and the data stage only call these hooks; none of
-them branches on a method's name. A new method that needs something else from them adds a hook here.
+The Lightning module, the CLI, the exporter, the evaluator, the runtime and the data stage only call these hooks;
+none of them branches on a method's name. A new method that needs something else from them adds a hook here.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """Geometry of the frozen target, read from its own config (never from a recipe)."""
-
-    name_or_path: str
-    model_type: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    architectures: Tuple[str, ...] = ()
-    rope_scaling: Optional[Dict[str, Any]] = None
-    bos_token_id: Optional[int] = None
-    eos_token_id: Optional[int] = None
-
-    @classmethod
-    def from_hf_config(cls, config, name_or_path: str) -> "TargetInfo":
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        rope = getattr(text, "rope_parameters", None) or {}
-        rope_theta = rope.get("rope_theta", getattr(text, "rope_theta", 10000.0))
-        rope_scaling = getattr(text, "rope_scaling", None) or rope
-        if (rope_scaling or {}).get("rope_type", "default") == "default":
-            rope_scaling = None
-        heads = text.num_attention_heads
-        eos = text.eos_token_id[0] if isinstance(text.eos_token_id, list) else text.eos_token_id
-        return cls(
-            name_or_path=name_or_path, model_type=text.model_type, hidden_size=text.hidden_size,
-            num_layers=text.num_hidden_layers, num_heads=heads,
-            num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
-            rms_norm_eps=float(text.rms_norm_eps), rope_theta=float(rope_theta),
-            max_position_embeddings=text.max_position_embeddings,
-            architectures=tuple(getattr(config, "architectures", None) or ()),
-            rope_scaling=dict(rope_scaling) if rope_scaling else None,
-            bos_token_id=text.bos_token_id, eos_token_id=eos,
-        )
-
-    def to_dict(self) -> Dict[str, Any]:
-        """What an export records of the target it was trained for (`from_dict` reads it back)."""
-        return {**asdict(self), "architectures": list(self.architectures)}
-
-    @classmethod
-    def from_dict(cls, values: Dict[str, Any]) -> "TargetInfo":
-        return cls(**{**values, "architectures": tuple(values.get("architectures") or ())})
-
-
-@dataclass
-class DraftContext:
-    """What a draft is built from besides its own config."""
-
-    target: TargetInfo
-    token_counts: Optional[torch.Tensor] = None
-    """[V] int64: how often each target token is an answer token in the training data (None when loading)."""
-    activation_checkpointing: Union[str, bool] = "none"
-    """What the backward recomputes of each draft step: none, swiglu, selective or full (true is full, false is
-    none), as train.activation_checkpointing."""
-    compile: bool = False
-    """torch.compile the draft's pointwise-heavy layer parts (train.compile, resolved for the device)."""
-
-
-@dataclass
-class TargetFeatures:
-    """The frozen target's outputs that drafts train on, for one batch."""
-
-    hidden_states: Dict[int, torch.Tensor]
-    """Index i -> input of decoder layer i, [B, T, H] (index 0 is the token embeddings, L the final pre-norm state)."""
-    final_hidden: Optional[torch.Tensor] = None
-    """[B, T, H] the last hidden state after the final norm (training only): logits = final_hidden @ lm_head.T."""
-    lm_head: Optional[torch.Tensor] = None
-    """[V, H] the target's LM head weight, so that a method computes only the logits it needs."""
-
-    def logits_for(self, vocab_ids: torch.Tensor) -> torch.Tensor:
-        """The target's logits over `vocab_ids` [Vd] only -> [B, T, Vd] (no [B, T, V] tensor)."""
-        return self.final_hidden @ self.lm_head[vocab_ids].T
-
-    def argmax_in(self, vocab_mask: torch.Tensor, vocab_chunk: int = 16384) -> torch.Tensor:
-        """Whether the target's argmax over its whole vocabulary lies in `vocab_mask` [V] -> [B, T] bool.
-
-        Scans the vocabulary in chunks of `vocab_chunk` rows of the LM head, so no [B, T, V] logits exist."""
-        best_value = best_index = None
-        for start in range(0, self.lm_head.shape[0], vocab_chunk):
-            chunk_max, chunk_index = (self.final_hidden @ self.lm_head[start:start + vocab_chunk].T).max(-1)
-            if best_value is None:
-                best_value, best_index = chunk_max, chunk_index
-            else:  # strict >: ties keep the lower id, as argmax does
-                better = chunk_max > best_value
-                best_value = torch.where(better, chunk_max, best_value)
-                best_index = torch.where(better, chunk_index + start, best_index)
-        return vocab_mask[best_index]
-
-
-@dataclass
-class DraftBatch:
-    """One training batch: token ids, masks, and the target's features for them."""
-
-    input_ids: torch.Tensor  # [B, T]
-    loss_mask: torch.Tensor  # [B, T] 1 on assistant tokens
-    attention_mask: torch.Tensor  # [B, T] 1 on real tokens, 0 on padding
-    features: Optional[TargetFeatures] = None
-    position_ids: Optional[torch.Tensor] = None  # [B, T] packed rows: positions restart at each document
-    document_ids: Optional[torch.Tensor] = None  # [B, T] packed rows: document of each token, non-decreasing
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    metrics: Dict[str, torch.Tensor] = field(default_factory=dict)
-    """Scalars to log; `acc@k` (per draft position) and `tau_sim` are aggregated by validation."""
-
-
-@dataclass
-class ChainState:
-    """What a chain drafter sees at the start of a draft-verify cycle (batch 1)."""
-
-    tokens: torch.Tensor  # [1, n + 1] every token so far, the newest (not yet seen by the target) last
-    features: TargetFeatures  # hidden_states over the first n tokens: [1, n, H] each
-    embed: Callable[[torch.Tensor], torch.Tensor]  # target embedding: [1, k] ids -> [1, k, H]
+from specdraft.core.drafting import Drafter
+from specdraft.core.types import DraftBatch, DraftContext, LossOutput, TargetInfo
 
 
 @dataclass(frozen=True)
@@ -158,23 +36,25 @@ class MethodSpec:
     """(draft, batch with features, cfg) -> loss and metrics (acc@k, tau_sim)."""
     feature_layers: Callable[[Any, TargetInfo], List[int]]
     """(cfg, target) -> hidden-state indices the draft reads (see TargetFeatures.hidden_states)."""
-    propose: Callable[[nn.Module, ChainState, int], torch.Tensor]
-    """(draft, state, k) -> [k] greedy chain of drafted target-vocabulary token ids."""
     exports: Dict[str, ExportFormat]
     """Export formats by name (`hf`, `speculators`, ...)."""
     from_export: Callable[[Dict[str, Any], Dict[str, torch.Tensor], TargetInfo], Tuple[Any, nn.Module]]
     """(config.json, tensors, target) of an `hf` export -> (cfg, draft) ready for evaluation."""
+    runtime: Callable[[nn.Module, Any, Any], Drafter]
+    """(draft, cfg, runtime target model) -> the runtime's drafter (specdraft.core.drafting). The evaluator and
+    the runtime both draft through it: a method writes its inference once."""
+    warm_start: Optional[Callable[[Any], Optional[str]]] = None
+    """cfg -> the run directory or export whose trained draft starts this one (None: random weights). The
+    trainer loads it into DraftContext.warm_start and calls `initialize`."""
     initialize: Optional[Callable[[nn.Module, Any, DraftContext], None]] = None
-    """(draft, cfg, ctx) -> None: fills a freshly built draft before training (e.g. from another method's
-    checkpoint); the trainer calls it once after `build`, never when a trained draft is loaded."""
+    """(draft, cfg, ctx) -> None: fills a freshly built draft from ctx.warm_start before training; called once
+    after `build` when `warm_start` names a draft, never when a trained draft is loaded."""
     bind_target: Optional[Callable[[nn.Module, nn.Module], None]] = None
     """(draft, frozen Hugging Face target) -> None: hands the draft the target parts it runs but does not own
     (Kangaroo: the shallow layers, final norm and LM head). Called by the trainer and the evaluator after the
     draft is built or loaded; those parts are never saved, exported or trained."""
     param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
     """Optimizer groups; default: every parameter that requires grad."""
-    runtime: Optional[Callable[[nn.Module, Any, Any], Any]] = None
-    """(draft, cfg, runtime target model) -> a `specdraft.runtime.drafter.Drafter`; None: no fast runtime."""
     reads_embeddings: bool = True
     """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
     the target's embedding table to recompute them from the token ids."""

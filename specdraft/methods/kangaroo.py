@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
@@ -53,18 +53,13 @@ from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
 from specdraft.layers.decoder_parts import fused_norm
 from specdraft.layers.zero import init_linear_normal_
-from specdraft.methods.base import (
-    ChainState,
-    DraftBatch,
-    DraftContext,
-    ExportFormat,
-    LossOutput,
-    MethodSpec,
-    TargetInfo,
-)
-from specdraft.methods.eagle3 import KV, _shift_left, build_draft_vocab
-from specdraft.runtime.drafter import draft_attention, draft_visible, ingest_slots, rope_tables
-from specdraft.target.partial import new_layer_cache, run_first_layers
+from specdraft.core.drafting import Drafter, DrafterCaps
+from specdraft.core.types import DraftBatch, DraftContext, LossOutput, TargetInfo
+from specdraft.layers.draft_cache import draft_attention, draft_visible, ingest_slots, rope_tables
+from specdraft.methods.base import ExportFormat, MethodSpec
+from specdraft.methods.shared import DraftVocab, shift_left
+
+KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
 
 @dataclass
@@ -131,7 +126,7 @@ class AdapterAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1)), (keys, values)
 
 
-class KangarooDraft(nn.Module):
+class KangarooDraft(DraftVocab, nn.Module):
     """The adapter: shallow [B, T, H] -> shallow + attention(norm(shallow)), scored by the target's head."""
 
     def __init__(self, cfg: KangarooConfig, ctx: DraftContext):
@@ -143,24 +138,8 @@ class KangarooDraft(nn.Module):
         self.self_attn = AdapterAttention(target)
         init_linear_normal_(self.self_attn, cfg.init_std)  # gathers ZeRO-3 partitions: zero.Init split them
         vocab = min(cfg.draft_vocab_size or target.vocab_size, target.vocab_size)
-        self.register_buffer("d2t", torch.empty(0, dtype=torch.long), persistent=True)
-        self.register_buffer("t2d", torch.empty(0, dtype=torch.bool), persistent=True)
-        self._set_vocab(ctx.token_counts, vocab, target.vocab_size)
+        self.init_draft_vocab(ctx.token_counts, vocab, target.vocab_size)
         object.__setattr__(self, "target_model", None)  # bound by `bind_target`; never a submodule
-
-    def _set_vocab(self, token_counts: Optional[torch.Tensor], draft_vocab: int, target_vocab: int) -> None:
-        """d2t [Vd] offsets (target id - draft id) and t2d [V] membership, as EAGLE-3's (built on the CPU)."""
-        cpu = torch.device("cpu")
-        counts = token_counts.to(cpu) if token_counts is not None else torch.zeros(target_vocab, device=cpu)
-        draft_ids = build_draft_vocab(counts, draft_vocab)  # [Vd] target ids, ascending
-        t2d = torch.zeros(target_vocab, dtype=torch.bool, device=cpu)
-        t2d[draft_ids] = True
-        device = torch.get_default_device()
-        self.d2t = (draft_ids - torch.arange(draft_vocab, device=cpu)).to(device)
-        self.t2d = t2d.to(device)
-
-    def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
-        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
 
     def forward(self, shallow: torch.Tensor, positions: torch.Tensor, cache: Optional[KV] = None):
         """shallow [B, T, H] target states at ℓ, positions [T] -> adapter output [B, T, H] (pre-norm), KV."""
@@ -202,7 +181,7 @@ def chain_metrics(correct: torch.Tensor, mask: torch.Tensor, steps: int) -> Dict
     """correct, mask [B, T] of step 0 -> acc@1..steps and tau_sim; step j at column t is step 0 at t + j."""
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(mask)
     for step in range(steps):
-        step_correct, step_mask = _shift_left(correct, step), _shift_left(mask, step)
+        step_correct, step_mask = shift_left(correct, step), shift_left(mask, step)
         metrics[f"acc@{step + 1}"] = (step_correct.float() * step_mask).sum() / step_mask.sum().clamp(min=1)
         chain_alive = step_correct if chain_alive is None else chain_alive & step_correct
         chain_len = chain_len + chain_alive.float()
@@ -222,7 +201,7 @@ def kangaroo_loss(draft: KangarooDraft, batch: DraftBatch, cfg: KangarooConfig) 
     draft_logits = draft.target_logits_fn()(hidden)  # [B, T, Vd]
     target_logits = feats.logits_for(draft.draft_ids())  # [B, T, Vd]: column t scores x[t+1]
     in_vocab = feats.argmax_in(draft.t2d)  # [B, T]
-    mask = _shift_left((batch.loss_mask * batch.attention_mask).float(), 1)  # x[t+1] is an answer token
+    mask = shift_left((batch.loss_mask * batch.attention_mask).float(), 1)  # x[t+1] is an answer token
     loss_mask = mask * in_vocab
     loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_logits.flatten(0, 1), loss_mask.flatten())
     loss = loss / loss_mask.sum().clamp(min=1)
@@ -231,33 +210,6 @@ def kangaroo_loss(draft: KangarooDraft, batch: DraftBatch, cfg: KangarooConfig) 
         metrics = chain_metrics(correct, mask, cfg.ttt_steps)
     metrics["loss"] = loss.detach()
     return LossOutput(loss=loss, metrics=metrics)
-
-
-def _draft_token(draft: KangarooDraft, logits_fn, hidden: torch.Tensor) -> torch.Tensor:
-    draft_index = logits_fn(hidden)[0, -1].argmax()
-    return draft_index + draft.d2t[draft_index]  # target id
-
-
-@torch.no_grad()
-def kangaroo_propose(draft: KangarooDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
-    """Greedy chain of `num_tokens` target ids after state.tokens [1, n + 1] -> [k]. The target's layers
-    0..ℓ-1 run on the root and each drafted token (their cache rebuilt over the prefix each call: a plain,
-    correct drafter; the runtime keeps it); the adapter reads feature ℓ of the confirmed tokens."""
-    logits_fn, model = draft.target_logits_fn(), draft.target_model
-    length = state.tokens.shape[1]  # n + 1: the root x_n is at position n
-    positions = torch.arange(length, device=state.tokens.device)
-    shallow_cache = new_layer_cache(model)
-    root = run_first_layers(model, state.embed(state.tokens), positions, shallow_cache, draft.exit_layer)[:, -1:]
-    prefix = state.features.hidden_states[draft.exit_layer]  # [1, n, H]
-    hidden, adapter_kv = draft(torch.cat([prefix, root], dim=1), positions)
-    drafted = [_draft_token(draft, logits_fn, hidden)]
-    for step in range(1, num_tokens):
-        position = positions[-1:] + step
-        shallow = run_first_layers(model, state.embed(drafted[-1].view(1, 1)), position, shallow_cache,
-                                   draft.exit_layer)
-        hidden, adapter_kv = draft(shallow, position, adapter_kv)
-        drafted.append(_draft_token(draft, logits_fn, hidden))
-    return torch.stack(drafted)
 
 
 def kangaroo_to_hf(draft: KangarooDraft, cfg: KangarooConfig, target: TargetInfo, provenance: Dict[str, Any]):
@@ -303,8 +255,8 @@ def kangaroo_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor
     return cfg, draft
 
 
-class KangarooDrafter:
-    """The runtime's Kangaroo drafter (specdraft/runtime/drafter.py): the target's layers 0..ℓ-1 and the adapter.
+class KangarooDrafter(Drafter):
+    """The runtime's Kangaroo drafter (specdraft/core/drafting.py): the target's layers 0..ℓ-1 and the adapter.
 
     Adapter cache [Hkv, max_len, D]: `ingest` writes the confirmed positions' keys from the target's feature
     ℓ (computed by verification); `first` and `step` write the root's and the drafted nodes' at their scratch
@@ -332,14 +284,16 @@ class KangarooDrafter:
 
     def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
         self.draft, self.target = draft, target_model
-        self.exit_layer, self.exit_threshold = draft.exit_layer, cfg.exit_threshold
+        self.exit_layer = draft.exit_layer
         self.verify_start_layer = draft.exit_layer
         self.feature_layers, self.d2t = [draft.exit_layer], draft.d2t
         attn = draft.self_attn
         self.heads, self.kv_heads, self.head_dim, self.theta = attn.heads, attn.kv_heads, attn.head_dim, attn.rope_theta
         self.rows = draft.head_rows(target_model.lm_head_weight)  # [Vd, H], gathered once
         layer_params = sum(p.numel() for p in target_model.layers[0].parameters())
-        self.draft_cost_layers = self.exit_layer + sum(p.numel() for p in draft.self_attn.parameters()) / layer_params
+        cost = self.exit_layer + sum(p.numel() for p in draft.self_attn.parameters()) / layer_params
+        self.caps = DrafterCaps(shallow_layers=self.exit_layer, shallow_tree=True, exit_threshold=cfg.exit_threshold,
+                                draft_cost_layers=cost)
 
     def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
         self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
@@ -473,7 +427,6 @@ SPEC = MethodSpec(
     build=KangarooDraft,
     loss=kangaroo_loss,
     feature_layers=kangaroo_feature_layers,
-    propose=kangaroo_propose,
     exports={"hf": ExportFormat(write=kangaroo_to_hf, required_keys=kangaroo_hf_keys)},
     from_export=kangaroo_from_export,
     bind_target=kangaroo_bind,

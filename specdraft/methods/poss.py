@@ -38,26 +38,28 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.layers import apply_rope, rope_cos_sin
 from specdraft.layers.decoder_parts import RuntimeWeights, fused_norm, layer_query, layer_tail
 from specdraft.layers.zero import init_linear_normal_
-from specdraft.methods.base import ChainState, DraftContext, ExportFormat, MethodSpec, TargetInfo
+from specdraft.core.drafting import Drafter
+from specdraft.core.types import DraftContext, TargetInfo
+from specdraft.layers.draft_cache import draft_attention, ingest_attention, ingest_slots, rope_tables
+from specdraft.methods.base import ExportFormat, MethodSpec
 from specdraft.methods.eagle3 import (
     KV,
     Eagle3Config,
     Eagle3DecoderLayer,
     Eagle3Draft,
-    _fused_features,
-    _hf_config,
+    check_source,
     eagle3_feature_layers,
+    eagle3_hf_config,
     eagle3_hf_keys,
     eagle3_loss,
-    eagle3_source,
+    eagle3_warm_start,
     load_initial_state,
     ttt_inputs,
 )
-from specdraft.runtime.drafter import draft_attention, ingest_attention, ingest_slots, rope_tables
 
 
 @dataclass
@@ -176,39 +178,13 @@ def poss_loss(draft: PossDraft, batch, cfg: PossConfig):
     return eagle3_loss(draft, batch, cfg, unroll=poss_unroll)
 
 
-def _draft_token(draft: PossDraft, hidden: torch.Tensor) -> torch.Tensor:
-    draft_index = draft.logits(hidden)[0, -1].argmax()
-    return draft_index + draft.d2t[draft_index]  # target id
-
-
-@torch.no_grad()
-def poss_propose(draft: PossDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
-    """Greedy chain of `num_tokens` target-vocabulary ids drafted after state.tokens (batch 1) -> [k]."""
-    fused = _fused_features(draft, state.features.hidden_states)  # [1, n, H]
-    cols = torch.arange(fused.shape[1], device=fused.device)
-    first_embeds = state.embed(state.tokens[:, 1:]).to(fused.dtype)  # column t sees token t+1
-    hidden, step0_kv = draft.step(fused, first_embeds, cols, cols, [], specialist=0)
-    prefix = PrefixKeys(draft, fused, first_embeds, cols)
-    prefix.by_specialist[0] = step0_kv
-    hidden, last_col, drafted_kv = hidden[:, -1:], cols[-1:], []
-    drafted = [_draft_token(draft, hidden)]
-    for step in range(1, num_tokens):
-        specialist = draft.specialist_for(step)
-        embeds = state.embed(drafted[-1].view(1, 1)).to(hidden.dtype)
-        hidden, kv = draft.step(hidden, embeds, last_col + step, last_col, [prefix[specialist], *drafted_kv],
-                                specialist=specialist)
-        drafted_kv.append(kv)
-        drafted.append(_draft_token(draft, hidden))
-    return torch.stack(drafted)
-
-
 def specialist_by_depth(draft: PossDraft, depths: int) -> List[int]:
     """[specialist serving draft depth d] for d = 1..depths (depth d is TTT step d - 1)."""
     return [draft.specialist_for(depth - 1) for depth in range(1, depths + 1)]
 
 
 def poss_to_hf(draft: PossDraft, cfg: PossConfig, target: TargetInfo, provenance: Dict[str, Any]):
-    config = _hf_config(draft, cfg, target, provenance)
+    config = eagle3_hf_config(draft, cfg, target, provenance)
     config["architectures"] = ["PossEagle3Draft"]  # no serving engine claims it: ours alone loads it
     config["num_hidden_layers"] = len(draft.specialists)
     config["specdraft"]["method"] = "poss"
@@ -241,10 +217,8 @@ def poss_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], t
 
 
 def poss_initialize(draft: PossDraft, cfg: PossConfig, ctx: DraftContext) -> None:
-    """`method.init_from`: shared parts and every specialist from an EAGLE-3 run directory or `hf` export."""
-    if cfg.init_from is None:
-        return
-    source = eagle3_source(cfg, ctx, draft.feature_layers, "PosS head")
+    """`method.init_from` (ctx.warm_start): shared parts and every specialist from an EAGLE-3 run or export."""
+    source = check_source(ctx.warm_start, cfg, draft.feature_layers, "PosS head")
     state = {}
     for name, tensor in source.state_dict().items():
         if name.startswith("midlayer."):
@@ -254,8 +228,8 @@ def poss_initialize(draft: PossDraft, cfg: PossConfig, ctx: DraftContext) -> Non
     load_initial_state(draft, state, cfg, "PosS head")
 
 
-class PossDrafter:
-    """The runtime's PosS drafter (specdraft/runtime/drafter.py), EAGLE-3's (eagle3.Eagle3Drafter) with one
+class PossDrafter(Drafter):
+    """The runtime's PosS drafter (specdraft/core/drafting.py), EAGLE-3's (eagle3.Eagle3Drafter) with one
     KV cache per specialist: [S, Hkv, max_len, D].
 
     Confirmed slots: each specialist's own step-0 keys (`ingest` projects them for every specialist, and runs
@@ -334,9 +308,9 @@ SPEC = MethodSpec(
     build=PossDraft,
     loss=poss_loss,
     feature_layers=eagle3_feature_layers,
-    propose=poss_propose,
     exports={"hf": ExportFormat(write=poss_to_hf, required_keys=poss_hf_keys)},
     from_export=poss_from_export,
+    warm_start=eagle3_warm_start,
     initialize=poss_initialize,
     runtime=poss_runtime,
 )

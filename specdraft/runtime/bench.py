@@ -13,9 +13,9 @@ from tqdm import tqdm
 
 from specdraft.config import EvalConfig
 from specdraft.data.sources import load_conversations
-from specdraft.errors import SpecdraftError
-from specdraft.eval.chain import acceptance_by_position
-from specdraft.io import write_json
+from specdraft.core.errors import SpecdraftError
+from specdraft.runtime.stats import acceptance_by_position
+from specdraft.core.io import write_json
 from specdraft.runtime.load import Runtime
 from specdraft.runtime.profile import profile_cycles
 
@@ -134,7 +134,7 @@ def host_load() -> Optional[float]:
 
 def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):
     accepted, drafted, exits = cycles
-    exit_layers = getattr(runtime.engine.drafter, "exit_layers", None)
+    exit_layers = runtime.engine.drafter.caps.exit_layers
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
     depth = runtime.engine.shape.depth
     greedy = temperature == 0
@@ -232,7 +232,7 @@ def _chain_settings(engine) -> Optional[Dict]:
         return None
     return {"exit_threshold": engine.exit_threshold, "dynamic_exit": engine.dynamic_exit is not None,
             "verify_start_layer": engine.chain.start_layer,
-            "exit_layers": getattr(engine.drafter, "exit_layers", None)}
+            "exit_layers": list(engine.drafter.caps.exit_layers) or None}
 
 
 def format_table(report: dict) -> str:

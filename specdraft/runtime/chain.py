@@ -24,11 +24,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
-from specdraft.kernels.tree_verify import verify_greedy
+from specdraft.runtime.accept import Acceptance
 from specdraft.runtime.graphs import CallGraph
-from specdraft.runtime.sampling import draw_uniforms, verify_sampling
 from specdraft.runtime.tree import DraftTree
 
 
@@ -38,7 +37,7 @@ class ChainCycles:
     def __init__(self, engine, reuse_shallow: bool = True):
         self.engine = engine
         drafter, depth, device = engine.drafter, engine.shape.depth, engine.device
-        self.start_layer = getattr(drafter, "verify_start_layer", 0) if reuse_shallow else 0
+        self.start_layer = drafter.verify_start_layer if reuse_shallow and drafter.caps.shallow_layers else 0
         if self.start_layer and min(engine.capture, default=self.start_layer) < self.start_layer:
             raise SpecdraftError(f"the drafter's verify_start_layer {self.start_layer} is above the feature "
                                  f"layers {engine.capture} it reads; the verify could not capture them")
@@ -85,8 +84,8 @@ class ChainCycles:
         self._record(depth + 1, logits)
         return hidden
 
-    def _verify_forward(self, drafted: int, computed: int):
-        """The chain's drafted+1 nodes through the target -> (logits [n, V], captured, tree)."""
+    def verify_forward(self, drafted: int, computed: int):
+        """The chain's drafted+1 nodes through the target -> (tree, (logits [n, V], captured, last states [n, H]))."""
         engine, n = self.engine, drafted + 1
         tokens, positions = self.tokens[:n], engine.prefix_len + self.depths[:n]  # [n]
         mask = self.causal[:n, :n]
@@ -99,34 +98,23 @@ class ChainCycles:
         tree = DraftTree(tokens=tokens, parents=self.parents[:n], depths=self.depths[:n],
                          valid=torch.ones_like(tokens, dtype=torch.bool), tree_mask=mask,
                          joint_logprobs=torch.cumsum(self.logprobs[:n], 0))  # logprobs[0] (root) stays 0
-        return engine.target.logits(hidden), captured, tree
+        return tree, (engine.target.logits(hidden), captured, hidden)
 
-    def _verify_greedy(self, drafted: int, computed: int):
-        logits, captured, tree = self._verify_forward(drafted, computed)
-        nodes, length, bonus = verify_greedy(logits, tree.tokens, tree.parents, self.engine.shape.depth)
-        return self.engine._commit(tree, captured, nodes, length, bonus)
+    def _verify(self, policy: Acceptance, randomness=None, *, drafted: int, computed: int):
+        """randomness: the policy's draws for drafted + 1 nodes, made outside any graph."""
+        tree, verified = self.verify_forward(drafted, computed)
+        return self.engine.accept_and_commit(policy, tree, verified, randomness)
 
-    def _verify_sampled(self, drafted: int, computed: int, temperature: float, uniforms: torch.Tensor):
-        """uniforms [drafted + 2] (`sampling.draw_uniforms`): the verify's randomness, drawn outside any graph."""
-        logits, captured, tree = self._verify_forward(drafted, computed)
-        nodes, length, bonus = verify_sampling(logits, tree, self.engine.shape.depth, temperature, uniforms)
-        return self.engine._commit(tree, captured, nodes, length, bonus)
-
-    def _draft_all(self) -> None:
+    def draft_all(self) -> None:
         hidden = self._first()
         for d in range(1, self.engine.shape.depth):
             hidden = self._step(d, hidden)
 
-    def _whole_greedy(self):
+    def _whole(self, policy: Acceptance, randomness=None):
         """No exits: K drafts and their verify, one graph on GPU."""
-        self._draft_all()
-        return self._verify_greedy(self.engine.shape.depth, self.engine.shape.depth)
-
-    def _whole_sampled(self, temperature: float, uniforms: torch.Tensor):
-        """No exits at T > 0: K drafts and their sampled verify, one graph on GPU."""
-        self._draft_all()
+        self.draft_all()
         depth = self.engine.shape.depth
-        return self._verify_sampled(depth, depth, temperature, uniforms)
+        return self._verify(policy, randomness, drafted=depth, computed=depth)
 
     # ---- host loop ------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
@@ -134,13 +122,14 @@ class ChainCycles:
         whether the confidence exit is on (`_record` writes `stop` only then)."""
         if not self.engine.use_graphs:
             return fn(*args)
-        key = key + (self.exit_threshold > 0, getattr(self.engine.drafter, "variant", 0))
+        key = key + (self.exit_threshold > 0, self.engine.drafter.variant)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = CallGraph(fn, self.engine._state_tensors() + self._state(), example=args)
+            graph = self._graphs[key] = CallGraph(fn, self.engine.state_tensors() + self.state(), example=args)
         return graph(*args)
 
-    def _state(self):
+    def state(self):
+        """The chain's own tensors a captured cycle mutates (besides the engine's `state_tensors`)."""
         return [self.tokens, self.logprobs, self.stop]
 
     def draft(self, max_depth: int) -> Tuple[int, int]:
@@ -157,19 +146,19 @@ class ChainCycles:
             calls += 1
         return drafted, calls
 
-    def cycle(self, temperature: float, generator, max_depth: Optional[int] = None):
-        """One cycle -> (CycleOutput, drafted k')."""
+    def cycle(self, policy: Acceptance, generator, max_depth: Optional[int] = None):
+        """One cycle under the acceptance `policy` -> (CycleOutput, drafted k')."""
         depth = self.engine.shape.depth
         max_depth = depth if max_depth is None else max_depth
-        whole = self.exit_threshold <= 0 and max_depth == depth
-        if whole and temperature <= 0:
-            return self._run(("whole",), self._whole_greedy), depth
-        if whole:
-            uniforms = draw_uniforms(depth + 1, generator, self.engine.device)
-            return self._run(("whole", temperature), partial(self._whole_sampled, temperature), uniforms), depth
+        if self.exit_threshold <= 0 and max_depth == depth:
+            return self._policy_run(("whole",), self._whole, policy, depth + 1, generator), depth
         drafted, computed = self.draft(max_depth)
-        if temperature > 0:
-            uniforms = draw_uniforms(drafted + 1, generator, self.engine.device)
-            return self._run(("verify", drafted, computed, temperature),
-                             partial(self._verify_sampled, drafted, computed, temperature), uniforms), drafted
-        return self._run(("verify", drafted, computed), partial(self._verify_greedy, drafted, computed)), drafted
+        return self._policy_run(("verify", drafted, computed), partial(self._verify, drafted=drafted,
+                                                                        computed=computed),
+                                policy, drafted + 1, generator), drafted
+
+    def _policy_run(self, key: Tuple, fn, policy: Acceptance, nodes: int, generator):
+        """fn(policy[, randomness]) under its graph key, the policy's draws for `nodes` nodes made first."""
+        randomness = policy.randomness(nodes, generator, self.engine.device)
+        args = () if randomness is None else (randomness,)
+        return self._run(key + (policy.key,), partial(fn, policy), *args)

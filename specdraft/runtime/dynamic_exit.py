@@ -24,6 +24,9 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from specdraft.core.drafting import Drafter, DrafterCaps
+from specdraft.core.errors import SpecdraftError
+
 
 class DynamicExit:
     def __init__(self, max_depth: int, draft_costs: Sequence[float], verify_cost: float, decay: float = 0.9,
@@ -67,20 +70,24 @@ class DynamicExit:
                     rates[position] += self.drift * (self.prior - rates[position])
 
 
-class ExitChoice:
+class ExitChoice(Drafter):
     """Drafts at several exit layers over one target, one drafting per cycle (module docstring). A Drafter
-    (drafter.py) with the shallow-reuse hooks; `select_exit` switches drafts between cycles."""
+    (core/drafting.py) with the shallow-reuse hooks; `select_exit` switches drafts between cycles."""
 
-    def __init__(self, drafters: Sequence):
-        self.drafters = sorted(drafters, key=lambda d: d.verify_start_layer)
-        self.verify_start_layer = self.drafters[0].verify_start_layer
+    def __init__(self, drafters: Sequence[Drafter]):
+        shallow = [d for d in drafters if d.caps.shallow_layers]
+        if len(shallow) < len(drafters):
+            raise SpecdraftError("--more-exits takes drafts that run the target's own shallow layers (Kangaroo)")
+        self.drafters = sorted(drafters, key=lambda d: d.caps.shallow_layers)
+        self.verify_start_layer = self.drafters[0].caps.shallow_layers
         for drafter in self.drafters:
             drafter.set_verify_start_layer(self.verify_start_layer)
         self.feature_layers = sorted({layer for d in self.drafters for layer in d.feature_layers})
-        self.exit_layers = [d.verify_start_layer if not hasattr(d, "exit_layer") else d.exit_layer
-                            for d in self.drafters]
-        self.exit_costs = [float(d.draft_cost_layers) for d in self.drafters]
-        self.exit_threshold = float(getattr(self.drafters[0], "exit_threshold", 0.0))
+        first = self.drafters[0].caps
+        self.caps = DrafterCaps(shallow_layers=first.shallow_layers, exit_threshold=first.exit_threshold,
+                                draft_cost_layers=first.draft_cost_layers,
+                                exit_layers=tuple(d.caps.shallow_layers for d in self.drafters),
+                                exit_costs=tuple(float(d.caps.draft_cost_layers) for d in self.drafters))
         self.variant = 0  # the drafting draft; CUDA graphs are captured per variant
 
     @property
@@ -99,7 +106,11 @@ class ExitChoice:
             drafter.allocate(max_len, scratch, device, dtype)
 
     def state_tensors(self):
-        return [t for d in self.drafters for t in getattr(d, "state_tensors", lambda: [])()]
+        return [t for d in self.drafters for t in d.state_tensors()]
+
+    def begin(self, context) -> None:
+        for drafter in self.drafters:
+            drafter.begin(context)
 
     def ingest(self, features, next_tokens, start, count) -> None:
         for drafter in self.drafters:

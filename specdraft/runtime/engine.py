@@ -1,12 +1,14 @@
 """Speculative generation, batch 1: draft a tree, verify it in one target pass, keep the accepted path.
 
 One cycle, all on the device with static shapes (so that on a GPU it is one CUDA graph, see graphs.py):
-  1. the drafter builds the tree from the root (the newest confirmed token), `tree.build_tree`;
+  1. the drafter builds the tree from the root (the newest confirmed token), `tree.build_tree` (a draft's tree
+     scorer may drop candidates after each depth);
   2. the target runs the tree's N nodes at cache slots P..P+N-1 with tree attention (P = confirmed tokens
      before the root), capturing the hidden states the drafter reads;
-  3. acceptance: at T=0 the deepest path whose tokens are the target's argmax (`kernels.tree_verify`), at
-     T>0 recursive rejection sampling on the device (`sampling.py`, with uniforms drawn before the cycle);
-     the bonus token is the target's own next token;
+  3. acceptance, by the engine's policy for the temperature (`accept.py`): at T=0 the deepest path whose
+     tokens are the target's argmax, at T>0 recursive rejection sampling on the device (with uniforms drawn
+     before the cycle), or the opt-in learned rule of a draft that ships a judge; the bonus token is the
+     target's own next token;
   4. the accepted nodes' KV entries move to slots P..P+m (`kernels.kv_compact`) and their hidden states go to
      the drafter (`Drafter.ingest`); the bonus becomes the root.
 Chains (shape.topk == 1) run through `chain.ChainCycles`: the same steps, plus the confidence exit η, the
@@ -15,7 +17,7 @@ starts above them. η and the dynamic exit apply to chains only; a tree shape ig
 starts above the shallow layers too with `reuse_shallow_tree`: the drafter then runs every candidate through
 them while drafting (tree.py: C = shape.num_candidates rows per cycle instead of the expanded frontier, in one
 more shallow pass, the last depth's candidates) and the verify skips those ℓ layers: no fewer launches and more
-rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the full verify, Session 8); its
+rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the full verify); its
 shallow KV takes the slots prefix..prefix+C-1.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
@@ -34,31 +36,32 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from functools import partial
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.drafting import Drafter, NodeJudge, TreeScorer
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.path_commit import commit_path
-from specdraft.kernels.tree_verify import verify_greedy
+from specdraft.runtime.accept import Acceptance, acceptance_for
 from specdraft.runtime.chain import ChainCycles
-from specdraft.runtime.drafter import Drafter
 from specdraft.runtime.dynamic_exit import DynamicExit
 from specdraft.runtime.graphs import CallGraph
-from specdraft.runtime.sampling import draw_uniforms, sample_token, verify_sampling
+from specdraft.runtime.sampling import sample_token
 from specdraft.runtime.target import TargetModel
 from specdraft.runtime.tree import DraftTree, TreeShape, build_tree
 
 
-# The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (Session 19, H200:
+# The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (on an H200:
 # a prompt's first prefill 130-230 ms against 20-40 ms again; 45-76 against 30-48 without cuDNN's attention).
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # With CUDA graphs the prefill runs in two graphs (the target's pass, then the drafter's ingest) captured per prompt
 # length rounded up to a multiple of this: the rows past the prompt are padding that causal attention keeps out of
 # the prompt's rows, and whose cache slots are rewritten before anything reads them. Eager, a SmolLM2 prefill took
-# 16 ms a prompt for about 300 launches, host-bound, and was 19% of a prompt's speculative time (Session 20).
+# 16 ms a prompt for about 300 launches, host-bound, and was 19% of a prompt's speculative time.
 PREFILL_ROWS = 64
 
 
@@ -111,15 +114,16 @@ class SpecEngine:
     """Owns a TargetModel (with its static cache) and a Drafter; `generate` runs speculative decoding.
 
     Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
-    from the drafter's `verify_start_layer` when it has one). Tree option: `reuse_shallow_tree`, the same for
-    trees when the drafter keeps tree states (drafter.py); off by default (module docstring: what it costs).
-    `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read
-    before the next is queued (to time one against the other)."""
+    from the drafter's `verify_start_layer` when it declares shallow layers). Tree options: `reuse_shallow_tree`,
+    the same for trees when the drafter declares the tree hooks (core/drafting.py); off by default (module
+    docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion. `judge`:
+    learned, lossy acceptance at T=0 (accept.py). `overlap` (both loops): one step in flight while the host reads
+    the one before; off, each step is read before the next is queued (to time one against the other)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
                  dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False,
-                 overlap: bool = True):
+                 overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
         self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
         self.device = target.lm_head_weight.device
@@ -135,6 +139,8 @@ class SpecEngine:
         self._graphs: Dict[str, CallGraph] = {}
         self.prefill_rows = PREFILL_ROWS if self.use_graphs else 1  # a prompt's rows round up to a multiple of it
         self._reader = HostReader(shape.depth + 2, self.device)
+        self.tree_scorer, self.judge = tree_scorer, judge
+        self._policies: Dict[float, Acceptance] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
         self.tree_start_layer = self._tree_start_layer(reuse_shallow_tree)
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
@@ -152,7 +158,8 @@ class SpecEngine:
     def _dynamic_exit(self) -> DynamicExit:
         """DEL's cost model in target-layer equivalents: a draft step at each exit the drafter offers
         (`exit_costs`, else its one `draft_cost_layers`), and a verify above the shallow layers."""
-        costs = getattr(self.drafter, "exit_costs", [float(getattr(self.drafter, "draft_cost_layers", 1.0))])
+        caps = self.drafter.caps
+        costs = list(caps.exit_costs) or [caps.draft_cost_layers]
         return DynamicExit(self.shape.depth, costs, float(self.target.info.num_layers - self.chain.start_layer))
 
     def _tree_start_layer(self, reuse: bool) -> int:
@@ -164,7 +171,7 @@ class SpecEngine:
             return 0
         if self.chain is not None:
             raise SpecdraftError("--shallow-reuse-tree applies to trees: drop --chain (or --topk 1)")
-        if not hasattr(drafter, "tree_verify_states"):
+        if not drafter.caps.shallow_tree:
             raise SpecdraftError("--shallow-reuse-tree needs a draft that runs the target's shallow layers "
                                  "(Kangaroo); this one does not")
         start = drafter.verify_start_layer
@@ -185,23 +192,34 @@ class SpecEngine:
                                  f"slots; the cache has {self.max_len} (raise --max-len or shorten the prompt)")
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None) -> int:
-        """prompt_ids [P] on the device: fills the caches, returns the first new token. Its attention avoids
-        cuDNN's (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of `prefill_rows` rows and
-        runs in the graphs of that length (`PREFILL_ROWS`)."""
+    def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None,
+                prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None
+                ) -> int:
+        """prompt_ids [P] on the device: fills the caches, returns the first new token. `prompt_embeds` [P, H]
+        replaces the target's embeddings of the prompt (image features in a vision-language prompt, say);
+        `context` is the drafter's extra prompt context (`Drafter.begin`). Its attention avoids cuDNN's
+        (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of `prefill_rows` rows and runs in
+        the graphs of that length (`PREFILL_ROWS`)."""
         n = prompt_ids.shape[0]
         rows = min(-(-n // self.prefill_rows) * self.prefill_rows, self.max_len)
         padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
         count = torch.full((1,), n, dtype=torch.long, device=self.device)
+        if self.drafter is not None:
+            self.drafter.begin(context or {})
         with sdpa_kernel(PREFILL_ATTENTION):
-            last_logits, *features = self._graphed(f"prefill@{rows}", self._prefill_target, padded, count)
+            if prompt_embeds is None:
+                last_logits, *features = self._graphed(f"prefill@{rows}", self._prefill_target, padded, count)
+            else:
+                embeds = torch.nn.functional.pad(prompt_embeds.to(self.dtype), (0, 0, 0, rows - n))  # [R, H]
+                last_logits, *features = self._graphed(f"prefill-embeds@{rows}", self._prefill_embedded, embeds,
+                                                       count)
             self.root.copy_(sample_token(last_logits, temperature, generator))
             if self.drafter is not None:
                 self._graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
         self.prefix_len.fill_(n)
         return int(self.root)
 
-    def _graph(self, key: str, fn, state: List[torch.Tensor], example: Sequence[torch.Tensor] = ()) -> CallGraph:
+    def graph(self, key: str, fn, state: List[torch.Tensor], example: Sequence[torch.Tensor] = ()) -> CallGraph:
         """The engine's CUDA graph of fn under `key`, made at the first request (captured at its first call)."""
         graph = self._graphs.get(key)
         if graph is None:
@@ -209,18 +227,21 @@ class SpecEngine:
         return graph
 
     def _graphed(self, key: str, fn, *args: torch.Tensor):
-        """fn(*args), replayed from its graph under `key` when the engine uses graphs (state: `_state_tensors`)."""
+        """fn(*args), replayed from its graph under `key` when the engine uses graphs (state: `state_tensors`)."""
         if not self.use_graphs:
             return fn(*args)
-        return self._graph(key, fn, self._state_tensors(), args)(*args)
+        return self.graph(key, fn, self.state_tensors(), args)(*args)
 
     def _prefill_target(self, prompt_ids: torch.Tensor, count: torch.Tensor):
-        """prompt_ids [R]: the prompt's count [1] tokens, then padding -> (the last prompt token's logits [1, V], then
+        """prompt_ids [R]: the prompt's count [1] tokens, then padding -> `_prefill_embedded` of their embeddings."""
+        return self._prefill_embedded(self.target.embed(prompt_ids), count)
+
+    def _prefill_embedded(self, embeds: torch.Tensor, count: torch.Tensor):
+        """embeds [R, H]: the prompt's count [1] rows, then padding -> (the last prompt token's logits [1, V], then
         the drafter's features [R, H] in `capture` order), the target's cache filled from slot 0."""
         self.prefix_len.zero_()
-        positions = torch.arange(prompt_ids.shape[0], device=self.device)  # [R]
-        hidden, captured = self.target.run_layers(self.target.embed(prompt_ids), positions, self.prefix_len, None,
-                                                  capture=self.capture)
+        positions = torch.arange(embeds.shape[0], device=self.device)  # [R]
+        hidden, captured = self.target.run_layers(embeds, positions, self.prefix_len, None, capture=self.capture)
         return (self.target.logits(hidden.index_select(0, count - 1)), *(captured[i] for i in self.capture))
 
     def _prefill_ingest(self, prompt_ids: torch.Tensor, count: torch.Tensor, *features: torch.Tensor) -> None:
@@ -229,21 +250,24 @@ class SpecEngine:
         next_tokens = torch.where(rows == count - 1, self.root, prompt_ids.roll(-1))  # [R]
         self.drafter.ingest(dict(zip(self.capture, features)), next_tokens, torch.zeros_like(self.prefix_len), count)
 
-    def _build_tree(self) -> DraftTree:
-        return build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0)
+    # ---- the cycle's phases -------------------------------------------------------------------------------
+    def build_tree(self) -> DraftTree:
+        """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one."""
+        return build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
+                          self.tree_scorer)
 
-    def _verify_forward(self, tree: DraftTree):
+    def verify_forward(self, tree: DraftTree):
         """The tree's N nodes through the target, from the drafter's states when it kept them -> (logits [N, V],
-        captured {i: [N, H]})."""
+        captured {i: [N, H]}, the last layer's states [N, H] before the final norm)."""
         if self.tree_start_layer:
             states = self.drafter.tree_verify_states(tree.candidate_ids)  # [N, H] entering the start layer
         else:
             states = self.target.embed(tree.tokens)  # [N, H]
         hidden, captured = self.target.run_layers(states, self.prefix_len + tree.depths, self.prefix_len,
                                                   tree.tree_mask, self.tree_start_layer, capture=self.capture)
-        return self.target.logits(hidden), captured
+        return self.target.logits(hidden), captured, hidden
 
-    def _commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
+    def commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
         """Compact caches to the accepted path, hand it to the drafter, move the root. All on the device."""
         committed = commit_path(accepted_nodes, accept_length, bonus, tree.tokens, self.prefix_len,
                                 [captured[i] for i in self.capture], self.root)
@@ -254,57 +278,58 @@ class SpecEngine:
         return CycleOutput(emitted=committed.emitted, count=committed.count, accepted_nodes=accepted_nodes,
                            tree=tree, for_host=committed.for_host)
 
-    def _accept_greedy(self, logits: torch.Tensor, captured, tree: DraftTree) -> CycleOutput:
-        """The verify's logits [N, V] -> the longest path matching the target's argmax, committed."""
-        accepted_nodes, accept_length, bonus = verify_greedy(logits, tree.tokens, tree.parents, self.shape.depth)
-        return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
+    def acceptance(self, temperature: float) -> Acceptance:
+        """The acceptance rule of this engine's cycles at `temperature` (accept.py), made once per temperature."""
+        policy = self._policies.get(temperature)
+        if policy is None:
+            policy = self._policies[temperature] = acceptance_for(temperature, self.judge)
+        return policy
 
-    def _cycle_greedy(self) -> CycleOutput:
-        tree = self._build_tree()
-        return self._accept_greedy(*self._verify_forward(tree), tree)
+    def accept_and_commit(self, policy: Acceptance, tree: DraftTree, verified, randomness=None) -> CycleOutput:
+        """verified = verify_forward's (logits, captured, hidden) -> the policy's accepted path, committed."""
+        logits, captured, hidden = verified
+        accepted_nodes, accept_length, bonus = policy.accept(logits, tree, self.shape.depth, randomness, hidden)
+        return self.commit(tree, captured, accepted_nodes, accept_length, bonus)
 
-    def _cycle_sampled(self, temperature: float, uniforms: torch.Tensor) -> CycleOutput:
-        """uniforms [budget + 1]: the cycle's randomness (`sampling.draw_uniforms`)."""
-        tree = self._build_tree()
-        logits, captured = self._verify_forward(tree)
-        accepted_nodes, accept_length, bonus = verify_sampling(logits, tree, self.shape.depth, temperature, uniforms)
-        return self._commit(tree, captured, accepted_nodes, accept_length, bonus)
+    def _tree_cycle_body(self, policy: Acceptance, randomness: Optional[torch.Tensor] = None) -> CycleOutput:
+        tree = self.build_tree()
+        return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
 
-    def _cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
+    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
         """One cycle -> (its output, the drafted tokens it verified)."""
+        policy = self.acceptance(temperature)
         if self.chain is not None:
             max_depth = None
             if self.dynamic_exit is not None:
                 self.exit_index, max_depth = self.dynamic_exit.choose()
-                if hasattr(self.drafter, "select_exit"):
+                if self.drafter.caps.exit_layers:
                     self.drafter.select_exit(self.exit_index)
-            return self.chain.cycle(temperature, generator, max_depth)
-        return self._tree_cycle(temperature, generator), self.shape.budget - 1
+            return self.chain.cycle(policy, generator, max_depth)
+        randomness = policy.randomness(self.shape.budget, generator, self.device)
+        args = () if randomness is None else (randomness,)
+        return self._graphed(f"cycle:{policy.key}", partial(self._tree_cycle_body, policy), *args), \
+            self.shape.budget - 1
 
-    def _tree_cycle(self, temperature: float, generator) -> CycleOutput:
-        if temperature > 0:
-            uniforms = draw_uniforms(self.shape.budget, generator, self.device)
-            return self._graphed(f"sampled@{temperature}", lambda u: self._cycle_sampled(temperature, u), uniforms)
-        return self._graphed("cycle", self._cycle_greedy)
-
-    def _state_tensors(self) -> List[torch.Tensor]:
+    def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
         tensors = [self.prefix_len, self.root, self.target.k_cache, self.target.v_cache]
-        return tensors + list(getattr(self.drafter, "state_tensors", lambda: [])())
+        return tensors + (self.drafter.state_tensors() if self.drafter is not None else [])
 
     # ---- loops --------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
-                 temperature: float = 0.0, generator: Optional[torch.Generator] = None,
-                 trace: bool = False) -> GenerationResult:
-        """Speculative decoding of `prompt_ids` -> the new tokens and the accepted count of every cycle."""
+                 temperature: float = 0.0, generator: Optional[torch.Generator] = None, trace: bool = False,
+                 prompt_embeds: Optional[torch.Tensor] = None,
+                 context: Optional[Mapping[str, torch.Tensor]] = None) -> GenerationResult:
+        """Speculative decoding of `prompt_ids` -> the new tokens and the accepted count of every cycle.
+        `prompt_embeds` and `context`: see `prefill`."""
         if self.drafter is None:
             raise SpecdraftError("this engine has no draft; use decode_plain")
         self._check_room(len(prompt_ids), max_new_tokens)
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
-        generated = [self.prefill(prompt, temperature, generator)]
+        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context)]
         result = GenerationResult(tokens=generated)
         if self.dynamic_exit is not None:
             self.dynamic_exit.reset()
@@ -315,7 +340,7 @@ class SpecEngine:
         while not done:
             may_end = len(generated) + most_per_cycle * len(queued) >= max_new_tokens  # by the cycles in flight
             if not (queued and may_end):  # else read them first: no cycle runs past the last token asked for
-                out, drafted = self._cycle(temperature, generator)
+                out, drafted = self.cycle(temperature, generator)
                 queued.append((self._reader.stage(out.for_host), drafted, self.exit_index, out))
                 if len(queued) <= ahead:
                     continue
@@ -336,7 +361,7 @@ class SpecEngine:
         result.seconds = time.perf_counter() - started
         return result
 
-    def _plain_step(self, token: torch.Tensor) -> torch.Tensor:
+    def plain_step(self, token: torch.Tensor) -> torch.Tensor:
         """token [1] at position prefix_len -> its target logits [1, V]; advances the prefix."""
         hidden, _ = self.target.run_layers(self.target.embed(token), self.prefix_len, self.prefix_len,
                                            self._one_mask)
@@ -344,22 +369,25 @@ class SpecEngine:
         return self.target.logits(hidden)
 
     def plain_stepper(self, token: torch.Tensor):
-        """`_plain_step` as decoding runs it: its CUDA graph (captured at the first call) when the engine uses
+        """`plain_step` as decoding runs it: its CUDA graph (captured at the first call) when the engine uses
         graphs. token [1]: an example of its argument."""
         if not self.use_graphs:
-            return self._plain_step
-        return self._graph("plain", self._plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
-                           (token,))
+            return self.plain_step
+        return self.graph("plain", self.plain_step, [self.prefix_len, self.target.k_cache, self.target.v_cache],
+                          (token,))
 
     @torch.no_grad()
     def decode_plain(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
-                     temperature: float = 0.0, generator: Optional[torch.Generator] = None) -> GenerationResult:
-        """The target alone, one token per forward, in this runtime (static cache, CUDA graph on GPU)."""
+                     temperature: float = 0.0, generator: Optional[torch.Generator] = None,
+                     prompt_embeds: Optional[torch.Tensor] = None,
+                     context: Optional[Mapping[str, torch.Tensor]] = None) -> GenerationResult:
+        """The target alone, one token per forward, in this runtime (static cache, CUDA graph on GPU).
+        `prompt_embeds` and `context`: see `prefill`."""
         self._check_room(len(prompt_ids), max_new_tokens)
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
-        generated = [self.prefill(prompt, temperature, generator)]
+        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context)]
         token = self.root.clone()
         step = self.plain_stepper(token)
         done = _finished(generated, generated, eos_ids, max_new_tokens)

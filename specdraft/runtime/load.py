@@ -9,13 +9,13 @@ from typing import List, Optional, Tuple
 import torch
 
 from specdraft.drafts import LoadedDraft, load_draft
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.runtime.dynamic_exit import ExitChoice
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import TargetModel, from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape
-from specdraft.target import load_target
-from specdraft.target.load import LoadedTarget, eos_token_ids
+from specdraft.targets import load_target
+from specdraft.targets.load import LoadedTarget, eos_token_ids
 
 KNOWN_EXPORTS = ("hf (config.json with a `specdraft` section)", "speculators", "a training run directory")
 
@@ -92,7 +92,7 @@ def _engine_options(drafter, shape: TreeShape, options: ChainOptions) -> dict:
         return {"reuse_shallow_tree": options.reuse_shallow_tree,  # the engine says when it cannot
                 "overlap": options.overlap}
     eta = options.exit_threshold
-    eta = float(getattr(drafter, "exit_threshold", 0.0)) if eta is None else eta
+    eta = drafter.caps.exit_threshold if eta is None else eta
     return {"exit_threshold": eta, "dynamic_exit": options.dynamic_exit, "reuse_shallow": options.reuse_shallow,
             "reuse_shallow_tree": options.reuse_shallow_tree, "overlap": options.overlap}
 
@@ -111,8 +111,6 @@ def _exit_choice(drafter, chain: ChainOptions, target: LoadedTarget, target_mode
         loaded = load_draft(Path(path))
         _check_geometry(loaded, target)
         drafters.append(_drafter(loaded, target, target_model))
-    if not all(hasattr(d, "set_verify_start_layer") for d in drafters):
-        raise SpecdraftError("--more-exits takes drafts that run the target's own shallow layers (Kangaroo)")
     return ExitChoice(drafters)
 
 

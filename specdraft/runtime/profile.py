@@ -22,21 +22,19 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _draft(engine):
-    """One cycle's drafting -> what `_verify` takes; a chain drafts as the engine's chain cycles do (exits)."""
+def draft_phase(engine):
+    """One cycle's drafting -> what `verify_phase` takes; a chain drafts as the engine's chain cycles do (exits)."""
     if engine.chain is not None:
         return engine.chain.draft(engine.shape.depth)  # (drafted, computed)
-    return engine._build_tree()
+    return engine.build_tree()
 
 
-def _verify(engine, drafted):
-    """The target's pass over what `_draft` drafted -> (logits [N, V], captured, tree); it starts at the
-    drafter's verify_start_layer when the engine reuses the shallow states."""
+def verify_phase(engine, drafted):
+    """The target's pass over what `draft_phase` drafted -> (tree, (logits [N, V], captured, last states)); it starts
+    at the drafter's verify_start_layer when the engine reuses the shallow states."""
     if engine.chain is not None:
-        return engine.chain._verify_forward(*drafted)
-    tree = drafted
-    logits, captured = engine._verify_forward(tree)
-    return logits, captured, tree
+        return engine.chain.verify_forward(*drafted)
+    return drafted, engine.verify_forward(drafted)
 
 
 @torch.no_grad()
@@ -44,21 +42,22 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
     engine = runtime.engine
     device = engine.device
     totals = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
+    greedy = engine.acceptance(0.0)
     engine.prefill(torch.tensor(prompt, device=device), 0.0)
     use_graphs, engine.use_graphs = engine.use_graphs, False  # phase by phase, eagerly
     for _ in range(cycles):
         started = _clock(device)
-        drafted = _draft(engine)
+        drafted = draft_phase(engine)
         draft_done = _clock(device)
-        logits, captured, tree = _verify(engine, drafted)
-        verified = _clock(device)
-        engine._accept_greedy(logits, captured, tree)
+        tree, verified = verify_phase(engine, drafted)
+        verify_done = _clock(device)
+        engine.accept_and_commit(greedy, tree, verified)
         done = _clock(device)
         totals["draft"] += draft_done - started
-        totals["verify"] += verified - draft_done
-        totals["bookkeeping"] += done - verified
+        totals["verify"] += verify_done - draft_done
+        totals["bookkeeping"] += done - verify_done
     engine.use_graphs = use_graphs
-    cycle_ms, cycle_host_ms = _replayed(engine, prompt, lambda: engine._cycle(0.0, None), cycles)
+    cycle_ms, cycle_host_ms = _replayed(engine, prompt, lambda: engine.cycle(0.0, None), cycles)
     token = engine.root.clone()
     step = engine.plain_stepper(token)
     plain_ms, plain_host_ms = _replayed(engine, prompt, lambda: step(token), cycles)
@@ -71,19 +70,19 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
 def _phases(engine):
     """The greedy cycle (no exits) as three functions of nothing, each reading what the one before left in
     `handoff` -> [(phase, fn)]. Captured one graph each, the last capture leaves the graphs' static tensors there."""
-    handoff, chain, depth = {}, engine.chain, engine.shape.depth
+    handoff, chain, depth, greedy = {}, engine.chain, engine.shape.depth, engine.acceptance(0.0)
 
     def draft():
-        handoff["tree"] = chain._draft_all() if chain is not None else engine._build_tree()
+        handoff["tree"] = chain.draft_all() if chain is not None else engine.build_tree()
 
     def verify():
         if chain is not None:
-            handoff["verified"] = chain._verify_forward(depth, depth)
+            handoff["tree"], handoff["verified"] = chain.verify_forward(depth, depth)
         else:
-            handoff["verified"] = (*engine._verify_forward(handoff["tree"]), handoff["tree"])
+            handoff["verified"] = engine.verify_forward(handoff["tree"])
 
     def bookkeeping():
-        return engine._accept_greedy(*handoff["verified"])
+        return engine.accept_and_commit(greedy, handoff["tree"], handoff["verified"])
 
     return [("draft", draft), ("verify", verify), ("bookkeeping", bookkeeping)]
 
@@ -101,8 +100,8 @@ def _graph_split_or_none(engine, prompt: List[int], cycles: int) -> Optional[Dic
 def _graph_split(engine, prompt: List[int], cycles: int) -> Dict[str, float]:
     """Each phase in its own CUDA graph, the three replayed in order `cycles` times with events between them ->
     the device's ms per phase (a graph's launch gap included: they sum to a little over `cycle_ms`)."""
-    state = engine._state_tensors() + (engine.chain._state() if engine.chain is not None else [])
-    graphs = [(name, engine._graph(f"phase:{name}", fn, state)) for name, fn in _phases(engine)]
+    state = engine.state_tensors() + (engine.chain.state() if engine.chain is not None else [])
+    graphs = [(name, engine.graph(f"phase:{name}", fn, state)) for name, fn in _phases(engine)]
     engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
     for _, graph in graphs:  # captured in order: each one's warm-up reads the outputs of the one before
         graph()

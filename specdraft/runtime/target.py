@@ -1,7 +1,7 @@
 """The target as the runtime runs it: a compact Llama-family decoder (Llama, Qwen2, SmolLM2) with a static KV
 cache, batch 1, in the spirit of gpt-fast.
 
-Weights come from a Hugging Face model (hub id, directory or GGUF, through `specdraft.target.load_target`);
+Weights come from a Hugging Face model (hub id, directory or GGUF, through `specdraft.targets.load_target`);
 q/k/v and gate/up are fused into one matmul each. Rotary tables come from the HF model's own rotary module, so
 every rope scaling it supports (Llama-3's included) is reproduced. Every forward writes the keys and values of
 its N tokens at cache slots prefix_len..prefix_len+N-1 and attends with `kernels.tree_attention`: the
@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.tree_attention import tree_attention
-from specdraft.methods.base import TargetInfo
+from specdraft.core.types import TargetInfo
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 

@@ -24,24 +24,26 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.drafting import Drafter, TreeScorer
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.tree_select import select_tree
-from specdraft.runtime.drafter import Drafter
 
 
 logger = logging.getLogger(__name__)
 CHAIN_DEPTH = 6
-"""A chain's drafts when none are asked for (Sessions 15-20 measured chains of 6)."""
+"""A chain's drafts when none are asked for."""
+ENTROPY_TOP = 1000
+"""M: a tree scorer reads the entropy of a parent's draft distribution over its M most probable tokens (C2T)."""
 
 
 @dataclass(frozen=True)
 class TreeShape:
     depth: int = 5
     """Drafted tokens on the longest path. The defaults (5, 8, 40) were the fastest of five shapes on SmolLM2
-    with two EAGLE-3 heads (docs/benchmarks.md, Session 20); (6, 8, 48) accepts more but costs more a cycle."""
+    with two EAGLE-3 heads (docs/benchmarks.md, runtime suite); (6, 8, 48) accepts more but costs more a cycle."""
     topk: int = 8
     """Children proposed per expanded node, and nodes expanded per depth."""
     budget: int = 40
@@ -56,7 +58,7 @@ class TreeShape:
         if max(self.budget, self.scratch) > MAX_WINDOW:
             logger.warning("tree depth=%d topk=%d budget=%d: the verify's %d nodes and the draft's %d scratch slots "
                            "must each be <= %d for the tree-attention kernel; beyond, attention runs its PyTorch "
-                           "reference (Session 20: depth 8, top-8 drafted 1.7x slower a cycle)", self.depth,
+                           "reference (depth 8, top-8 drafted 1.7x slower a cycle on an H100)", self.depth,
                            self.topk, self.budget, self.budget, self.scratch, MAX_WINDOW)
         return self
 
@@ -118,13 +120,36 @@ def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) 
     return paths | (torch.arange(paths.shape[1], device=paths.device)[None, :] == own[:, None])
 
 
+def parent_entropy(draft_logits: torch.Tensor, top: int = ENTROPY_TOP) -> torch.Tensor:
+    """draft_logits [k, Vd] -> [k] float32: the entropy of each row's draft distribution over its `top` most
+    probable tokens (renormalised), what a TreeScorer reads of a candidate's parent."""
+    logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
+    top_logprobs = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1).values  # [k, M]
+    top_logprobs = top_logprobs - torch.logsumexp(top_logprobs, dim=-1, keepdim=True)
+    return -(top_logprobs.exp() * top_logprobs).sum(-1)
+
+
+def _scored(scorer: Optional[TreeScorer], child_logprobs: torch.Tensor, parent_scores: torch.Tensor,
+            draft_logits: torch.Tensor, depth: int) -> torch.Tensor:
+    """child_logprobs [p, k] of p parents' top-k children -> the same with the children the scorer drops at -inf
+    (their joint log-probabilities, and every descendant's, become -inf: pruned, never selected as real nodes)."""
+    if scorer is None:
+        return child_logprobs
+    joint = parent_scores[:, None] + child_logprobs  # [p, k]
+    entropy = parent_entropy(draft_logits)[:, None].expand_as(joint)  # [p, k]
+    keep = scorer.keep(joint.flatten(), entropy.flatten(), depth).view_as(joint)
+    return torch.where(keep, child_logprobs, float("-inf"))
+
+
 def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
-            keep_states: bool = False):
+            keep_states: bool = False, scorer: Optional[TreeScorer] = None):
     """Run the draft over `shape.depth` levels -> candidate tokens, parents (candidate index), joint scores.
-    With keep_states, every candidate also goes through the drafter's `tree_candidates` (module docstring)."""
+    With keep_states, every candidate also goes through the drafter's `tree_candidates` (module docstring);
+    with a scorer, the children it drops score -inf."""
     k, device, const = shape.topk, root.device, _tree_constants(shape, root.device)
     logits, hidden = drafter.first(root, root_position)  # [1, Vd], [1, Hd]
     scores, tokens = draft_topk(logits, drafter.d2t, k)  # [1, k]
+    scores = _scored(scorer, scores, const.root_score, logits, 1)
     cand_tokens, cand_scores = [root, tokens[0]], [const.root_score, scores[0]]
     cand_parents = [const.root_parent, const.first_parents]
     frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], const.first_ids
@@ -142,6 +167,7 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
         # [k, Vd], [k, Hd]
         logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)
         child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k] each node's own children
+        child_scores = _scored(scorer, child_scores, frontier_scores, logits, depth + 1)
         base = sum(t.shape[0] for t in cand_tokens)
         next_slots = 1 + depth * k if depth + 1 < shape.depth else None  # the next frontier's scratch slots
         frontier = advance_frontier(child_scores, child_tokens, frontier_scores, frontier_ids, base, hidden, visible,
@@ -160,11 +186,24 @@ def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_positio
 
 
 def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
-               keep_states: bool = False) -> DraftTree:
+               keep_states: bool = False, scorer: Optional[TreeScorer] = None) -> DraftTree:
     """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
-    keep_states: the drafter keeps every candidate's shallow state (module docstring)."""
-    cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position, keep_states)
+    keep_states: the drafter keeps every candidate's shallow state (module docstring); scorer: drops candidates
+    after each depth's expansion, and those selected anyway (fewer than the budget kept) become padding."""
+    cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position, keep_states, scorer)
     selection = select_tree(cand_tokens, cand_parents, cand_scores, shape.budget, shape.depth)
-    return DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
+    tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
                      valid=selection.valid, tree_mask=selection.tree_mask, joint_logprobs=selection.joint_logprobs,
                      candidate_ids=selection.chosen)
+    return tree if scorer is None else _pruned_as_padding(tree)
+
+
+def _pruned_as_padding(tree: DraftTree) -> DraftTree:
+    """Nodes whose joint log-probability is -inf (dropped by the scorer, or under a dropped node) as the selection
+    pads: under no parent, at depth 1, seeing themselves alone, never accepted."""
+    pruned = ~torch.isfinite(tree.joint_logprobs)  # [N] (the root scores 0)
+    eye = torch.eye(pruned.shape[0], dtype=torch.bool, device=pruned.device)
+    return DraftTree(tokens=tree.tokens, parents=torch.where(pruned, -1, tree.parents),
+                     depths=torch.where(pruned, 1, tree.depths), valid=tree.valid & ~pruned,
+                     tree_mask=torch.where(pruned[:, None], eye, tree.tree_mask & ~pruned[None, :]),
+                     joint_logprobs=tree.joint_logprobs, candidate_ids=tree.candidate_ids)

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from specdraft.config import DataConfig, TrainConfig
 from specdraft.data.format import dataset_dir
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 
 def load_distilled(distill_dirs: List[str]):

@@ -35,12 +35,13 @@ from specdraft.data.features import (
     split_rows,
     write_feature_file,
 )
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.layers.zero import gathered
-from specdraft.methods.base import MethodSpec, TargetFeatures
-from specdraft.target.features import capture_features
-from specdraft.target.load import is_quantized, resolve_dtype
+from specdraft.core.types import TargetFeatures
+from specdraft.methods.base import MethodSpec
+from specdraft.targets.features import capture_features
+from specdraft.targets.load import is_quantized, resolve_dtype
 from specdraft.train.data import DistilledData, collate
 
 
@@ -317,7 +318,7 @@ class FeatureData(DistilledData):
 def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):
     """The frozen target for online features, loaded straight onto this rank's device in the dtype it computes
     in there (bf16 on GPUs): no float32 copy in host memory (32 GB per rank for an 8B target), no copy later."""
-    from specdraft.target.load import load_target
+    from specdraft.targets.load import load_target
 
     dtype = dtype_name(feature_dtype(recipe.target, device))
     target = load_target(recipe.target, device, dtype=dtype, quantize=True)
@@ -326,7 +327,7 @@ def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):
 
 def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):
     """Online features from a target that the module's setup hook builds partitioned (ZeRO-3, shard_target)."""
-    from specdraft.target.load import load_sharded_target, load_target_info
+    from specdraft.targets.load import load_sharded_target, load_target_info
 
     info = load_target_info(recipe.target)
     dtype = feature_dtype(recipe.target, device)
@@ -336,9 +337,9 @@ def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):
 
 
 def _hybrid(recipe: Recipe, spec: MethodSpec, dataset, device: torch.device):
-    from specdraft.target.features import layers_to_store
-    from specdraft.target.heads import load_target_heads
-    from specdraft.target.load import load_target_info
+    from specdraft.targets.features import layers_to_store
+    from specdraft.targets.heads import load_target_heads
+    from specdraft.targets.load import load_target_info
 
     info = load_target_info(recipe.target)
     directory = Path(recipe.train.output_dir) / "features"
@@ -366,8 +367,8 @@ def build_features(recipe: Recipe, spec: MethodSpec, dataset, distill_dirs: List
                    shard_target: bool = False):
     """-> (feature source, the dataset the DataLoader reads, TargetInfo, DataModule class) for data.features.
     `shard_target` (online only): the target is built later, partitioned, by the module's setup hook."""
-    from specdraft.target.heads import load_target_heads
-    from specdraft.target.load import load_target_info
+    from specdraft.targets.heads import load_target_heads
+    from specdraft.targets.load import load_target_info
 
     mode = recipe.data.features
     if mode == "online" and shard_target:

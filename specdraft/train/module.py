@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from specdraft.config import OPTIMIZERS, TrainConfig
-from specdraft.errors import choices_error
+from specdraft.core.errors import choices_error
 from specdraft.kernels.adamw8bit import AdamW8bitFused
 from specdraft.layers.zero import gathered
-from specdraft.methods.base import DraftBatch, DraftContext, MethodSpec
+from specdraft.core.types import DraftBatch, DraftContext
+from specdraft.methods.base import MethodSpec
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 from specdraft.train.timing import is_logged_step
 
@@ -47,7 +48,7 @@ class DraftModule(L.LightningModule):
     def configure_model(self):  # Lightning hook (sharded init); idempotent
         if self.draft is None:
             self.draft = self.spec.build(self.method_cfg, self.ctx)
-            if self.spec.initialize is not None:  # a resumed run's checkpoint overwrites it afterwards
+            if self.spec.initialize is not None and self.ctx.warm_start is not None:  # a resume overwrites it
                 with gathered(list(self.draft.parameters())):
                     self.spec.initialize(self.draft, self.method_cfg, self.ctx)
             if self.spec.bind_target is not None:

@@ -29,7 +29,7 @@ from typing import Optional
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from specdraft.io import TMP_PREFIX, write_text
+from specdraft.core.io import TMP_PREFIX, write_text
 
 log = logging.getLogger(__name__)
 

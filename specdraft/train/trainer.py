@@ -25,14 +25,15 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import save_file
 
-from specdraft.config import Recipe, TrainConfig, save_recipe
-from specdraft.drafts import SNAPSHOT_FILE
-from specdraft.errors import SpecdraftError
-from specdraft.io import atomic_dir, write_json
+from specdraft.config import Recipe, TrainConfig
+from specdraft.recipes import save_recipe
+from specdraft.drafts import SNAPSHOT_FILE, warm_start_draft
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import atomic_dir, write_json
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
-from specdraft.methods.base import DraftContext
+from specdraft.core.types import DraftContext
 from specdraft.train.data import answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
 from specdraft.train.module import DraftModule
@@ -204,7 +205,7 @@ def shard_target(recipe: Recipe, device: torch.device) -> bool:
         and recipe.target.quantization == "none" and torch.device(device).type == "cuda"
     if not shardable:
         return False
-    from specdraft.target.load import estimated_weight_bytes, load_target_info
+    from specdraft.targets.load import estimated_weight_bytes, load_target_info
     from specdraft.train.features import feature_dtype
 
     weights = estimated_weight_bytes(load_target_info(recipe.target), feature_dtype(recipe.target, device))
@@ -284,7 +285,8 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
     train_idx, val_idx = split_distilled(distill_dirs, len(dataset), recipe.data.val_fraction, cfg.seed)
     ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
                        activation_checkpointing=cfg.activation_checkpointing,
-                       compile=compile_enabled(cfg.compile, device))
+                       compile=compile_enabled(cfg.compile, device),
+                       warm_start=warm_start_draft(spec, recipe.method, info))
     module = DraftModule(spec, recipe.method, cfg, ctx, features)
     data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
     save_recipe(recipe, run_dir)

@@ -10,7 +10,7 @@ import io
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.adamw8bit import (BLOCK, AdamW8bitFused, StepScalars, adamw8bit_step_reference, moments_of,
                                          new_state)
 from specdraft.kernels.adamw8bit import reference

@@ -6,7 +6,7 @@ test_rms_norm.py)."""
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_input import draft_input, draft_input_reference
 from specdraft.kernels.draft_input.triton_kernel import draft_input_triton
 from specdraft.layers.blocks import RMSNorm

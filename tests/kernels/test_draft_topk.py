@@ -3,7 +3,7 @@ against the definition. Several vocabulary chunks are forced with small `block_v
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk, draft_topk_reference
 from specdraft.kernels.draft_topk.triton_kernel import draft_topk_triton
 

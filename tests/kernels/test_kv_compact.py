@@ -3,7 +3,7 @@ against a plain loop over entries that reads every old row first."""
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv, compact_kv_reference
 from specdraft.kernels.kv_compact.triton_kernel import compact_kv_triton
 

@@ -3,7 +3,7 @@ against the cycle's bookkeeping written out row by row."""
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.path_commit import commit_path, commit_path_reference
 from specdraft.kernels.path_commit.triton_kernel import commit_path_triton
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.rms_norm import rms_norm, rms_norm_reference
 from specdraft.kernels.rms_norm.triton_kernel import rms_norm_triton
 from specdraft.layers.blocks import RMSNorm

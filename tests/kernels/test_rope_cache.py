@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.rope_cache import rope_cache, rope_cache_reference
 from specdraft.kernels.rope_cache.triton_kernel import rope_cache_triton
 from specdraft.layers.blocks import rope_cos_sin

@@ -3,7 +3,7 @@ float32 silu in float32 (exp differs between libraries), the same bits in bfloat
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.silu_mul import silu_mul, silu_mul_reference
 from specdraft.kernels.silu_mul.triton_kernel import silu_mul_triton
 

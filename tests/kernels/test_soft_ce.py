@@ -67,7 +67,7 @@ def test_triton_without_grad_and_with_masked_vocabulary():
 
 
 def test_unknown_impl_names_the_valid_ones():
-    from specdraft.errors import SpecdraftError
+    from specdraft.core.errors import SpecdraftError
 
     with pytest.raises(SpecdraftError, match="auto, reference, chunked, triton"):
         soft_cross_entropy(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), impl="fast")

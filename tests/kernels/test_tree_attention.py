@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
 from specdraft.kernels.tree_attention.triton_kernel import tree_attention_triton
 from tests.kernels.trees import ancestor_mask, random_parents

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from specdraft.methods.base import DraftContext
+from specdraft.core.types import DraftContext
 from specdraft.runtime import chain
 from specdraft.runtime import engine as engine_module
 from specdraft.runtime.dynamic_exit import DynamicExit, ExitChoice
@@ -159,7 +159,7 @@ def _first_cycle_tokens(engine, prompt, trials):
     for _ in range(trials):
         for tensor, value in zip((engine.prefix_len, engine.root, engine.drafter.prefix_len), saved):
             tensor.copy_(value)
-        out, _ = engine._cycle(1.0, generator)
+        out, _ = engine.cycle(1.0, generator)
         firsts.append(int(out.emitted[0]))
     return root, torch.tensor(firsts)
 

@@ -4,7 +4,7 @@ import logging
 import pytest
 import torch
 
-from specdraft.methods.base import TargetInfo
+from specdraft.core.types import TargetInfo
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape
@@ -96,8 +96,8 @@ def test_a_tree_recovers_from_wrong_first_choices_that_cut_a_chain():
 
 def _count_plain_steps(engine):
     calls = []
-    step = engine._plain_step
-    engine._plain_step = lambda token: calls.append(1) or step(token)
+    step = engine.plain_step
+    engine.plain_step = lambda token: calls.append(1) or step(token)
     return calls
 
 
@@ -175,7 +175,7 @@ def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatc
 
 
 def test_prompt_longer_than_the_cache_is_a_clear_error():
-    from specdraft.errors import SpecdraftError
+    from specdraft.core.errors import SpecdraftError
 
     engine = _engine(_tiny_hf("llama"), max_len=64)
     with pytest.raises(SpecdraftError, match="cache"):

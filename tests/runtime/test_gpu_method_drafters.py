@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdraft.methods import METHODS
-from specdraft.methods.base import DraftContext, TargetInfo
+from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape

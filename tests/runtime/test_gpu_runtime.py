@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdraft.methods.base import DraftContext, TargetInfo
+from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables

@@ -7,7 +7,7 @@ whose own host copies are not counted), so a change that unfuses an op fails her
 import pytest
 import torch
 
-from specdraft.methods.base import TargetInfo
+from specdraft.core.types import TargetInfo
 from specdraft.runtime.launches import LaunchCounter
 from specdraft.runtime.target import from_hf
 from tests.tiny import tiny_llama_config

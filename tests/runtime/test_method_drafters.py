@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from specdraft.methods import METHODS
-from specdraft.methods.base import ChainState, DraftBatch, DraftContext, TargetFeatures, TargetInfo
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.runtime.engine import SpecEngine
 from specdraft.runtime.target import from_hf, hf_rope_tables
 from specdraft.runtime.tree import TreeShape, build_tree
-from specdraft.target import capture_features
+from specdraft.targets import capture_features
 from tests.tiny import tiny_llama_config
+from tests.oracles import ChainState, chain_of
 
 CASES = {  # random drafts with large enough weights to draft varied tokens
     "eagle3": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},
@@ -92,7 +93,7 @@ def _propose(model, spec, draft, confirmed, k):
     out = model(tokens[:, :-1], output_hidden_states=True)
     features = TargetFeatures(hidden_states={i: h for i, h in enumerate(out.hidden_states)})
     state = ChainState(tokens=tokens, features=features, embed=model.get_input_embeddings())
-    return spec.propose(draft, state, k).tolist()
+    return chain_of(spec.name)(draft, state, k).tolist()
 
 
 @pytest.mark.parametrize("method", RUNTIME_METHODS)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.kernels.tree_select import ancestry
-from specdraft.runtime.drafter import draft_attention, draft_visible
+from specdraft.layers.draft_cache import draft_attention, draft_visible
 
 
 def _walked_ancestry(parents: list, max_depth: int) -> torch.Tensor:

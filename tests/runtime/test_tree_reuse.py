@@ -6,7 +6,7 @@ slots, the rejected ones' is never seen); the T > 0 cycles keep the target's dis
 import pytest
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.methods import kangaroo
 from specdraft.runtime import engine as engine_module
 from specdraft.runtime.engine import SpecEngine
@@ -63,11 +63,11 @@ def test_a_tree_verify_with_reuse_runs_no_layer_below_the_exit(reuse):
     shape, exit_layer = engine.shape, engine.drafter.exit_layer
     engine.prefill(torch.tensor(PROMPT), 0.0)
     rows, hooks = _rows_through_layers(engine)
-    tree = engine._build_tree()
+    tree = engine.build_tree()
     drafted = {index: list(calls) for index, calls in rows.items()}
     for calls in rows.values():
         calls.clear()
-    engine._verify_forward(tree)
+    engine.verify_forward(tree)
     for hook in hooks:
         hook.remove()
     deep = range(exit_layer, len(engine.target.layers))

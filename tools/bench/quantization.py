@@ -39,7 +39,7 @@ def _gib(num_bytes: float) -> float:
 
 def target_memory_gib(recipe) -> float:
     """GPU memory the frozen target's weights take at recipe.target.quantization (0 on the CPU)."""
-    from specdraft.target import load_target
+    from specdraft.targets import load_target
 
     if not torch.cuda.is_available():
         return 0.0
@@ -61,8 +61,8 @@ def tau_against_unquantized(recipe, run_dir: Path) -> dict:
     from safetensors.torch import load_file
 
     from specdraft.methods import get_method
-    from specdraft.methods.base import DraftContext
-    from specdraft.target import load_target
+    from specdraft.core.types import DraftContext
+    from specdraft.targets import load_target
     from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_distilled
     from specdraft.train.module import DraftModule
     from specdraft.train.trainer import _precision
@@ -86,7 +86,7 @@ def tau_against_unquantized(recipe, run_dir: Path) -> dict:
 
 def run_setting(recipe_path: str, setting: str, work: Path, steps: int, micro_batch: int, overrides: list) -> dict:
     """Train one setting from scratch and measure it (runs inside the child process)."""
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
 
     run_dir = work / setting

@@ -190,13 +190,13 @@ def sweep_export(paths: List[str], args: argparse.Namespace) -> List[dict]:
 
     chain = ChainOptions(exit_threshold=0.0, dynamic_exit=args.dynamic_exit or len(paths) > 1,
                          reuse_shallow=not args.no_shallow_reuse, more_exits=tuple(paths[1:]))
-    runtime = load_runtime(paths[0], device=args.device, dtype=args.dtype, shape=TreeShape.chain(args.depth).validated(),
-                           max_len=args.max_len, chain=chain)
+    runtime = load_runtime(paths[0], device=args.device, dtype=args.dtype,
+                           shape=TreeShape.chain(args.depth).validated(), max_len=args.max_len, chain=chain)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens, temperatures=(0.0,),
                              hf_baseline=False, **({"prompts": args.prompts} if args.prompts else {}))
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
-    drafter = runtime.engine.drafter
-    layers = getattr(drafter, "exit_layers", [getattr(drafter, "exit_layer", None)])
+    caps = runtime.engine.drafter.caps  # one exit layer (shallow_layers), or several chosen per cycle
+    layers = caps.exit_layers or (caps.shallow_layers,)
     adapter_params = _adapter_params(paths) if len(paths) > 1 else _params(runtime.draft.draft)
     rows = []
     for eta in args.eta:
@@ -272,7 +272,7 @@ def measure_gaps(engine, prompt_ids, tokens: int) -> Dict[str, float]:
     plain = engine.plain_stepper(engine.root.clone())
     graph_only = _steps(engine, prompt, tokens, lambda token: (plain(token), token)[1])
     eager_argmax = _steps(engine, prompt, tokens, lambda token: sample_token(plain(token), 0.0))
-    step_and_argmax = (lambda token: sample_token(engine._plain_step(token), 0.0))
+    step_and_argmax = (lambda token: sample_token(engine.plain_step(token), 0.0))
     if engine.use_graphs:
         state = [engine.prefix_len, engine.target.k_cache, engine.target.v_cache]
         step_and_argmax = CallGraph(step_and_argmax, state, example=(engine.root.clone(),))
@@ -283,7 +283,7 @@ def measure_gaps(engine, prompt_ids, tokens: int) -> Dict[str, float]:
     whole = engine.decode_plain(prompt_ids, tokens)
     spec = engine.generate(prompt_ids, tokens)
     engine.prefill(prompt, 0.0)
-    cycle = _timed_ms(device, lambda: [engine._cycle(0.0, None) for _ in range(16)]) / 16
+    cycle = _timed_ms(device, lambda: [engine.cycle(0.0, None) for _ in range(16)]) / 16
     decode_ms = 1000 * whole.seconds
     return {"graph": graph_only, "graph+argmax": eager_argmax, "fused": fused,
             "loop": (decode_ms - prefill) / len(whole.tokens), "decode_plain": decode_ms / len(whole.tokens),

@@ -33,7 +33,7 @@ main-thread CPU ms (median, p90), the canary's ms and their correlation; OUT/zer
 `target-linear`: ZeRO-3 (its default `memory_efficient_linear`) replaces `torch.nn.functional.linear` process-wide
 with an autograd Function, which every linear of the frozen target would pay (a Python call, argument binding by
 `inspect.signature` included) though the target runs under no_grad; `capture_features` runs the target under
-`specdraft.target.features.torch_linear`, PyTorch's own op. A random Llama with Llama-3.1-8B's 32 layers (224
+`specdraft.targets.features.torch_linear`, PyTorch's own op. A random Llama with Llama-3.1-8B's 32 layers (224
 linears a forward) at a tiny width and a short row, so that the forward is bound by the host, runs with
 DeepSpeed's linear installed, through DeepSpeed's Function (`deepspeed`) and through `torch_linear`, alternating
 step by step so that both see the same host: the median main-thread CPU ms a forward (and p90) and the calls that
@@ -297,7 +297,7 @@ def parse_args(argv=None):
 
 def micro_batch(recipe: Path, overrides: list) -> int:
     """Rows per GPU per step, as `specdraft train` resolves the recipe and the overrides."""
-    from specdraft.config import load_recipe
+    from specdraft.recipes import load_recipe
 
     return load_recipe(recipe, overrides).train.micro_batch_size
 
@@ -331,7 +331,7 @@ def zero3_worker(stage: int, steps: int) -> dict:
     sys.path.insert(0, str(REPO / "tools"))
     from profile_train import host_canary_ms
 
-    from specdraft.methods.base import DraftContext, TargetInfo
+    from specdraft.core.types import DraftContext, TargetInfo
     from tests import zero_init_run
     from tests.tiny import tiny_llama_config
 
@@ -450,7 +450,7 @@ def measure_target_linear(steps: int, layers: int, hidden: int, tokens: int) -> 
     import torch.nn.functional as F
     from deepspeed.runtime.zero.linear import zero3_linear_wrap
 
-    from specdraft.target.features import _run_decoder, capture_features, causal_attention
+    from specdraft.targets.features import _run_decoder, capture_features, causal_attention
 
     model = random_target(layers, hidden)
     ids = torch.randint(0, 512, (1, tokens), generator=torch.Generator().manual_seed(0))  # [1, T]

@@ -40,7 +40,7 @@ def json_path(out: str | Path, name: str) -> Path:
 
 def write_report(out: str | Path, report: dict, name: str) -> Path:
     """The report as JSON at json_path(out, name) (rewritten as a suite goes, so an interrupted run keeps it)."""
-    from specdraft.io import write_json
+    from specdraft.core.io import write_json
 
     path = json_path(out, name)
     write_json(path, report)

@@ -78,9 +78,9 @@ import torch
 
 from specdraft.config import CHECKPOINTING
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
-from specdraft.methods import eagle3 as eagle3_module
+from specdraft.methods.eagle3 import loss as eagle3_loss  # the module whose soft_cross_entropy the loss calls
 from specdraft.methods import get_method
-from specdraft.methods.base import DraftBatch, DraftContext, TargetFeatures, TargetInfo
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.train.features import OnlineFeatures
 from specdraft.train.module import build_optimizer
 from specdraft.train.profiling import op_report, print_op_tables
@@ -398,8 +398,8 @@ def _free_memory(cuda: bool) -> None:
 def _timed_steps(trainee: Trainee, cuda: bool, warmup: int, steps: int):
     """-> (mean phase ms per step, peak bytes allocated during the timed steps or None on CPU)."""
     timer = PhaseTimer(cuda)
-    soft_ce = eagle3_module.soft_cross_entropy
-    eagle3_module.soft_cross_entropy = timer.wrap("loss", soft_ce)
+    soft_ce = eagle3_loss.soft_cross_entropy
+    eagle3_loss.soft_cross_entropy = timer.wrap("loss", soft_ce)
     try:
         for _ in range(warmup):
             trainee.step(timer)
@@ -412,7 +412,7 @@ def _timed_steps(trainee: Trainee, cuda: bool, warmup: int, steps: int):
         totals = {name: value / steps for name, value in timer.read_ms().items()}  # one sync, after the last
         totals["wall"] = (time.perf_counter() - start) * 1e3 / steps
     finally:
-        eagle3_module.soft_cross_entropy = soft_ce
+        eagle3_loss.soft_cross_entropy = soft_ce
     return totals, (torch.cuda.max_memory_allocated() if cuda else None)
 
 

@@ -11,7 +11,7 @@ that both give the same bits).
 
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels import use_triton
 from specdraft.kernels.adamw8bit.reference import (BLOCK, Moments, StepScalars, adamw8bit_step_reference,
                                                    num_blocks)

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 BLOCK = 256
 FIRST_LEVELS = 127.0  # int8 magnitudes 0..127 for m

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.launch import next_power_of_2
 from specdraft.kernels.rounding import round_as
 

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.launch import next_power_of_2, split_block
 
 EMPTY_KEY = tl.constexpr(-(2 ** 63))  # below every packed key

@@ -8,7 +8,7 @@ TRITON_INTERPRET=1 (slow: small shapes only). All of them compute the same funct
 """
 import torch
 
-from specdraft.errors import choices_error
+from specdraft.core.errors import choices_error
 from specdraft.kernels import use_reference, use_triton
 from specdraft.kernels.soft_ce.chunked import ChunkedSoftCrossEntropy
 from specdraft.kernels.soft_ce.reference import soft_cross_entropy_reference

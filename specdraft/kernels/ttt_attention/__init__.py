@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from specdraft.errors import choices_error
+from specdraft.core.errors import choices_error
 from specdraft.kernels import use_reference
 from specdraft.kernels.ttt_attention.reference import KV, ttt_attention_reference
 

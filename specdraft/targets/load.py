@@ -23,9 +23,9 @@ from typing import Optional, Tuple
 import torch
 
 from specdraft.config import QUANTIZATIONS, TargetConfig
-from specdraft.errors import SpecdraftError
-from specdraft.io import package_file
-from specdraft.methods.base import TargetInfo
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import package_file
+from specdraft.core.types import TargetInfo
 
 log = logging.getLogger(__name__)
 

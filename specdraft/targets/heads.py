@@ -16,9 +16,9 @@ import torch
 from safetensors import safe_open
 
 from specdraft.config import TargetConfig
-from specdraft.errors import SpecdraftError
-from specdraft.methods.base import TargetInfo
-from specdraft.target.load import MODEL_BUILD_LOCK, _local_or_hub, resolve_dtype
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.types import TargetInfo
+from specdraft.targets.load import MODEL_BUILD_LOCK, _local_or_hub, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def _read(files: Dict[str, Path], names: List[str]) -> Optional[torch.Tensor]:
 
 
 def _from_full_model(cfg: TargetConfig, embeddings: bool):
-    from specdraft.target.load import load_target
+    from specdraft.targets.load import load_target
 
     log.info("target %s: LM head not found by name in safetensors; loading the whole model once on the CPU", cfg.path)
     model = load_target(cfg, "cpu", require_chat_template=False).model

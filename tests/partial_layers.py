@@ -1,6 +1,5 @@
-"""Run only the first layers of a Hugging Face decoder, with their own KV cache: what a self-speculative draft
-(Kangaroo) runs on each drafted token in the plain evaluator. The fast runtime has its own target
-(specdraft/runtime/target.py, `run_layers`)."""
+"""Run only the first layers of a Hugging Face decoder, with their own KV cache: what the Kangaroo oracle chain
+drafter (tests/oracles.py) runs on each drafted token. The runtime has its own target (`run_layers`)."""
 from __future__ import annotations
 
 import inspect

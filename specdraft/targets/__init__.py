@@ -1,6 +1,6 @@
 """The frozen target: loading (hub id, directory, GGUF, packaged file) and feature capture."""
-from specdraft.target.features import capture_features
-from specdraft.target.load import (
+from specdraft.targets.features import capture_features
+from specdraft.targets.load import (
                                    LoadedTarget,
                                    load_target,
                                    load_target_info,

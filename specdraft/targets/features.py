@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
-from specdraft.methods.base import TargetFeatures
+from specdraft.core.types import TargetFeatures
 
 CAUSAL_SDPA = "specdraft_causal_sdpa"
 """The attention a right-padded target forward runs under: SDPA's causal kernel with no mask at all."""

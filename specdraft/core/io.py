@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from specdraft.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError
 
 TMP_PREFIX = ".tmp-"
 """Prefix of every temporary file and directory; a resumed job may delete what carries it."""

@@ -1,0 +1,172 @@
+"""What the runtime needs from a method at inference: a `Drafter`, built by the method spec's `runtime` hook
+(`spec.runtime(draft, cfg, target_model) -> Drafter`), which declares what it can do in `DrafterCaps`.
+
+The engine owns the target, its static KV cache and the draft tree; a drafter owns its draft's own caches.
+Positions are sequence positions: the confirmed tokens are x_0..x_n, where the root x_n is the newest one (the
+target has not run on it yet); a node at depth d of the tree (its token is the d-th drafted token) has
+position n + d. One draft-verify cycle (batch 1) calls, in order:
+
+  ingest(features, next_tokens, start, count)
+      Positions start..start+count-1 were just run through the target: features[i] [M, H] are the target's
+      hidden states there (input of decoder layer i, for i in `feature_layers`) and next_tokens [M] the token
+      that follows each position (the last valid one is the new root x_n). Rows >= count are padding (static
+      shapes for CUDA graphs). After it, the drafter's confirmed prefix is slots 0..n-1 of its caches.
+  first(root_token, position) -> (logits [1, Vd], hidden [1, Hd])
+      The draft's distribution for depth 1. A drafter that runs on the root token writes its KV at scratch
+      slot 0 (cache slot n); one that has it from `ingest` (EAGLE-3) writes nothing there.
+  step(depth, hidden, tokens, positions, scratch_slots, scratch_visible) -> (logits [k, Vd], hidden [k, Hd])
+      k frontier nodes at `depth` (a Python int, 1-based): `hidden` [k, Hd] is each node's parent's output,
+      `tokens` [k] and `positions` [k] the nodes' own, `scratch_slots` [k] int64 where their KV goes in the
+      scratch region (cache slot n + scratch_slots), `scratch_visible` [k, W] bool the scratch slots each may
+      attend to (its ancestors, scratch slot 0 = the root, and itself); the whole confirmed prefix 0..n-1 is
+      visible too. A drafter that wrote nothing at scratch slot 0 must ignore that column.
+
+Before a prompt's prefill the engine calls `begin(context)` with the prompt's extra context (image features,
+say: the names `DrafterCaps.context` declares), outside any CUDA graph.
+
+Every tensor argument is on the engine's device and every shape is static for a given (k, depth, W), so the
+engine can capture `ingest`, `first` and `step` in CUDA graphs: no host syncs, no data-dependent shapes.
+Draft vocabulary index i is target token i + d2t[i]. With k = 1 (a chain) `scratch_slots` is [depth] and every
+scratch slot 0..depth is visible: all earlier nodes are ancestors.
+
+Declared capabilities (`DrafterCaps`) switch on further hooks, which the base class refuses otherwise:
+  shallow_layers = ℓ > 0 (the drafter runs the target's own layers 0..ℓ-1, e.g. Kangaroo):
+    chain_verify_states(tokens, positions, computed) -> hidden [n, H]
+        The chain's n nodes (root, then the drafts) entering layer `verify_start_layer`. The first `computed`
+        (a Python int) went through the shallow layers in `first`/`step`; the drafter runs the rest now, writing
+        their shallow KV at target slots prefix + computed...
+    set_verify_start_layer(layer): keep the chain's states entering `layer` (<= ℓ) instead.
+  shallow_tree (trees verified from ℓ too):
+    keep_tree_states(num_candidates); tree_candidates(tokens, positions, first, paths, frontier);
+    tree_verify_states(candidate_ids) -> hidden [N, H] (see specdraft.runtime.tree).
+  exit_layers (several drafts at several exits, one drafting per cycle): select_exit(index); `variant`.
+  scores_tree: `tree_scorer()` -> a TreeScorer, called between a depth's expansion and the tree's selection.
+  judges: `node_judge()` -> a NodeJudge, whose scores let the acceptance rule accept a token exact verification
+    rejects (lossy, opt-in at run time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Protocol, Tuple
+
+import torch
+
+from specdraft.core.errors import SpecdraftError
+
+
+@dataclass(frozen=True)
+class DrafterCaps:
+    """What a drafter can do, declared by it; the runtime reads these and never probes the drafter."""
+
+    shallow_layers: int = 0
+    """ℓ: the drafter runs the target's own layers 0..ℓ-1 on the drafted tokens, so that a chain's verify may start
+    at layer ℓ (`chain_verify_states`); 0: it runs none of the target."""
+    shallow_tree: bool = False
+    """Trees too can be verified from ℓ (the tree hooks: keep_tree_states, tree_candidates, tree_verify_states)."""
+    exit_threshold: float = 0.0
+    """The confidence exit η the draft was trained for: the engine's default for chains (0: off)."""
+    draft_cost_layers: float = 1.0
+    """One draft step's cost in target-layer equivalents (the dynamic exit's cost model)."""
+    exit_layers: Tuple[int, ...] = ()
+    """Several drafts at these exit layers over one target, one drafting per cycle (`select_exit`)."""
+    exit_costs: Tuple[float, ...] = ()
+    """Each of those drafts' draft-step cost (as draft_cost_layers)."""
+    context: Tuple[str, ...] = ()
+    """Names of the extra prompt context `begin` needs besides the token ids (e.g. image features)."""
+    scores_tree: bool = False
+    """`tree_scorer()` gives a TreeScorer that may drop candidates while the tree is drafted."""
+    judges: bool = False
+    """`node_judge()` gives a NodeJudge for learned (lossy) acceptance."""
+
+
+class TreeScorer(Protocol):
+    """Decides, after each depth's expansion, which candidates stay in the tree (the rest become padding that
+    nothing selects or accepts). Static shapes: a mask, never a shorter tensor."""
+
+    def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
+        """joint_logprobs [c] (the draft's log-probability of the path to each candidate), parent_entropy [c]
+        (the entropy of each candidate's parent's draft distribution), depth (a Python int, 1-based) -> [c] bool."""
+
+
+class NodeJudge(Protocol):
+    """Scores drafted tokens from the target's own last-layer states (before the final norm) at their nodes."""
+
+    threshold: float
+    """δ: a node whose score exceeds it is accepted even where the target's argmax differs."""
+
+    def scores(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """target_hidden [N, H] -> [N] float32 scores in [0, 1]."""
+
+
+class Drafter:
+    """The base of every runtime drafter: the cycle's three calls, and the declared hooks (module docstring).
+    A hook a drafter does not declare in `caps` raises here."""
+
+    caps: DrafterCaps = DrafterCaps()
+    feature_layers: List[int]
+    """Target hidden-state indices (input of decoder layer i; 0 = embeddings) that `ingest` reads."""
+    d2t: torch.Tensor
+    """[Vd] int64 offsets: target id of draft index i is i + d2t[i]."""
+    variant: int = 0
+    """The draft drafting now, for drafters holding several (CUDA graphs are captured per variant)."""
+    verify_start_layer: int = 0
+    """The target layer a verify over this drafter's shallow states starts at: caps.shallow_layers, or lower after
+    `set_verify_start_layer` (0: the drafter runs none of the target)."""
+
+    def allocate(self, max_len: int, scratch: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Static caches for `max_len` confirmed slots plus `scratch` drafting slots; resets the prefix."""
+        raise NotImplementedError
+
+    def state_tensors(self) -> List[torch.Tensor]:
+        """Tensors a captured cycle mutates (saved and restored around a CUDA graph's warm-up runs)."""
+        return []
+
+    def begin(self, context: Mapping[str, torch.Tensor]) -> None:
+        """A new prompt's extra context (the names `caps.context` declares), before its prefill."""
+        missing = [name for name in self.caps.context if name not in context]
+        if missing:
+            raise SpecdraftError(f"this draft needs prompt context {missing} besides the token ids")
+
+    def ingest(self, features: Dict[int, torch.Tensor], next_tokens: torch.Tensor, start: torch.Tensor,
+               count: torch.Tensor) -> None:
+        """features {i: [M, H]}, next_tokens [M], start [1], count [1] (both int64; read during the call only: the
+        engine advances `start`, its prefix length, right after)."""
+        raise NotImplementedError
+
+    def first(self, root_token: torch.Tensor, position: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """root_token [1], position [1] -> (logits [1, Vd], hidden [1, Hd])."""
+        raise NotImplementedError
+
+    def step(self, depth: int, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+             scratch_slots: torch.Tensor, scratch_visible: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """hidden [k, Hd], tokens [k], positions [k], scratch_slots [k], scratch_visible [k, W]."""
+        raise NotImplementedError
+
+    # ---- declared hooks -------------------------------------------------------------------------------
+    def _undeclared(self, hook: str, cap: str) -> SpecdraftError:
+        return SpecdraftError(f"{type(self).__name__} does not declare {cap}, which {hook} needs")
+
+    def set_verify_start_layer(self, layer: int) -> None:
+        raise self._undeclared("set_verify_start_layer", "shallow_layers")
+
+    def chain_verify_states(self, tokens: torch.Tensor, positions: torch.Tensor, computed: int) -> torch.Tensor:
+        raise self._undeclared("chain_verify_states", "shallow_layers")
+
+    def keep_tree_states(self, num_candidates: int) -> None:
+        raise self._undeclared("keep_tree_states", "shallow_tree")
+
+    def tree_candidates(self, tokens: torch.Tensor, positions: torch.Tensor, first: int, paths: torch.Tensor,
+                        frontier: torch.Tensor) -> None:
+        raise self._undeclared("tree_candidates", "shallow_tree")
+
+    def tree_verify_states(self, candidate_ids: torch.Tensor) -> torch.Tensor:
+        raise self._undeclared("tree_verify_states", "shallow_tree")
+
+    def select_exit(self, index: int) -> None:
+        raise self._undeclared("select_exit", "exit_layers")
+
+    def tree_scorer(self) -> TreeScorer:
+        raise self._undeclared("tree_scorer", "scores_tree")
+
+    def node_judge(self) -> NodeJudge:
+        raise self._undeclared("node_judge", "judges")

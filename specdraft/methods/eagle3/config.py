@@ -1,0 +1,46 @@
+"""EAGLE-3's recipe section (`method:`) and the target layers its head fuses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from specdraft.core.errors import SpecdraftError, choices_error
+from specdraft.core.types import TargetInfo
+from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
+
+
+@dataclass
+class Eagle3Config:
+    ttt_steps: int = 7
+    """Draft steps unrolled per training example (training-time test)."""
+    step_loss_decay: float = 0.8
+    """Weight of step j's loss is step_loss_decay ** j."""
+    draft_vocab_size: int = 32000
+    """Size of the frequency-ranked draft vocabulary (capped at the target's vocabulary)."""
+    feature_layers: Optional[List[int]] = None
+    """Hidden-state indices to fuse (input of layer i); None picks (2, L // 2, L - 3)."""
+    intermediate_size: Optional[int] = None
+    """Draft MLP width; None takes the target's."""
+    init_std: float = 0.02
+    """Standard deviation of the initial linear weights."""
+    attention: str = "auto"
+    """TTT attention in training: auto (flex attention with block masks on CUDA, dense elsewhere), dense, flex."""
+    init_from: Optional[str] = None
+    """An EAGLE-3 run directory or `hf` export whose weights start the training (a warm start: more steps, another
+    schedule or more data); None starts from random weights."""
+
+    def __post_init__(self):
+        if self.ttt_steps < 1:
+            raise SpecdraftError(f"method.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if not 0.0 < self.step_loss_decay <= 1.0:
+            raise SpecdraftError(f"method.step_loss_decay must be in (0, 1], got {self.step_loss_decay}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise choices_error("method.attention", self.attention, ATTENTION_IMPLS)
+
+
+def eagle3_feature_layers(cfg: Eagle3Config, target: TargetInfo) -> List[int]:
+    layers = cfg.feature_layers or [2, target.num_layers // 2, target.num_layers - 3]
+    bad = [i for i in layers if not 0 < i < target.num_layers]
+    if bad:
+        raise SpecdraftError(f"method.feature_layers {bad} out of range; valid: 1..{target.num_layers - 1}")
+    return list(layers)

@@ -1,0 +1,72 @@
+"""EAGLE-3 in the runtime: one draft KV cache of step-0 keys (specdraft.core.drafting)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdraft.core.drafting import Drafter
+from specdraft.layers.decoder_parts import RuntimeWeights, fused_norm, layer_query, layer_tail
+from specdraft.layers.draft_cache import draft_attention, ingest_attention, ingest_slots, rope_tables
+from specdraft.methods.eagle3.config import Eagle3Config
+from specdraft.methods.eagle3.model import Eagle3Draft
+
+
+class Eagle3Drafter(Drafter):
+    """The runtime's EAGLE-3 drafter (specdraft/core/drafting.py): one draft KV cache of step-0 keys.
+
+    Column t of the confirmed prefix holds the keys of (fused target features at t, token t+1) at rotary
+    position t, as TTT step 0 wrote them in training; a tree node at depth d (sequence position n + d) is
+    TTT step d at column n - 1, so its rotary position is n - 1 + d and it sees the prefix plus its ancestors.
+    """
+
+    def __init__(self, draft: Eagle3Draft, target_model):
+        self.draft, self.embed_weight = draft, target_model.embed_tokens.weight  # [V, H]
+        self.feature_layers, self.d2t = list(draft.feature_layers), draft.d2t
+        attn = draft.midlayer.self_attn
+        self.kv_heads, self.head_dim, self.theta = attn.kv_heads, attn.head_dim, attn.rope_theta
+
+    def allocate(self, max_len: int, scratch: int, device, dtype) -> None:
+        self.k_cache = torch.zeros(self.kv_heads, max_len, self.head_dim, device=device, dtype=dtype)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.rope = rope_tables(max_len, self.head_dim, self.theta, device, self.draft.fc.weight.dtype)
+        self.prefix_len = torch.zeros(1, dtype=torch.long, device=device)
+        self.last_hidden = torch.zeros(1, self.draft.fc.out_features, device=device, dtype=dtype)
+        self.weights = RuntimeWeights.of(self.draft.midlayer)
+
+    def state_tensors(self):
+        return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
+
+    def _query(self, hidden, tokens, rope_positions, slots, position_offset=0, slot_base=None):
+        """hidden [M, H]; tokens, rope_positions, slots [M] -> q [Hq, M, D] (at rope_positions + position_offset);
+        writes their keys and values at slots (+ slot_base [1])."""
+        return layer_query(self.draft.midlayer, self.weights, hidden, tokens, self.embed_weight, self.rope,
+                           rope_positions, self.k_cache, self.v_cache, slots, position_offset, slot_base)
+
+    def _tail(self, hidden, attended):
+        """hidden [M, H], attended [Hq, M, D] (the attention's output) -> (the head's final norm of the midlayer's
+        output, that output), each [M, H]."""
+        attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), self.weights.o)  # [M, H]
+        return layer_tail(self.draft.midlayer, self.weights, self.draft.norm, hidden, attn_out)
+
+    @torch.no_grad()  # inference only: the last row goes through out=, which autograd refuses
+    def ingest(self, features, next_tokens, start, count) -> None:
+        aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
+        hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
+        columns = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
+        q = self._query(hidden, next_tokens, columns, columns)
+        _, hidden = self._tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
+        torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
+        torch.add(start, count, out=self.prefix_len)
+
+    def first(self, root_token, position):
+        return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        q = self._query(hidden, tokens, positions, scratch_slots, position_offset=-1, slot_base=self.prefix_len)
+        attended = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=False)
+        normed, out = self._tail(hidden, attended)
+        return self.draft.lm_head(normed), out
+
+
+def eagle3_runtime(draft: Eagle3Draft, cfg: Eagle3Config, target_model) -> Eagle3Drafter:
+    return Eagle3Drafter(draft, target_model)

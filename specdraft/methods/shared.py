@@ -1,0 +1,43 @@
+"""What several methods share below their own packages: the frequency-ranked draft vocabulary (FR-Spec,
+arXiv:2502.14856) and the sequence shift their losses use."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+def build_draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:
+    """[V] counts -> [size] target ids of the most frequent tokens, ascending (ties: lower id first)."""
+    order = torch.sort(-token_counts.to(torch.int64), stable=True).indices
+    return torch.sort(order[:size]).values
+
+
+class DraftVocab(nn.Module):
+    """A draft vocabulary as two persistent buffers a draft module carries: `d2t` [Vd] offsets (target id - draft
+    id, as SGLang reads them) and `t2d` [V] membership. Methods subclass it (with nn.Module) and call
+    `init_draft_vocab` in their constructor."""
+
+    def init_draft_vocab(self, token_counts: Optional[torch.Tensor], draft_vocab: int, target_vocab: int) -> None:
+        """Built on the CPU, then placed on the default device (Lightning may build the draft under a CUDA
+        default-device context, where the counts still live on the CPU). No counts (a draft about to be loaded):
+        the first `draft_vocab` ids, overwritten by the loaded buffers."""
+        cpu = torch.device("cpu")
+        counts = token_counts.to(cpu) if token_counts is not None else torch.zeros(target_vocab, device=cpu)
+        draft_ids = build_draft_vocab(counts, draft_vocab)  # [Vd] target ids
+        t2d = torch.zeros(target_vocab, dtype=torch.bool, device=cpu)
+        t2d[draft_ids] = True
+        device = torch.get_default_device()
+        self.register_buffer("d2t", (draft_ids - torch.arange(draft_vocab, device=cpu)).to(device), persistent=True)
+        self.register_buffer("t2d", t2d.to(device), persistent=True)
+
+    def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
+        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+
+def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[:, t] <- x[:, t + n], zero-filled at the end. [B, T, ...] -> [B, T, ...]."""
+    if n == 0:
+        return x
+    return torch.cat([x[:, n:], torch.zeros_like(x[:, :n])], dim=1)

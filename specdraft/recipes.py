@@ -1,0 +1,87 @@
+"""Recipes: OmegaConf YAML -> the plain dataclasses of `specdraft.config`, in two phases.
+
+Phase 1 reads `method.name` and picks that method's config dataclass from the registry; phase 2 merges the
+whole recipe (YAML + `key=value` overrides) into a structured schema, so that an unknown key or a wrong type
+is an error naming the key and the valid ones. After loading, code sees only dataclasses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import List
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from specdraft.config import SECTIONS, Recipe
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import write_text
+from specdraft.methods import get_method
+
+
+def _valid_keys(section: str, method_config) -> List[str]:
+    cls = method_config if section == "method" else SECTIONS.get(section)
+    if cls is None:
+        return list(SECTIONS)
+    names = [f.name for f in dataclasses.fields(cls)]
+    return ["name", *names] if section == "method" else names
+
+
+def _raw_recipe(path: str | Path, overrides: List[str]):
+    path = Path(path)
+    if not path.is_file():
+        raise SpecdraftError(f"recipe file not found: {path}")
+    try:
+        raw = OmegaConf.load(path)
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")
+        return OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as err:
+        raise SpecdraftError(f"cannot parse recipe {path}: {str(err).splitlines()[0]}") from None
+
+
+def load_recipe(path: str | Path, overrides: List[str] = ()) -> Recipe:
+    """Load and validate a recipe; every problem is a SpecdraftError naming the key and the valid ones."""
+    raw = _raw_recipe(path, list(overrides))
+    unknown = [k for k in raw.keys() if k not in SECTIONS]
+    if unknown:
+        raise SpecdraftError(f"unknown recipe section {unknown[0]!r}; valid: {', '.join(SECTIONS)}")
+    method_raw = raw.get("method") or {}
+    if "name" not in method_raw:
+        raise SpecdraftError("recipe has no method.name")
+    spec = get_method(str(method_raw["name"]))  # phase 1: pick the schema
+    raw.method = {k: v for k, v in OmegaConf.to_container(method_raw).items() if k != "name"}
+    schema = OmegaConf.structured(Recipe(method=spec.config(), method_name=spec.name))
+    try:  # phase 2: validate against the method's dataclass and the fixed sections
+        merged = OmegaConf.merge(schema, raw)
+        recipe = OmegaConf.to_object(merged)
+    except ConfigKeyError as err:
+        raise _key_error(err, spec.config) from None
+    except ValidationError as err:
+        key = getattr(err, "full_key", None) or "?"
+        raise SpecdraftError(f"bad value for {key}: {str(err).splitlines()[0]}") from None
+    except (TypeError, ValueError) as err:
+        raise SpecdraftError(f"invalid recipe {path}: {err}") from None
+    return recipe
+
+
+def _key_error(err: ConfigKeyError, method_config) -> SpecdraftError:
+    full_key = getattr(err, "full_key", None) or str(err).split("'")[1]
+    section = full_key.split(".")[0]
+    valid = _valid_keys(section, method_config)
+    return SpecdraftError(f"unknown recipe key {full_key!r}; valid keys in {section!r}: {', '.join(valid)}")
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    """The resolved recipe, as saved beside checkpoints and exports (loadable by load_recipe)."""
+    data = dataclasses.asdict(recipe)
+    data["method"] = {"name": data.pop("method_name"), **data["method"]}
+    return OmegaConf.to_yaml(OmegaConf.create(data))
+
+
+def save_recipe(recipe: Recipe, directory: str | Path) -> Path:
+    """Write recipe.yaml atomically (several workers of one job may write it at once)."""
+    out = Path(directory) / "recipe.yaml"
+    write_text(out, recipe_to_yaml(recipe))
+    return out

@@ -1,0 +1,96 @@
+"""Plain chain drafters written from each method's training modules, one drafting step at a time over Hugging Face
+features: the oracles the runtime drafters (the methods' only inference path) are checked against.
+
+`ChainState` is what a chain drafter sees at the start of a cycle (batch 1); each `*_chain(draft, state, k)`
+returns the [k] greedy target-vocabulary ids it drafts after `state.tokens`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specdraft.core.types import TargetFeatures
+from specdraft.methods.eagle3 import Eagle3Draft, fused_features
+from specdraft.methods.kangaroo import KangarooDraft
+from specdraft.methods.poss import PossDraft, PrefixKeys
+from tests.partial_layers import new_layer_cache, run_first_layers
+
+
+@dataclass
+class ChainState:
+    tokens: torch.Tensor  # [1, n + 1] every token so far, the newest (not yet seen by the target) last
+    features: TargetFeatures  # hidden_states over the first n tokens: [1, n, H] each
+    embed: Callable[[torch.Tensor], torch.Tensor]  # target embedding: [1, k] ids -> [1, k, H]
+
+
+def _to_target(draft, draft_logits: torch.Tensor) -> torch.Tensor:
+    draft_index = draft_logits[0, -1].argmax()
+    return draft_index + draft.d2t[draft_index]  # target id
+
+
+@torch.no_grad()
+def eagle3_chain(draft: Eagle3Draft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    hidden = fused_features(draft, state.features.hidden_states)  # [1, n, H]
+    cols = torch.arange(hidden.shape[1], device=hidden.device)
+    embeds = state.embed(state.tokens[:, 1:]).to(hidden.dtype)  # column t sees token t+1
+    hidden, kv = draft.step(hidden, embeds, cols, cols, [])
+    cache, last_col = [kv], cols[-1:]
+    hidden = hidden[:, -1:]  # [1, 1, H]
+    drafted = []
+    for step in range(num_tokens):
+        drafted.append(_to_target(draft, draft.logits(hidden)))
+        if step + 1 == num_tokens:
+            break
+        embeds = state.embed(drafted[-1].view(1, 1)).to(hidden.dtype)
+        hidden, kv = draft.step(hidden, embeds, last_col + step + 1, last_col, cache)
+        cache.append(kv)
+    return torch.stack(drafted)
+
+
+@torch.no_grad()
+def poss_chain(draft: PossDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    fused = fused_features(draft, state.features.hidden_states)  # [1, n, H]
+    cols = torch.arange(fused.shape[1], device=fused.device)
+    first_embeds = state.embed(state.tokens[:, 1:]).to(fused.dtype)  # column t sees token t+1
+    hidden, step0_kv = draft.step(fused, first_embeds, cols, cols, [], specialist=0)
+    prefix = PrefixKeys(draft, fused, first_embeds, cols)
+    prefix.by_specialist[0] = step0_kv
+    hidden, last_col, drafted_kv = hidden[:, -1:], cols[-1:], []
+    drafted = [_to_target(draft, draft.logits(hidden))]
+    for step in range(1, num_tokens):
+        specialist = draft.specialist_for(step)
+        embeds = state.embed(drafted[-1].view(1, 1)).to(hidden.dtype)
+        hidden, kv = draft.step(hidden, embeds, last_col + step, last_col, [prefix[specialist], *drafted_kv],
+                                specialist=specialist)
+        drafted_kv.append(kv)
+        drafted.append(_to_target(draft, draft.logits(hidden)))
+    return torch.stack(drafted)
+
+
+@torch.no_grad()
+def kangaroo_chain(draft: KangarooDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """The target's layers 0..ℓ-1 run on the root and each drafted token (their cache rebuilt over the prefix each
+    call); the adapter reads feature ℓ of the confirmed tokens."""
+    logits_fn, model = draft.target_logits_fn(), draft.target_model
+    positions = torch.arange(state.tokens.shape[1], device=state.tokens.device)  # the root x_n is at position n
+    shallow_cache = new_layer_cache(model)
+    root = run_first_layers(model, state.embed(state.tokens), positions, shallow_cache, draft.exit_layer)[:, -1:]
+    prefix = state.features.hidden_states[draft.exit_layer]  # [1, n, H]
+    hidden, adapter_kv = draft(torch.cat([prefix, root], dim=1), positions)
+    drafted = [_to_target(draft, logits_fn(hidden))]
+    for step in range(1, num_tokens):
+        position = positions[-1:] + step
+        shallow = run_first_layers(model, state.embed(drafted[-1].view(1, 1)), position, shallow_cache,
+                                   draft.exit_layer)
+        hidden, adapter_kv = draft(shallow, position, adapter_kv)
+        drafted.append(_to_target(draft, logits_fn(hidden)))
+    return torch.stack(drafted)
+
+
+CHAINS = {"eagle3": eagle3_chain, "poss": poss_chain, "kangaroo": kangaroo_chain}
+
+
+def chain_of(method: str):
+    """The oracle chain drafter of a registered method (every method needs one here)."""
+    return CHAINS[method]
