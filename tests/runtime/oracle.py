@@ -7,8 +7,10 @@ from typing import List
 
 import torch
 
+from specdraft.core.drafting import Drafter
 
-class OracleDrafter:
+
+class OracleDrafter(Drafter):
     def __init__(self, sequence: List[int], vocab_size: int, wrong_every: int = 0):
         """sequence: prompt + the target's greedy continuation; wrong_every: positions p with p % wrong_every == 0
         get a wrong token ranked first (the right one second)."""

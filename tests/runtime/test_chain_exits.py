@@ -202,14 +202,14 @@ def _exit_choice_engine(use_graphs=False):
     engine = SpecEngine(target, choice, TreeShape.chain(DEPTH), 256, hf_rope_tables(model, 256), use_graphs,
                         exit_threshold=0.2, dynamic_exit=True)
     chosen, select = [], choice.select_exit
-    choice.select_exit = lambda index: chosen.append(choice.exit_layers[index]) or select(index)
+    choice.select_exit = lambda index: chosen.append(choice.caps.exit_layers[index]) or select(index)
     return model, engine, chosen
 
 
 @torch.no_grad()
 def test_choosing_the_exit_layer_per_cycle_is_lossless(monkeypatch):
     model, engine, chosen = _exit_choice_engine()
-    assert engine.chain.start_layer == 1 and engine.drafter.exit_layers == [1, 2]
+    assert engine.chain.start_layer == 1 and engine.drafter.caps.exit_layers == (1, 2)
     results = [engine.generate(prompt, 32) for prompt in PROMPTS]
     for prompt, result in zip(PROMPTS, results):
         assert result.tokens == _hf_greedy(model, prompt, 32)
