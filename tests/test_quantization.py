@@ -62,15 +62,15 @@ def test_quantized_offline_features(tmp_path, tiny_target_dir, distilled):
 
 
 def test_bench_quantization_tool_runs_tiny(tmp_path, tiny_target_dir, distilled):
-    """The τ-cost tool on the CPU with setting none only: its re-validation against the unquantized target gives
-    the trainer's own val/tau_sim (same draft, split and teacher)."""
+    """The quantization suite (tools/bench/quantization.py) on the CPU with setting none only: its re-validation
+    against the unquantized target gives the trainer's own val/tau_sim (same draft, split and teacher)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled)
-    result = subprocess.run([sys.executable, str(root / "tools" / "bench_quantization.py"), str(recipe_path),
+    result = subprocess.run([sys.executable, str(root / "tools" / "bench" / "quantization.py"), str(recipe_path),
                              "--work", str(tmp_path / "work"), "--settings", "none", "--steps", "4",
                              "--micro-batch", "2"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,8 +1,8 @@
 """Kernel launches of one plain decoding step and of one speculative cycle by phase (draft, verify, bookkeeping),
 counted on the CPU (`specdraft.runtime.launches`) for an EAGLE-3 head over a random target of a real geometry.
 
-A small target decodes bound by its launches: on an H100 a graphed SmolLM2 cycle took about 3 µs a launch
-(docs/benchmarks.md, Session 15). So cycle launches over plain-step launches is the cycle's cost in plain steps,
+A small target decodes bound by its launches: on an H100 a graphed SmolLM2 cycle takes about 2-3 µs a launch
+(docs/benchmarks.md, runtime suite). So cycle launches over plain-step launches is the cycle's cost in plain steps,
 and a shape reaches a speedup S over plain decoding only at τ ≥ S × that ratio (before any host work). The
 counts do not depend on the weights, so random ones serve; they do depend on the shape, the layer count and the
 fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GPU runs them).
@@ -23,7 +23,7 @@ from typing import Dict, List
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tools")]
+sys.path[:0] = [str(REPO)]
 
 from specdraft.core.io import write_json  # noqa: E402
 
@@ -34,6 +34,33 @@ CONFIGS = {  # target geometry (Hugging Face LlamaConfig fields) and the head's 
               "num_attention_heads": 4, "num_key_value_heads": 2}, 200),
 }
 SPEEDUP_GOAL = 2.5  # issue 3's goal over plain decoding
+
+
+def parse_shape(text: str):
+    """'6' -> a chain of 6; '6,8,48' -> TreeShape(6, 8, 48), validated."""
+    from specdraft.core.errors import SpecdraftError
+    from specdraft.runtime.tree import TreeShape
+
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SpecdraftError(f"shape {text!r}: DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree) of integers") from None
+    if len(numbers) == 1:
+        return TreeShape.chain(numbers[0]).validated()
+    if len(numbers) != 3:
+        raise SpecdraftError(f"shape {text!r}: DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree)")
+    return TreeShape(*numbers).validated()
+
+
+def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
+    """Every shape parsed before any work starts; a bad one is the parser's usage error."""
+    from specdraft.core.errors import SpecdraftError
+
+    for text in texts:
+        try:
+            parse_shape(text)
+        except SpecdraftError as err:
+            parser.error(str(err))
 
 
 def build_engine(config: str, shape, max_len: int = 256, device: torch.device = torch.device("cpu")):
@@ -85,8 +112,6 @@ def plain_step_launches(engine) -> List[str]:
 
 
 def count(config: str, shape_texts: List[str]) -> dict:
-    from bench_tree_shapes import parse_shape
-
     prompt = torch.randint(0, CONFIGS[config][0]["vocab_size"], (16,), generator=torch.Generator().manual_seed(0))
     rows, plain = [], None
     for text in shape_texts:
@@ -120,11 +145,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="smollm2")
     parser.add_argument("--shapes", nargs="+", default=["6", "6,8,48", "5,8,32"],
-                        help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for bench_tree_shapes.py")
+                        help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for tools/bench/runtime.py")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
-    from bench_tree_shapes import check_shapes
-
     check_shapes(parser, args.shapes)
     report = count(args.config, args.shapes)
     write_json(args.out / "cycle_launches.json", report)

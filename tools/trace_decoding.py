@@ -3,10 +3,10 @@ for speculative decoding, each as `specdraft bench` runs it (CUDA graphs, one st
 PyTorch profiler.
 
 A step bound by the device keeps it busy: its kernels' time is near its wall time. A step bound by the host
-(issuing graphs, reading tokens back, Python between steps) leaves the device idle for the rest. Session 16 saw
-plain decoding take about 0.4 ms a token more than its launch count suggested, with or without one step in
-flight; this tells which side that time is on. The profiler adds host time of its own (its CPU events), so read
-the wall columns beside `specdraft bench`'s rates; the kernel columns are the device's own.
+(issuing graphs, reading tokens back, Python between steps) leaves the device idle for the rest: where a loop
+takes more than its launches suggest, this tells which side that time is on. The profiler adds host time of its
+own (its CPU events), so read the wall columns beside `specdraft bench`'s rates; the kernel columns are the
+device's own.
 
     python tools/trace_decoding.py EXPORT_DIR --prompts .data/mt_bench.jsonl --tokens 128 --out runs/trace
 

@@ -1,12 +1,12 @@
-"""tools/bench_kernels.py in its tiny CPU configuration (the Triton interpreter): every op is timed against its
-reference, the outputs match, and the JSON holds one row per (op, shape)."""
+"""The kernels suite, tools/bench/kernels.py, in its tiny CPU configuration (the Triton interpreter): every op is
+timed against its reference, the outputs match, and the JSON holds one row per (op, shape)."""
 import json
 
 from tests.tools import load_tool
 
 
-def test_bench_kernels_cpu(tmp_path):
-    bench = load_tool("bench_kernels")
+def test_bench_kernels_cpu(tmp_path, capsys):
+    bench = load_tool("bench/kernels")
     result = bench.main(["--device", "cpu", "--out", str(tmp_path / "kernels.json")])
     assert json.loads((tmp_path / "kernels.json").read_text()) == result
     assert result["all_match"] and all(row["match"] for row in result["rows"])
@@ -17,3 +17,4 @@ def test_bench_kernels_cpu(tmp_path):
     assert all(row["bitwise"] for row in result["rows"]
                if row["op"] in {"rms_norm", "add_rms_norm", "rope_cache", "draft_input"})
     assert all(row["reference_us"] > 0 and row["triton_us"] > 0 for row in result["rows"])
+    assert "| op | shape | reference µs | Triton µs |" in capsys.readouterr().out

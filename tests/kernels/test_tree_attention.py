@@ -114,7 +114,7 @@ def test_64_nodes_the_ancestor_bits_limit_and_dispatch():
 
 def test_cpu_dispatch_reads_only_the_slots_in_use(monkeypatch):
     """Eagerly on the CPU the reference attends over the slots before prefix_len + N alone (over a whole 2,048-slot
-    cache plain decoding was 1.3-1.5x slower, docs/benchmarks.md Session 17): the same function as over the whole
+    cache plain decoding was 1.3-1.5x slower on 2 CPU cores): the same function as over the whole
     cache, whose stale slots hold huge values."""
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     seen = []

@@ -1,6 +1,6 @@
 """Kangaroo exports end to end on the CPU: `specdraft bench --chain --exit-threshold`, `generate --more-exits`,
-and the ℓ × η sweep of tools/bench_kangaroo.py over two exports (ℓ = 1, 2) of a tiny target, with the exit
-chosen per cycle among both."""
+and the ℓ × η sweep of the runtime suite (tools/bench/runtime.py kangaroo) over two exports (ℓ = 1, 2) of a tiny
+target, with the exit chosen per cycle among both."""
 import json
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from specdraft import cli
 from tests.tools import load_tool
 
 def _tool():
-    return load_tool("bench_kangaroo")
+    return load_tool("bench/runtime")
 
 
 def _export(tmp, target_dir, distill_dir, exit_layer: int) -> Path:
@@ -67,10 +67,11 @@ def test_exit_threshold_on_a_tree_is_a_one_line_error(exports, capsys):
 
 def test_sweep_tool_tables_every_exit_layer_and_threshold(exports, tmp_path, capsys):
     prompts = exports[0].parent / "eval.jsonl"
-    assert _tool().main([*map(str, exports), "--eta", "0", "0.5", "--prompts", str(prompts), "--max-prompts", "1",
-                         "--max-new-tokens", "8", "--depth", "3", "--device", "cpu", "--max-len", "256",
-                         "--choose-exit", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    report = _tool().main(["kangaroo", *map(str, exports), "--eta", "0", "0.5", "--prompts", str(prompts),
+                           "--max-prompts", "1", "--max-new-tokens", "8", "--depth", "3", "--device", "cpu",
+                           "--max-len", "256", "--choose-exit", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "kangaroo.json").read_text())["rows"]
+    assert len(rows) == len(report["rows"])
     assert [(r["exit_layer"], r["eta"]) for r in rows] == [("1", 0.0), ("1", 0.5), ("2", 0.0), ("2", 0.5),
                                                            ("1+2", 0.0), ("1+2", 0.5)]
     assert sum(rows[-1]["cycles_by_exit_layer"].values()) == rows[-1]["cycles"]

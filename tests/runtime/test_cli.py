@@ -189,29 +189,34 @@ def test_an_older_export_for_another_target_is_refused_cleanly(export_dir, tmp_p
     assert "does not fit a draft for" in capsys.readouterr().err
 
 
-def test_tree_shapes_bench_every_shape_against_its_own_plain_run(export_dir, tmp_path, capsys):
-    """tools/bench_tree_shapes.py: one row per shape (a chain, a tree), each lossless with its own plain rate; a
-    bad shape stops it before any bench, naming the form."""
+def test_runtime_suite_benches_every_shape_against_its_own_plain_run(export_dir, tmp_path, capsys):
+    """The runtime suite (tools/bench/runtime.py): one row per shape (a chain, a tree), each lossless with its own
+    plain rate, cycle time and loop costs, each shape's bench.json beside the suite's JSON; a bad shape stops it
+    before any bench, naming the form."""
     from tests.tools import load_tool
 
-    tool = load_tool("bench_tree_shapes")
-    report = tool.main([str(export_dir), "--shapes", "3", "3,2,6", "--prompts", str(export_dir.parent / "eval.jsonl"),
-                        "--max-new-tokens", "10", "--device", "cpu", "--out", str(tmp_path)])
+    suite = load_tool("bench/runtime")
+    report = suite.main([str(export_dir), "--shapes", "3", "3,2,6", "--prompts", str(export_dir.parent / "eval.jsonl"),
+                         "--max-new-tokens", "10", "--lossless-prompts", "1", "--device", "cpu", "--out",
+                         str(tmp_path)])
     rows = {row["shape"]: row for row in report["rows"]}
     assert set(rows) == {"3", "3,2,6"} and (rows["3"]["topk"], rows["3,2,6"]["budget"]) == (1, 6)
     assert all(row["lossless_prompts"] == row["prompts"] > 0 and row["tokens_per_s_plain"] > 0 for row in rows.values())
+    assert all(row["lossless_float32"]["identical"] == 1 and row["cycle_ms"] > 0 and row["loop"]["spec_cycle_ms"] > 0
+               for row in rows.values())
     median_plain = statistics.median(row["tokens_per_s_plain"] for row in rows.values())
     assert all(row["speedup_vs_median_plain"] == pytest.approx(row["tokens_per_s"] / median_plain)
                for row in rows.values())
-    assert json.loads((tmp_path / "bench_tree_shapes.json").read_text())["rows"] == report["rows"]
-    assert "x median plain" in capsys.readouterr().out
+    assert json.loads((tmp_path / "runtime.json").read_text())["rows"] == report["rows"]
+    assert (tmp_path / "runtime" / "3-2-6" / "bench.json").exists()
+    assert "| shape | τ | spec tok/s |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        tool.main([str(export_dir), "--shapes", "3", "3,2", "--prompts", "p", "--out", str(tmp_path)])
+        suite.main([str(export_dir), "--shapes", "3", "3,2", "--prompts", "p", "--out", str(tmp_path)])
     assert "'3,2': DEPTH (a chain) or DEPTH,TOPK,BUDGET" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, expected", [
-    ([], (5, 8, 40)),  # the default tree (the fastest shape measured on SmolLM2)
+    ([], (5, 8, 40)),  # the default tree (the fastest shape measured on SmolLM2, docs/benchmarks.md)
     (["--chain"], (6, 1, 7)),  # a chain's default depth stays 6
     (["--chain", "--depth", "3"], (3, 1, 4)),
     (["--depth", "7", "--budget", "60"], (7, 8, 60)),

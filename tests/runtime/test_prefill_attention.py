@@ -1,5 +1,5 @@
-"""The prefill's attention never takes cuDNN's backend, which plans each new prompt length anew (Session 19: a
-prompt's first prefill 130-230 ms on an H200, 20-40 ms again); the CPU checks the backend flags the prefill runs
+"""The prefill's attention never takes cuDNN's backend, which plans each new prompt length anew (on an H200 a
+prompt's first prefill took 130-230 ms with it, 20-40 ms again); the CPU checks the backend flags the prefill runs
 under."""
 import torch
 
@@ -9,7 +9,8 @@ from tests.tools import load_tool
 
 def test_prefill_runs_without_cudnn_attention(monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    engine = load_tool("plain_loop_gaps").build_engine("tiny", "3,2,6", torch.device("cpu"), max_len=64)
+    tool = load_tool("count_cycle_launches")
+    engine = tool.build_engine("tiny", tool.parse_shape("3,2,6"), 64, torch.device("cpu"))
     seen = []
     run_layers = engine.target.run_layers
 

@@ -1,0 +1,518 @@
+"""Scaling suite: EAGLE-3 training throughput at 1, 2 and 4 GPUs, ZeRO-2 and ZeRO-3, through the real `specdraft
+train` (`train`, the default); and the host work ZeRO-3 adds on a CPU: a draft's forward under each stage
+(`zero3-host`) and the frozen target's forward under DeepSpeed's linear and PyTorch's (`target-linear`).
+
+    python tools/bench/scale.py --out runs/bench                                # the GPUs present: 1, 2, 4
+    python tools/bench/scale.py --strategies deepspeed_stage_3:shard --gpus 2,4 --out DIR
+    python tools/bench/scale.py --config tiny --device cpu --out /tmp/bench     # tiny model, CPU, ddp
+    python tools/bench/scale.py --gpus 1,2 --strategies deepspeed_stage_3 --profile 2 --out DIR   # where it goes
+    python tools/bench/scale.py --gpus 1,4 --warmup 5 --steps 30 --phases --out DIR  # every rank's phases
+    python tools/bench/scale.py zero3-host --steps 300 --out DIR                 # CPU
+    python tools/bench/scale.py target-linear --steps 200 --out DIR              # CPU
+
+`train`: the target is Llama-3.1-8B-shaped (hidden 4096, 32 layers, 32 heads, 8 KV heads, MLP 14336, vocabulary
+128256, llama3 RoPE scaling) with random weights (`target.random_init`: a directory with config.json and a
+tokenizer only); `--config smollm2` has SmolLM2-135M's shapes. The data are synthetic distilled rows of 2048
+tokens (the last three quarters answers). Each (strategy, GPU count) is one `specdraft train` process (Lightning
+starts the ranks), micro-batch 1 per GPU, no checkpoints. Tokens/s are steady-state: from the run's per-step wall
+times (RUN/logs/step_times.csv, the device synchronized at each step end), over the steps after --warmup
+(compiles, allocator growth); efficiency(N) = tokens/s(N) / (N x tokens/s(1)). A strategy
+`deepspeed_stage_3:shard` runs ZeRO-3 with the target partitioned across the GPUs (train.shard_target=true);
+plain `deepspeed_stage_3` replicates it (auto: an 8B target fits every GPU). A configuration that fails or
+outlasts --timeout is recorded with its error (and its log's last lines) and the next one runs; OUT/scale.json is
+rewritten after every configuration, so an interrupted run keeps what it measured. Each run's log is
+OUT/logs/STRATEGY-N.log. On the CPU DeepSpeed is not available (Lightning runs it on CUDA only), so the tiny CPU
+run measures ddp with 1 and 2 processes.
+
+`zero3-host`: each stage runs in a process of its own: one DeepSpeed rank (gloo) trains a tiny EAGLE-3 draft (7
+TTT unrolls) under the ZeRO-2 or the ZeRO-3 engine, on one fixed random batch. Before each step, a fixed piece of
+pure-Python work (tools/profile_train.host_canary_ms) times the host's own pace: a forward that slows whenever
+the canary does is bound by a host whose speed varies, not by more work. Tables, per stage, the forward's
+main-thread CPU ms (median, p90), the canary's ms and their correlation; OUT/zero3_host.json has every step's.
+
+`target-linear`: ZeRO-3 (its default `memory_efficient_linear`) replaces `torch.nn.functional.linear` process-wide
+with an autograd Function, which every linear of the frozen target would pay (a Python call, argument binding by
+`inspect.signature` included) though the target runs under no_grad; `capture_features` runs the target under
+`specdraft.targets.features.torch_linear`, PyTorch's own op. A random Llama with Llama-3.1-8B's 32 layers (224
+linears a forward) at a tiny width and a short row, so that the forward is bound by the host, runs with
+DeepSpeed's linear installed, through DeepSpeed's Function (`deepspeed`) and through `torch_linear`, alternating
+step by step so that both see the same host: the median main-thread CPU ms a forward (and p90) and the calls that
+went through DeepSpeed's Function. OUT/target_linear.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, run_parts, write_report
+
+import numpy as np
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+CONFIGS = {
+    "llama8b": {"target": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                               intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
+                               rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072, rms_norm_eps=1e-5),
+                "seq_len": 2048, "draft_vocab_size": 32000, "ttt_steps": 7},
+    "smollm2": {"target": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                               intermediate_size=1536, vocab_size=49152, rope_theta=100000.0,
+                               max_position_embeddings=8192, rms_norm_eps=1e-5),
+                "seq_len": 1024, "draft_vocab_size": 8192, "ttt_steps": 7},
+    "tiny": {"target": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, vocab_size=320, rope_theta=500000.0,
+                            rope_scaling={**LLAMA3_ROPE, "original_max_position_embeddings": 256},
+                            max_position_embeddings=2048, rms_norm_eps=1e-5),
+             "seq_len": 128, "draft_vocab_size": 256, "ttt_steps": 7},
+}
+
+
+def write_target(directory: Path, shape: dict) -> Path:
+    """config.json + a tokenizer with a chat template: all `target.random_init` needs."""
+    from transformers import LlamaConfig
+
+    from tests.tiny import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(**copy.deepcopy(shape), tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, architectures=["LlamaForCausalLM"])
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_rows(distill_dir: Path, num_rows: int, seq_len: int, vocab_size: int) -> Path:
+    """Synthetic distilled rows in the on-disk format: random ids, the last 3/4 of each row an answer."""
+    from datasets import Dataset
+
+    from specdraft.data.format import ROW_FEATURES, dataset_dir
+
+    ids = np.random.default_rng(0).integers(0, vocab_size, size=(num_rows, seq_len))  # [rows, T]
+    mask = np.zeros(seq_len, dtype=np.int64)
+    mask[seq_len // 4:] = 1
+    rows = [{"input_ids": row.tolist(), "loss_mask": mask.tolist(), "source": "synthetic", "index": i, "turns": 1,
+             "target": "random", "target_revision": "", "temperature": 0.0, "top_p": 1.0, "seed": 0,
+             "max_new_tokens": seq_len} for i, row in enumerate(ids)]
+    Dataset.from_list(rows, features=ROW_FEATURES).save_to_disk(str(dataset_dir(distill_dir)))
+    return distill_dir
+
+
+def write_recipe(work: Path, spec: dict, dtype: str) -> Path:
+    path = work / "recipe.yaml"
+    path.write_text(f"""# tools/bench/scale.py: random-weight target, synthetic rows (benchmark only)
+target: {{path: {work / 'target'}, dtype: {dtype}, random_init: true}}
+method: {{name: eagle3, ttt_steps: {spec['ttt_steps']}, draft_vocab_size: {spec['draft_vocab_size']}}}
+data: {{max_length: {spec['seq_len']}, val_fraction: 0.01}}
+distill: {{output_dir: {work / 'data'}}}
+train: {{micro_batch_size: 1, lr: 1.0e-4, warmup_steps: 1, log_every_steps: 1, seed: 0}}
+""")
+    return path
+
+
+def run_dir(work: Path, strategy: str, gpus: int) -> Path:
+    return work / "runs" / f"{strategy.replace(':', '-')}-{gpus}"
+
+
+def train_dir(work: Path, strategy: str, gpus: int, args) -> Path:
+    """The run's train.output_dir: the run directory, or (--profile, --phases) profile_train's `train` inside it."""
+    return run_dir(work, strategy, gpus) / "train" if args.profile or args.phases else run_dir(work, strategy, gpus)
+
+
+def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list:
+    """The `specdraft train` command of one configuration (`STRATEGY:shard`: the target partitioned); with
+    --profile, tools/profile_train.py running the same recipe and overrides, its last steps under the profiler;
+    with --phases, the same with every timed step's phases timed instead."""
+    name, _, option = strategy.partition(":")
+    steps = args.warmup + args.steps
+    overrides = [f"train.output_dir={train_dir(work, strategy, gpus, args)}", f"train.strategy={name}",
+                 f"train.devices={gpus}", f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}",
+                 f"train.shard_target={'true' if option == 'shard' else 'auto'}"]
+    overrides += args.override
+    if not (args.profile or args.phases):
+        return [sys.executable, "-m", "specdraft.cli", "train", str(recipe), *overrides]
+    warmup, timed = (args.warmup, args.steps) if args.phases else (steps - args.profile, args.profile)
+    flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync \
+        + ["--pin-cores"] * args.pin_cores + ["--split-forward"] * args.split_forward
+    return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--warmup", str(warmup),
+            "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus)), *flags]
+
+
+def _environment(device: str) -> dict:
+    env = child_env(drop=["SLURM_"], HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if device == "cpu":
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    return env
+
+
+def run_process_group(argv: list, env: dict, log, timeout: float) -> int:
+    """Run `argv` in a process group of its own -> its exit code; whatever is left of the group afterwards (the
+    ranks Lightning started, after a crash or the timeout) is killed, so the GPUs are free for the next run.
+    Raises subprocess.TimeoutExpired after `timeout` seconds."""
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        kill_group(process)
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def measure(work: Path, strategy: str, gpus: int, args) -> dict:
+    """One configuration's steady tokens/s from its step times; raises on a failed or unmeasurable run."""
+    from specdraft.train.timing import read_step_times, steady_rate
+
+    log_path = args.out / "logs" / f"{strategy.replace(':', '-')}-{gpus}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        returncode = run_process_group(train_argv(work, args.recipe, strategy, gpus, args),
+                                       _environment(args.device), log, args.timeout)
+    if returncode != 0:
+        raise RuntimeError(f"exit {returncode}: {_tail(log_path, 3)}")
+    rows = read_step_times(train_dir(work, strategy, gpus, args) / "logs" / "step_times.csv")
+    rate = steady_rate(rows, args.warmup)
+    if rate is None:
+        raise RuntimeError(f"{len(rows)} timed steps: too few after {args.warmup} warm-up steps")
+    step_seconds = np.diff([seconds for _, seconds, _ in rows[max(0, args.warmup - 1):]])
+    result = {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "timed_steps": len(step_seconds),
+              "step_seconds_median": float(np.median(step_seconds)), "first_step_seconds": rows[0][1]}
+    if args.phases:
+        result["phase_ms_median_by_rank"] = phases_by_rank(run_dir(work, strategy, gpus))
+    return result
+
+
+def phases_by_rank(directory: Path) -> list:
+    """Each rank's medians per step phase, from tools/profile_train.py --phases, rank 0 first: NAME its wall ms,
+    and NAME_M for each other measure M (cpu: the main thread's CPU ms; preemptions; wait: ms inside CUDA
+    synchronizations; sys: kernel CPU ms; page_faults; cuda_mallocs, cuda_frees and alloc_retries: the caching
+    allocator's), and `canary`: its host canary's median ms (profile_train.host_canary_ms)."""
+    reports = sorted((json.loads(path.read_text()) for path in directory.glob("profile_train*.json")),
+                     key=lambda report: report["rank"])
+    return [{**{f"{name}{_measure_suffix(key)}": value for key, medians in report.items()
+                if key.startswith("phase_") and key.endswith("_median") for name, value in medians.items()},
+             "canary": report["canary_ms_median"]} for report in reports]
+
+
+def _measure_suffix(key: str) -> str:
+    """phase_ms_median -> ""; phase_cpu_ms_median -> "_cpu"; phase_preemptions_median -> "_preemptions"."""
+    measure = key[len("phase_"):-len("_median")]
+    return "" if measure == "ms" else "_" + measure.removesuffix("_ms")
+
+
+def run_one(work: Path, strategy: str, gpus: int, args) -> dict:
+    """One configuration -> its result, status "ok" or the error (a failure never stops the benchmark)."""
+    result = {"strategy": strategy, "gpus": gpus, "status": "ok"}
+    started = time.perf_counter()
+    try:
+        result.update(measure(work, strategy, gpus, args))
+    except subprocess.TimeoutExpired:
+        result["status"] = f"timeout after {args.timeout} s"
+    except Exception as err:  # recorded; the next configuration still runs
+        result["status"] = f"error: {type(err).__name__}: {err}"[:2000]
+    result["wall_seconds"] = time.perf_counter() - started
+    print(f"{strategy} x{gpus}: {result['status'].splitlines()[0]} ({result['wall_seconds']:.0f} s)", flush=True)
+    return result
+
+
+def add_efficiency(results: list) -> list:
+    for result in results:
+        base = next((r for r in results if r["strategy"] == result["strategy"] and r["gpus"] == 1
+                     and r["status"] == "ok"), None)
+        ok = result["status"] == "ok" and base is not None
+        result["efficiency"] = result["tokens_per_s"] / (result["gpus"] * base["tokens_per_s"]) if ok else None
+    return results
+
+
+def table(results: list) -> str:
+    rows = []
+    for r in results:
+        if r["status"] != "ok":
+            rows.append([r["strategy"], r["gpus"], r["status"].splitlines()[0][:90], "", "", ""])
+            continue
+        rows.append([r["strategy"], r["gpus"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                     f"{r['step_seconds_median']:.3f} s",
+                     "-" if r["efficiency"] is None else f"{100 * r['efficiency']:.1f}%"])
+    return markdown_table(["strategy", "GPUs", "tokens/s", "per GPU", "step (median)", "efficiency"], rows)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="EAGLE-3 training tokens/s and scaling efficiency at 1, 2, 4 GPUs")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama8b")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--gpus", default=None, help="GPU (process) counts, e.g. 1,2 (default 1,2 and 4 if present)")
+    parser.add_argument("--strategies", default=None,
+                        help="default: deepspeed_stage_2,deepspeed_stage_3 on cuda, ddp on cpu; "
+                             "deepspeed_stage_3:shard partitions the target")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
+    parser.add_argument("--warmup", type=int, default=3, help="steps not timed (the first compiles)")
+    parser.add_argument("--rows", type=int, default=64, help="synthetic rows (cycled)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per configuration (one process)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="profile the last STEPS timed steps of every rank (tools/profile_train.py): op tables "
+                             "in each run's logs and profile_train*.json; the profiler's overhead is in the rates")
+    parser.add_argument("--trace", action="store_true", help="with --profile: each rank's Chrome trace too")
+    parser.add_argument("--phases", action="store_true",
+                        help="no profiler: every rank's host time per phase of each timed step (forward, backward, "
+                             "optimizer step), in each run's profile_train*.json; the rates are those of plain runs "
+                             "plus a host canary timed before each step (about 1 ms)")
+    parser.add_argument("--blocking-sync", action="store_true",
+                        help="with --phases: each rank's host sleeps instead of spinning while it waits for its GPU")
+    parser.add_argument("--pin-cores", action="store_true",
+                        help="with --phases: each rank's threads on a disjoint share of the physical cores")
+    parser.add_argument("--split-forward", action="store_true",
+                        help="with --phases: the forward timed as `target` and `draft`, the device synchronized "
+                             "between them (slower steps; shows which part the host limits)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override for every configuration (repeatable), e.g. "
+                             "train.deepspeed.zero_optimization.reduce_bucket_size=500000000")
+    parser.add_argument("--out", type=Path, required=True, help="a directory: OUT/scale.json, OUT/logs, OUT/work")
+    args = parser.parse_args(argv)
+    if not 0 <= args.profile <= args.steps:
+        parser.error(f"--profile {args.profile}: between 0 and --steps ({args.steps})")
+    if args.trace and not args.profile:
+        parser.error("--trace needs --profile STEPS")
+    for flag in ("blocking_sync", "pin_cores", "split_forward"):
+        if getattr(args, flag) and not args.phases:
+            parser.error(f"--{flag.replace('_', '-')} is an experiment of --phases runs: add --phases")
+    if args.phases and args.profile:
+        parser.error("--phases times phases without the profiler: not with --profile")
+    if args.gpus is None:
+        import torch
+
+        present = torch.cuda.device_count() if args.device == "cuda" else 2
+        args.gpus = ",".join(str(n) for n in (1, 2, 4) if n <= max(present, 1))
+    args.gpus = [int(n) for n in args.gpus.split(",")]
+    default = "deepspeed_stage_2,deepspeed_stage_3" if args.device == "cuda" else "ddp"
+    args.strategies = (args.strategies or default).split(",")
+    return args
+
+
+def micro_batch(recipe: Path, overrides: list) -> int:
+    """Rows per GPU per step, as `specdraft train` resolves the recipe and the overrides."""
+    from specdraft.recipes import load_recipe
+
+    return load_recipe(recipe, overrides).train.micro_batch_size
+
+
+def train_main(argv=None) -> dict:
+    args = parse_args(argv)
+    spec = CONFIGS[args.config]
+    work = args.out / "work"
+    write_target(work / "target", spec["target"])
+    write_rows(work / "data", args.rows, spec["seq_len"], spec["target"]["vocab_size"])
+    args.recipe = write_recipe(work, spec, "bfloat16" if args.device == "cuda" else "float32")
+    report = {"config": args.config, "device": args.device, "machine": machine(args.device),
+              "seq_len": spec["seq_len"], "micro_batch_per_gpu": micro_batch(args.recipe, args.override),
+              "overrides": args.override, "warmup_steps": args.warmup, "timed_steps": args.steps,
+              "target": spec["target"], "results": []}
+    for strategy in args.strategies:
+        for gpus in args.gpus:
+            report["results"].append(run_one(work, strategy, gpus, args))
+            add_efficiency(report["results"])
+            write_report(args.out, report, "scale")
+    return finish(table(report["results"]), args.out, report, "scale")
+
+
+ZERO3_WARMUP = 10  # steps left out of the statistics (DeepSpeed records its parameter trace in the first)
+
+
+def zero3_worker(stage: int, steps: int) -> dict:
+    """One rank, `steps` steps under ZeRO-`stage` -> every step's forward CPU ms and canary ms."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "tools"))
+    from profile_train import host_canary_ms
+
+    from specdraft.core.types import DraftContext, TargetInfo
+    from tests import zero_init_run
+    from tests.tiny import tiny_llama_config
+
+    torch.set_num_threads(1)
+    zero_init_run._init()
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+    info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
+    ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
+    spec, cfg, plain, partitioned = zero_init_run._plain_and_sharded(
+        "eagle3", {"ttt_steps": 7, "draft_vocab_size": 256}, ctx, {**config, "zero_optimization": {"stage": 3}})
+    draft = partitioned if stage == 3 else plain
+    engine, *_ = deepspeed.initialize(model=zero_init_run._LossModule(spec, cfg, draft), config=config,
+                                      model_parameters=draft.parameters())
+    batch = zero_init_run._random_batch(spec, cfg, info, torch.Generator().manual_seed(0), rows=1)
+    forward_ms, canary_ms = [], []
+    for _ in range(steps):
+        canary_ms.append(host_canary_ms())
+        started = time.thread_time()
+        loss = engine(batch)
+        forward_ms.append(1e3 * (time.thread_time() - started))
+        engine.backward(loss)
+        engine.step()
+    return {"stage": stage, "forward_cpu_ms_each": forward_ms, "canary_ms_each": canary_ms}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_zero3_stage(stage: int, steps: int) -> dict:
+    env = child_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, __file__, "zero3-host", "--worker", str(stage), "--steps", str(steps)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"ZeRO-{stage} worker failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def zero3_summary(result: dict) -> dict:
+    """Medians, p90 and the forward/canary correlation over the steps after ZERO3_WARMUP."""
+    forward, canary = result["forward_cpu_ms_each"][ZERO3_WARMUP:], result["canary_ms_each"][ZERO3_WARMUP:]
+    return {"forward_cpu_ms_median": statistics.median(forward), "forward_cpu_ms_p90": _quantile(forward, 0.9),
+            "canary_ms_median": statistics.median(canary), "canary_ms_p90": _quantile(canary, 0.9),
+            "correlation": _correlation(forward, canary)}
+
+
+def _correlation(first: list, second: list):
+    """Pearson's r, or None where it is undefined (fewer than 3 steps, or a constant series)."""
+    try:
+        return statistics.correlation(first, second) if len(first) > 2 else None
+    except statistics.StatisticsError:
+        return None
+
+
+def _quantile(values: list, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def zero3_table(results: list) -> str:
+    rows = [[f"ZeRO-{r['stage']}", f"{r['summary']['forward_cpu_ms_median']:.2f}",
+             f"{r['summary']['forward_cpu_ms_p90']:.2f}", f"{r['summary']['canary_ms_median']:.3f}",
+             f"{r['summary']['canary_ms_p90']:.3f}", fmt(r["summary"]["correlation"], ".2f")] for r in results]
+    return markdown_table(["engine", "forward CPU ms, median", "p90", "canary ms, median", "p90",
+                           "forward-canary correlation"], rows)
+
+
+def zero3_host_main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description="the host work ZeRO-3 adds to a draft's forward (CPU)")
+    parser.add_argument("--steps", type=int, default=300, help=f"steps per stage (the first {ZERO3_WARMUP} not "
+                                                                "counted)")
+    parser.add_argument("--stages", default="2,3")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        print(json.dumps(zero3_worker(args.worker, args.steps)))
+        return {}
+    if args.out is None or args.steps <= ZERO3_WARMUP:
+        parser.error(f"--out is required and --steps must exceed {ZERO3_WARMUP}")
+    results = []
+    for stage in (int(s) for s in args.stages.split(",")):
+        result = run_zero3_stage(stage, args.steps)
+        results.append({**result, "summary": zero3_summary(result)})
+    report = {"machine": machine("cpu"), "steps": args.steps, "warmup_steps": ZERO3_WARMUP, "results": results}
+    return finish(zero3_table(results), args.out, report, "zero3_host")
+
+
+def random_target(layers: int, hidden: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config._attn_implementation = "sdpa"
+    import torch
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def _counting(linear, calls: list):
+    def counted(input, weight, bias=None):
+        calls.append(1)
+        return linear(input, weight, bias)
+    return counted
+
+
+def measure_target_linear(steps: int, layers: int, hidden: int, tokens: int) -> dict:
+    """-> {variant: {"cpu_ms_each": [...], "deepspeed_linear_calls": per forward}}."""
+    import torch
+    import torch.nn.functional as F
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+    from specdraft.targets.features import _run_decoder, capture_features, causal_attention
+
+    model = random_target(layers, hidden)
+    ids = torch.randint(0, 512, (1, tokens), generator=torch.Generator().manual_seed(0))  # [1, T]
+    calls: list = []
+    F.linear = _counting(zero3_linear_wrap, calls)  # as ZeRO-3 leaves the process
+
+    def deepspeed():  # the target's forward through DeepSpeed's Function, without torch_linear
+        with torch.no_grad(), causal_attention(model):
+            _run_decoder(model.get_decoder(), ids, None, None, [0, 2, layers // 2, layers - 3])
+
+    def torch_linear():
+        capture_features(model, ids, None, [2, layers // 2, layers - 3])
+
+    variants = {"deepspeed": deepspeed, "torch_linear": torch_linear}
+    results = {name: {"cpu_ms_each": [], "deepspeed_linear_calls": 0} for name in variants}
+    try:
+        for step in range(steps):
+            for name, forward in variants.items():
+                calls.clear()
+                started = time.thread_time()
+                forward()
+                results[name]["cpu_ms_each"].append(1e3 * (time.thread_time() - started))
+                results[name]["deepspeed_linear_calls"] = len(calls)
+    finally:
+        F.linear = torch._C._nn.linear
+    return results
+
+
+def target_linear_table(results: dict) -> str:
+    return markdown_table(["variant", "CPU ms a forward, median", "p90", "DeepSpeed linear calls"],
+                          [[name, f"{r['cpu_ms_median']:.2f}", f"{r['cpu_ms_p90']:.2f}", r["deepspeed_linear_calls"]]
+                           for name, r in results.items()])
+
+
+def target_linear_main(argv=None) -> dict:
+    import torch
+
+    parser = argparse.ArgumentParser(description="the frozen target's host time under DeepSpeed's linear and "
+                                                 "under torch_linear (CPU)")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10, help="forwards of each variant left out of the statistics")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup:
+        parser.error(f"--steps must exceed --warmup ({args.warmup})")
+    torch.set_num_threads(1)
+    results = measure_target_linear(args.steps, args.layers, args.hidden, args.tokens)
+    for result in results.values():
+        timed = sorted(result["cpu_ms_each"][args.warmup:])
+        result["cpu_ms_median"] = statistics.median(timed)
+        result["cpu_ms_p90"] = _quantile(timed, 0.9)
+    report = {**vars(args), "out": str(args.out), "machine": machine("cpu"), "results": results}
+    return finish(target_linear_table(results), args.out, report, "target_linear")
+
+
+def main(argv=None) -> dict:
+    return run_parts({"train": train_main, "zero3-host": zero3_host_main, "target-linear": target_linear_main},
+                     argv)
+
+
+if __name__ == "__main__":
+    main()
