@@ -109,7 +109,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
 
 def warm_prompt_lengths(engine, prompts: List[List[int]]) -> dict:
     """Every prompt's prefill, twice, before the timed runs -> the mean first and second prefill (ms). The eager
-    prefill pays a one-time cost for each prompt length it has not met yet (Session 19, SmolLM2 on an H200:
+    prefill pays a one-time cost for each prompt length it has not met yet (SmolLM2 on an H200:
     plain decoding ran 1.40 ms a token on a first pass over 20 prompts, 1.03 on every later pass), and the timed
     loop that meets a prompt first, always plain decoding, paid it alone. A server pays it once a length, in
     either loop; `bench` times both loops without it and keeps it on record here."""
@@ -168,7 +168,7 @@ def lossless_in_float32(runtime: Runtime, prompts: List[List[int]], settings: Be
     """Speculative against plain decoding at T=0, token for token, in float32, on the first
     `settings.lossless_prompts` prompts: in float32 a lossless runtime's two outputs are identical. The timed
     run's own check (`lossless`) is made in its dtype, where a verify of many rows rounds its GEMMs differently
-    from a one-row decode, so in bf16 a near-tied argmax can flip (docs/benchmarks.md, Session 4). The runtime
+    from a one-row decode, so in bf16 a near-tied argmax can flip (docs/benchmarks.md). The runtime
     itself when it runs float32, else the one `load_float32` builds; None when no check is asked or possible."""
     count = min(settings.lossless_prompts, len(prompts))
     exact = runtime.engine.dtype == torch.float32

@@ -234,8 +234,8 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
 
 def rebuild_rotary_buffers(model: torch.nn.Module) -> None:
     """Each rotary embedding's buffers (inv_freq, and original_inv_freq) recomputed outside zero.Init, from a fresh
-    module of the same class and config. Transformers without `prevent_arange_dtype_change` (5.17 on the GPU
-    machine of Session 8) leaves them computed in bf16 under zero.Init: the partitioned target's rotary angles
+    module of the same class and config. Transformers without `prevent_arange_dtype_change` (5.17, seen on an
+    H100 machine) leaves them computed in bf16 under zero.Init: the partitioned target's rotary angles
     were then off by up to 0.4%, and its features moved the 2-GPU ZeRO-3 weights 1-3% of an update away from a
     1-GPU run's (tests/test_multi_gpu.py)."""
     for module in model.modules():

@@ -1,4 +1,4 @@
-"""Op tables from a torch.profiler run over some training steps (tools/profile_train.py, tools/bench_train.py
+"""Op tables from a torch.profiler run over some training steps (tools/profile_train.py, tools/bench/train.py
 --profile): the device's busy time, kernel launches, and the ops with the most device and host time per step."""
 from __future__ import annotations
 
