@@ -176,7 +176,7 @@ def _add_slurm(sub) -> None:
     slurm.add_argument("--mem", help="memory per node, e.g. 200G")
     slurm.add_argument("--signal-seconds", type=int, default=120,
                        help="train: SIGUSR1 this many seconds before the time limit (save and requeue)")
-    slurm.add_argument("--template", help="an sbatch template of your own (default: tools/slurm/KIND.sbatch)")
+    slurm.add_argument("--template", help="an sbatch template of your own (default: the packaged specdraft/launch/templates/KIND.sbatch)")
     slurm.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
     slurm.set_defaults(func=_slurm)
 

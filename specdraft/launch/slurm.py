@@ -1,6 +1,6 @@
 """`specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [...] [key=value ...]`.
 
-Renders an sbatch script from a template (tools/slurm/train.sbatch or tools/slurm/distill-data.sbatch, or
+Renders an sbatch script from a template (specdraft/launch/templates/train.sbatch or distill-data.sbatch, shipped in the package, or
 --template PATH), writes it beside the run's output (OUTPUT_DIR/slurm/KIND.sbatch, logs in the same folder) and
 submits it with `sbatch` unless --dry-run, which prints it instead. The recipe is loaded (with the overrides)
 first, so a bad recipe fails here and not in the queue.
@@ -30,7 +30,7 @@ from specdraft.recipes import load_recipe
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.io import write_text
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "tools" / "slurm"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("train", "distill-data")
 
 
@@ -53,7 +53,7 @@ class SlurmJob:
     signal_seconds: int = 120
     """train: SIGUSR1 this long before the time limit (Lightning saves and requeues)."""
     template: Optional[str] = None
-    """A template of your own instead of tools/slurm/KIND.sbatch."""
+    """A template of your own instead of the packaged templates/KIND.sbatch."""
 
 
 def _check(job: SlurmJob, recipe: Recipe) -> None:
@@ -103,7 +103,7 @@ def _template(job: SlurmJob) -> Template:
     path = Path(job.template) if job.template else TEMPLATES / f"{job.kind}.sbatch"
     if not path.is_file():
         raise SpecdraftError(f"sbatch template not found: {path} (pass --template PATH; the default templates "
-                             f"are in tools/slurm/ of the specdraft repository)")
+                             f"ship in specdraft/launch/templates/)")
     return Template(path.read_text())
 
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from specdraft.config import TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetInfo
-from specdraft.targets.load import MODEL_BUILD_LOCK, _local_or_hub, resolve_dtype
+from specdraft.targets.load import MODEL_BUILD_LOCK, local_or_hub, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def load_target_heads(cfg: TargetConfig, embeddings: bool, device: torch.device 
     """The target's LM head and (with `embeddings`) embedding table, in `target.dtype` resolved for `device`."""
     from transformers import AutoConfig
 
-    source = _local_or_hub(cfg)
+    source = local_or_hub(cfg)
     try:
         config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:

@@ -127,13 +127,13 @@ def _convert_gguf(gguf: Path) -> Path:
     return cached
 
 
-def _local_or_hub(cfg: TargetConfig) -> str:
+def local_or_hub(cfg: TargetConfig) -> str:
     source, gguf = resolve_source(cfg.path)
     return str(_convert_gguf(gguf)) if gguf is not None else source
 
 
 def load_tokenizer(cfg: TargetConfig, require_chat_template: bool = True):
-    return _tokenizer_from(_local_or_hub(cfg), cfg, require_chat_template)
+    return _tokenizer_from(local_or_hub(cfg), cfg, require_chat_template)
 
 
 def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool):
@@ -212,7 +212,7 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
     except ImportError:  # older transformers: no guard; rebuild_rotary_buffers (below) repairs the rotary buffers
         prevent_arange_dtype_change = contextlib.nullcontext
 
-    source = _local_or_hub(cfg)
+    source = local_or_hub(cfg)
     config = zero3_config(torch_dtype)
     zero3 = HfDeepSpeedConfig(copy.deepcopy(config))  # noqa: F841 (transformers keeps a weak reference)
     try:
@@ -282,7 +282,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     weights are loaded as `target.quantization` asks (straight onto the CUDA `device`)."""
     from transformers import AutoModelForCausalLM
 
-    source = _local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
+    source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     quantized = quantization_config(cfg, device, torch_dtype) if quantize else None
@@ -314,7 +314,7 @@ def load_target_info(cfg: TargetConfig) -> TargetInfo:
     """The target's geometry from its config alone (no weights loaded)."""
     from transformers import AutoConfig
 
-    source = _local_or_hub(cfg)
+    source = local_or_hub(cfg)
     try:
         config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:

@@ -253,3 +253,32 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
         assert torch.equal(got.for_host, expected.for_host)
         assert torch.equal(engines[1].prefix_len, engines[0].prefix_len)
         assert torch.equal(engines[1].root, engines[0].root)
+
+
+TRAINER_ONLY = ("lightning", "lightning_fabric", "pytorch_lightning", "deepspeed", "datasets", "omegaconf", "peft",
+                "bitsandbytes")
+
+
+def test_the_runtime_runs_without_the_trainers_dependencies(export_dir, tmp_path):
+    """A serving machine needs torch, triton, safetensors, transformers and a tokenizer: `generate` on an export runs
+    with none of lightning, deepspeed, datasets, omegaconf, peft or bitsandbytes importable."""
+    import subprocess
+    import sys
+
+    import torch
+
+    site = tmp_path / "site"  # this environment's packages, the trainer's left out
+    site.mkdir()
+    for entry in Path(torch.__file__).resolve().parents[1].iterdir():
+        if not entry.name.startswith((*TRAINER_ONLY, "__editable__")):
+            (site / entry.name).symlink_to(entry)
+    code = (f"import sys\nfrom specdraft import cli\n"
+            f"code = cli.main(['generate', {str(export_dir)!r}, '--prompt', 'question 1?', '--max-new-tokens', '6',"
+            f" '--device', 'cpu'])\n"
+            f"loaded = {{m.split('.')[0] for m in sys.modules}} & set({TRAINER_ONLY!r})\n"
+            f"print('LOADED', sorted(loaded))\nsys.exit(code)\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": f"{site}:{repo}", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "LOADED []" in done.stdout and "tokens/s" in done.stderr

@@ -10,8 +10,6 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from specdraft.layers import repeat_kv
-
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
 
@@ -30,13 +28,13 @@ def ttt_attention_reference(query: torch.Tensor, steps_kv: List[KV], query_cols:
     step j's [B, kvh, Tq, D] aligned with the queries; query_cols [Tq]; document_ids [B, T0] -> [B, h, Tq, D]."""
     groups = query.shape[1] // steps_kv[0][0].shape[1]
     scale = 1.0 / math.sqrt(query.shape[-1])
-    k0, v0 = (repeat_kv(t, groups) for t in steps_kv[0])  # [B, h, T0, D]
+    k0, v0 = (t.repeat_interleave(groups, dim=1) for t in steps_kv[0])  # [B, h, T0, D]
     visible = step0_visible(query_cols, k0.shape[2], document_ids)
     scores = [torch.matmul(query, k0.transpose(-1, -2)).mul(scale).masked_fill(~visible, float("-inf"))]
     diag_values = []
     for k_j, v_j in steps_kv[1:]:
-        scores.append((query * repeat_kv(k_j, groups)).sum(-1, keepdim=True) * scale)  # [B, h, Tq, 1]
-        diag_values.append(repeat_kv(v_j, groups))
+        scores.append((query * k_j.repeat_interleave(groups, dim=1)).sum(-1, keepdim=True) * scale)  # [B, h, Tq, 1]
+        diag_values.append(v_j.repeat_interleave(groups, dim=1))
     probs = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(query.dtype)  # [B, h, Tq, T0 + J]
     out = torch.matmul(probs[..., : k0.shape[2]], v0)  # [B, h, Tq, D]
     for j, v_j in enumerate(diag_values):
