@@ -1,8 +1,8 @@
 """One layer order, imports pointing one way (CPU, no imports executed: the sources are parsed).
 
 Layers, bottom to top; a module imports only from layers below its own, or from its own package:
-    core -> kernels -> layers, config -> data, targets -> methods -> recipes -> drafts -> runtime, launch
-    -> eval, export, train, data_gen -> cli
+    core -> kernels -> layers, config -> data, targets -> decoding -> methods -> recipes -> drafts
+    -> runtime, launch -> eval, export, train, data_gen -> cli
 No circle among modules either, and no private name (`_x`) imported from another module.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ LAYERS: List[Set[str]] = [
     {"specdraft.kernels"},
     {"specdraft.layers", "specdraft.config"},
     {"specdraft.data", "specdraft.targets"},
+    {"specdraft.decoding"},
     {"specdraft.methods"},
     {"specdraft.recipes"},
     {"specdraft.drafts"},
@@ -130,9 +131,9 @@ def test_imports_point_down_with_no_circle_and_no_private_name():
 
 def test_a_planted_back_arrow_and_circle_are_caught():
     sources = package_sources()
-    sources["specdraft.core.types"] += "\nfrom specdraft.runtime.engine import SpecEngine\n"
+    sources["specdraft.core.types"] += "\nfrom specdraft.decoding.engine import SpecEngine\n"
     graph = internal_graph(sources)
-    assert "specdraft.core.types -> specdraft.runtime.engine" in back_arrows(graph)
+    assert "specdraft.core.types -> specdraft.decoding.engine" in back_arrows(graph)
     assert any(cycle[0] == cycle[-1] and "specdraft.core.types" in cycle for cycle in circles(graph))
-    sources["specdraft.runtime.load"] += "\nfrom specdraft.runtime.engine import _finished\n"
+    sources["specdraft.runtime.load"] += "\nfrom specdraft.decoding.engine import _finished\n"
     assert any("_finished" in line for line in private_imports(internal_graph(sources)))

@@ -16,7 +16,7 @@ from specdraft.export import export_draft
 from specdraft.methods import METHODS
 from specdraft.core.types import DraftBatch, TargetFeatures
 from specdraft.runtime.load import load_runtime
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
 from specdraft.train.trainer import run_train
 from tests.oracles import ChainState, chain_of

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specdraft.runtime.stats import acceptance_by_position
+from specdraft.decoding.stats import acceptance_by_position
 from tests.tools import load_tool
 
 def _tool():

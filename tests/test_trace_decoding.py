@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.tree import TreeShape
 from tests.tools import load_tool
 
 

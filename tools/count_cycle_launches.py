@@ -1,5 +1,5 @@
 """Kernel launches of one plain decoding step and of one speculative cycle by phase (draft, verify, bookkeeping),
-counted on the CPU (`specdraft.runtime.launches`) for an EAGLE-3 head over a random target of a real geometry.
+counted on the CPU (`specdraft.decoding.launches`) for an EAGLE-3 head over a random target of a real geometry.
 
 A small target decodes bound by its launches: on an H100 a graphed SmolLM2 cycle takes about 2-3 µs a launch
 (docs/benchmarks.md, runtime suite). So cycle launches over plain-step launches is the cycle's cost in plain steps,
@@ -39,7 +39,7 @@ SPEEDUP_GOAL = 2.5  # issue 3's goal over plain decoding
 def parse_shape(text: str):
     """'6' -> a chain of 6; '6,8,48' -> TreeShape(6, 8, 48), validated."""
     from specdraft.core.errors import SpecdraftError
-    from specdraft.runtime.tree import TreeShape
+    from specdraft.decoding.tree import TreeShape
 
     try:
         numbers = [int(part) for part in text.split(",")]
@@ -70,8 +70,8 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
 
     from specdraft.core.types import DraftContext, TargetInfo
     from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
-    from specdraft.runtime.engine import SpecEngine
-    from specdraft.runtime.target import from_hf, hf_rope_tables
+    from specdraft.decoding.engine import SpecEngine
+    from specdraft.decoding.target import from_hf, hf_rope_tables
 
     geometry, draft_vocab = CONFIGS[config]
     torch.manual_seed(0)
@@ -87,7 +87,7 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
 
 
 def _counted(fn):
-    from specdraft.runtime.launches import LaunchCounter
+    from specdraft.decoding.launches import LaunchCounter
 
     with torch.no_grad(), LaunchCounter() as counter:
         out = fn()
@@ -106,7 +106,7 @@ def cycle_launches(engine) -> Dict[str, List[str]]:
 
 def plain_step_launches(engine) -> List[str]:
     """One plain decoding step: the target's forward of one token and the next token's argmax."""
-    from specdraft.runtime.sampling import sample_token
+    from specdraft.decoding.sampling import sample_token
 
     return _counted(lambda: sample_token(engine.plain_step(engine.root.clone()), 0.0, None))[1]
 

@@ -38,7 +38,7 @@ Declared capabilities (`DrafterCaps`) switch on further hooks, which the base cl
     set_verify_start_layer(layer): keep the chain's states entering `layer` (<= ℓ) instead.
   shallow_tree (trees verified from ℓ too):
     keep_tree_states(num_candidates); tree_candidates(tokens, positions, first, paths, frontier);
-    tree_verify_states(candidate_ids) -> hidden [N, H] (see specdraft.runtime.tree).
+    tree_verify_states(candidate_ids) -> hidden [N, H] (see specdraft.decoding.tree).
   exit_layers (several drafts at several exits, one drafting per cycle): select_exit(index); `variant`.
   scores_tree: `tree_scorer()` -> a TreeScorer, called between a depth's expansion and the tree's selection.
   judges: `node_judge()` -> a NodeJudge, whose scores let the acceptance rule accept a token exact verification

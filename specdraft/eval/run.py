@@ -18,7 +18,7 @@ from specdraft.drafts import RECIPE_FILE, load_draft
 from specdraft.eval.plot import plot_acceptance
 from specdraft.recipes import load_recipe
 from specdraft.runtime.load import build_runtime, resolve_device
-from specdraft.runtime.stats import acceptance_by_position
+from specdraft.decoding.stats import acceptance_by_position
 from specdraft.targets import load_target
 
 

@@ -34,7 +34,7 @@ Inference: confirmed positions' adapter keys come from the target's own feature 
 each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter. In the
 runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states (a tree's too, when the
 engine asks: its drafter then runs every tree candidate through the shallow layers), and the engine's confidence
-exit (specdraft/runtime/chain.py) defaults to `exit_threshold`.
+exit (specdraft/decoding/chain.py) defaults to `exit_threshold`.
 """
 from __future__ import annotations
 

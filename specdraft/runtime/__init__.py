@@ -1,5 +1,3 @@
-"""The fast lossless runtime: a compact static-cache target (target.py), the EAGLE-2 tree and chain (tree.py),
-the draft-verify cycle with CUDA graphs (engine.py, graphs.py), chain cycles with the confidence exit and
-shallow-state reuse (chain.py), the dynamic draft length and exit layer (dynamic_exit.py), lossless sampling
-(sampling.py), the method hook it calls (drafter.py), loading an export (load.py), and `specdraft bench`
-(bench.py, profile.py)."""
+"""The lightweight runtime: an export (or a run) and its target loaded into the decoding engine (load.py), and
+`specdraft bench` (bench.py, profile.py). It needs torch, safetensors, transformers and a tokenizer, nothing of the
+trainer (lightning, deepspeed, datasets, omegaconf, peft, bitsandbytes)."""

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from specdraft.config import EvalConfig
 from specdraft.data.sources import load_conversations
 from specdraft.core.errors import SpecdraftError
-from specdraft.runtime.stats import acceptance_by_position
+from specdraft.decoding.stats import acceptance_by_position
 from specdraft.core.io import write_json
 from specdraft.runtime.load import Runtime
 from specdraft.runtime.profile import profile_cycles

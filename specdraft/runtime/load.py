@@ -15,10 +15,10 @@ import torch
 from specdraft.config import RuntimeConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.drafts import LoadedDraft, load_draft
-from specdraft.runtime.dynamic_exit import ExitChoice
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import TargetModel, from_hf, hf_rope_tables
-from specdraft.runtime.tree import CHAIN_DEPTH, TreeShape
+from specdraft.decoding.dynamic_exit import ExitChoice
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
+from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
 

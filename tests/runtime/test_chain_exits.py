@@ -1,4 +1,4 @@
-"""Chain cycles (specdraft/runtime/chain.py) with Kangaroo's drafter on a tiny trained target (CPU, fp32): the
+"""Chain cycles (specdraft/decoding/chain.py) with Kangaroo's drafter on a tiny trained target (CPU, fp32): the
 confidence exit η, the verify that starts at the exit layer over the drafter's shallow states, and the dynamic
 draft length stay lossless; η makes the drafted length vary and the verify run fewer rows; drafting a chain
 runs one shallow row per depth; a verify that starts at the wrong layer is caught; choosing among drafts at two
@@ -11,10 +11,10 @@ import torch
 from specdraft.core.types import DraftContext
 from specdraft.runtime import chain
 from specdraft.runtime import engine as engine_module
-from specdraft.runtime.dynamic_exit import DynamicExit, ExitChoice
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import from_hf, hf_rope_tables
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.dynamic_exit import DynamicExit, ExitChoice
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
 

@@ -92,7 +92,7 @@ def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
 
 def test_the_float32_check_records_where_outputs_part(export_dir, tmp_path):
     from specdraft.runtime.bench import BenchSettings, lossless_in_float32
-    from specdraft.runtime.engine import GenerationResult
+    from specdraft.decoding.engine import GenerationResult
     from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
 
@@ -238,7 +238,7 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
     from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
     from specdraft.runtime.profile import _phases
-    from specdraft.runtime.tree import TreeShape
+    from specdraft.decoding.tree import TreeShape
 
     shape = dict(depth=3, chain=True) if chain else dict(depth=3, topk=2, budget=6)
     engines = [load_runtime(export_dir, RuntimeConfig(device="cpu", dtype="float32", max_len=256, **shape)).engine

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from specdraft.core.types import TargetInfo
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import from_hf, hf_rope_tables
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
 from tests.runtime.oracle import OracleDrafter
 from tests.tiny import tiny_llama_config
 
@@ -134,7 +134,7 @@ def test_the_cycle_in_flight_changes_no_token_and_no_statistic(shape):
 
 
 def test_host_reader_reads_each_slot_as_staged():
-    from specdraft.runtime.engine import HostReader
+    from specdraft.decoding.engine import HostReader
 
     reader = HostReader(4, torch.device("cpu"))
     first = reader.stage(torch.tensor([3, 1, 4]))
@@ -195,7 +195,7 @@ def test_a_short_generation_through_the_triton_kernels_is_lossless():
 def test_a_tree_wider_than_the_attention_kernel_is_warned_of(caplog):
     """The verify's nodes and the draft's scratch slots fit the tree-attention kernel's window, or a warning
     names the shape: beyond it attention runs the reference, far slower (depth 8, top-8: 65 scratch slots)."""
-    with caplog.at_level(logging.WARNING, logger="specdraft.runtime.tree"):
+    with caplog.at_level(logging.WARNING, logger="specdraft.decoding.tree"):
         TreeShape(depth=5, topk=8, budget=40).validated()
         TreeShape.chain(6).validated()
         assert not caplog.records

@@ -6,10 +6,10 @@ import torch
 
 from specdraft.methods import METHODS
 from specdraft.core.types import DraftContext, TargetInfo
-from specdraft.runtime.dynamic_exit import ExitChoice
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import from_hf, hf_rope_tables
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.dynamic_exit import ExitChoice
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
 from tests.runtime.test_method_drafters import CASES
 from tests.tiny import tiny_llama_config
 

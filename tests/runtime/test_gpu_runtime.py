@@ -4,9 +4,9 @@ import torch
 
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import from_hf, hf_rope_tables
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
 from tests.tiny import tiny_llama_config
 
 pytestmark = pytest.mark.gpu

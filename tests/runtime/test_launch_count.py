@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdraft.core.types import TargetInfo
-from specdraft.runtime.launches import LaunchCounter
-from specdraft.runtime.target import from_hf
+from specdraft.decoding.launches import LaunchCounter
+from specdraft.decoding.target import from_hf
 from tests.tiny import tiny_llama_config
 
 FUSED_BOUND = 10  # add + norm, qkv, rope + cache, attention (2 kernels), o, add + norm, gate/up, silu * up, down

@@ -8,9 +8,9 @@ import torch
 
 from specdraft.methods import METHODS
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import from_hf, hf_rope_tables
-from specdraft.runtime.tree import TreeShape, build_tree
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.targets import capture_features
 from tests.tiny import tiny_llama_config
 from tests.oracles import ChainState, chain_of

@@ -5,7 +5,7 @@ import torch
 
 from specdraft.kernels.tree_select import select_tree
 from specdraft.runtime import sampling
-from specdraft.runtime.tree import DraftTree
+from specdraft.decoding.tree import DraftTree
 from tests.kernels.trees import padded_expansion
 
 VOCAB, TRIALS = 6, 3000

@@ -9,9 +9,9 @@ import torch
 from specdraft.core.errors import SpecdraftError
 from specdraft.methods import kangaroo
 from specdraft.runtime import engine as engine_module
-from specdraft.runtime.engine import SpecEngine
-from specdraft.runtime.target import from_hf, hf_rope_tables
-from specdraft.runtime.tree import TreeShape
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_chain_exits import assert_first_cycles_keep_the_target_distribution
 from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained

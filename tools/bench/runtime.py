@@ -266,8 +266,8 @@ def _steps(engine, prompt: torch.Tensor, tokens: int, step: Callable) -> float:
 
 def measure_gaps(engine, prompt_ids, tokens: int) -> Dict[str, float]:
     """One prompt's decoding taken apart (the docstring's `gaps` rows) -> ms a step of each."""
-    from specdraft.runtime.graphs import CallGraph
-    from specdraft.runtime.sampling import sample_token
+    from specdraft.decoding.graphs import CallGraph
+    from specdraft.decoding.sampling import sample_token
 
     device = engine.device
     prompt = torch.tensor(prompt_ids, device=device)

@@ -26,9 +26,9 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
-from specdraft.runtime.accept import Acceptance
-from specdraft.runtime.graphs import CallGraph
-from specdraft.runtime.tree import DraftTree
+from specdraft.decoding.accept import Acceptance
+from specdraft.decoding.graphs import CallGraph
+from specdraft.decoding.tree import DraftTree
 
 
 class ChainCycles:

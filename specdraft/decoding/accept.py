@@ -23,8 +23,8 @@ import torch
 from specdraft.core.drafting import NodeJudge
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.tree_verify import verify_greedy
-from specdraft.runtime.sampling import draw_uniforms, verify_sampling
-from specdraft.runtime.tree import DraftTree
+from specdraft.decoding.sampling import draw_uniforms, verify_sampling
+from specdraft.decoding.tree import DraftTree
 
 Accepted = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # accepted_nodes [D + 1], accept_length [1], bonus [1]
 

@@ -46,13 +46,13 @@ from specdraft.core.drafting import Drafter, NodeJudge, TreeScorer
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.path_commit import commit_path
-from specdraft.runtime.accept import Acceptance, acceptance_for
-from specdraft.runtime.chain import ChainCycles
-from specdraft.runtime.dynamic_exit import DynamicExit
-from specdraft.runtime.graphs import CallGraph
-from specdraft.runtime.sampling import sample_token
-from specdraft.runtime.target import TargetModel
-from specdraft.runtime.tree import DraftTree, TreeShape, build_tree
+from specdraft.decoding.accept import Acceptance, acceptance_for
+from specdraft.decoding.chain import ChainCycles
+from specdraft.decoding.dynamic_exit import DynamicExit
+from specdraft.decoding.graphs import CallGraph
+from specdraft.decoding.sampling import sample_token
+from specdraft.decoding.target import TargetModel
+from specdraft.decoding.tree import DraftTree, TreeShape, build_tree
 
 
 # The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (on an H200:

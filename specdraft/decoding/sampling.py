@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from specdraft.runtime.tree import DraftTree
+from specdraft.decoding.tree import DraftTree
 
 
 def sample_token(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator] = None,
