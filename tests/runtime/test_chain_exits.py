@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdraft.core.types import DraftContext
-from specdraft.runtime import chain
-from specdraft.runtime import engine as engine_module
+from specdraft.decoding import chain
+from specdraft.decoding import engine as engine_module
 from specdraft.decoding.dynamic_exit import DynamicExit, ExitChoice
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
@@ -178,7 +178,7 @@ def assert_first_cycles_keep_the_target_distribution(model, engine, prompt, monk
     root, firsts = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS)
     probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
-    from specdraft.runtime import sampling
+    from specdraft.decoding import sampling
 
     monkeypatch.setattr(sampling, "_ban_rejected", lambda probs, tokens, rejected: probs)
     _, broken = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS // 2)  # resamples the rejected draft

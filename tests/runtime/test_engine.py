@@ -157,8 +157,8 @@ def test_speculative_sampling_runs_and_stays_in_vocabulary():
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=7)])
 def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatch, shape):
     """T > 0 with graphs on (a CPU stand-in with a CUDA graph's aliasing): the same draws as the eager cycles."""
-    from specdraft.runtime import chain
-    from specdraft.runtime import engine as engine_module
+    from specdraft.decoding import chain
+    from specdraft.decoding import engine as engine_module
     from tests.runtime.replay import ReplayOnCpu
 
     model = _tiny_hf("llama")

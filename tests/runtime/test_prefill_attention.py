@@ -3,7 +3,7 @@ prompt's first prefill took 130-230 ms with it, 20-40 ms again); the CPU checks 
 under."""
 import torch
 
-from specdraft.runtime import engine as engine_module
+from specdraft.decoding import engine as engine_module
 from tests.tools import load_tool
 
 

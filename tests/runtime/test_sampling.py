@@ -4,7 +4,7 @@ rule fails it."""
 import torch
 
 from specdraft.kernels.tree_select import select_tree
-from specdraft.runtime import sampling
+from specdraft.decoding import sampling
 from specdraft.decoding.tree import DraftTree
 from tests.kernels.trees import padded_expansion
 

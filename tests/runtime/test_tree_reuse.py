@@ -8,7 +8,7 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.methods import kangaroo
-from specdraft.runtime import engine as engine_module
+from specdraft.decoding import engine as engine_module
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
