@@ -37,6 +37,8 @@ from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import write_json
+from specdraft.methods import get_method
+from specdraft.methods.base import RecordContext
 from specdraft.targets.load import eos_token_ids
 
 log = logging.getLogger(__name__)
@@ -265,7 +267,8 @@ def _dialogs(ctx: _Context, conversations: Dict[int, Conversation], early: Dict[
 
 
 def fingerprint(recipe: Recipe, conversations: List[Conversation]) -> dict:
-    """What makes two runs' shards interchangeable, keyed by recipe field (plus a digest of the prompts)."""
+    """What makes two runs' shards interchangeable, keyed by recipe field (plus a digest of the prompts, and what
+    a method that makes its own records names)."""
     digest = hashlib.sha256()
     for conversation in conversations:
         digest.update(json.dumps([conversation.source, conversation.index, conversation.messages]).encode())
@@ -276,6 +279,9 @@ def fingerprint(recipe: Recipe, conversations: List[Conversation]) -> dict:
               "data.too_long": data.too_long, "distill.shard_size": cfg.shard_size,
               "distill.max_new_tokens": cfg.max_new_tokens, "distill.temperature": cfg.temperature,
               "distill.top_p": cfg.top_p, "distill.seed": cfg.seed}
+    records = get_method(recipe.method_name).records
+    if records is not None:
+        values["method records"] = {"method": recipe.method_name, **records.fingerprint(recipe.method)}
     return json.loads(json.dumps(values))
 
 
@@ -344,6 +350,35 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
             "started": started, "finished": time.time()}
 
 
+def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversation], pending: List[int],
+                         expected: dict, device: str, owned: int) -> dict:
+    """`_generate_missing` for a method that makes its own records (MethodSpec.records): the target, the base draft
+    it extends and the method's record maker loaded once, then each missing shard made and written."""
+    from tqdm.auto import tqdm
+
+    from specdraft.drafts import load_base
+    from specdraft.targets.load import load_target
+
+    spec = get_method(recipe.method_name)
+    shards = {i: _shard_conversations(conversations, i, recipe.distill.shard_size) for i in pending}
+    target = load_target(recipe.target, device)
+    early = precheck(target.tokenizer, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
+    claim_output_dir(recipe, out, expected, pending)
+    done, started = owned - sum(len(shard) for shard in shards.values()), time.time()
+    with tqdm(total=owned, initial=done, unit="prompt", desc=f"distill ({spec.name} records)") as progress:
+        context = RecordContext(target=target, base=load_base(spec, recipe.method, target.info), device=device,
+                                distill=recipe.distill, data=recipe.data, progress=progress.update)
+        maker = spec.records.maker(recipe.method, context)
+        for shard_index, shard in shards.items():
+            torch.manual_seed(recipe.distill.seed + shard_index)
+            rows, problems = maker.records({p: c for p, c in shard.items() if p not in early})
+            problems += [early[p] for p in shard if p in early]
+            progress.update(sum(p in early for p in shard))
+            write_shard(out, shard_index, rows, problems, spec.records.features)
+    return {"device": device, "shards": len(shards), "generated_tokens": 0, "generate_seconds": 0.0,
+            "tokens_per_s": 0.0, "started": started, "finished": time.time()}
+
+
 def _merge(out: Path, num_shards: int, num_input: int) -> dict:
     counts = merge_shards(out, num_shards, num_input)
     print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
@@ -395,7 +430,8 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     log.info("%s: %d of its %d shards to distill (of %d) on %s", worker, len(pending), len(own), num_shards, device)
     if pending:
         owned = sum(len(_shard_conversations(conversations, i, size)) for i in own)
-        throughput = _generate_missing(recipe, out, conversations, pending, expected, device, owned)
+        make = _generate_missing if get_method(recipe.method_name).records is None else make_missing_records
+        throughput = make(recipe, out, conversations, pending, expected, device, owned)
         write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
         claim_output_dir(recipe, out, expected, [])

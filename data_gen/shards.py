@@ -65,16 +65,18 @@ def save_dataset(dataset, directory: Path) -> None:
         dataset.save_to_disk(str(directory), num_shards=1 if len(dataset) == 0 else None)
 
 
-def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict]) -> Path:
-    """Write a shard (rows, its errors.jsonl and counts.json) in a temp dir and rename it into place."""
+def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict], features=None) -> Path:
+    """Write a shard (rows, its errors.jsonl and counts.json) in a temp dir and rename it into place. `features`:
+    the rows' schema (default: regenerated conversations, ROW_FEATURES; a method's records bring their own)."""
     from datasets import Dataset
 
-    columns = {name: [row[name] for row in rows] for name in ROW_FEATURES}
+    features = ROW_FEATURES if features is None else features
+    columns = {name: [row[name] for row in rows] for name in features}
     statuses = [item["status"] for item in problems]
     counts = {"input": len(rows) + len(problems), "ok": len(rows), "error": statuses.count("error"),
               "skipped": statuses.count("skipped"), "write_id": uuid.uuid4().hex}
     with atomic_dir(shard_path(out, shard_index)) as tmp:
-        save_dataset(Dataset.from_dict(columns, features=ROW_FEATURES), tmp)
+        save_dataset(Dataset.from_dict(columns, features=features), tmp)
         write_json(tmp / ERRORS, problems)
         write_json(tmp / SHARD_COUNTS, counts)
     return shard_path(out, shard_index)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.types import DraftContext, TargetInfo
+from specdraft.core.types import BaseDraft, DraftContext, TargetInfo
 from specdraft.methods import get_method
 from specdraft.methods.base import MethodSpec
 from specdraft.targets import load_target_info
@@ -40,6 +40,8 @@ class LoadedDraft:
     runtime: RuntimeConfig
     """The draft's runtime settings: the export's, or its run's recipe's `runtime` section."""
     source: Path
+    base: Optional[BaseDraft] = None
+    """The draft an add-on method extends (MethodSpec.base_draft), loaded with it."""
 
 
 def read_safetensors(path: Path) -> Dict[str, torch.Tensor]:
@@ -70,13 +72,18 @@ def read_export_config(path: Path) -> Dict[str, Any]:
     return config
 
 
+BASE_DIR = "draft"
+"""Where an add-on method's export keeps a copy of the draft it extends."""
+
+
 def export_section(recipe_target: TargetConfig, runtime: RuntimeConfig, target: TargetInfo, method: str,
-                   method_cfg: Any, source: str) -> Dict[str, Any]:
+                   method_cfg: Any, source: str, with_base: bool = False) -> Dict[str, Any]:
     """The `specdraft` section an export's config.json carries (what `load_draft` reads back)."""
     target_config = {k: v for k, v in asdict(recipe_target).items() if k != "trust_remote_code"}
-    return {"method": method, "method_config": asdict(method_cfg), "target": recipe_target.path,
-            "target_revision": recipe_target.revision, "target_config": target_config,
-            "target_info": target.to_dict(), "runtime": asdict(runtime), "source": source}
+    section = {"method": method, "method_config": asdict(method_cfg), "target": recipe_target.path,
+               "target_revision": recipe_target.revision, "target_config": target_config,
+               "target_info": target.to_dict(), "runtime": asdict(runtime), "source": source}
+    return {**section, "base": BASE_DIR} if with_base else section
 
 
 def _dataclass_from(cls, values: Optional[Dict[str, Any]], what: str):
@@ -110,19 +117,40 @@ def _trained_for(recorded: Optional[Dict[str, Any]], trained: TargetConfig, runs
         return load_target_info(TargetConfig(path=runs_with))
 
 
+def as_base(loaded: LoadedDraft) -> BaseDraft:
+    """A loaded draft as another method's base: its runtime drafter made on the target it will run with."""
+    spec, draft, cfg = loaded.spec, loaded.draft, loaded.method_cfg
+
+    def runtime(target_model):
+        weight = target_model.lm_head_weight
+        return spec.runtime(draft.to(device=weight.device, dtype=weight.dtype), cfg, target_model)
+
+    source = loaded.source.parent if loaded.source.name == EXPORT_FILE else loaded.source.parents[1]
+    return BaseDraft(method=spec.name, draft=draft, method_cfg=cfg,
+                     feature_layers=tuple(spec.feature_layers(cfg, loaded.target)), runtime=runtime, source=str(source))
+
+
+def load_base(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional[BaseDraft]:
+    """The draft an add-on method's `base_draft` hook names, loaded; None for a method that extends none."""
+    if spec.base_draft is None:
+        return None
+    return as_base(load_draft(spec.base_draft(method_cfg), target=target))
+
+
 def _load_export(path: Path, target: Optional[TargetInfo], target_path: Optional[str]) -> LoadedDraft:
     config = read_export_config(path)
     section = config["specdraft"]
     spec = get_method(str(section["method"]))
     target_cfg, runtime = _export_parts(section)
     target = target or _trained_for(section.get("target_info"), target_cfg, target_path)
+    base = as_base(load_draft(path / section["base"], target=target)) if section.get("base") else None
     source = path / EXPORT_FILE
     try:
-        cfg, draft = spec.from_export(config, read_safetensors(source), target)
+        cfg, draft = spec.from_export(config, read_safetensors(source), DraftContext(target=target, base=base))
     except RuntimeError as err:  # load_state_dict: missing, unexpected or misshapen weights
         raise SpecdraftError(f"{source} does not fit a draft for {target.name_or_path}: "
                              f"{str(err).splitlines()[0]}") from None
-    return LoadedDraft(spec, cfg, draft.eval(), target, target_cfg, runtime, source)
+    return LoadedDraft(spec, cfg, draft.eval(), target, target_cfg, runtime, source, base)
 
 
 def _snapshot_file(run_dir: Path) -> Path:
@@ -140,13 +168,14 @@ def _load_run(path: Path, overrides: List[str], target: Optional[TargetInfo], ta
     spec = get_method(recipe.method_name)
     target = target or _trained_for(None, recipe.target, target_path)
     source = _snapshot_file(path)
-    draft = spec.build(recipe.method, DraftContext(target=target))
+    base = load_base(spec, recipe.method, target)
+    draft = spec.build(recipe.method, DraftContext(target=target, base=base))
     try:
         draft.load_state_dict(read_safetensors(source), strict=True)
     except RuntimeError as err:
         raise SpecdraftError(f"{source} does not fit this recipe's draft: {str(err).splitlines()[0]}") from None
     target_cfg = replace(recipe.target, trust_remote_code=False)  # a file never turns it on: the caller does
-    return LoadedDraft(spec, recipe.method, draft.eval(), target, target_cfg, recipe.runtime, source)
+    return LoadedDraft(spec, recipe.method, draft.eval(), target, target_cfg, recipe.runtime, source, base)
 
 
 def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[TargetInfo] = None,

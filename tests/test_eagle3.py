@@ -119,7 +119,7 @@ def test_export_layouts_round_trip(target, fmt):
     assert set(SPEC.exports[fmt].required_keys(draft, target.info)) <= set(tensors)
     assert "embed_tokens.weight" not in tensors
     assert config["draft_vocab_size"] == 300
-    _, rebuilt = SPEC.from_export(config, tensors, target.info)
+    _, rebuilt = SPEC.from_export(config, tensors, DraftContext(target.info))
     for name, value in draft.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[name], value), name
 

@@ -127,7 +127,7 @@ def test_export_holds_the_adapter_not_the_targets_head(target):
     config, tensors = SPEC.exports["hf"].write(draft, cfg, target.info, {"target": "tiny"})
     assert set(tensors) == set(SPEC.exports["hf"].required_keys(draft, target.info))
     assert config["kangaroo_config"]["exit_layer"] == 2 and config["draft_vocab_size"] == 100
-    rebuilt_cfg, rebuilt = SPEC.from_export(json.loads(json.dumps(config)), tensors, target.info)
+    rebuilt_cfg, rebuilt = SPEC.from_export(json.loads(json.dumps(config)), tensors, DraftContext(target.info))
     assert rebuilt_cfg == cfg
     for name, value in draft.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[name], value), name

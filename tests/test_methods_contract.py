@@ -14,7 +14,7 @@ from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.eval.run import run_eval
 from specdraft.export import export_draft
 from specdraft.methods import METHODS
-from specdraft.core.types import DraftBatch, TargetFeatures
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
 from specdraft.runtime.load import load_runtime
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
@@ -87,7 +87,7 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
         out = export_draft(run, fmt, tmp_path / fmt, dtype="float32")
         config = json.loads((out / "config.json").read_text())
         tensors = load_file(out / EXPORT_FILE)
-        cfg, draft = spec.from_export(config, tensors, target.info)
+        cfg, draft = spec.from_export(config, tensors, DraftContext(target=target.info))
         for name, value in trained.draft.state_dict().items():
             assert torch.equal(draft.state_dict()[name], value), (fmt, name)
         reloaded = load_draft(out)

@@ -176,7 +176,7 @@ def test_hf_export_says_which_specialist_serves_which_depth(target):
     assert config["poss_config"]["specialist_by_depth"] == [0, 0, 1, 1, 2, 2, 2]
     assert set(SPEC.exports["hf"].required_keys(draft, target.info)) == set(tensors)
     assert "specialists.2.self_attn.q_proj.weight" in tensors and "embed_tokens.weight" not in tensors
-    rebuilt_cfg, rebuilt = SPEC.from_export(json.loads(json.dumps(config)), tensors, target.info)
+    rebuilt_cfg, rebuilt = SPEC.from_export(json.loads(json.dumps(config)), tensors, DraftContext(target.info))
     assert rebuilt_cfg == cfg
     for name, value in draft.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[name], value), name

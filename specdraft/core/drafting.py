@@ -43,11 +43,12 @@ Declared capabilities (`DrafterCaps`) switch on further hooks, which the base cl
   scores_tree: `tree_scorer()` -> a TreeScorer, called between a depth's expansion and the tree's selection.
   judges: `node_judge()` -> a NodeJudge, whose scores let the acceptance rule accept a token exact verification
     rejects (lossy, opt-in at run time).
+An add-on method (a tree classifier, a judge) serves beside its base draft's drafter as an `ExtendedDrafter`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Protocol, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, List, Mapping, Optional, Protocol, Tuple
 
 import torch
 
@@ -173,3 +174,64 @@ class Drafter:
 
     def node_judge(self) -> NodeJudge:
         raise self._undeclared("node_judge", "judges")
+
+
+class ExtendedDrafter(Drafter):
+    """A base drafter with an add-on's hooks (a tree scorer, a judge) declared beside its own capabilities: the
+    cycle's calls and the base's own hooks all go to the base."""
+
+    def __init__(self, base: Drafter, scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None):
+        self.base, self.scorer, self.judge = base, scorer, judge
+        self.caps = replace(base.caps, scores_tree=scorer is not None or base.caps.scores_tree,
+                            judges=judge is not None or base.caps.judges)
+        self.feature_layers, self.d2t = base.feature_layers, base.d2t
+
+    @property
+    def variant(self) -> int:
+        return self.base.variant
+
+    @property
+    def verify_start_layer(self) -> int:
+        return self.base.verify_start_layer
+
+    def tree_scorer(self) -> TreeScorer:
+        return self.scorer if self.scorer is not None else self.base.tree_scorer()
+
+    def node_judge(self) -> NodeJudge:
+        return self.judge if self.judge is not None else self.base.node_judge()
+
+    def allocate(self, max_len, scratch, device, dtype) -> None:
+        self.base.allocate(max_len, scratch, device, dtype)
+
+    def state_tensors(self) -> List[torch.Tensor]:
+        return self.base.state_tensors()
+
+    def begin(self, context) -> None:
+        self.base.begin(context)
+
+    def ingest(self, features, next_tokens, start, count) -> None:
+        self.base.ingest(features, next_tokens, start, count)
+
+    def first(self, root_token, position):
+        return self.base.first(root_token, position)
+
+    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        return self.base.step(depth, hidden, tokens, positions, scratch_slots, scratch_visible)
+
+    def set_verify_start_layer(self, layer: int) -> None:
+        self.base.set_verify_start_layer(layer)
+
+    def chain_verify_states(self, tokens, positions, computed: int):
+        return self.base.chain_verify_states(tokens, positions, computed)
+
+    def keep_tree_states(self, num_candidates: int) -> None:
+        self.base.keep_tree_states(num_candidates)
+
+    def tree_candidates(self, tokens, positions, first: int, paths, frontier) -> None:
+        self.base.tree_candidates(tokens, positions, first, paths, frontier)
+
+    def tree_verify_states(self, candidate_ids):
+        return self.base.tree_verify_states(candidate_ids)
+
+    def select_exit(self, index: int) -> None:
+        self.base.select_exit(index)

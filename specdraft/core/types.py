@@ -5,7 +5,7 @@ from here and none imports another for a type."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -64,6 +64,22 @@ class TargetInfo:
 
 
 @dataclass
+class BaseDraft:
+    """A trained draft another method builds on (a tree classifier or a judge beside it), as the framework loaded
+    it: the add-on reads its features, runs it, and serves beside it."""
+
+    method: str
+    draft: torch.nn.Module
+    method_cfg: Any
+    feature_layers: Tuple[int, ...]
+    """The target hidden-state indices the base draft reads."""
+    runtime: Callable[[Any], Any]
+    """runtime target model -> the base draft's runtime drafter (moved to the target's device and dtype)."""
+    source: str
+    """The export or run directory it came from."""
+
+
+@dataclass
 class DraftContext:
     """What a draft is built from besides its own config."""
 
@@ -78,6 +94,8 @@ class DraftContext:
     warm_start: Optional[torch.nn.Module] = None
     """The trained draft the method's `warm_start` hook names (its `init_from`), loaded by the trainer; the
     method's `initialize` hook copies what it needs from it."""
+    base: Optional["BaseDraft"] = None
+    """The trained draft an add-on method extends (its `base_draft` hook names it), loaded by every stage."""
 
 
 @dataclass

@@ -2,11 +2,13 @@
 
 Formats come from the method's spec (`hf`: SGLang's layout; `speculators`: vLLM's). Every export writes
 config.json + model.safetensors + the recipe, checks that each required weight is present, and appears in
-one rename: a failed export leaves nothing behind.
+one rename: a failed export leaves nothing behind. An add-on method's export (a tree classifier, a judge)
+keeps a copy of the draft it extends in `draft/`, so that one directory serves.
 """
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -14,7 +16,7 @@ from safetensors.torch import save_file
 
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.io import atomic_dir
-from specdraft.drafts import EXPORT_FILE, RECIPE_FILE, export_section, load_draft
+from specdraft.drafts import BASE_DIR, EXPORT_FILE, RECIPE_FILE, export_section, is_export, load_draft
 from specdraft.recipes import load_recipe, save_recipe
 
 
@@ -27,7 +29,7 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
         raise choices_error("export format", fmt, sorted(loaded.spec.exports))
     export = loaded.spec.exports[fmt]
     section = export_section(recipe.target, recipe.runtime, loaded.target, loaded.spec.name, loaded.method_cfg,
-                             str(loaded.source))
+                             str(loaded.source), with_base=loaded.base is not None)
     config, tensors = export.write(loaded.draft, loaded.method_cfg, loaded.target, section)
     missing = [k for k in export.required_keys(loaded.draft, loaded.target) if k not in tensors]
     if missing:
@@ -40,4 +42,14 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / EXPORT_FILE), metadata={"format": "pt"})
         save_recipe(recipe, tmp)
+        if loaded.base is not None:
+            _copy_base(Path(loaded.base.source), tmp / BASE_DIR, dtype)
     return Path(out)
+
+
+def _copy_base(source: Path, destination: Path, dtype: str) -> None:
+    """An add-on's base draft inside its export: the base's own export copied, or its run exported (hf)."""
+    if is_export(source):
+        shutil.copytree(source, destination)
+    else:
+        export_draft(source, "hf", destination, dtype)

@@ -7,13 +7,13 @@ none of them branches on a method's name. A new method that needs something else
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 from torch import nn
 
 from specdraft.core.drafting import Drafter
-from specdraft.core.types import DraftBatch, DraftContext, LossOutput, TargetInfo
+from specdraft.core.types import BaseDraft, DraftBatch, DraftContext, LossOutput, TargetInfo
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,42 @@ class ExportFormat:
     write: Callable[..., Tuple[Dict[str, Any], Dict[str, torch.Tensor]]]
     required_keys: Callable[[Any, TargetInfo], List[str]]
     """Weight names that must be present; the exporter fails loudly if one is missing."""
+
+
+@dataclass
+class RecordContext:
+    """What a method's data stage is given: the frozen target (model, tokenizer, geometry), the base draft it
+    extends (if any), the device, the recipe's distill and data sections, and a progress callback (one call per
+    conversation done)."""
+
+    target: Any
+    base: Optional[BaseDraft]
+    device: str
+    distill: Any
+    data: Any
+    progress: Callable[[int], None]
+
+
+class RecordMaker(Protocol):
+    def records(self, conversations: Dict[int, Any]) -> Tuple[List[dict], List[dict]]:
+        """{position: Conversation} of one shard -> (record rows, problems): every conversation yields rows or a
+        problem (`data_gen.distill.problem_entry`), so a shard's counts add up (ok + error + skipped = input)."""
+
+
+@dataclass(frozen=True)
+class RecordStage:
+    """A method trained on records its own data stage makes (tree traces, mined labels) rather than on regenerated
+    conversations with the target's features. `specdraft distill-data` writes them with text distillation's
+    shards, resume and accounting; `specdraft train` reads them back without loading the target."""
+
+    features: Any
+    """The `datasets.Features` of one record row (the shards' schema)."""
+    fingerprint: Callable[[Any], Dict[str, Any]]
+    """cfg -> the settings that make two runs' records interchangeable (besides the prompts and the target)."""
+    maker: Callable[[Any, RecordContext], RecordMaker]
+    """(cfg, ctx) -> the object that turns a shard's conversations into records (loaded once per run)."""
+    collate: Callable[[List[Dict[str, Any]]], Dict[str, torch.Tensor]]
+    """Record rows -> one batch for the method's loss (the loss receives this dict, not a DraftBatch)."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +74,9 @@ class MethodSpec:
     """(cfg, target) -> hidden-state indices the draft reads (see TargetFeatures.hidden_states)."""
     exports: Dict[str, ExportFormat]
     """Export formats by name (`hf`, `speculators`, ...)."""
-    from_export: Callable[[Dict[str, Any], Dict[str, torch.Tensor], TargetInfo], Tuple[Any, nn.Module]]
-    """(config.json, tensors, target) of an `hf` export -> (cfg, draft) ready for evaluation."""
+    from_export: Callable[[Dict[str, Any], Dict[str, torch.Tensor], DraftContext], Tuple[Any, nn.Module]]
+    """(config.json, tensors, ctx) of an `hf` export -> (cfg, draft) ready for evaluation (ctx.target: the
+    geometry it was trained for; ctx.base: the draft an add-on extends)."""
     runtime: Callable[[nn.Module, Any, Any], Drafter]
     """(draft, cfg, runtime target model) -> the runtime's drafter (specdraft.core.drafting). The evaluator and
     the runtime both draft through it: a method writes its inference once."""
@@ -51,10 +88,17 @@ class MethodSpec:
     after `build` when `warm_start` names a draft, never when a trained draft is loaded."""
     bind_target: Optional[Callable[[nn.Module, nn.Module], None]] = None
     """(draft, frozen Hugging Face target) -> None: hands the draft the target parts it runs but does not own
-    (Kangaroo: the shallow layers, final norm and LM head). Called by the trainer and the evaluator after the
-    draft is built or loaded; those parts are never saved, exported or trained."""
+    (Kangaroo: the shallow layers, final norm and LM head). Called by the trainer after the draft is built;
+    those parts are never saved, exported or trained."""
+    base_draft: Optional[Callable[[Any], str]] = None
+    """cfg -> the export or run directory of the draft this add-on method extends (C2T's tree classifier, a judge).
+    Every stage loads it into DraftContext.base; an export carries a copy of it (`draft/` inside)."""
+    records: Optional[RecordStage] = None
+    """For a method trained on records of its own instead of regenerated conversations and target features."""
     param_groups: Optional[Callable[[nn.Module], List[Dict[str, Any]]]] = None
     """Optimizer groups; default: every parameter that requires grad."""
+    monitor: str = "tau_sim"
+    """The validation metric (of the loss's) whose highest value picks the best/ snapshot."""
     reads_embeddings: bool = True
     """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
     the target's embedding table to recompute them from the token ids."""

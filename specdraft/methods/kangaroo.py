@@ -244,13 +244,13 @@ def kangaroo_hf_keys(draft: KangarooDraft, target: TargetInfo) -> List[str]:
     return ["input_layernorm.weight", "d2t", "t2d", *[f"self_attn.{p}_proj.weight" for p in "qkvo"]]
 
 
-def kangaroo_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], target: TargetInfo):
+def kangaroo_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], ctx: DraftContext):
     saved = (config.get("specdraft") or {}).get("method_config")
     if not saved or "exit_layer" not in saved:
         raise SpecdraftError("this export has no Kangaroo method_config in config.json['specdraft']; "
                              "export it with specdraft export --format hf")
     cfg = KangarooConfig(**saved)
-    draft = KangarooDraft(cfg, DraftContext(target=target))
+    draft = KangarooDraft(cfg, ctx)
     draft.load_state_dict(tensors, strict=True)
     return cfg, draft
 

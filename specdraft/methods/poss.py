@@ -205,13 +205,13 @@ def poss_hf_keys(draft: PossDraft, target: TargetInfo) -> List[str]:
     return shared + [f"specialists.{j}.{k}" for j in range(len(draft.specialists)) for k in layer_keys]
 
 
-def poss_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], target: TargetInfo):
+def poss_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], ctx: DraftContext):
     saved = (config.get("specdraft") or {}).get("method_config")
     if not saved or "num_specialists" not in saved:
         raise SpecdraftError("this export has no PosS method_config in config.json['specdraft']; "
                              "export it with specdraft export --format hf")
     cfg = PossConfig(**saved)
-    draft = PossDraft(cfg, DraftContext(target=target))
+    draft = PossDraft(cfg, ctx)
     draft.load_state_dict(tensors, strict=True)
     return cfg, draft
 

@@ -13,8 +13,9 @@ from specdraft.data.format import dataset_dir
 from specdraft.core.errors import SpecdraftError
 
 
-def load_distilled(distill_dirs: List[str]):
-    """One or more `distill-data` outputs as one dataset of input_ids and loss_mask."""
+def load_distilled(distill_dirs: List[str], all_columns: bool = False):
+    """One or more `distill-data` outputs as one dataset of input_ids and loss_mask (every column of a method's
+    own records with `all_columns`)."""
     from datasets import concatenate_datasets, load_from_disk
 
     parts = []
@@ -22,7 +23,8 @@ def load_distilled(distill_dirs: List[str]):
         path = dataset_dir(distill_dir)
         if not path.is_dir():
             raise SpecdraftError(f"no distilled dataset at {path}; run `specdraft distill-data RECIPE` first")
-        parts.append(load_from_disk(str(path)).select_columns(["input_ids", "loss_mask"]))
+        part = load_from_disk(str(path))
+        parts.append(part if all_columns else part.select_columns(["input_ids", "loss_mask"]))
     dataset = concatenate_datasets(parts).with_format("numpy")
     if len(dataset) < 2:
         raise SpecdraftError(f"distilled data {', '.join(distill_dirs)} has {len(dataset)} rows; need at least 2")
@@ -217,3 +219,14 @@ class DistilledData(L.LightningDataModule):
         copy to the device does not wait for the host."""
         workers = self.train_cfg.num_workers
         return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available()}
+
+
+class RecordData(DistilledData):
+    """A method's own records (MethodSpec.records), batched by its collate."""
+
+    def __init__(self, dataset, data_cfg: DataConfig, train_cfg: TrainConfig, train_idx, val_idx, collate):
+        super().__init__(dataset, data_cfg, train_cfg, train_idx, val_idx)
+        self.collate = collate
+
+    def _collate(self, rows):
+        return self.collate(rows)

@@ -25,7 +25,8 @@ from specdraft.train.timing import is_logged_step
 
 class DraftModule(L.LightningModule):
     def __init__(self, spec: MethodSpec, method_cfg: Any, train_cfg: TrainConfig, ctx: DraftContext, features):
-        """`features`: a feature source of specdraft.train.features, or the frozen target model (online)."""
+        """`features`: a feature source of specdraft.train.features, the frozen target model (online), or None for
+        a method trained on its own records (its loss receives the collated batch as it is)."""
         super().__init__()
         self.spec, self.method_cfg, self.train_cfg, self.ctx = spec, method_cfg, train_cfg, ctx
         self.feature_layers = spec.feature_layers(method_cfg, ctx.target)
@@ -35,7 +36,7 @@ class DraftModule(L.LightningModule):
         self.sharded_target = None  # ZeRO-3 with train.shard_target: the target, a submodule the engine gathers
         self.draft = None
         self._val_metrics = defaultdict(list)
-        self._tokens_seen, self._fit_started = 0, None
+        self.tokens_seen, self._fit_started = 0, None
 
     @property
     def target_model(self):
@@ -85,27 +86,34 @@ class DraftModule(L.LightningModule):
         strategy: under ZeRO-3 the module itself is never moved (zero.Init places its parameters), so its
         `device` still reads cpu, and DeepSpeed leaves buffers where they were built."""
         device = self.trainer.strategy.root_device
-        self.features.setup(device, self.global_rank)  # the frozen target in bf16 on GPUs
+        if self.features is not None:
+            self.features.setup(device, self.global_rank)  # the frozen target in bf16 on GPUs
         for module in self.draft.modules():
             for name, buffer in module.named_buffers(recurse=False):
                 module._buffers[name] = buffer.to(device)
 
-    def _draft_batch(self, batch) -> DraftBatch:
+    def _draft_batch(self, batch):
+        if self.features is None:
+            return batch
         return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
                           attention_mask=batch["attention_mask"], features=self.features(batch),
                           position_ids=batch.get("position_ids"), document_ids=batch.get("document_ids"))
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         if self.trainer.training:  # counted on the CPU, before the copy: no device sync in the step
-            self._tokens_seen += int(batch["attention_mask"].sum()) * self.trainer.world_size
+            self.tokens_seen += self.batch_tokens(batch) * self.trainer.world_size
         return batch
+
+    def batch_tokens(self, batch) -> int:
+        """What the rates count in one batch: its real tokens, or the records of a method trained on its own."""
+        return len(next(iter(batch.values()))) if self.features is None else int(batch["attention_mask"].sum())
 
     def training_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
         if self._logs_this_step():
             elapsed = time.perf_counter() - self._fit_started
             self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
-            self.log("train/tokens_per_s", self._tokens_seen / max(elapsed, 1e-9))
+            self.log("train/tokens_per_s", self.tokens_seen / max(elapsed, 1e-9))
             self.log("train/loss", result.loss.detach())
         return result.loss
 

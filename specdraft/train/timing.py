@@ -46,7 +46,7 @@ class StepTimes(Callback):
             return  # not an optimizer step boundary to log (or gradient accumulation in progress)
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
-        row = (step, time.perf_counter() - self._started, pl_module._tokens_seen - self._tokens_at_start)
+        row = (step, time.perf_counter() - self._started, pl_module.tokens_seen - self._tokens_at_start)
         self.rows.append(row)
         if trainer.is_global_zero:
             self._append(row)
@@ -73,7 +73,7 @@ def is_logged_step(steps_done: int, every_steps: int) -> bool:
 
 def _tokens_before_this_batch(pl_module, batch, world_size: int) -> int:
     """The module's token count before `batch`, which it has already counted (on_before_batch_transfer)."""
-    return pl_module._tokens_seen - int(batch["attention_mask"].sum()) * world_size
+    return pl_module.tokens_seen - pl_module.batch_tokens(batch) * world_size
 
 
 def steady_rate(rows: List[Tuple[int, float, int]], warmup_rows: int) -> Optional[float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -27,14 +28,15 @@ from safetensors.torch import save_file
 
 from specdraft.config import Recipe, TrainConfig
 from specdraft.recipes import save_recipe
-from specdraft.drafts import SNAPSHOT_FILE, warm_start_draft
+from specdraft.drafts import SNAPSHOT_FILE, load_base, warm_start_draft
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import atomic_dir, write_json
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
 from specdraft.core.types import DraftContext
-from specdraft.train.data import answer_token_counts, load_distilled, split_distilled
+from specdraft.targets import load_target_info
+from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
 from specdraft.train.module import DraftModule
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
@@ -177,11 +179,11 @@ class LoggedMetricsBar(TQDMProgressBar):
 
 
 def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
-                  extra_callbacks: Sequence[Callback] = ()) -> L.Trainer:
+                  extra_callbacks: Sequence[Callback] = (), monitor: str = "tau_sim") -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
-    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe), ResumeReport(), FinishLastStep(cfg, run_dir / "checkpoints"),
+    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(), FinishLastStep(cfg, run_dir / "checkpoints"),
                  StepTimes(run_dir / "logs", cfg.log_every_steps), LoggedMetricsBar(refresh_rate=cfg.log_every_steps),
                  *extra_callbacks]
     return L.Trainer(
@@ -275,18 +277,23 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
     distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
-    dataset = load_distilled(distill_dirs)
+    dataset = load_distilled(distill_dirs, all_columns=spec.records is not None)
     resume_from = _resume_path(cfg, run_dir)
-    trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks)  # checks the strategy before the target loads
+    trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks, spec.monitor)  # strategy first
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     device = trainer.strategy.root_device
-    features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs, device,
-                                                      shard_target(recipe, device))
     train_idx, val_idx = split_distilled(distill_dirs, len(dataset), recipe.data.val_fraction, cfg.seed)
-    ctx = DraftContext(target=info, token_counts=answer_token_counts(dataset, train_idx, info.vocab_size),
-                       activation_checkpointing=cfg.activation_checkpointing,
+    if spec.records is None:
+        features, rows, info, data_class = build_features(recipe, spec, dataset, distill_dirs, device,
+                                                          shard_target(recipe, device))
+        token_counts = answer_token_counts(dataset, train_idx, info.vocab_size)
+    else:  # the method's own records: no target features, no target in memory
+        features, rows, info = None, dataset, load_target_info(recipe.target)
+        data_class, token_counts = partial(RecordData, collate=spec.records.collate), None
+    ctx = DraftContext(target=info, token_counts=token_counts, activation_checkpointing=cfg.activation_checkpointing,
                        compile=compile_enabled(cfg.compile, device),
-                       warm_start=warm_start_draft(spec, recipe.method, info))
+                       warm_start=warm_start_draft(spec, recipe.method, info),
+                       base=load_base(spec, recipe.method, info))
     module = DraftModule(spec, recipe.method, cfg, ctx, features)
     data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
     save_recipe(recipe, run_dir)
@@ -294,8 +301,8 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
     trainer.fit(module, datamodule=data, ckpt_path=resume_from)
     seconds = time.perf_counter() - started
     step_times = next(c for c in trainer.callbacks if isinstance(c, StepTimes))
-    summary = {"steps": trainer.global_step, "tokens": module._tokens_seen, "seconds": seconds,
-               "tokens_per_s": module._tokens_seen / seconds,
+    summary = {"steps": trainer.global_step, "tokens": module.tokens_seen, "seconds": seconds,
+               "tokens_per_s": module.tokens_seen / seconds,
                "steady_tokens_per_s": step_times.steady_tokens_per_s(max(1, len(step_times.rows) // 5)),
                "train_rows": len(train_idx), "val_rows": len(val_idx),
                "best_tau_sim": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}

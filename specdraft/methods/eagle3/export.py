@@ -96,14 +96,14 @@ def eagle3_speculators_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]
     return [k.replace("midlayer.", "layers.0.", 1) for k in eagle3_hf_keys(draft, target)]
 
 
-def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], target: TargetInfo):
+def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], ctx: DraftContext):
     """Rebuild a draft from an `hf` export (ours, or any SGLang-style EAGLE-3 checkpoint for this target)."""
     saved = (config.get("specdraft") or {}).get("method_config") or {}
     aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     cfg = Eagle3Config(**saved) if saved else Eagle3Config(
         draft_vocab_size=config["draft_vocab_size"], intermediate_size=config.get("intermediate_size"),
         feature_layers=[i + 1 for i in aux_ids] if aux_ids else None)
-    draft = Eagle3Draft(cfg, DraftContext(target=target))
+    draft = Eagle3Draft(cfg, ctx)
     tensors = {k.replace("layers.0.", "midlayer.", 1): v for k, v in tensors.items()}  # speculators names
     draft.load_state_dict({k: v for k, v in tensors.items() if k in draft.state_dict()}, strict=True)
     return cfg, draft
