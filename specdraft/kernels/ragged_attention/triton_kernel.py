@@ -14,17 +14,10 @@ import triton.language as tl
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels import launch, triton_interpreting
 from specdraft.kernels.launch import next_power_of_2
+from specdraft.kernels.rounding import dot_operand
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_SPLITS = 64  # the combine kernel holds every split's partial output of a query at once
-
-
-@triton.jit
-def _as_dot_operand(tile, UPCAST: tl.constexpr):
-    """float32 where the interpreter cannot multiply bfloat16 (it would multiply the bits as integers)."""
-    if UPCAST:
-        return tile.to(tl.float32)
-    return tile
 
 
 @triton.jit
@@ -45,7 +38,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, lengths_ptr, out_ptr, part_ou
     is_dim = dims < HEAD_DIM  # all true, folded away, when HEAD_DIM is a power of two
     tile_mask = is_row[:, None] & is_dim[None, :]
     q = tl.load(q_ptr + q_head[:, None] * q_stride_h + query * q_stride_n + dims[None, :], mask=tile_mask, other=0.0)
-    q = _as_dot_operand(q, UPCAST)  # [BLOCK_R, BLOCK_D]
+    q = dot_operand(q, UPCAST)  # [BLOCK_R, BLOCK_D]
     k_base = k_ptr + kv_head.to(tl.int64) * k_stride_h + start * k_stride_s + dims[None, :]
     v_base = v_ptr + kv_head.to(tl.int64) * v_stride_h + start * v_stride_s + dims[None, :]
     row_max = tl.full([BLOCK_R], -float("inf"), tl.float32)
@@ -60,13 +53,13 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, lengths_ptr, out_ptr, part_ou
             in_range = offsets < split_end
             kv_mask = in_range[:, None] & is_dim[None, :]
             slot_offsets = offsets.to(tl.int64)[:, None]
-            keys = _as_dot_operand(tl.load(k_base + slot_offsets * k_stride_s, mask=kv_mask, other=0.0), UPCAST)
+            keys = dot_operand(tl.load(k_base + slot_offsets * k_stride_s, mask=kv_mask, other=0.0), UPCAST)
             scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_R, BLOCK_S]
             scores = tl.where(in_range[None, :], scores, -float("inf"))
             new_max = tl.maximum(row_max, tl.max(scores, 1))  # finite: the block holds a slot in range
             probs = tl.exp2(scores - new_max[:, None])
             rescale = tl.exp2(row_max - new_max)
-            values = _as_dot_operand(tl.load(v_base + slot_offsets * v_stride_s, mask=kv_mask, other=0.0), UPCAST)
+            values = dot_operand(tl.load(v_base + slot_offsets * v_stride_s, mask=kv_mask, other=0.0), UPCAST)
             out = out * rescale[:, None] + tl.dot(probs.to(values.dtype), values, input_precision=DOT_PRECISION)
             row_sum = row_sum * rescale + tl.sum(probs, 1)
             row_max = new_max
