@@ -88,6 +88,13 @@ def _runtime_args(cmd) -> None:
                           "(lossy, T=0 only; default: exact acceptance)")
     cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                      help="read every step's tokens before queuing the next (default: one step in flight)")
+    cmd.add_argument("--quantization", default=None, choices=("none", "int8", "int4"),
+                     help="the target's weights: weight-only int8 or int4, or none (default: the draft's "
+                          "target.quantization)")
+    cmd.add_argument("--intermediate", default=None, metavar="PATH",
+                     help="hierarchical drafting (trees, T=0): a small model checks each drafted tree and the "
+                          "target verifies the sequence it keeps: a Kangaroo export of the same target, or a small "
+                          "model of the target's tokenizer (default: off)")
     cmd.add_argument("--max-len", type=int, default=None, help="KV-cache slots: prompt + answer + tree (default 2048)")
     cmd.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
                      help="run every step eagerly on a GPU (default: CUDA graphs)")
@@ -97,7 +104,7 @@ def _runtime_args(cmd) -> None:
 
 RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
                  "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "overlap",
-                 "max_len", "cuda_graphs")
+                 "quantization", "intermediate", "max_len", "cuda_graphs")
 """The runtime flags, by their RuntimeConfig field names."""
 
 

@@ -13,7 +13,8 @@ from specdraft.core.errors import SpecdraftError, choices_error
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
-QUANTIZATIONS = ("none", "8bit", "4bit")
+QUANTIZATIONS = ("none", "int8", "int4", "8bit", "4bit")
+RUNTIME_QUANTIZATIONS = ("none", "int8", "int4")  # the weight-only ones, which every stage runs
 FEATURE_MODES = ("online", "offline", "hybrid")
 SHARD_TARGET = ("auto", "true", "false")
 CHECKPOINTING = ("none", "swiglu", "selective", "full")
@@ -49,9 +50,12 @@ class TargetConfig:
     random_init: bool = False
     """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
     quantization: str = "none"
-    """Frozen target weights for training features: none, 8bit or 4bit (NF4) through bitsandbytes (CUDA only).
-    Applies to online/hybrid training and the offline feature dump; answers are generated, and eval runs,
-    with the unquantized target."""
+    """The target's weights. int8 (per output channel) or int4 (groups of 128 input columns, two codes a byte):
+    a weight-only quantized target that every stage runs (specdraft's kernels, any device): distill-data
+    answers with it, training reads its features, eval and the runtime verify with it, and the runtime's output
+    is its greedy output (docs/training.md). 8bit or 4bit (NF4): bitsandbytes (CUDA only) for the frozen target's
+    training features alone (online/hybrid training, the offline dump); answers, eval and the runtime then use
+    the unquantized target. none: as loaded."""
 
     def __post_init__(self):
         _check_choice("target.dtype", self.dtype, DTYPES)
@@ -192,7 +196,7 @@ class TrainConfig:
     compile: str = "false"
     """torch.compile the pointwise-heavy parts of training: the frozen target's decoder layers (online
     features) and the draft's decoder layer around its attention call. auto: on CUDA devices (not for a
-    bitsandbytes-quantized target, nor a ZeRO-3 sharded one); true: wherever training runs; false: never (eager).
+    quantized target, nor a ZeRO-3 sharded one); true: wherever training runs; false: never (eager).
     A compile failure stops training with an error naming this key. Off by default: on an H100 (torch 2.11) it
     trained SmolLM2's EAGLE-3 head 1.5x faster per step, and tests/test_multi_gpu.py's compiled DDP case passes
     (2 H200s), but a whole compiled head run has not yet been timed against an eager one, compilation included;
@@ -288,9 +292,20 @@ class RuntimeConfig:
     """auto (the first GPU if there is one, else cpu), cpu, cuda, cuda:N."""
     dtype: str = "auto"
     """Target and draft dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
+    quantization: Optional[str] = None
+    """The target's weights in the runtime and eval: none, int8 or int4 (weight-only, as target.quantization);
+    None: the draft's target.quantization (its bitsandbytes settings, which quantize training features only, run
+    unquantized). To decode for a quantized target with a draft trained on the full-precision one, say."""
+    intermediate: Optional[str] = None
+    """Hierarchical drafting (SpecMQuant, arXiv:2505.22179), trees at T=0: a small model checks the draft's tree
+    with its own greedy choices, and the target verifies the sequence it keeps (depth + 1 rows, not the tree's
+    budget). An export of a draft that can serve as one (Kangaroo: the target's own first layers and the
+    adapter), or a small Llama-family model of the target's tokenizer (hub id, directory or GGUF); None: off."""
 
     def __post_init__(self):
         _check_choice("runtime.dtype", self.dtype, DTYPES)
+        if self.quantization is not None:
+            _check_choice("runtime.quantization", self.quantization, RUNTIME_QUANTIZATIONS)
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold < 1.0:
             raise SpecdraftError(f"runtime.exit_threshold must be in [0, 1), got {self.exit_threshold}")
         for name in ("prune_threshold", "judge_threshold"):
@@ -320,7 +335,7 @@ class Recipe:
             raise SpecdraftError(f"train.shard_target=true needs data.features=online (the whole target runs in "
                                  f"each step), got {self.data.features}; use train.shard_target=false")
         if self.target.quantization != "none":
-            raise SpecdraftError(f"train.shard_target=true cannot partition bitsandbytes weights "
+            raise SpecdraftError(f"train.shard_target=true cannot partition quantized weights "
                                  f"(target.quantization={self.target.quantization}); use train.shard_target=false "
                                  f"or target.quantization=none")
 

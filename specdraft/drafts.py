@@ -122,8 +122,7 @@ def as_base(loaded: LoadedDraft) -> BaseDraft:
     spec, draft, cfg = loaded.spec, loaded.draft, loaded.method_cfg
 
     def runtime(target_model):
-        weight = target_model.lm_head_weight
-        return spec.runtime(draft.to(device=weight.device, dtype=weight.dtype), cfg, target_model)
+        return spec.runtime(draft.to(device=target_model.device, dtype=target_model.dtype), cfg, target_model)
 
     source = loaded.source.parent if loaded.source.name == EXPORT_FILE else loaded.source.parents[1]
     return BaseDraft(method=spec.name, draft=draft, method_cfg=cfg,

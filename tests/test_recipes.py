@@ -62,7 +62,7 @@ BASE = "method: {name: eagle3}\n"
      "data.pack_length packs conversations for data.features=online only (stored features are read per "
      "conversation); got data.features=offline"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["target.quantization=4bit"],
-     "train.shard_target=true cannot partition bitsandbytes weights (target.quantization=4bit)"),
+     "train.shard_target=true cannot partition quantized weights (target.quantization=4bit)"),
     (BASE, ["train.deepspeed.zero_optimization.reduce_bucket_size=5"],
      "train.deepspeed configures DeepSpeed: it needs a deepspeed_* train.strategy, got auto"),
 ])

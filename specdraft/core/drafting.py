@@ -102,6 +102,37 @@ class NodeJudge(Protocol):
         """target_hidden [N, H] -> [N] float32 scores in [0, 1]."""
 
 
+class IntermediateModel(Protocol):
+    """A small model between the drafter and the target (hierarchical drafting, decoding/hierarchy.py): it scores a
+    drafted tree's nodes with its own next-token logits, from which the engine keeps one sequence for the target
+    to verify. It keeps its own state of the confirmed prefix (a KV cache), as a drafter does; every call is
+    capturable in a CUDA graph (static shapes, no host sync)."""
+
+    feature_layers: List[int]
+    """Target hidden-state indices it reads at `prefill` and `commit` (as a drafter's `ingest`; may be empty)."""
+
+    def allocate(self, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Static caches for `max_len` slots (the target's)."""
+
+    def state_tensors(self) -> List[torch.Tensor]:
+        """Tensors a captured cycle mutates (saved and restored around a CUDA graph's warm-up runs)."""
+
+    def prefill(self, prompt_ids: torch.Tensor, count: torch.Tensor, features: Dict[int, torch.Tensor]) -> None:
+        """prompt_ids [R] (the prompt's count [1] tokens, then padding) and the target's features {i: [R, H]} of
+        them: fills its prefix from slot 0."""
+
+    def logits(self, tokens: torch.Tensor, positions: torch.Tensor, prefix_len: torch.Tensor,
+               tree_mask: torch.Tensor) -> torch.Tensor:
+        """A tree's nodes tokens [N] at positions [N] after the confirmed prefix_len [1] slots (node 0 the root,
+        tree_mask [N, N]: node i sees node j) -> its logits [N, V] over the target's vocabulary."""
+
+    def commit(self, features: Dict[int, torch.Tensor], tree_nodes: torch.Tensor, last_token: torch.Tensor,
+               start: torch.Tensor, count: torch.Tensor) -> None:
+        """The cycle's confirmed rows: the target's features {i: [M, H]} of them, tree_nodes [M] (the tree node of
+        each row, increasing; -1 for a token that was not a tree node), last_token [1] (the last confirmed one),
+        start [1] (their first slot, the old prefix length) and count [1]. Rows >= count are padding."""
+
+
 class Drafter:
     """The base of every runtime drafter: the cycle's three calls, and the declared hooks (module docstring).
     A hook a drafter does not declare in `caps` raises here."""

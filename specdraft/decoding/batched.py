@@ -48,7 +48,7 @@ class BatchedDecoder:
     def __init__(self, target: TargetModel, rope_tables: Callable[[int], Tuple[torch.Tensor, torch.Tensor]],
                  use_graphs: Optional[bool] = None):
         self.target, self.rope_tables = target, rope_tables
-        self.device, self.dtype = target.lm_head_weight.device, target.lm_head_weight.dtype
+        self.device, self.dtype = target.device, target.dtype
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.rows, self.row_len = 0, 0
         self._graphs: Dict[tuple, CallGraph] = {}
@@ -64,7 +64,7 @@ class BatchedDecoder:
         shape = (info.num_layers, info.num_kv_heads, (self.rows + 1) * self.row_len, info.head_dim)
         self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
-        self.rope = tuple(table.to(self.target.lm_head_weight) for table in self.rope_tables(self.row_len))
+        self.rope = tuple(table.to(self.device, self.dtype) for table in self.rope_tables(self.row_len))
         self.scratch = self.rows  # the padding row
         self.row_token = torch.zeros(self.rows + 1, dtype=torch.long, device=self.device)  # newest token per row
         self.row_pos = torch.zeros_like(self.row_token)  # its position (the cache slot it goes to)

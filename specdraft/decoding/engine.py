@@ -19,6 +19,8 @@ them while drafting (tree.py: C = shape.num_candidates rows per cycle instead of
 more shallow pass, the last depth's candidates) and the verify skips those ℓ layers: no fewer launches and more
 rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the full verify); its
 shallow KV takes the slots prefix..prefix+C-1.
+With an intermediate model (hierarchical drafting, hierarchy.py; trees at T=0), `build_tree` narrows the drafted
+tree to the sequence the small model keeps of it, and the target verifies that chain of depth + 1 rows.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
 prompt length rounded up to `PREFILL_ROWS` (captured the first time a length is met; padding rows follow the
@@ -42,7 +44,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specdraft.core.drafting import Drafter, NodeJudge, TreeScorer
+from specdraft.core.drafting import Drafter, IntermediateModel, NodeJudge, TreeScorer
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.path_commit import commit_path
@@ -50,6 +52,7 @@ from specdraft.decoding.accept import Acceptance, acceptance_for
 from specdraft.decoding.chain import ChainCycles
 from specdraft.decoding.dynamic_exit import DynamicExit
 from specdraft.decoding.graphs import CallGraph
+from specdraft.decoding.hierarchy import HierarchicalStage
 from specdraft.decoding.sampling import sample_token
 from specdraft.decoding.target import TargetModel
 from specdraft.decoding.tree import DraftTree, TreeShape, build_tree
@@ -118,20 +121,23 @@ class SpecEngine:
     the same for trees when the drafter declares the tree hooks (core/drafting.py); off by default (module
     docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion. `judge`:
     learned, lossy acceptance at T=0 (accept.py). `overlap` (both loops): one step in flight while the host reads
-    the one before; off, each step is read before the next is queued (to time one against the other)."""
+    the one before; off, each step is read before the next is queued (to time one against the other).
+    `intermediate`: a small model that narrows each drafted tree to a sequence (hierarchy.py; trees, T=0)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
                  dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False,
-                 overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None):
+                 overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None,
+                 intermediate: Optional[IntermediateModel] = None):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
         self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
-        self.device = target.lm_head_weight.device
-        self.dtype = target.lm_head_weight.dtype
+        self.device = target.device
+        self.dtype = target.dtype
         target.allocate(max_len, *rope_tables)
         if drafter is not None:
             drafter.allocate(max_len, shape.scratch, self.device, self.dtype)
-        self.capture = sorted(set(drafter.feature_layers)) if drafter is not None else []
+        layers = set(intermediate.feature_layers) if intermediate is not None else set()
+        self.capture = sorted(set(drafter.feature_layers) | layers) if drafter is not None else []
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.prefix_len = torch.zeros(1, dtype=torch.long, device=self.device)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -143,6 +149,7 @@ class SpecEngine:
         self._policies: Dict[float, Acceptance] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
         self.tree_start_layer = self._tree_start_layer(reuse_shallow_tree)
+        self.stage = self._hierarchical_stage(intermediate)
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
         self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
         self.set_exit_threshold(exit_threshold)
@@ -181,6 +188,16 @@ class SpecEngine:
         drafter.keep_tree_states(self.shape.num_candidates)
         return start
 
+    def _hierarchical_stage(self, intermediate: Optional[IntermediateModel]) -> Optional[HierarchicalStage]:
+        """The stage that narrows trees through `intermediate` (None: none); a chain or a verify above the shallow
+        layers is an error (the narrowed chain runs every layer)."""
+        if intermediate is None:
+            return None
+        if self.chain is not None or self.tree_start_layer:
+            raise SpecdraftError("an intermediate model (runtime.intermediate) narrows a tree: drop --chain and "
+                                 "--shallow-reuse-tree")
+        return HierarchicalStage(intermediate, self.shape.depth, self.max_len, self.device, self.dtype)
+
     # ---- pieces -------------------------------------------------------------------------------------------
     def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
         """The cache holds the answer, the last cycle's tree and the cycle in flight after it (up to depth + 1
@@ -216,6 +233,8 @@ class SpecEngine:
             self.root.copy_(sample_token(last_logits, temperature, generator))
             if self.drafter is not None:
                 self._graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
+            if self.stage is not None:
+                self._graphed(f"stage@{rows}", self._prefill_stage, padded, count, *features)
         self.prefix_len.fill_(n)
         return int(self.root)
 
@@ -250,11 +269,16 @@ class SpecEngine:
         next_tokens = torch.where(rows == count - 1, self.root, prompt_ids.roll(-1))  # [R]
         self.drafter.ingest(dict(zip(self.capture, features)), next_tokens, torch.zeros_like(self.prefix_len), count)
 
+    def _prefill_stage(self, prompt_ids: torch.Tensor, count: torch.Tensor, *features: torch.Tensor) -> None:
+        self.stage.prefill(prompt_ids, count, dict(zip(self.capture, features)))
+
     # ---- the cycle's phases -------------------------------------------------------------------------------
     def build_tree(self) -> DraftTree:
-        """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one."""
-        return build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
+        """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one; with an
+        intermediate model, the chain it keeps of the tree (hierarchy.py)."""
+        tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
                           self.tree_scorer)
+        return tree if self.stage is None else self.stage.narrow(tree, self.prefix_len)
 
     def verify_forward(self, tree: DraftTree):
         """The tree's N nodes through the target, from the drafter's states when it kept them -> (logits [N, V],
@@ -272,8 +296,10 @@ class SpecEngine:
         committed = commit_path(accepted_nodes, accept_length, bonus, tree.tokens, self.prefix_len,
                                 [captured[i] for i in self.capture], self.root)
         compact_kv(self.target.k_cache, self.target.v_cache, committed.src_slots, self.prefix_len, committed.count)
-        self.drafter.ingest(dict(zip(self.capture, committed.features)), committed.next_tokens, self.prefix_len,
-                            committed.count)  # read before the add below
+        features = dict(zip(self.capture, committed.features))
+        self.drafter.ingest(features, committed.next_tokens, self.prefix_len, committed.count)  # before the add
+        if self.stage is not None:
+            self.stage.commit(features, accepted_nodes, accept_length, self.prefix_len, committed.count)
         self.prefix_len.add_(committed.count)
         return CycleOutput(emitted=committed.emitted, count=committed.count, accepted_nodes=accepted_nodes,
                            tree=tree, for_host=committed.for_host)
@@ -281,6 +307,9 @@ class SpecEngine:
     def acceptance(self, temperature: float) -> Acceptance:
         """The acceptance rule of this engine's cycles at `temperature` (accept.py), made once per temperature."""
         policy = self._policies.get(temperature)
+        if self.stage is not None and temperature > 0:
+            raise SpecdraftError(f"hierarchical drafting (runtime.intermediate) decodes greedily; got temperature "
+                                 f"{temperature}: use 0, or leave the intermediate model out")
         if policy is None:
             policy = self._policies[temperature] = acceptance_for(temperature, self.judge)
         return policy
@@ -313,6 +342,7 @@ class SpecEngine:
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
         tensors = [self.prefix_len, self.root, self.target.k_cache, self.target.v_cache]
+        tensors += self.stage.state_tensors() if self.stage is not None else []
         return tensors + (self.drafter.state_tensors() if self.drafter is not None else [])
 
     # ---- loops --------------------------------------------------------------------------------------------

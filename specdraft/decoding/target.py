@@ -2,7 +2,9 @@
 cache, batch 1, in the spirit of gpt-fast.
 
 Weights come from a Hugging Face model (hub id, directory or GGUF, through `specdraft.targets.load_target`);
-q/k/v and gate/up are fused into one matmul each. Rotary tables come from the HF model's own rotary module, so
+q/k/v and gate/up are fused into one matmul each. A weight-only quantized Hugging Face model (target.quantization
+int8|int4, layers/quantized.py) gives a quantized target: the same codes, fused by stacking their rows, its
+matmuls `kernels.quant_linear` (in the CUDA graphs too). Rotary tables come from the HF model's own rotary module, so
 every rope scaling it supports (Llama-3's included) is reproduced. Every forward writes the keys and values of
 its N tokens at cache slots prefix_len..prefix_len+N-1 and attends with `kernels.tree_attention`: the
 confirmed prefix fully, the N new tokens by a tree mask (causal for a chain, ancestors for a tree). A drafter's
@@ -23,20 +25,28 @@ from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.tree_attention import tree_attention
 from specdraft.core.types import TargetInfo
+from specdraft.layers.quantized import WEIGHT_ONLY, QuantizedLinear, quantized_linear, stacked_rows, weight_only_bits
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
 
+def _linear(in_features: int, out_features: int, bias: bool, bits: Optional[int]) -> nn.Module:
+    """nn.Linear, or with `bits` (8 or 4) an empty QuantizedLinear of that shape."""
+    if bits is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return QuantizedLinear(in_features, out_features, bias=bias, bits=bits)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, info: TargetInfo, qkv_bias: bool):
+    def __init__(self, info: TargetInfo, qkv_bias: bool, bits: Optional[int] = None):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = info.num_heads, info.num_kv_heads, info.head_dim
         self.eps = info.rms_norm_eps
         qkv_width = (self.heads + 2 * self.kv_heads) * self.head_dim
-        self.wqkv = nn.Linear(info.hidden_size, qkv_width, bias=qkv_bias)
-        self.wo = nn.Linear(self.heads * self.head_dim, info.hidden_size, bias=False)
-        self.w13 = nn.Linear(info.hidden_size, 2 * info.intermediate_size, bias=False)
-        self.w2 = nn.Linear(info.intermediate_size, info.hidden_size, bias=False)
+        self.wqkv = _linear(info.hidden_size, qkv_width, qkv_bias, bits)
+        self.wo = _linear(self.heads * self.head_dim, info.hidden_size, False, bits)
+        self.w13 = _linear(info.hidden_size, 2 * info.intermediate_size, False, bits)
+        self.w2 = _linear(info.intermediate_size, info.hidden_size, False, bits)
         self.attn_norm = nn.Parameter(torch.ones(info.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(info.hidden_size))
 
@@ -91,24 +101,34 @@ class DecoderLayer(nn.Module):
 
 
 class TargetModel(nn.Module):
-    """Batch-1 decoder with a static KV cache of `max_len` slots: [L, Hkv, S, D] keys and values."""
+    """Batch-1 decoder with a static KV cache of `max_len` slots: [L, Hkv, S, D] keys and values. With `bits`
+    (8 or 4) its linear layers and LM head are weight-only quantized (QuantizedLinear)."""
 
-    def __init__(self, info: TargetInfo, qkv_bias: bool = False):
+    def __init__(self, info: TargetInfo, qkv_bias: bool = False, bits: Optional[int] = None):
         super().__init__()
-        self.info = info
+        self.info, self.bits = info, bits
         self.embed_tokens = nn.Embedding(info.vocab_size, info.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(info, qkv_bias) for _ in range(info.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(info, qkv_bias, bits) for _ in range(info.num_layers))
         self.norm = nn.Parameter(torch.ones(info.hidden_size))
-        self.lm_head = nn.Linear(info.hidden_size, info.vocab_size, bias=False)
+        self.lm_head = _linear(info.hidden_size, info.vocab_size, False, bits)
         self.max_len = 0
 
     @property
-    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype it computes in."""
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H] (a quantized head's dequantized: a new tensor each call)
         return self.lm_head.weight
 
     def allocate(self, max_len: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
         """Static caches for `max_len` slots; rope tables [max_len, D]."""
-        info, weight = self.info, self.lm_head.weight
+        info, weight = self.info, self.embed_tokens.weight
         shape = (info.num_layers, info.num_kv_heads, max_len, info.head_dim)
         self.k_cache = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
@@ -161,14 +181,20 @@ class TargetModel(nn.Module):
         return hidden, captured
 
 
-def _copy(dst: nn.Module | nn.Parameter, *sources: torch.Tensor) -> None:
+def _copy(dst: nn.Module | nn.Parameter, *sources: nn.Module | torch.Tensor) -> None:
+    """Weights of Hugging Face linear layers (stacked by rows: q, k, v fused) or one tensor into dst."""
+    if isinstance(dst, QuantizedLinear):
+        dst.load_quantized(stacked_rows(*sources))
+        return
+    weights = [source.weight if isinstance(source, nn.Module) else source for source in sources]
     target = dst.weight if isinstance(dst, nn.Module) else dst
-    target.data.copy_(torch.cat(sources, dim=0) if len(sources) > 1 else sources[0])
+    target.data.copy_(torch.cat(weights, dim=0) if len(weights) > 1 else weights[0])
 
 
 @torch.no_grad()
 def from_hf(hf_model, info: TargetInfo) -> TargetModel:
-    """A TargetModel with the weights of a Hugging Face Llama-family causal LM (same device and dtype)."""
+    """A TargetModel with the weights of a Hugging Face Llama-family causal LM (same device and dtype; quantized
+    when its linear layers are, layers/quantized.py)."""
     if info.model_type not in SUPPORTED:
         raise SpecdraftError(f"the runtime runs Llama-family targets {SUPPORTED}; this target is {info.model_type!r}")
     decoder = hf_model.get_decoder()
@@ -176,21 +202,40 @@ def from_hf(hf_model, info: TargetInfo) -> TargetModel:
     qkv_bias = first_attn.q_proj.bias is not None
     weight = hf_model.get_input_embeddings().weight
     with torch.device(weight.device):
-        model = TargetModel(info, qkv_bias).to(weight.dtype)
+        model = TargetModel(info, qkv_bias, weight_only_bits(hf_model)).to(weight.dtype)
     model.embed_tokens.weight.copy_(weight)
-    model.lm_head.weight.copy_(hf_model.get_output_embeddings().weight)
+    _copy(model.lm_head, hf_model.get_output_embeddings())
     model.norm.copy_(decoder.norm.weight)
     for layer, hf_layer in zip(model.layers, decoder.layers):
         attn, mlp = hf_layer.self_attn, hf_layer.mlp
-        _copy(layer.wqkv, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        _copy(layer.wqkv, attn.q_proj, attn.k_proj, attn.v_proj)
         if qkv_bias:
             layer.wqkv.bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
-        _copy(layer.wo, attn.o_proj.weight)
-        _copy(layer.w13, mlp.gate_proj.weight, mlp.up_proj.weight)
-        _copy(layer.w2, mlp.down_proj.weight)
+        _copy(layer.wo, attn.o_proj)
+        _copy(layer.w13, mlp.gate_proj, mlp.up_proj)
+        _copy(layer.w2, mlp.down_proj)
         _copy(layer.attn_norm, hf_layer.input_layernorm.weight)
         _copy(layer.mlp_norm, hf_layer.post_attention_layernorm.weight)
     return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def quantized_target(model: TargetModel, setting: str) -> TargetModel:
+    """A float TargetModel -> a new one with its linear layers and LM head quantized to `setting` (int8, int4),
+    as `quantize_decoder` quantizes a Hugging Face model (q, k, v quantized together: rows are independent)."""
+    quantized = TargetModel(model.info, model.layers[0].wqkv.bias is not None, WEIGHT_ONLY[setting])
+    quantized.to(device=model.device, dtype=model.dtype)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            parent_name, _, attribute = name.rpartition(".")
+            parent = quantized.get_submodule(parent_name) if parent_name else quantized
+            setattr(parent, attribute, quantized_linear(module.weight, module.bias, WEIGHT_ONLY[setting]))
+    quantized.embed_tokens.weight.copy_(model.embed_tokens.weight)
+    quantized.norm.copy_(model.norm)
+    for layer, source in zip(quantized.layers, model.layers):
+        layer.attn_norm.copy_(source.attn_norm)
+        layer.mlp_norm.copy_(source.mlp_norm)
+    return quantized.eval().requires_grad_(False)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from specdraft.config import RuntimeConfig
 from specdraft.drafts import RECIPE_FILE, load_draft
 from specdraft.eval.plot import plot_acceptance
 from specdraft.recipes import load_recipe
-from specdraft.runtime.load import build_runtime, resolve_device
+from specdraft.runtime.load import build_runtime, resolve_device, runtime_target
 from specdraft.decoding.stats import acceptance_by_position
 from specdraft.targets import load_target
 
@@ -48,12 +48,14 @@ def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids
 
 def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
     """Decode eval.prompts with the draft through the runtime (a chain of eval.num_draft_tokens, no early exit,
-    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`."""
+    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`.
+    The target's weights: runtime.quantization when an override sets it, else the draft's target.quantization
+    (`runtime_target`): a quantized target's greedy answers are what the runtime must give."""
     recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides))
     loaded = load_draft(path, overrides)
     cfg = recipe.eval
     device = resolve_device(cfg.device)
-    target = load_target(loaded.target_config, device=device, dtype=cfg.dtype)
+    target = load_target(runtime_target(loaded.target_config, recipe.runtime), device=device, dtype=cfg.dtype)
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
@@ -70,14 +72,16 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
         lossless_count += result.tokens == reference
         accepted += result.accepted
         new_tokens += len(result.tokens)
-    report = _report(loaded, cfg, accepted, lossless_count, len(prompts), new_tokens, spec_seconds, greedy_seconds)
+    report = _report(loaded, cfg, accepted, lossless_count, len(prompts), new_tokens, spec_seconds, greedy_seconds,
+                     runtime_target(loaded.target_config, recipe.runtime).quantization)
     out = Path(out_dir or path)
     write_json(out / "eval.json", report)
     plot_acceptance(report, out / "eval.png")
     return report
 
 
-def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec_seconds, greedy_seconds) -> dict:
+def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec_seconds, greedy_seconds,
+            quantization: str) -> dict:
     cycles = max(1, len(accepted))
     return {
         "tau": sum(a + 1 for a in accepted) / cycles,
@@ -93,5 +97,6 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
         "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
                      "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
                      "method": loaded.spec.name, "skip_prompts": cfg.skip_prompts,
-                     "target": loaded.target_config.path, "draft": str(loaded.source)},
+                     "target": loaded.target_config.path, "draft": str(loaded.source),
+                     "quantization": quantization},
     }

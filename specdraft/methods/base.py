@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import nn
 
-from specdraft.core.drafting import Drafter
+from specdraft.core.drafting import Drafter, IntermediateModel
 from specdraft.core.types import BaseDraft, DraftBatch, DraftContext, LossOutput, TargetInfo
 
 
@@ -80,6 +80,10 @@ class MethodSpec:
     runtime: Callable[[nn.Module, Any, Any], Drafter]
     """(draft, cfg, runtime target model) -> the runtime's drafter (specdraft.core.drafting). The evaluator and
     the runtime both draft through it: a method writes its inference once."""
+    intermediate: Optional[Callable[[nn.Module, Any, Any], IntermediateModel]] = None
+    """(draft, cfg, runtime target model) -> this draft as the small model of hierarchical drafting, which checks
+    another draft's tree before the target verifies the sequence it keeps (runtime.intermediate names its export);
+    None: it cannot serve as one."""
     warm_start: Optional[Callable[[Any], Optional[str]]] = None
     """cfg -> the run directory or export whose trained draft starts this one (None: random weights). The
     trainer loads it into DraftContext.warm_start and calls `initialize`."""

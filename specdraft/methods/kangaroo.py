@@ -35,6 +35,10 @@ each drafted token goes through the target's layers 0..ℓ-1 (with their KV cach
 runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states (a tree's too, when the
 engine asks: its drafter then runs every tree candidate through the shallow layers), and the engine's confidence
 exit (specdraft/decoding/chain.py) defaults to `exit_threshold`.
+
+Hierarchical drafting (`KangarooIntermediate`, runtime.intermediate = a Kangaroo export): the shallow layers and
+the adapter, scored by the target's whole LM head, check another draft's tree before the target verifies the
+sequence they keep (specdraft/decoding/hierarchy.py).
 """
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
 from specdraft.layers.decoder_parts import fused_norm
 from specdraft.layers.zero import init_linear_normal_
-from specdraft.core.drafting import Drafter, DrafterCaps
+from specdraft.core.drafting import Drafter, DrafterCaps, IntermediateModel
 from specdraft.core.types import DraftBatch, DraftContext, LossOutput, TargetInfo
 from specdraft.layers.draft_cache import draft_attention, draft_visible, ingest_slots, rope_tables
 from specdraft.methods.base import ExportFormat, MethodSpec
@@ -322,13 +326,17 @@ class KangarooDrafter(Drafter):
         return rope_cache(q.view(m, self.heads, -1), k.view(m, self.kv_heads, -1), v.view(m, self.kv_heads, -1),
                           *self.rope, positions, self.k_cache, self.v_cache, slots)
 
-    def _adapter(self, shallow, positions, slots, scratch_visible):
-        """shallow [M, H] at scratch slots -> (logits [M, Vd], adapter output [M, H]); each row sees the confirmed
-        prefix and the scratch slots scratch_visible [M, W] marks (`draft_attention`). The residual add and the
-        target's final norm are one launch (`draft.logits`' bits)."""
+    def _attention_out(self, shallow, positions, slots, scratch_visible):
+        """shallow [M, H] at scratch slots -> the adapter's attention output [M, H] (before its residual add); each
+        row sees the confirmed prefix and the scratch slots scratch_visible [M, W] marks (`draft_attention`)."""
         q = self._write_kv(shallow, positions, slots)
         out = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=True)
-        attn_out = self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
+        return self.draft.self_attn.o_proj(out.transpose(0, 1).reshape(shallow.shape[0], -1))
+
+    def _adapter(self, shallow, positions, slots, scratch_visible):
+        """shallow [M, H] at scratch slots -> (logits [M, Vd], adapter output [M, H]) (`_attention_out`). The
+        residual add and the target's final norm are one launch (`draft.logits`' bits)."""
+        attn_out = self._attention_out(shallow, positions, slots, scratch_visible)
         normed, hidden = rms_norm(attn_out, self.target.norm, self.target.info.rms_norm_eps, shallow)
         return F.linear(normed, self.rows.to(normed.dtype)), hidden
 
@@ -421,6 +429,40 @@ def kangaroo_runtime(draft: KangarooDraft, cfg: KangarooConfig, target_model) ->
     return KangarooDrafter(draft, cfg, target_model)
 
 
+class KangarooIntermediate(IntermediateModel):
+    """The target's layers 0..ℓ-1 and the adapter as hierarchical drafting's small model (decoding/hierarchy.py).
+    A tree's nodes run through the shallow layers with the target's own cache (their KV lands at the target's tree
+    slots, which the target's verify of the kept sequence rewrites before anything reads them) and through the
+    adapter (its own cache, the drafter's: confirmed positions from the target's feature ℓ), then the target's
+    final norm and whole LM head."""
+
+    def __init__(self, draft: KangarooDraft, cfg: KangarooConfig, target_model):
+        self.adapter, self.target = KangarooDrafter(draft, cfg, target_model), target_model
+        self.feature_layers = [draft.exit_layer]
+
+    def allocate(self, max_len, device, dtype) -> None:
+        self.adapter.allocate(max_len, 1, device, dtype)
+
+    def state_tensors(self):
+        return self.adapter.state_tensors()
+
+    def prefill(self, prompt_ids, count, features) -> None:
+        self.adapter.ingest(features, prompt_ids, torch.zeros_like(count), count)
+
+    def logits(self, tokens, positions, prefix_len, tree_mask):
+        shallow, _ = self.target.run_layers(self.target.embed(tokens), positions, prefix_len, tree_mask, 0,
+                                            self.adapter.exit_layer)  # [N, H]
+        slots = prefix_len + torch.arange(tokens.shape[0], device=tokens.device)  # [N]
+        return self.target.logits(shallow + self.adapter._attention_out(shallow, positions, slots, tree_mask))
+
+    def commit(self, features, tree_nodes, last_token, start, count) -> None:
+        self.adapter.ingest(features, tree_nodes, start, count)
+
+
+def kangaroo_intermediate(draft: KangarooDraft, cfg: KangarooConfig, target_model) -> KangarooIntermediate:
+    return KangarooIntermediate(draft, cfg, target_model)
+
+
 SPEC = MethodSpec(
     name="kangaroo",
     config=KangarooConfig,
@@ -431,5 +473,6 @@ SPEC = MethodSpec(
     from_export=kangaroo_from_export,
     bind_target=kangaroo_bind,
     runtime=kangaroo_runtime,
+    intermediate=kangaroo_intermediate,
     reads_embeddings=False,
 )

@@ -12,11 +12,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from specdraft.config import RuntimeConfig
+from specdraft.config import RUNTIME_QUANTIZATIONS, RuntimeConfig, TargetConfig
+from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
-from specdraft.drafts import LoadedDraft, load_draft
+from specdraft.drafts import RECIPE_FILE, LoadedDraft, load_draft
 from specdraft.decoding.dynamic_exit import ExitChoice
 from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.hierarchy import CompactIntermediate
 from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
 from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
 from specdraft.targets import load_target
@@ -63,6 +65,36 @@ def tree_shape(cfg: RuntimeConfig) -> TreeShape:
     return TreeShape(cfg.depth or TreeShape.depth, cfg.topk, cfg.budget).validated()
 
 
+def runtime_target(target_cfg: TargetConfig, cfg: RuntimeConfig) -> TargetConfig:
+    """The target the runtime (and eval) verifies with: the draft's, its weights as runtime.quantization says, else
+    as its target.quantization does when every stage runs that (int8, int4; bitsandbytes' 8bit and 4bit quantize
+    training features only: unquantized here)."""
+    quantization = cfg.quantization or target_cfg.quantization
+    return replace(target_cfg, quantization=quantization if quantization in RUNTIME_QUANTIZATIONS else "none")
+
+
+def _intermediate(cfg: RuntimeConfig, target: LoadedTarget, target_model: TargetModel,
+                  max_len: int) -> Optional[IntermediateModel]:
+    """runtime.intermediate loaded (None: off): a draft's export or run directory whose method serves as one
+    (MethodSpec.intermediate), else a small Llama-family model of the target's vocabulary."""
+    if cfg.intermediate is None:
+        return None
+    if (Path(cfg.intermediate) / RECIPE_FILE).is_file():  # an export or a training run
+        loaded = load_draft(Path(cfg.intermediate))
+        _check_geometry(loaded, target)
+        if loaded.spec.intermediate is None:
+            raise SpecdraftError(f"runtime.intermediate={cfg.intermediate}: a {loaded.spec.name} draft cannot check "
+                                 f"a tree; give a draft that can (Kangaroo) or a small model of the target's vocabulary")
+        draft = loaded.draft.to(device=target_model.device, dtype=target_model.dtype)
+        return loaded.spec.intermediate(draft, loaded.method_cfg, target_model)
+    small = load_target(TargetConfig(path=cfg.intermediate), device=target_model.device, dtype=cfg.dtype,
+                        require_chat_template=False)
+    if small.info.vocab_size != target.info.vocab_size:
+        raise SpecdraftError(f"runtime.intermediate={cfg.intermediate} has a vocabulary of {small.info.vocab_size}; "
+                             f"the target's is {target.info.vocab_size} (it must share the target's tokenizer)")
+    return CompactIntermediate(from_hf(small.model, small.info), hf_rope_tables(small.model, max_len))
+
+
 def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig) -> dict:
     """SpecEngine's options from the settings; the chain-only ones are refused on a tree."""
     options = {"reuse_shallow_tree": cfg.shallow_reuse_tree, "overlap": cfg.overlap,
@@ -101,7 +133,7 @@ def _judge(drafter, cfg: RuntimeConfig):
 
 
 def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: TargetModel):
-    draft = loaded.draft.to(device=target_model.lm_head_weight.device, dtype=target.model.dtype)
+    draft = loaded.draft.to(device=target_model.device, dtype=target.model.dtype)
     return loaded.spec.runtime(draft, loaded.method_cfg, target_model)
 
 
@@ -119,10 +151,11 @@ def _exit_choice(drafter, cfg: RuntimeConfig, target: LoadedTarget, target_model
 
 def load_parts(path: str | Path, cfg: RuntimeConfig = RuntimeConfig(), target_path: Optional[str] = None,
                trust_remote_code: bool = False) -> Tuple[LoadedDraft, LoadedTarget]:
-    """An export or run directory -> (the draft, the target it was trained for or `target_path`), checked to fit.
+    """An export or run directory -> (the draft, the target it was trained for or `target_path`, its weights as
+    `runtime_target` says), checked to fit.
     `trust_remote_code`: the caller's own consent to run the target's code (never read from a file)."""
     loaded = load_draft(path, target_path=target_path)
-    target_cfg = replace(loaded.target_config, trust_remote_code=trust_remote_code,
+    target_cfg = replace(runtime_target(loaded.target_config, cfg), trust_remote_code=trust_remote_code,
                          **({"path": target_path} if target_path else {}))
     target = load_target(target_cfg, device=resolve_device(cfg.device), dtype=cfg.dtype, require_chat_template=False)
     _check_geometry(loaded, target)
@@ -139,7 +172,8 @@ def build_runtime(loaded: LoadedDraft, target: LoadedTarget, cfg: RuntimeConfig 
     if cfg.more_exits:
         drafter = _exit_choice(drafter, cfg, target, target_model)
     engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len),
-                        None if cfg.cuda_graphs else False, **_engine_options(drafter, shape, cfg))
+                        None if cfg.cuda_graphs else False, **_engine_options(drafter, shape, cfg),
+                        intermediate=_intermediate(cfg, target, target_model, max_len))
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer),
                    settings=cfg)
 

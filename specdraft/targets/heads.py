@@ -2,13 +2,14 @@
 methods that read hidden_states[0], its embedding table. Both are read straight from the checkpoint's
 safetensors files; no decoder layer is ever built (the model skeleton that names them lives on the meta device).
 A checkpoint that does not name them as the model does (or is not safetensors) falls back to loading the whole
-model on the CPU once and keeping the two matrices.
+model on the CPU once and keeping the two matrices. A weight-only quantized target (target.quantization=int8|int4)
+gives its quantized LM head, dequantized.
 """
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from specdraft.config import TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetInfo
+from specdraft.layers.quantized import WEIGHT_ONLY, fake_quantized
 from specdraft.targets.load import MODEL_BUILD_LOCK, local_or_hub, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ def _from_full_model(cfg: TargetConfig, embeddings: bool):
     from specdraft.targets.load import load_target
 
     log.info("target %s: LM head not found by name in safetensors; loading the whole model once on the CPU", cfg.path)
-    model = load_target(cfg, "cpu", require_chat_template=False).model
+    model = load_target(replace(cfg, quantization="none"), "cpu", require_chat_template=False).model
     lm_head = model.get_output_embeddings().weight.detach().clone()
     embed = model.get_input_embeddings().weight.detach().clone() if embeddings else None
     return lm_head, embed
@@ -96,7 +98,9 @@ def load_target_heads(cfg: TargetConfig, embeddings: bool, device: torch.device 
     if lm_head is None or (embeddings and embed is None):
         lm_head, embed = _from_full_model(cfg, embeddings)
     dtype = resolve_dtype(cfg.dtype, device)
-    lm_head = lm_head.to(device, dtype)
     tied = set(names["lm_head"]) & set(names["embed"])
-    embed = None if embed is None else lm_head if tied else embed.to(device, dtype)
+    embed = None if embed is None else embed.to(device, dtype)
+    lm_head = embed if tied and embed is not None else lm_head.to(device, dtype)
+    if cfg.quantization in WEIGHT_ONLY:  # the quantized target's head (its embedding stays as it is)
+        lm_head = fake_quantized(lm_head, cfg.quantization)
     return TargetHeads(info=TargetInfo.from_hf_config(config, cfg.path), lm_head=lm_head, embed_tokens=embed)

@@ -26,6 +26,7 @@ from specdraft.config import QUANTIZATIONS, TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import package_file
 from specdraft.core.types import TargetInfo
+from specdraft.layers.quantized import WEIGHT_ONLY, quantize_decoder, weight_only_bits
 
 log = logging.getLogger(__name__)
 
@@ -249,13 +250,18 @@ def rebuild_rotary_buffers(model: torch.nn.Module) -> None:
             module.original_inv_freq = fresh.original_inv_freq.to(device)
 
 
+BITSANDBYTES = ("8bit", "4bit")
+"""target.quantization settings that bitsandbytes loads (training features only)."""
+
+
 def quantization_config(cfg: TargetConfig, device: torch.device | str, compute_dtype: torch.dtype):
-    """The BitsAndBytesConfig that `target.quantization` asks for (None for none); bitsandbytes needs CUDA."""
-    if cfg.quantization == "none":
+    """The BitsAndBytesConfig that `target.quantization` asks for (None for the others); bitsandbytes needs CUDA."""
+    if cfg.quantization not in BITSANDBYTES:
         return None
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         raise SpecdraftError(f"target.quantization={cfg.quantization} needs a CUDA GPU (bitsandbytes); "
-                             f"without one use target.quantization=none (valid: {', '.join(QUANTIZATIONS)})")
+                             f"without one use target.quantization=int8, int4 or none "
+                             f"(valid: {', '.join(QUANTIZATIONS)})")
     if importlib.util.find_spec("bitsandbytes") is None:
         raise SpecdraftError(f"target.quantization={cfg.quantization} needs the bitsandbytes package "
                              f"(pip install bitsandbytes), or target.quantization=none")
@@ -276,10 +282,16 @@ def is_quantized(model: torch.nn.Module) -> bool:
     return getattr(model, "hf_quantizer", None) is not None
 
 
+def is_weight_only_quantized(model: torch.nn.Module) -> bool:
+    """Whether target.quantization=int8|int4 quantized the model's linear layers (layers/quantized.py)."""
+    return weight_only_bits(model) is not None
+
+
 def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Optional[str] = None,
                 require_chat_template: bool = True, quantize: bool = False) -> LoadedTarget:
-    """The frozen target in eval mode on `device`, its tokenizer and its geometry. With `quantize`, the
-    weights are loaded as `target.quantization` asks (straight onto the CUDA `device`)."""
+    """The frozen target in eval mode on `device`, its tokenizer and its geometry. target.quantization=int8|int4
+    quantizes its linear layers once loaded, always (the quantized target is the target); with `quantize`, the
+    bitsandbytes settings apply too (training features: loaded straight onto the CUDA `device`)."""
     from transformers import AutoModelForCausalLM
 
     source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
@@ -300,6 +312,8 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     if not is_quantized(model):
         _tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
         model.to(device)
+    if cfg.quantization in WEIGHT_ONLY:
+        quantize_decoder(model, cfg.quantization)
     return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path))
 
 

@@ -41,7 +41,7 @@ from specdraft.layers.zero import gathered
 from specdraft.core.types import TargetFeatures
 from specdraft.methods.base import MethodSpec
 from specdraft.targets.features import capture_features
-from specdraft.targets.load import is_quantized, resolve_dtype
+from specdraft.targets.load import is_quantized, is_weight_only_quantized, resolve_dtype
 from specdraft.train.data import DistilledData, collate
 
 
@@ -72,7 +72,7 @@ class OnlineFeatures:
     """The frozen target runs on every batch."""
 
     def __init__(self, model: torch.nn.Module, layers: List[int], compile: str = "false"):
-        """compile: train.compile (auto compiles the decoder layers on CUDA, unless bitsandbytes-quantized)."""
+        """compile: train.compile (auto compiles the decoder layers on CUDA, unless quantized)."""
         self.model, self.layers, self.compile = model, list(layers), compile
 
     def setup(self, device: torch.device, rank: int = 0) -> None:
@@ -81,6 +81,7 @@ class OnlineFeatures:
             dtype = on_device_dtype(next(self.model.parameters()).dtype, device)
             self.model.to(device=device)
             cast_parameters(self.model, dtype)
+        quantized = quantized or is_weight_only_quantized(self.model)
         if compile_enabled(self.compile, device) and not (quantized and self.compile == "auto"):
             compile_decoder_layers(self.model)
 

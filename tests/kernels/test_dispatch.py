@@ -11,6 +11,7 @@ import torch
 from specdraft.kernels.adamw8bit import StepScalars, adamw8bit_step, moments_of, new_state
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.kv_compact import compact_kv
+from specdraft.kernels.quant_linear import quant_linear, quantize
 from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
 from specdraft.kernels.silu_mul import silu_mul
@@ -40,6 +41,8 @@ CALLS = {  # module: (its dispatching function, the Triton launcher's name, a ca
                                  torch.randn(6, 8), torch.tensor([1, 4]), torch.zeros(2, 6, 8), torch.zeros(2, 6, 8),
                                  torch.tensor([2, 3]))),
     "silu_mul": (silu_mul, "silu_mul_triton", lambda op: op(torch.randn(2, 12), torch.randn(2, 12))),
+    "quant_linear": (quant_linear, "quant_linear_triton",
+                     lambda op: op(torch.randn(2, 40), quantize(torch.randn(8, 40), 4, group_size=32))),
     "tree_frontier": (advance_frontier, "advance_frontier_triton",
                       lambda op: op(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2),
                                     torch.tensor([1, 2]), 3, torch.randn(2, 8), torch.ones(2, 5, dtype=torch.bool))),

@@ -310,7 +310,7 @@ def gaps_main(argv=None) -> dict:
     check_shapes(parser, [args.shape])
     device = torch.device(args.device)
     engine = random_engine(args.config, parse_shape(args.shape), args.max_len, device)
-    vocab = engine.target.lm_head_weight.shape[0]
+    vocab = engine.target.info.vocab_size
     prompt_ids = torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     runs = [measure_gaps(engine, prompt_ids, args.tokens) for _ in range(args.repeats)]
     table = markdown_table(["ms a step", *(f"run {i + 1}" for i in range(len(runs)))],

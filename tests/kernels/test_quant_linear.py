@@ -1,0 +1,100 @@
+"""quant_linear: the int8 and int4 formats (round trip, packing, a short last group), the reference against a
+float64 formula, and the Triton kernel (under TRITON_INTERPRET=1 on the CPU) against both: few rows (a GEMV, whole
+and split along its input) and many, float32, bfloat16 and float16, with and without a bias."""
+import pytest
+import torch
+
+from specdraft.core.errors import SpecdraftError
+from specdraft.kernels.quant_linear import dequantize, quant_linear, quant_linear_reference, quantize
+from specdraft.kernels.quant_linear.reference import unpack_int4
+from specdraft.kernels.quant_linear.triton_kernel import launch_plan, quant_linear_triton
+
+IN, OUT = 576, 72  # 576 = four int4 groups of 128 and one of 64, as SmolLM2's hidden size
+
+
+def _weight(seed=0, rows=OUT, columns=IN):
+    return torch.randn(rows, columns, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def _formula(x: torch.Tensor, weight, bias) -> torch.Tensor:
+    """y = x W^T + b in float64, W the exact dequantized weight (q * s (+ m) in float64)."""
+    if weight.bits == 8:
+        exact = weight.data.double() * weight.scales.double()[:, None]
+    else:
+        codes = unpack_int4(weight.data, weight.in_features).double()
+        groups = torch.arange(weight.in_features) // weight.group_size
+        exact = codes * weight.scales.double()[:, groups] + weight.mins.double()[:, groups]
+    return x.double() @ exact.T + (0 if bias is None else bias.double())
+
+
+def test_int8_round_trip_within_half_a_step():
+    w = _weight()
+    q = quantize(w, 8)
+    assert q.data.dtype == torch.int8 and q.data.shape == (OUT, IN) and q.scales.shape == (OUT,)
+    assert q.data.abs().amax(dim=1).eq(127).all()  # each row's largest weight takes the largest code
+    assert ((dequantize(q) - w).abs() <= q.scales[:, None] / 2 + 1e-7).all()
+    zero = quantize(torch.zeros(2, 8), 8)
+    assert torch.equal(dequantize(zero), torch.zeros(2, 8))
+
+
+def test_int4_round_trip_packing_and_short_last_group():
+    w = _weight(columns=IN + 1)  # odd: the last byte holds one column
+    q = quantize(w, 4, group_size=128)
+    assert q.data.dtype == torch.uint8 and q.data.shape == (OUT, (IN + 2) // 2) and q.scales.shape == (OUT, 5)
+    codes = unpack_int4(q.data, IN + 1)
+    assert torch.equal(q.data[:, 3] & 15, codes[:, 6]) and torch.equal(q.data[:, 3] >> 4, codes[:, 7])
+    last = w[:, 512:]  # 65 columns: the short group's scale and minimum are its own
+    torch.testing.assert_close(q.mins[:, 4].float(), last.amin(dim=1), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(q.scales[:, 4].float(), (last.amax(dim=1) - last.amin(dim=1)) / 15, atol=1e-4,
+                               rtol=1e-3)
+    step = q.scales.float().repeat_interleave(128, dim=1)[:, :IN + 1]
+    assert ((dequantize(q) - w).abs() <= step / 2 + 2e-4).all()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_reference_is_the_float64_formula(bits):
+    q, bias = quantize(_weight(), bits), torch.randn(OUT)
+    x = torch.randn(5, IN, dtype=torch.float64)
+    assert quant_linear_reference(x, q, bias).dtype == torch.float64
+    # the spec dequantizes in float32 and rounds once to the activations' dtype: float32's rounding, no more
+    torch.testing.assert_close(quant_linear_reference(x, q, bias), _formula(x, q, bias), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, splits, with_bias", [(1, 3, True), (40, None, False)], ids=["gemv-split", "rows"])
+def test_triton_matches_reference_and_formula(bits, dtype, rows, splits, with_bias):
+    q = quantize(_weight(), bits)
+    x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(1)).to(dtype)
+    bias = torch.randn(OUT, generator=torch.Generator().manual_seed(2)).to(dtype) if with_bias else None
+    got, expected = quant_linear_triton(x, q, bias, splits=splits), quant_linear_reference(x, q, bias)
+    exact = _formula(x, q, bias)
+    assert got.dtype == dtype and got.shape == (rows, OUT)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+    else:  # the same dequantized weights; the sums round apart by an output ulp at most
+        ulp = torch.finfo(dtype).eps * exact.abs().clamp(min=1.0)
+        assert ((got.double() - expected.double()).abs() <= ulp).all()
+        assert ((got.double() - exact).abs() <= ulp + (expected.double() - exact).abs()).all()
+
+
+def test_launch_plan_splits_large_gemvs_only():
+    big = quantize(torch.zeros(64, 8192), 8)  # 512 KiB: whole
+    assert launch_plan(1, big, torch.device("cpu"))[3] == 1
+    assert launch_plan(1, big, torch.device("cpu"), splits=4)[3:] == (4, 2048)
+    assert launch_plan(40, big, torch.device("cpu"))[:3] == (64, 64, 64)
+
+
+def test_dispatch_shapes_and_bad_input(monkeypatch):
+    q = quantize(_weight(), 4)
+    x = torch.randn(2, 3, IN)
+    assert quant_linear(x, q).shape == (2, 3, OUT)
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    assert torch.equal(quant_linear(x, q), quant_linear_reference(x, q))
+    with pytest.raises(SpecdraftError, match="576 input columns"):
+        quant_linear_triton(x[..., :100], q)
+    with pytest.raises(SpecdraftError, match="groups of a power of two"):
+        quant_linear_triton(x, quantize(_weight(), 4, group_size=96))
+    with pytest.raises(SpecdraftError, match="8 or 4 bits"):
+        quantize(_weight(), 2)
