@@ -1,5 +1,6 @@
-"""target.quantization (bitsandbytes 8/4-bit frozen target): recipe checks and a clean error on the CPU; on a
-CUDA GPU (marker `gpu`), a few training steps with each setting on the tiny target, online and offline."""
+"""target.quantization=8bit|4bit (bitsandbytes' frozen target for training features): recipe checks and a clean error
+on the CPU; on a CUDA GPU (marker `gpu`), a few training steps with each setting on the tiny target, online and
+offline. The weight-only int8/int4 target of every stage: tests/test_quantized_target.py."""
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from tests.test_train_export_eval import make_recipe
 
 def test_bad_quantization_names_the_valid_ones(tmp_path, tiny_target_dir, distilled):
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled)
-    with pytest.raises(SpecdraftError, match="unknown target.quantization '2bit'; valid: none, 8bit, 4bit"):
+    with pytest.raises(SpecdraftError, match="unknown target.quantization '2bit'; valid: none, int8, int4, 8bit, 4bit"):
         load_recipe(recipe_path, ["target.quantization=2bit"])
 
 
@@ -26,7 +27,7 @@ def test_quantization_without_cuda_is_a_one_line_error(tmp_path, tiny_target_dir
     assert cli.main(["train", str(recipe_path), "target.quantization=4bit"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("specdraft: error: target.quantization=4bit needs a CUDA GPU")
-    assert "valid: none, 8bit, 4bit" in last
+    assert "valid: none, int8, int4, 8bit, 4bit" in last
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
