@@ -222,19 +222,19 @@ def from_hf(hf_model, info: TargetInfo) -> TargetModel:
 @torch.no_grad()
 def quantized_target(model: TargetModel, setting: str) -> TargetModel:
     """A float TargetModel -> a new one with its linear layers and LM head quantized to `setting` (int8, int4),
-    as `quantize_decoder` quantizes a Hugging Face model (q, k, v quantized together: rows are independent)."""
-    quantized = TargetModel(model.info, model.layers[0].wqkv.bias is not None, WEIGHT_ONLY[setting])
-    quantized.to(device=model.device, dtype=model.dtype)
+    as `quantize_decoder` quantizes a Hugging Face model (q, k, v quantized together: rows are independent); the
+    embedding and norms are copies. Built on the meta device, so no float copy of the weights is ever made."""
+    with torch.device("meta"):
+        quantized = TargetModel(model.info, model.layers[0].wqkv.bias is not None, WEIGHT_ONLY[setting])
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             parent_name, _, attribute = name.rpartition(".")
             parent = quantized.get_submodule(parent_name) if parent_name else quantized
             setattr(parent, attribute, quantized_linear(module.weight, module.bias, WEIGHT_ONLY[setting]))
-    quantized.embed_tokens.weight.copy_(model.embed_tokens.weight)
-    quantized.norm.copy_(model.norm)
+    quantized.embed_tokens.weight = nn.Parameter(model.embed_tokens.weight.clone())
+    quantized.norm = nn.Parameter(model.norm.clone())
     for layer, source in zip(quantized.layers, model.layers):
-        layer.attn_norm.copy_(source.attn_norm)
-        layer.mlp_norm.copy_(source.mlp_norm)
+        layer.attn_norm, layer.mlp_norm = nn.Parameter(source.attn_norm.clone()), nn.Parameter(source.mlp_norm.clone())
     return quantized.eval().requires_grad_(False)
 
 

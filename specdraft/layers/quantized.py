@@ -57,7 +57,7 @@ class QuantizedLinear(nn.Module):
                                self.group_size)
 
     def load_quantized(self, weight: QuantizedWeight, bias: Optional[torch.Tensor] = None) -> "QuantizedLinear":
-        """Copies a QuantizedWeight of this module's shape and format (and the bias) in; returns self."""
+        """Copies a QuantizedWeight of this module's shape and format (and a bias, when given) in; returns self."""
         if (weight.bits, weight.out_features, weight.in_features, weight.group_size) != \
                 (self.bits, self.out_features, self.in_features, self.group_size):
             raise SpecdraftError(f"a {weight.bits}-bit [{weight.out_features}, {weight.in_features}] weight (groups "
@@ -66,7 +66,7 @@ class QuantizedLinear(nn.Module):
         self.scale_bits.copy_(weight.scales.view(self.scale_bits.dtype))
         if self.min_bits is not None:
             self.min_bits.copy_(weight.mins.view(torch.int16))
-        if self.bias is not None:
+        if self.bias is not None and bias is not None:
             self.bias.data.copy_(bias)
         return self
 
