@@ -374,7 +374,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
             rows, problems = maker.records({p: c for p, c in shard.items() if p not in early})
             problems += [early[p] for p in shard if p in early]
             progress.update(sum(p in early for p in shard))
-            write_shard(out, shard_index, rows, problems, spec.records.features)
+            write_shard(out, shard_index, rows, problems, spec.records.features())
     return {"device": device, "shards": len(shards), "generated_tokens": 0, "generate_seconds": 0.0,
             "tokens_per_s": 0.0, "started": started, "finished": time.time()}
 

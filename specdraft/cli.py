@@ -6,6 +6,7 @@
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
     specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
     specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
+        [--prune-sweep BETA ...]
         (generate and bench, chains: [--chain --depth K] [--exit-threshold ETA] [--dynamic-exit [--more-exits DIR ...]])
     specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
                     [--dry-run] [key=value ...]
@@ -146,7 +147,8 @@ def _bench(args) -> dict:
                              temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
-                             **({"prompts": args.prompts} if args.prompts else {}))
+                             **({"prompts": args.prompts} if args.prompts else {}),
+                             **({"prune_sweep": tuple(args.prune_sweep)} if args.prune_sweep is not None else {}))
     report = run_bench(runtime, settings, args.out, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
     return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
@@ -223,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--lossless-prompts", type=int, default=10, metavar="N",
                        help="also check the first N prompts in float32, speculative against plain decoding token "
                             "for token (in bf16 near-tied argmaxes can round apart; 0: off)")
+    bench.add_argument("--prune-sweep", type=float, nargs="*", default=None, metavar="BETA",
+                       help="drafts that score their tree (C2T): at T=0, the unpruned tree and each BETA, on the same "
+                            "prompts (default: 0.3 0.5 0.7 0.85; none given: no sweep)")
     bench.set_defaults(func=_bench)
     _add_slurm(sub)
     return parser

@@ -59,6 +59,7 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
                              f"{target.info.vocab_size}")
     runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
                                                           device=cfg.device, dtype=cfg.dtype))
+    runtime.engine.set_tree_scorer(None)  # no early exit: a draft's tree scorer would end chains too
     prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
     for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
