@@ -61,17 +61,10 @@ def train_chat_base(work: Path, target_dir: Path, steps: int = 40) -> Path:
     """An EAGLE-3 export of the tiny target trained on its answers to CHAT_PROMPTS (so that its trees are accepted
     on those prompts): a base for add-on methods -> the export directory."""
     from specdraft import cli
+    from tests.test_train_export_eval import make_recipe  # here: that module imports this one
 
-    distilled = write_chat_distilled(work / "distilled", target_dir)
-    recipe = work / "base.yaml"
-    recipe.write_text(f"""
-target: {{path: {target_dir}}}
-method: {{name: eagle3, ttt_steps: 3, draft_vocab_size: 256}}
-data: {{val_fraction: 0.2}}
-distill: {{output_dir: {distilled}}}
-train: {{output_dir: {work / 'run'}, max_steps: {steps}, micro_batch_size: 4, val_every_steps: {steps}, lr: 3.0e-3,
-         warmup_steps: 2, log_every_steps: {steps}}}
-""")
+    recipe = make_recipe(work, target_dir, write_chat_distilled(work / "distilled", target_dir), max_steps=steps,
+                         val_every_steps=steps)
     torch.manual_seed(0)
     assert cli.main(["train", str(recipe)]) == 0
     assert cli.main(["export", str(work / "run"), "--out", str(work / "export"), "--dtype", "float32"]) == 0

@@ -199,3 +199,28 @@ def test_bench_sweeps_the_prune_threshold(trained, tmp_path):
     assert sweep[2]["verified_per_cycle"] <= sweep[1]["verified_per_cycle"] <= sweep[0]["verified_per_cycle"]
     assert report["runs"][0]["prune_threshold"] == 0.5 and report["lossless_float32"]["lossless"]
     assert (tmp_path / "bench" / "bench.png").stat().st_size > 0
+
+
+@pytest.mark.gpu
+def test_pruned_trees_and_chains_run_in_cuda_graphs_and_take_a_new_threshold(trained):
+    """The scorer inside the captured cycle: β set after the capture reaches the graph (its logit lives in a device
+    tensor), the unpruned tree has graphs of its own, and every output is plain decoding's (float32)."""
+    runtime = load_runtime(trained["export"], RuntimeConfig(device="cuda", dtype="float32", max_len=256, **SHAPE))
+    engine = runtime.engine
+    assert engine.use_graphs
+    prompt = runtime.encode_chat(CHAT_PROMPTS[0])
+    plain = engine.decode_plain(prompt, 24, runtime.eos_ids).tokens
+    scorer, verified = engine.tree_scorer, {}
+    for beta in (0.0, 0.5, 1.0, 0.5):
+        scorer.threshold = beta
+        result = engine.generate(prompt, 24, runtime.eos_ids)
+        assert result.tokens == plain, beta
+        verified[beta] = sum(result.drafted) / len(result.drafted)
+    engine.set_tree_scorer(None)
+    unpruned = engine.generate(prompt, 24, runtime.eos_ids)
+    assert unpruned.tokens == plain and set(unpruned.drafted) == {SHAPE["budget"] - 1}
+    assert verified[0.0] == SHAPE["budget"] - 1 > verified[0.5] >= verified[1.0] == 0
+    chain = load_runtime(trained["export"], RuntimeConfig(device="cuda", dtype="float32", max_len=256, chain=True,
+                                                          depth=4, prune_threshold=0.5))
+    result = chain.engine.generate(prompt, 24, chain.eos_ids)
+    assert result.tokens == plain and max(result.drafted) <= 4

@@ -30,6 +30,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
+from specdraft.kernels.top_entropy import top_entropy
 from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
 
 
@@ -123,11 +124,8 @@ def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) 
 
 def parent_entropy(draft_logits: torch.Tensor, top: int = ENTROPY_TOP) -> torch.Tensor:
     """draft_logits [k, Vd] -> [k] float32: the entropy of each row's draft distribution over its `top` most
-    probable tokens (renormalised), what a TreeScorer reads of a candidate's parent."""
-    logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
-    top_logprobs = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1).values  # [k, M]
-    top_logprobs = top_logprobs - torch.logsumexp(top_logprobs, dim=-1, keepdim=True)
-    return -(top_logprobs.exp() * top_logprobs).sum(-1)
+    probable tokens (renormalised), what a TreeScorer reads of a candidate's parent (kernels.top_entropy)."""
+    return top_entropy(draft_logits, top)
 
 
 def _scored(scorer: Optional[TreeScorer], child_logprobs: torch.Tensor, parent_scores: torch.Tensor,

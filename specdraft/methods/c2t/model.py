@@ -8,6 +8,7 @@ logit; sigmoid(logit) >= β keeps the candidate.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Dict, List
@@ -43,14 +44,19 @@ def draft_digest(draft: nn.Module) -> str:
 
 class C2TClassifier(nn.Module):
     """The trained part of a C2T draft: [n, 3] features -> [n] logits. `base` (not a submodule: saved apart) is the
-    draft whose trees it prunes, `base_digest` its weights' digest (None where no base was given)."""
+    draft whose trees it prunes."""
 
     def __init__(self, cfg: C2TConfig, ctx: DraftContext):
         super().__init__()
         self.hidden = nn.Linear(NUM_FEATURES, cfg.hidden_size)
         self.out = nn.Linear(cfg.hidden_size, 1)
         object.__setattr__(self, "base", ctx.base)
-        self.base_digest = draft_digest(ctx.base.draft) if ctx.base is not None else None
+
+    @functools.cached_property
+    def base_digest(self):
+        """The base draft's weights' digest (None without a base), computed when training first checks a batch's
+        traces (as loaded: the runtime moves the base to its device and dtype in place)."""
+        return draft_digest(self.base.draft) if self.base is not None else None
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:  # [n, 3] -> [n]
         return self.out(torch.relu(self.hidden(features)))[:, 0]
