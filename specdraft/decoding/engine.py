@@ -82,8 +82,8 @@ class CycleOutput:
     count: torch.Tensor  # [1] how many of `emitted` are valid (accepted + 1)
     accepted_nodes: torch.Tensor  # [depth + 1] node indices of the accepted path, -1 padded
     tree: Optional[DraftTree] = None
-    for_host: Optional[torch.Tensor] = None  # [depth + 2] count, then emitted (+ valid nodes, with a tree scorer):
-    # what the host reads of a cycle
+    for_host: Optional[torch.Tensor] = None  # what the host reads of a cycle: [depth + 2] count, then emitted
+    # (then, with a tree scorer, the tree's valid nodes)
 
 
 class HostReader:
@@ -119,9 +119,9 @@ class SpecEngine:
     from the drafter's `verify_start_layer` when it declares shallow layers). Tree options: `reuse_shallow_tree`,
     the same for trees when the drafter declares the tree hooks (core/drafting.py); off by default (module
     docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion (in a chain:
-    end it, chain.py; `set_tree_scorer` swaps it). `judge`:
-    learned, lossy acceptance at T=0 (accept.py). `overlap` (both loops): one step in flight while the host reads
-    the one before; off, each step is read before the next is queued (to time one against the other)."""
+    end it, chain.py; `set_tree_scorer` swaps it). `judge`: learned, lossy acceptance at T=0 (accept.py).
+    `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read before
+    the next is queued (to time one against the other)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
@@ -310,7 +310,7 @@ class SpecEngine:
             out.for_host = torch.cat([out.for_host, tree.valid.sum(0, keepdim=True)])
         return out
 
-    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
+    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
         """One cycle -> (its output, the drafted tokens it verified; None where the host reads them from the
         output: a pruned tree's)."""
         policy = self.acceptance(temperature)

@@ -114,7 +114,7 @@ class TraceMaker:
         prompt = _prompt_ids(self.ctx.target.tokenizer, conversation)
         trees = self._trace(prompt)
         kept = [self._kept(*tree) for tree in trees]
-        joined = [torch.cat(parts).tolist() if parts else [] for parts in zip(*kept)] if kept else [[]] * 4
+        joined = [torch.cat(parts).tolist() for parts in zip(*kept)] if kept else [[]] * 4  # the four columns
         return {"source": conversation.source, "index": conversation.index, "draft": str(self.ctx.base.source),
                 "draft_digest": self.digest, "cycles": len(trees), "accepted": sum(int(t[3].sum()) for t in trees),
                 "candidates": sum(t[3].numel() for t in trees), "joint_logprob": joined[0], "entropy": joined[1],
