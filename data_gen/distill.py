@@ -35,8 +35,8 @@ from data_gen.shards import (
 from data_gen.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import write_json
+from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.load import eos_token_ids
@@ -87,10 +87,6 @@ def problem_entry(conversation: Conversation, status: str, reason: str) -> dict:
     return {"source": conversation.source, "index": conversation.index, "status": status, "reason": reason}
 
 
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-
-
 def _user_positions(messages: List[dict]) -> List[int]:
     return [i for i, message in enumerate(messages) if message["role"] == "user"]
 
@@ -110,7 +106,7 @@ def precheck(tokenizer, conversations: Dict[int, Conversation], data) -> Dict[in
         try:
             length = len(prompt_ids(tokenizer, conversation.messages, 0))
         except Exception as err:  # jinja templates raise their own errors (e.g. unsupported system role)
-            found[position] = problem_entry(conversation, "error", f"chat template failed: {_first_line(err)}")
+            found[position] = problem_entry(conversation, "error", f"chat template failed: {error_summary(err)}")
             continue
         if length < data.max_length:
             continue
@@ -175,7 +171,7 @@ def _answer_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
         answers = generate_answers(ctx, [ids for _, ids in batch])
     except Exception as err:  # OOM, CUDA or model errors: record and go on with the next batch
         for dialog, _ in batch:
-            _finish(ctx, dialog, f"generation failed: {_first_line(err)}")
+            _finish(ctx, dialog, f"generation failed: {error_summary(err)}")
         return
     for (dialog, _), answer in zip(batch, answers):
         dialog.messages[_user_positions(dialog.messages)[turn] + 1]["content"] = answer
@@ -195,7 +191,7 @@ def _turn_prompts(ctx: _Context, dialogs: List[_Dialog], turn: int) -> List[tupl
         try:
             ids = prompt_ids(ctx.tokenizer, dialog.messages, turn)
         except Exception as err:  # jinja template errors
-            _finish(ctx, dialog, f"chat template failed at turn {turn}: {_first_line(err)}")
+            _finish(ctx, dialog, f"chat template failed at turn {turn}: {error_summary(err)}")
             continue
         if turn > 0 and len(ids) >= max_length:
             _finish(ctx, dialog)
@@ -248,7 +244,7 @@ def distill_shard(ctx: _Context, dialogs: List[_Dialog], shard_index: int) -> tu
             try:
                 rows.append(_row(ctx, dialog))
             except Exception as err:  # template errors while building the row
-                dialog.problem = problem_entry(dialog.conversation, "error", f"row failed: {_first_line(err)}")
+                dialog.problem = problem_entry(dialog.conversation, "error", f"row failed: {error_summary(err)}")
         if dialog.problem is not None:
             problems.append(dialog.problem)
     return rows, problems
@@ -290,7 +286,8 @@ def check_fingerprint(out: Path, expected: dict) -> None:
     path = out / FINGERPRINT
     if not path.is_file() or not any(shards_dir(out).glob("shard-*")):
         return
-    previous = json.loads(path.read_text())
+    with reading(path, "fingerprint", f"use a new distill.output_dir (or delete {out})"):
+        previous = json.loads(path.read_text())
     changed = [key for key in sorted(set(expected) | set(previous)) if previous.get(key) != expected.get(key)]
     if changed:
         raise SpecdraftError(f"{out} holds shards distilled with a different {', '.join(changed)}; "

@@ -44,7 +44,9 @@ class TargetConfig:
     dtype: str = "auto"
     """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
     trust_remote_code: bool = False
-    """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+    """Never turns anything on by itself: a target's own Python code (its config.json's auto_map) runs only with
+    `--trust-remote-code` on the command line, for that command. A recipe that sets it gets a warning naming the
+    model whose code it asks to run; it is accepted so that older recipes still load."""
     random_init: bool = False
     """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
     quantization: str = "none"

@@ -41,6 +41,12 @@ def _cache_dir(tmp_path_factory, monkeypatch):
                        str(tmp_path_factory.getbasetemp() / "specdraft-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _checkpoint_key(tmp_path_factory, monkeypatch):
+    """DeepSpeed checkpoints are signed with a key of the test session's own, never the user's."""
+    monkeypatch.setenv("SPECDRAFT_CHECKPOINT_KEY", str(tmp_path_factory.getbasetemp() / "checkpoint.key"))
+
+
 @pytest.fixture(scope="session")
 def distilled(tiny_target_dir, tmp_path_factory):
     """A distilled dataset (12 rows) of the tiny target's own greedy answers."""
