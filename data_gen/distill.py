@@ -24,6 +24,7 @@ import torch
 
 from specdraft.config import DistillConfig, Recipe
 from specdraft.recipes import save_recipe
+from data_gen.engine import StaticAnswers, static_engine
 from data_gen.shards import (
     merge_shards,
     missing_shards,
@@ -67,6 +68,7 @@ class _Context:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     generate_kwargs: dict = field(default_factory=dict)
+    static: Optional[StaticAnswers] = None  # distill.engine's static engine; None: Hugging Face generate
 
 
 def default_device() -> str:
@@ -145,17 +147,30 @@ def cut_at_eos(ids: List[int], eos_ids: List[int]) -> List[int]:
 
 
 def generate_answers(ctx: _Context, prompts: List[List[int]]) -> List[str]:
-    """Decoded answers (special tokens skipped) of the target to a batch of templated prompts."""
-    device = next(ctx.model.parameters()).device
-    input_ids, attention_mask = left_pad(prompts, ctx.tokenizer.pad_token_id, device)  # [B, T]
+    """Decoded answers (special tokens skipped) of the target to a batch of templated prompts, by the engine
+    distill.engine chose (data_gen/engine.py)."""
     start = time.perf_counter()
-    with torch.no_grad():
-        output = ctx.model.generate(input_ids=input_ids, attention_mask=attention_mask, **ctx.generate_kwargs)
-    answers = [cut_at_eos(row, ctx.eos_ids) for row in output[:, input_ids.shape[1]:].tolist()]  # [B, <=new]
+    answers = ctx.static.answers(prompts) if ctx.static is not None else hf_answers(ctx, prompts)  # [B, <=new]
     ctx.generate_seconds += time.perf_counter() - start
     ctx.generated_tokens += sum(len(ids) for ids in answers)
     ctx.progress.set_postfix(tok_s=f"{ctx.generated_tokens / max(ctx.generate_seconds, 1e-9):.0f}", refresh=False)
     return [ctx.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
+
+
+def hf_answers(ctx: _Context, prompts: List[List[int]]) -> List[List[int]]:
+    """Hugging Face `generate` on the left-padded batch -> each answer's ids up to its first EOS."""
+    device = next(ctx.model.parameters()).device
+    input_ids, attention_mask = left_pad(prompts, ctx.tokenizer.pad_token_id, device)  # [B, T]
+    with torch.no_grad():
+        output = ctx.model.generate(input_ids=input_ids, attention_mask=attention_mask, **ctx.generate_kwargs)
+    return [cut_at_eos(row, ctx.eos_ids) for row in output[:, input_ids.shape[1]:].tolist()]
+
+
+def _calls(ctx: _Context, pending: List[tuple]) -> List[List[tuple]]:
+    """A turn's (dialog, prompt ids) as generate_answers takes them: distill.batch_size at a time for Hugging
+    Face generate; all at once for the static engine, which keeps batch_size rows busy as answers finish."""
+    size = max(len(pending), 1) if ctx.static is not None else ctx.recipe.distill.batch_size
+    return [pending[start:start + size] for start in range(0, len(pending), size)]
 
 
 def _finish(ctx: _Context, dialog: _Dialog, failure: Optional[str] = None) -> None:
@@ -233,11 +248,9 @@ def _row(ctx: _Context, dialog: _Dialog) -> dict:
 def distill_shard(ctx: _Context, dialogs: List[_Dialog], shard_index: int) -> tuple:
     """Regenerate one shard turn by turn -> (rows, problems), in conversation order."""
     torch.manual_seed(ctx.recipe.distill.seed + shard_index)
-    batch_size = ctx.recipe.distill.batch_size
     for turn in range(max((d.conversation.num_turns for d in dialogs), default=0)):
-        pending = _turn_prompts(ctx, dialogs, turn)
-        for start in range(0, len(pending), batch_size):
-            _answer_batch(ctx, pending[start:start + batch_size], turn)
+        for batch in _calls(ctx, _turn_prompts(ctx, dialogs, turn)):
+            _answer_batch(ctx, batch, turn)
     rows, problems = [], []
     for dialog in dialogs:
         if dialog.problem is None:
@@ -337,7 +350,8 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
     started = time.time()
     with tqdm(total=owned, initial=done, unit="prompt", desc="distill") as progress:
         ctx = _Context(target.model, target.tokenizer, recipe, eos_ids, progress,
-                       generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id))
+                       generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id),
+                       static=static_engine(recipe, target, eos_ids, device))
         for shard_index, shard in shards.items():
             rows, problems = distill_shard(ctx, _dialogs(ctx, shard, early), shard_index)
             write_shard(out, shard_index, rows, problems)

@@ -51,3 +51,12 @@ def _checkpoint_key(tmp_path_factory, monkeypatch):
 def distilled(tiny_target_dir, tmp_path_factory):
     """A distilled dataset (12 rows) of the tiny target's own greedy answers."""
     return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: small CPU ops ran 10x slower on two threads of a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
