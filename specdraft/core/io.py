@@ -61,14 +61,26 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         os.replace(tmp, final)
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write a text file atomically (temp file + rename). The temp name is unique per call, so several
-    workers may write the same file at once (the last rename wins)."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write; on success it replaces `path` in one rename, on an exception
+    (Ctrl-C included) it is removed. The temp name is unique per call, so several workers may write the same file
+    at once (the last rename wins)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file atomically (`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_json(path: str | Path, data) -> None:

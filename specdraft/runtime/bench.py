@@ -13,10 +13,11 @@ from tqdm import tqdm
 
 from specdraft.config import EvalConfig
 from specdraft.data.sources import load_conversations
-from specdraft.core.errors import SpecdraftError
-from specdraft.decoding.stats import acceptance_by_position
+from specdraft.core.errors import Interrupted, SpecdraftError
+from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.core.io import write_json
 from specdraft.runtime.load import Runtime
+from specdraft.runtime.plots import device_name, plot_bench
 from specdraft.runtime.profile import profile_cycles
 
 
@@ -38,13 +39,19 @@ class BenchSettings:
                                  f"(--no-hf skips the baseline)")
 
 
-def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
+def user_turns(prompts: str, max_prompts: Optional[int]) -> List[str]:
+    """The first user turn of each conversation of the prompt file (the first `max_prompts`); read without the
+    model, so that a bad file fails before it loads."""
     conversations = load_conversations([prompts], max_prompts)
     turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
-    encoded = [runtime.encode_chat(text) for text in turns if text]
-    if not encoded:
+    if not any(turns):
         raise SpecdraftError(f"no prompts with a user turn in {prompts}")
-    return encoded
+    return [text for text in turns if text]
+
+
+def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
+    """`user_turns`, chat template applied -> token ids."""
+    return [runtime.encode_chat(text) for text in user_turns(prompts, max_prompts)]
 
 
 def _hf_generate(runtime: Runtime, prompt: List[int], max_new_tokens: int, temperature: float) -> List[int]:
@@ -143,6 +150,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "temperature": temperature,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
+        "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
         "cycles_by_exit_layer": {layer: exits.count(i) for i, layer in enumerate(exit_layers)} if exit_layers else None,
         "accepted_histogram": [accepted.count(a) for a in range(depth + 1)],
@@ -193,9 +201,25 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
               load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
     """Bench every temperature of `settings`, then check losslessness in float32 (`lossless_in_float32`, with a
     runtime from `load_float32` when this one runs another dtype); write bench.json (+ bench.png, trace.jsonl)
-    under out_dir."""
-    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    under out_dir, at the end: a Ctrl-C before it writes nothing (Interrupted says so)."""
+    out = Path(out_dir)
     traces: List[dict] = []
+    try:
+        report = measure(runtime, settings, traces, load_float32)
+    except KeyboardInterrupt:
+        raise Interrupted(f"bench stopped before its report: nothing written to {out} (bench.json is written at "
+                          f"the end); run the same command again") from None
+    write_json(out / "bench.json", report)
+    if settings.trace:
+        write_json(out / "trace.jsonl", traces)
+    plot_bench(report, out / "bench.png")
+    return report
+
+
+def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
+            load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
+    """bench.json's report (every cycle's trace appended to `traces`)."""
+    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
     runs = [run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
     greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
     report = {
@@ -205,11 +229,6 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
         "settings": _settings(runtime, settings),
     }
     report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
-    out = Path(out_dir)
-    write_json(out / "bench.json", report)
-    if settings.trace:
-        write_json(out / "trace.jsonl", traces)
-    _plot(report, out / "bench.png")
     return report
 
 
@@ -222,7 +241,7 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "chain": _chain_settings(engine),
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "overlap": engine.overlap,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name(device),
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}
 
@@ -256,27 +275,3 @@ def format_table(report: dict) -> str:
         rows.append("cycle split (one CUDA graph a phase, device ms): " +
                     ", ".join(f"{k} {v:.3f}" for k, v in profile["graph_split_ms"].items()))
     return "\n".join(rows)
-
-
-def _plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (speed_ax, accept_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    for offset, run in enumerate(report["runs"]):
-        values = [run["tokens_per_s_hf"] or 0, run["tokens_per_s_plain"], run["tokens_per_s"]]
-        speed_ax.bar([x + 0.4 * offset for x in range(3)], values, width=0.4, label=f"T={run['temperature']:g}")
-        accept_ax.plot(range(1, len(run["acceptance_by_position"]) + 1), run["acceptance_by_position"], marker="o",
-                       label=f"T={run['temperature']:g}, τ={run['tau']:.2f}")
-    speed_ax.set_xticks([0.2, 1.2, 2.2], ["HF generate", "plain (ours)", "speculative"])
-    speed_ax.set_ylabel("tokens/s")
-    speed_ax.legend()
-    accept_ax.set_xlabel("draft position")
-    accept_ax.set_ylabel("P(accepted | earlier accepted)")
-    accept_ax.set_ylim(0, 1)
-    accept_ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
