@@ -1,11 +1,12 @@
-"""What a user sees of the libraries specdraft runs on: each of their log lines once, no advertisements, and warnings
-only where the user can act on them. The CLI calls `quiet_dependencies()` first, before any of them is imported:
-the loggers and filters it sets are looked up by name, so they hold for libraries imported later."""
+"""What a user sees of the libraries specdraft runs on: each of their log lines once, no advertisements, warnings
+only where the user can act on them, no progress bar for what takes a blink. The CLI calls `quiet_dependencies()`
+first, before any of them is imported: the loggers and filters it sets are looked up by name, so they hold for
+libraries imported later. The target loader calls `quiet_transformers_bars()` (it imports Transformers)."""
 from __future__ import annotations
 
 import logging
 import warnings
-from typing import Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 DROPPED_LINES: Dict[str, Tuple[str, ...]] = {
     "lightning.pytorch.utilities.rank_zero": ("💡 Tip", "Detected KeyboardInterrupt"),
@@ -52,3 +53,20 @@ def quiet_dependencies() -> None:
         logging.getLogger(name).addFilter(line_filter)
     for message, category in IGNORED_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+
+
+QUIET_BARS = ("Loading weights", "Writing model shards")
+"""Transformers' progress bars that flash by (under a second, once a model load, several loads a stage). Downloads
+keep their bars (huggingface_hub's own), and so does dequantizing a GGUF target on its first load (seconds)."""
+
+
+def _quiet_bar(factory: Callable[..., Any], args: tuple, kwargs: dict):
+    return factory(*args, **{**kwargs, "disable": True}) if kwargs.get("desc") in QUIET_BARS else \
+        factory(*args, **kwargs)
+
+
+def quiet_transformers_bars() -> None:
+    """Transformers draws the bars of QUIET_BARS disabled. Idempotent."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_tqdm_hook(_quiet_bar)
