@@ -75,14 +75,17 @@ def test_the_log_checker_sees_repeats_and_tracebacks():
 
 
 @pytest.mark.slow
-def test_the_smoke_path_prints_a_clean_log():
-    """`SMOKE=1 bash tools/run_default.sh` (with .venv, as tools/setup.sh makes it): no traceback, no repeated line,
-    no advert; `done:` names the export's eval.json by a normalized path. Minutes on 2 CPU cores."""
+def test_the_smoke_path_prints_a_clean_log(tmp_path):
+    """`SMOKE=1 bash tools/run_default.sh` (with .venv, as tools/setup.sh makes it; its runs in tmp_path): no
+    traceback, no repeated line, no advert; `done:` names the export's eval.json by a normalized path. Minutes on
+    2 CPU cores."""
     if not (REPO / ".venv" / "bin" / "specdraft").exists():
         pytest.skip("needs .venv (bash tools/setup.sh)")
-    done = subprocess.run(["bash", "tools/run_default.sh"], capture_output=True, text=True, timeout=3600, cwd=REPO,
-                          env={**os.environ, "SMOKE": "1"})
+    overrides = [f"distill.output_dir={tmp_path / 'data'}", f"train.output_dir={tmp_path / 'train'}"]
+    done = subprocess.run(["bash", "tools/run_default.sh", "recipes/smoke/eagle3_smollm2.yaml", *overrides],
+                          capture_output=True, text=True, timeout=3600, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
     assert not log_problems(log), log_problems(log)
-    assert visible_lines(log)[-1] == "done: runs/smoke_eagle3_smollm2/export/eval.json"
+    assert visible_lines(log)[-1] == f"done: {tmp_path / 'export' / 'eval.json'}"

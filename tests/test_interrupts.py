@@ -12,6 +12,7 @@ from specdraft import cli
 from specdraft.decoding.engine import SpecEngine
 from specdraft.data.format import read_counts, shards_dir
 from specdraft.train.module import DraftModule
+from tests.runtime.test_cli import export_dir  # noqa: F401  (a fixture: a tiny trained draft, exported)
 from tests.test_train_export_eval import make_recipe
 
 
@@ -103,15 +104,6 @@ def test_a_train_interrupted_before_its_first_checkpoint_says_nothing_was_kept(t
     assert cli.main(["train", str(recipe)]) == 130
     line = the_one_line(capsys.readouterr().err, "train")
     assert "before its first checkpoint (step 4): nothing kept to resume from; run the same command again" in line
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory, tiny_target_dir, distilled):
-    tmp = tmp_path_factory.mktemp("interrupts")
-    recipe = make_recipe(tmp, tiny_target_dir, distilled, max_steps=4, val_every_steps=4)
-    assert cli.main(["train", str(recipe)]) == 0
-    assert cli.main(["export", str(tmp / "run"), "--format", "hf", "--out", str(tmp / "export")]) == 0
-    return tmp / "export"
 
 
 BENCH = ["--max-new-tokens", "6", "--device", "cpu", "--max-len", "256", "--chain", "--depth", "2", "--temperature",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default target (SmolLM2-135M-Instruct): distill -> train -> export -> eval.
 # Usage: bash tools/run_default.sh [RECIPE] [key=value ...]   (default recipe: recipes/eagle3_smollm2.yaml)
-#        SMOKE=1 bash tools/run_default.sh                     (the CPU smoke recipe: a few minutes on 2 cores)
+#        SMOKE=1 bash tools/run_default.sh                     (the CPU smoke recipe: 2-3 minutes on 2 idle cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 default=recipes/eagle3_smollm2.yaml
