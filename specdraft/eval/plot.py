@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdraft.runtime.plots import acceptance_panel, pyplot, save_figure, short_path
+from specdraft.runtime.plots import acceptance_panel, draft_name, pyplot, save_figure, short_path
 
 
 def eval_title(report: dict) -> str:
     settings = report["settings"]
-    return (f"specdraft eval: {settings['method']} draft {short_path(settings['draft'], 3)}, "
+    return (f"specdraft eval: {settings['method']} draft {draft_name(settings['draft'])}, "
             f"τ = {report['tau']:.2f} tokens/cycle\nchain of {settings['num_draft_tokens']}, T=0, "
             f"{report['prompts']} prompts of {short_path(settings['prompts'], 1)}, {settings.get('device', '?')}")
 

@@ -24,6 +24,12 @@ def short_path(path: str, parts: int = 2) -> str:
     return "/".join(Path(path).parts[-parts:]) if path else "?"
 
 
+def draft_name(source: str) -> str:
+    """A draft by its directory: an export's (eagle3_smollm2/export) or a run's snapshot (NAME/train/best)."""
+    directory = Path(source).parent if Path(source).suffix else Path(source)
+    return short_path(str(directory), 3 if directory.name in ("best", "last") else 2)
+
+
 def pyplot():
     """matplotlib's pyplot on the file-only backend (no display needed)."""
     import matplotlib
@@ -54,7 +60,7 @@ def acceptance_panel(ax, rates: Sequence[float], cycles: Optional[Sequence[int]]
         ax.plot(seen, values, marker="o", label=label, color=color)
     for position in positions:
         if position not in seen:
-            ax.text(position, 0.02, "no data", ha="center", va="bottom", rotation=90, fontsize=8, color="grey")
+            ax.text(position, 0.03, "no data", ha="center", va="bottom", rotation=90, fontsize=8, color="grey")
     ax.set_xticks(positions)
     ax.set_xlim(0.4, len(rates) + 0.6)
     ax.set_xlabel(POSITION_LABEL)
@@ -71,8 +77,12 @@ def _speed_panel(ax, runs: List[dict]) -> None:
         xs = [x + (index - (len(runs) - 1) / 2) * width for x in range(3)]
         kept = [(x, v) for x, v in zip(xs, values) if v is not None]  # no HF bar when it was not run
         drawn = ax.bar([x for x, _ in kept], [v for _, v in kept], width=width, label=f"T={run['temperature']:g}")
-        ax.bar_label(drawn, fmt="%.1f", fontsize=7)
+        ax.bar_label(drawn, fmt="%.3g", fontsize=7)
+    if all(run["tokens_per_s_hf"] is None for run in runs):
+        ax.text(0, 0.03, "not run\n(--no-hf)", ha="center", va="bottom", fontsize=8, color="grey",
+                transform=ax.get_xaxis_transform())  # x in data, y in axes units
     ax.set_xticks(range(3), names)
+    ax.set_xlim(-0.6, 2.6)
     ax.set_ylabel("decoding speed (tokens/s)")
     ax.set_title("speed", fontsize=9)
     ax.legend(fontsize=8)
@@ -80,7 +90,7 @@ def _speed_panel(ax, runs: List[dict]) -> None:
 
 def bench_title(settings: dict, prompts: int) -> str:
     """What bench.png shows: the draft (method, export), the target, the prompts and the device."""
-    return (f"specdraft bench: {settings['method']} draft {short_path(settings['draft'])} on "
+    return (f"specdraft bench: {settings['method']} draft {draft_name(settings['draft'])} on "
             f"{short_path(settings['target'], 1)}\n{prompts} prompts of {short_path(settings['prompts'], 1)}, "
             f"{settings['max_new_tokens']} new tokens each, {settings['device']} ({settings['dtype']})")
 
