@@ -18,10 +18,11 @@ from tqdm import tqdm
 
 from specdraft.config import EvalConfig
 from specdraft.data.sources import load_conversations
-from specdraft.core.errors import SpecdraftError
-from specdraft.decoding.stats import acceptance_by_position
+from specdraft.core.errors import Interrupted, SpecdraftError
+from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.core.io import write_json
 from specdraft.runtime.load import Runtime
+from specdraft.runtime.plots import device_name, plot_bench
 from specdraft.runtime.profile import profile_cycles
 
 
@@ -47,13 +48,19 @@ class BenchSettings:
             raise SpecdraftError(f"--prune-sweep thresholds must be in [0, 1], got {bad}")
 
 
-def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
+def user_turns(prompts: str, max_prompts: Optional[int]) -> List[str]:
+    """The first user turn of each conversation of the prompt file (the first `max_prompts`); read without the
+    model, so that a bad file fails before it loads."""
     conversations = load_conversations([prompts], max_prompts)
     turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
-    encoded = [runtime.encode_chat(text) for text in turns if text]
-    if not encoded:
+    if not any(turns):
         raise SpecdraftError(f"no prompts with a user turn in {prompts}")
-    return encoded
+    return [text for text in turns if text]
+
+
+def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
+    """`user_turns`, chat template applied -> token ids."""
+    return [runtime.encode_chat(text) for text in user_turns(prompts, max_prompts)]
 
 
 def _hf_generate(runtime: Runtime, prompt: List[int], max_new_tokens: int, temperature: float) -> List[int]:
@@ -162,6 +169,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "temperature": temperature,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
+        "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
         "verified_per_cycle": 1 + sum(drafted) / max(1, len(drafted)),  # the nodes the target verified, the root too
         "prune_threshold": engine.tree_scorer.threshold if engine.tree_scorer is not None else None,
@@ -214,9 +222,25 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
               load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
     """Bench every temperature of `settings`, then check losslessness in float32 (`lossless_in_float32`, with a
     runtime from `load_float32` when this one runs another dtype); write bench.json (+ bench.png, trace.jsonl)
-    under out_dir."""
-    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    under out_dir, at the end: a Ctrl-C before it writes nothing (Interrupted says so)."""
+    out = Path(out_dir)
     traces: List[dict] = []
+    try:
+        report = measure(runtime, settings, traces, load_float32)
+    except KeyboardInterrupt:
+        raise Interrupted(f"bench stopped before its report: nothing written to {out} (bench.json is written at "
+                          f"the end); run the same command again") from None
+    write_json(out / "bench.json", report)
+    if settings.trace:
+        write_json(out / "trace.jsonl", traces)
+    plot_bench(report, out / "bench.png")
+    return report
+
+
+def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
+            load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
+    """bench.json's report (every cycle's trace appended to `traces`)."""
+    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
     plain_at_zero: list = []  # plain decoding at T=0, reused by the β sweep
     runs = [run_temperature(runtime, prompts, settings, t, traces, plain_at_zero if t == 0 else None)
             for t in settings.temperatures]
@@ -230,11 +254,6 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
     if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep:
         report["prune_sweep"] = sweep_prune_thresholds(runtime, prompts, settings, plain_at_zero)
     report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
-    out = Path(out_dir)
-    write_json(out / "bench.json", report)
-    if settings.trace:
-        write_json(out / "trace.jsonl", traces)
-    _plot(report, out / "bench.png")
     return report
 
 
@@ -270,7 +289,7 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "chain": _chain_settings(engine),
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "overlap": engine.overlap,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name(device),
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}
 
@@ -319,47 +338,3 @@ def _sweep_rows(sweep: List[dict], fmt) -> List[str]:
                     f"{fmt(run['speedup_vs_plain'], 2)} | {run['lossless']} |")
     return rows
 
-
-def _plot_tau_by_verified(report: dict, ax) -> None:
-    """τ against the tokens verified per cycle: the β sweep as a curve (the unpruned tree marked), else each
-    temperature's run as a point."""
-    sweep = report.get("prune_sweep") or []
-    if sweep:
-        pruned = [run for run in sweep if run["prune_threshold"] is not None]
-        ax.plot([r["verified_per_cycle"] for r in pruned], [r["tau"] for r in pruned], marker="o", label="pruned")
-        for run in pruned:
-            ax.annotate(f"β={run['prune_threshold']:g}", (run["verified_per_cycle"], run["tau"]), fontsize=7)
-        unpruned = [run for run in sweep if run["prune_threshold"] is None]
-        ax.scatter([r["verified_per_cycle"] for r in unpruned], [r["tau"] for r in unpruned], marker="s",
-                   color="black", label="unpruned", zorder=3)
-    else:
-        for run in report["runs"]:
-            ax.scatter([run["verified_per_cycle"]], [run["tau"]], label=f"T={run['temperature']:g}")
-    ax.set_xlabel("tokens verified per cycle")
-    ax.set_ylabel("τ")
-    ax.legend()
-
-
-def _plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (speed_ax, accept_ax, verified_ax) = plt.subplots(1, 3, figsize=(15, 4))
-    for offset, run in enumerate(report["runs"]):
-        values = [run["tokens_per_s_hf"] or 0, run["tokens_per_s_plain"], run["tokens_per_s"]]
-        speed_ax.bar([x + 0.4 * offset for x in range(3)], values, width=0.4, label=f"T={run['temperature']:g}")
-        accept_ax.plot(range(1, len(run["acceptance_by_position"]) + 1), run["acceptance_by_position"], marker="o",
-                       label=f"T={run['temperature']:g}, τ={run['tau']:.2f}")
-    speed_ax.set_xticks([0.2, 1.2, 2.2], ["HF generate", "plain (ours)", "speculative"])
-    speed_ax.set_ylabel("tokens/s")
-    speed_ax.legend()
-    accept_ax.set_xlabel("draft position")
-    accept_ax.set_ylabel("P(accepted | earlier accepted)")
-    accept_ax.set_ylim(0, 1)
-    accept_ax.legend()
-    _plot_tau_by_verified(report, verified_ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
