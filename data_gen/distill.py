@@ -36,8 +36,8 @@ from data_gen.shards import (
 from data_gen.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import write_json
+from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
+from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.load import eos_token_ids
@@ -89,10 +89,6 @@ def problem_entry(conversation: Conversation, status: str, reason: str) -> dict:
     return {"source": conversation.source, "index": conversation.index, "status": status, "reason": reason}
 
 
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-
-
 def _user_positions(messages: List[dict]) -> List[int]:
     return [i for i, message in enumerate(messages) if message["role"] == "user"]
 
@@ -112,7 +108,7 @@ def precheck(tokenizer, conversations: Dict[int, Conversation], data) -> Dict[in
         try:
             length = len(prompt_ids(tokenizer, conversation.messages, 0))
         except Exception as err:  # jinja templates raise their own errors (e.g. unsupported system role)
-            found[position] = problem_entry(conversation, "error", f"chat template failed: {_first_line(err)}")
+            found[position] = problem_entry(conversation, "error", f"chat template failed: {error_summary(err)}")
             continue
         if length < data.max_length:
             continue
@@ -190,7 +186,7 @@ def _answer_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
         answers = generate_answers(ctx, [ids for _, ids in batch])
     except Exception as err:  # OOM, CUDA or model errors: record and go on with the next batch
         for dialog, _ in batch:
-            _finish(ctx, dialog, f"generation failed: {_first_line(err)}")
+            _finish(ctx, dialog, f"generation failed: {error_summary(err)}")
         return
     for (dialog, _), answer in zip(batch, answers):
         dialog.messages[_user_positions(dialog.messages)[turn] + 1]["content"] = answer
@@ -210,7 +206,7 @@ def _turn_prompts(ctx: _Context, dialogs: List[_Dialog], turn: int) -> List[tupl
         try:
             ids = prompt_ids(ctx.tokenizer, dialog.messages, turn)
         except Exception as err:  # jinja template errors
-            _finish(ctx, dialog, f"chat template failed at turn {turn}: {_first_line(err)}")
+            _finish(ctx, dialog, f"chat template failed at turn {turn}: {error_summary(err)}")
             continue
         if turn > 0 and len(ids) >= max_length:
             _finish(ctx, dialog)
@@ -261,7 +257,7 @@ def distill_shard(ctx: _Context, dialogs: List[_Dialog], shard_index: int) -> tu
             try:
                 rows.append(_row(ctx, dialog))
             except Exception as err:  # template errors while building the row
-                dialog.problem = problem_entry(dialog.conversation, "error", f"row failed: {_first_line(err)}")
+                dialog.problem = problem_entry(dialog.conversation, "error", f"row failed: {error_summary(err)}")
         if dialog.problem is not None:
             problems.append(dialog.problem)
     return rows, problems
@@ -303,7 +299,8 @@ def check_fingerprint(out: Path, expected: dict) -> None:
     path = out / FINGERPRINT
     if not path.is_file() or not any(shards_dir(out).glob("shard-*")):
         return
-    previous = json.loads(path.read_text())
+    with reading(path, "fingerprint", f"use a new distill.output_dir (or delete {out})"):
+        previous = json.loads(path.read_text())
     changed = [key for key in sorted(set(expected) | set(previous)) if previous.get(key) != expected.get(key)]
     if changed:
         raise SpecdraftError(f"{out} holds shards distilled with a different {', '.join(changed)}; "
@@ -388,7 +385,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
             rows, problems = maker.records({p: c for p, c in shard.items() if p not in early})
             problems += [early[p] for p in shard if p in early]
             progress.update(sum(p in early for p in shard))
-            write_shard(out, shard_index, rows, problems, spec.records.features)
+            write_shard(out, shard_index, rows, problems, spec.records.features())
     return {"device": device, "shards": len(shards), "generated_tokens": 0, "generate_seconds": 0.0,
             "tokens_per_s": 0.0, "started": started, "finished": time.time()}
 
@@ -423,6 +420,13 @@ def merge_only(recipe: Recipe) -> dict:
     return _merge(out, num_shards, len(conversations))
 
 
+def _kept_shards(out: Path, own: List[int]) -> str:
+    """What a Ctrl-C'd worker kept: each shard is written whole (a rename) or not at all."""
+    kept = sum(shard_path(out, i).is_dir() for i in own)
+    return (f"distill-data stopped with {kept} of its {len(own)} shards written in {shards_dir(out)}; run the same "
+            f"command again to distill the other {len(own) - kept}")
+
+
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     """Regenerate the answers of `recipe.data.prompts` with `recipe.target` into `recipe.distill.output_dir`.
 
@@ -445,7 +449,10 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     if pending:
         owned = sum(len(_shard_conversations(conversations, i, size)) for i in own)
         make = _generate_missing if get_method(recipe.method_name).records is None else make_missing_records
-        throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        try:
+            throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        except KeyboardInterrupt:
+            raise Interrupted(_kept_shards(out, own)) from None
         write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
         claim_output_dir(recipe, out, expected, [])

@@ -46,7 +46,9 @@ class TargetConfig:
     dtype: str = "auto"
     """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
     trust_remote_code: bool = False
-    """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+    """Never turns anything on by itself: a target's own Python code (its config.json's auto_map) runs only with
+    `--trust-remote-code` on the command line, for that command. A recipe that sets it gets a warning naming the
+    model whose code it asks to run; it is accepted so that older recipes still load."""
     random_init: bool = False
     """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
     quantization: str = "none"
@@ -277,8 +279,8 @@ class RuntimeConfig:
     """Trees, for drafts that run the target's shallow layers: run every candidate through them while drafting
     and verify above them (slower on small targets: docs/benchmarks.md)."""
     prune_threshold: Optional[float] = None
-    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped; None:
-    the draft's own default."""
+    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped (in a chain,
+    the first one ends it); None: the draft's own default (its chain default for chains)."""
     judge_threshold: Optional[float] = None
     """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
     target's argmax differs (lossy, greedy only); None: exact acceptance."""
