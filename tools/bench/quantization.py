@@ -159,16 +159,23 @@ def table(rows: list) -> str:
           f"{row['val_tau_sim_vs_unquantized']:.3f}"] for row in rows])
 
 
-def training_main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description="what an 8/4-bit frozen target costs in simulated τ")
+def recipe_parser(description: str, work: str, steps: int) -> argparse.ArgumentParser:
+    """A part that trains: the recipe and its overrides (before or after the options: parse_intermixed_args), WORK,
+    the training steps and micro-batch."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
-    parser.add_argument("--work", default="runs/bench/quantization")
-    parser.add_argument("--settings", default="none,8bit,4bit")
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--work", default=work)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--micro-batch", type=int, default=16)
+    return parser
+
+
+def training_main(argv=None) -> dict:
+    parser = recipe_parser("what an 8/4-bit frozen target costs in simulated τ", "runs/bench/quantization", 400)
+    parser.add_argument("--settings", default="none,8bit,4bit")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: run this setting, write its JSON
-    args = parser.parse_intermixed_args(argv)  # overrides before or after the options
+    args = parser.parse_intermixed_args(argv)
     work = Path(args.work)
     if args.one:
         result = run_setting(args.recipe, args.one, work, args.steps, args.micro_batch, args.overrides)
@@ -363,14 +370,9 @@ def heads_table(rows: List[dict]) -> str:
 
 
 def heads_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="heads trained on the full-precision and the int4 target, decoding "
-                                                 "for the int4 target")
-    parser.add_argument("recipe")
-    parser.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
-    parser.add_argument("--work", default="runs/bench/quantized_heads")
+    parser = recipe_parser("heads trained on the full-precision and the int4 target, decoding for the int4 target",
+                           "runs/bench/quantized_heads", 200)
     parser.add_argument("--out", default="runs/bench")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--prompts", default=None, help="bench prompts (default: MT-bench's questions)")
     parser.add_argument("--max-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -379,7 +381,7 @@ def heads_args(argv) -> argparse.Namespace:
     parser.add_argument("--intermediate", default=None, help="a Kangaroo export of the target: one more row, "
                                                              "hierarchical drafting")
     parser.add_argument("--device", default="auto")
-    return parser.parse_intermixed_args(argv)  # overrides before or after the options
+    return parser.parse_intermixed_args(argv)
 
 
 def heads_main(argv=None) -> dict:
