@@ -54,18 +54,19 @@ def _heads_args(tmp_path, tiny_target_dir) -> list:
 
 @pytest.fixture(scope="module")
 def heads(suite, tmp_path_factory, tiny_target_dir):
-    """(the `heads` report, its arguments, its directory): both heads distilled, trained, exported and benched."""
+    """(the `heads` report, its arguments, its directory): both heads distilled, trained, exported and benched, the
+    int4 head once more with hierarchical drafting (the tiny target as the small model)."""
     tmp_path = tmp_path_factory.mktemp("heads")
-    args = _heads_args(tmp_path, tiny_target_dir)
+    args = [*_heads_args(tmp_path, tiny_target_dir), "--intermediate", str(tiny_target_dir)]  # its own small model
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDRAFT_KERNELS", "reference")
         return suite.main(args), args, tmp_path
 
 
 def test_heads_train_on_their_own_targets_and_bench_lossless(suite, heads):
-    report, _, tmp_path = heads
-    assert [(row["head"], row["target"]) for row in report["rows"]] == [("none", "none"), ("none", "int4"),
-                                                                       ("int4", "int4")]
+    report, args, tmp_path = heads
+    assert [(row["head"], row["target"], row["intermediate"]) for row in report["rows"]] == [
+        ("none", "none", None), ("none", "int4", None), ("int4", "int4", None), ("int4", "int4", args[-1])]
     assert all(row["lossless_float32"] == "1/1" and row["tau"] >= 1 and row["prompts"] == 1 for row in report["rows"])
     for setting in ("none", "int4"):
         config = json.loads((tmp_path / "work" / setting / "export" / "config.json").read_text())

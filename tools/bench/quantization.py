@@ -43,7 +43,7 @@ from tools/prepare_prompts.py and mt_bench.jsonl), about 4 minutes:
 
     python3 tools/bench/quantization.py all recipes/eagle3_smollm2.yaml --work $HOME/work/qt --out $OUT \\
         --prompts .data/mt_bench.jsonl target.path=$GGUF 'data.prompts=[.data/train_prompts.jsonl]' \\
-        data.max_samples=384 distill.max_new_tokens=128 distill.batch_size=192
+        data.max_samples=1024 distill.batch_size=256 distill.shard_size=512
 """
 from __future__ import annotations
 
