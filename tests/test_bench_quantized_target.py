@@ -82,3 +82,17 @@ def test_a_rerun_keeps_the_trained_heads(suite, heads, monkeypatch):
     parsed = suite.heads_args(args[1:])
     work = tmp_path / "work"
     assert suite.trained_head(parsed.recipe, "int4", work, parsed, parsed.overrides) == work / "int4" / "export"
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_triton_kernels_decode_in_cuda_graphs(suite, heads, tmp_path, monkeypatch):
+    """Both parts as the GPU command runs them (Triton kernels, CUDA graphs), on small shapes."""
+    monkeypatch.delenv("SPECDRAFT_KERNELS")
+    report = suite.main(["decode", "--geometry", "smollm2", "--tokens", "16", "--prompt-len", "16", "--device", "cuda",
+                         "--out", str(tmp_path)])
+    rows = {row["weights"]: row for row in report["rows"]}
+    assert rows["int4"]["bytes_a_step"] < rows["bf16"]["bytes_a_step"] and report["copy_gbps"] > 0
+    _, args, work_dir = heads
+    parsed = suite.heads_args([*args[1:], "--device", "cuda", "--max-len", "256"])
+    row = suite.bench_head(work_dir / "work" / "int4" / "export", "int4", None, parsed, tmp_path / "bench")
+    assert row["lossless_float32"] == "1/1" and row["tau"] >= 1
