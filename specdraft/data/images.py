@@ -53,6 +53,14 @@ def load_image(path: str | Path):
     return _decoded(_read_bytes(path), path)
 
 
+def load_images(paths: Sequence[str | Path]) -> list:
+    """Image files as RGB PIL images, where a bad one stops the command: a SpecdraftError naming it."""
+    try:
+        return [load_image(path) for path in paths]
+    except UnreadableImage as err:
+        raise SpecdraftError(str(err)) from None
+
+
 def store_image(path: str | Path, distill_dir: str | Path) -> str:
     """Copy an image file (checked to decode) into DISTILL_DIR/images/ under its content hash, unless it is there
     already -> its name relative to DISTILL_DIR. The copy appears in one rename (concurrent workers may store the

@@ -43,9 +43,11 @@ class Runtime:
         """A user turn and its images (PIL; `<image>` in the text places each, else they come first) as the engine
         takes it: `engine.generate(p.ids, ..., **p.engine_kwargs())`. Images need a vision-language target."""
         if not images:
-            return PromptInputs(self.encode_chat(text))
+            return PromptInputs(self.encode_chat(text), text=text)
         ids = self.target.chat.ids([{"role": "user", "content": text}], images, add_generation_prompt=True)
-        return image_prompt(self.target.model, self.target.processor, ids, images, self.engine.max_len)
+        prompt = image_prompt(self.target.model, self.target.processor, ids, images, self.engine.max_len)
+        prompt.text = text
+        return prompt
 
 
 GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")  # what a draft fits

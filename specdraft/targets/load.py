@@ -346,6 +346,11 @@ def eos_token_ids(model, tokenizer) -> list:
     return sorted({i for i in [tokenizer.eos_token_id, *configured] if i is not None})
 
 
+def is_vision_target(cfg: TargetConfig) -> bool:
+    """Whether the target is a vision-language model (from its config alone)."""
+    return is_vision_config(_hf_config(local_or_hub(cfg), cfg))
+
+
 def load_target_info(cfg: TargetConfig) -> TargetInfo:
     """The target's geometry from its config alone (no weights loaded)."""
     return TargetInfo.from_hf_config(_hf_config(local_or_hub(cfg), cfg), cfg.path)

@@ -149,9 +149,18 @@ class PromptInputs:
     """The drafter's extra prompt context (IMAGE_EMBEDS, IMAGE_MASK); empty for a prompt without images."""
     rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
     """The target's rotary tables (cos, sin [max_len, D]) for this prompt (M-RoPE targets); None: the default."""
+    text: Optional[str] = None
+    """The user turn it was made from, when it was made from one (to make it again for another runtime)."""
+    images: List = field(default_factory=list)
+    """Its images (PIL), for baselines that run the whole model (Hugging Face generate)."""
 
     def engine_kwargs(self) -> dict:
         return {"prompt_embeds": self.embeds, "context": self.context, "prompt_rope": self.rope}
+
+
+def as_prompt(prompt) -> PromptInputs:
+    """Token ids (a text prompt) or PromptInputs -> PromptInputs."""
+    return prompt if isinstance(prompt, PromptInputs) else PromptInputs(list(prompt))
 
 
 def prompt_rope(model, position_ids: Optional[torch.Tensor], max_len: int):
@@ -177,7 +186,7 @@ def image_prompt(model, processor, ids: List[int], images: Sequence, max_len: in
     embeds = embeds[0]  # [P, H]
     mask = input_ids[0] == image_token_id(model)  # [P]
     return PromptInputs(list(ids), embeds, {IMAGE_EMBEDS: embeds, IMAGE_MASK: mask},
-                        prompt_rope(model, position_ids, max_len))
+                        prompt_rope(model, position_ids, max_len), images=list(images))
 
 
 @torch.no_grad()
