@@ -48,7 +48,7 @@ from specdraft.core.io import write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.chat import TextChat, template_ids  # noqa: F401 (template_ids: this module's name for it)
-from specdraft.targets.load import eos_token_ids
+from specdraft.targets.load import eos_token_ids, is_vision_target
 from specdraft.targets.vision import image_model_inputs
 
 log = logging.getLogger(__name__)
@@ -460,6 +460,9 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     counts.json); a worker that finishes before the others returns what it wrote and which shards are missing.
     """
     check_distill_config(recipe.distill)
+    if recipe.data.features == "offline" and is_vision_target(recipe.target):  # its images run with each batch
+        raise SpecdraftError(f"target {recipe.target.path} is a vision-language model: its features are computed "
+                             f"online, with each batch's images; set data.features=online")
     out = Path(recipe.distill.output_dir).expanduser()
     conversations = load_conversations(list(recipe.data.prompts), recipe.data.max_samples)
     expected = fingerprint(recipe, conversations)

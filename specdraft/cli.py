@@ -4,7 +4,7 @@
     specdraft train RECIPE [key=value ...]
     specdraft export RUN_DIR --format hf|speculators --out DIR
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
-    specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
+    specdraft generate EXPORT_DIR --prompt TEXT [--image FILE ...] [--max-new-tokens N] [--temperature T]
     specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
         (generate and bench, chains: [--chain --depth K] [--exit-threshold ETA] [--dynamic-exit [--more-exits DIR ...]])
     specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
@@ -126,10 +126,13 @@ def _load_runtime(args, dtype: Optional[str] = None):
 def _generate(args) -> None:
     import torch
 
+    from specdraft.data.images import load_images
+
     runtime = _load_runtime(args)
     generator = torch.Generator(device=runtime.engine.device).manual_seed(args.seed)
-    result = runtime.engine.generate(runtime.encode_chat(args.prompt), args.max_new_tokens, runtime.eos_ids,
-                                     temperature=args.temperature, generator=generator)
+    prompt = runtime.prompt(args.prompt, load_images(args.image or []))
+    result = runtime.engine.generate(prompt.ids, args.max_new_tokens, runtime.eos_ids, temperature=args.temperature,
+                                     generator=generator, **prompt.engine_kwargs())
     text = runtime.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     print(text)
     tau = sum(a + 1 for a in result.accepted) / max(1, len(result.accepted))
@@ -207,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="one completion with speculative decoding (text on stdout)")
     _runtime_args(generate)
     generate.add_argument("--prompt", required=True)
+    generate.add_argument("--image", action="append", default=None, metavar="FILE",
+                          help="an image for a vision-language target (repeat for several; `<image>` in the prompt "
+                               "places each, else they come first)")
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.set_defaults(func=_generate)
     bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate")

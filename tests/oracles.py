@@ -101,14 +101,16 @@ def vispec_chain(draft: VispecDraft, state: ChainState, num_tokens: int) -> torc
     n = state.tokens.shape[1] - 1
     ones = torch.ones_like(state.tokens[:, :n])
     columns = draft_columns(draft, DraftBatch(state.tokens[:, :n], ones, ones, state.features))
-    fused = fused_features(draft, columns.batch.features.hidden_states)  # [1, n', H]
-    hidden = draft.with_image(fused, columns.global_features)
-    hidden = torch.where(columns.standin_mask[..., None], columns.standins.to(hidden.dtype), hidden)
-    cols = torch.arange(hidden.shape[1], device=hidden.device)
-    positions = cols if columns.batch.position_ids is None else columns.batch.position_ids[0]  # [n'] p(c)
+    kept = int(columns.batch.attention_mask.sum())  # n' columns, then padding
+    fused = fused_features(draft, {i: h[:, :kept] for i, h in columns.batch.features.hidden_states.items()})
+    global_features = columns.global_features[:, :kept]  # [1, n', H]
+    hidden = draft.with_image(fused, global_features)
+    hidden = torch.where(columns.standin_mask[:, :kept, None], columns.standins[:, :kept].to(hidden.dtype), hidden)
+    cols = torch.arange(kept, device=hidden.device)
+    positions = cols if columns.batch.position_ids is None else columns.batch.position_ids[0, :kept]  # [n'] p(c)
     embeds = state.embed(state.tokens[:, positions + 1]).to(hidden.dtype)  # the token after each column's position
     hidden, kv = draft.step(hidden, embeds, positions, cols, [])
-    last_global = columns.global_features[:, -1:]
+    last_global = global_features[:, -1:]
     return _chain_steps(draft, state, hidden[:, -1:], kv, cols[-1:], positions[-1:], num_tokens,
                         feed=lambda fed_back: draft.with_image(fed_back, last_global))
 

@@ -103,3 +103,9 @@ def test_image_prompts_need_a_target_that_reads_images(tmp_path):
     recipe = make_recipe(tmp_path, text_target, image_prompt_sets(tmp_path / "prompts"))
     with pytest.raises(SpecdraftError, match="conversation 0 of .*set.jsonl has images, and the target reads none"):
         run_distill(recipe, device="cpu")
+
+
+def test_a_vision_target_computes_its_features_online(tmp_path, vlm_dir):
+    recipe = make_recipe(tmp_path, vlm_dir, image_prompt_sets(tmp_path / "prompts"), "data.features=offline")
+    with pytest.raises(SpecdraftError, match="is a vision-language model: its features are computed online"):
+        run_distill(recipe, device="cpu")

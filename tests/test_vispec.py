@@ -97,7 +97,8 @@ def test_a_batch_in_the_draft_s_columns_replaces_each_image_by_its_stand_ins():
     ones = torch.ones(1, len(prompt), dtype=torch.long)
     columns = draft_columns(draft, DraftBatch(torch.tensor([prompt]), ones, ones, feats))
     image_tokens = int(feats.context[IMAGE_MASK].sum())
-    assert image_tokens == 16 and columns.batch.input_ids.shape[1] == len(prompt) - image_tokens + 2
+    assert image_tokens == 16 and columns.batch.input_ids.shape[1] == len(prompt)  # the batch keeps its width
+    assert int(columns.batch.attention_mask.sum()) == len(prompt) - image_tokens + 2  # two stand-ins an image
     assert int(columns.standin_mask.sum()) == 2
     positions = columns.batch.position_ids[0].tolist()
     start = feats.context[IMAGE_MASK][0].int().argmax().item()
@@ -173,6 +174,9 @@ train: {{output_dir: {tmp_path / 'run'}, max_steps: 3, micro_batch_size: 2, val_
         prompt = runtime.prompt("<image>\nWhat do you see?", [image])
         spec = engine.generate(prompt.ids, 16, runtime.eos_ids, **prompt.engine_kwargs())
         assert spec.tokens == engine.decode_plain(prompt.ids, 16, runtime.eos_ids, **prompt.engine_kwargs()).tokens
+    image_file = tmp_path / "prompts" / "imgs" / "2.png"
+    assert cli.main(["generate", str(tmp_path / "export"), "--prompt", "<image>\nWhat is it?", "--image",
+                     str(image_file), "--max-new-tokens", "6", "--device", "cpu"]) == 0
     llava_set = prompts[1]  # the evaluator and the bench read the image prompt set's images too
     assert cli.main(["eval", str(tmp_path / "export"), f"eval.prompts={llava_set}", "eval.max_new_tokens=8",
                      "eval.num_draft_tokens=3", "eval.device=cpu"]) == 0

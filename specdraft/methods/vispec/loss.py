@@ -20,7 +20,8 @@ from specdraft.methods.vispec.model import VispecDraft, image_inputs, kept_colum
 class DraftColumns:
     """A batch in the draft's sequence: the compressed batch, and what each of its columns reads of the images."""
 
-    batch: DraftBatch  # input_ids, masks, features and position ids (the target's) at the kept columns [B, T']
+    batch: DraftBatch  # input_ids, masks, features and position ids (the target's) at the kept columns [B, T'],
+    # then padding (T' = T: the batch keeps its width)
     standin_mask: torch.Tensor  # [B, T'] bool: the column stands in for an image
     standins: torch.Tensor  # [B, T', H] its stand-in (zeros where none)
     global_features: torch.Tensor  # [B, T', H] the global feature of the latest image before it (zeros if none)
@@ -41,7 +42,7 @@ def draft_columns(draft: VispecDraft, batch: DraftBatch) -> DraftColumns:
         zeros = embeds.new_zeros(rows, width, embeds.shape[-1])
         return DraftColumns(batch, torch.zeros_like(batch.input_ids, dtype=torch.bool), zeros, zeros)
     maps, standins, global_features = image_inputs(draft, features.context[IMAGE_EMBEDS], features.context[IMAGE_MASK])
-    index, valid = kept_columns(maps.kept)  # [B, T']
+    index, valid = kept_columns(maps.kept, width)  # [B, T]: the batch's width kept (the shapes a GPU has planned)
     positions = batch.position_ids if batch.position_ids is not None else \
         torch.arange(width, device=index.device).expand(rows, -1)
     taken = DraftBatch(input_ids=take_columns(batch.input_ids, index),

@@ -15,7 +15,7 @@ with it (specdraft.methods.vispec.drafter).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -144,13 +144,13 @@ def image_inputs(draft: VispecDraft, image_embeds: torch.Tensor,
     return maps, gather_rows(adapted, maps.standin), gather_rows(adapted, maps.global_feature)
 
 
-def kept_columns(kept: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """kept [B, T] bool -> (index [B, T'] of the kept positions in order, each row's first, padded with 0;
-    valid [B, T'] bool), T' the most any row keeps."""
+def kept_columns(kept: torch.Tensor, width: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """kept [B, T] bool -> (index [B, W] of the kept positions in order, each row's first, padded with 0;
+    valid [B, W] bool). W: `width` (at least the most any row keeps), else that most."""
     counts = kept.sum(1)  # [B]
-    width = max(int(counts.max()), 1)
+    width = width or max(int(counts.max()), 1)
     order = torch.sort((~kept).to(torch.int8), dim=1, stable=True).indices[:, :width]  # kept positions first
-    valid = torch.arange(width, device=kept.device) < counts[:, None]  # [B, T']
+    valid = torch.arange(width, device=kept.device) < counts[:, None]  # [B, W]
     return torch.where(valid, order, torch.zeros_like(order)), valid
 
 
