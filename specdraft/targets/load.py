@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import importlib.util
 import logging
 import math
@@ -26,9 +25,10 @@ import torch
 
 from specdraft.config import QUANTIZATIONS, TargetConfig
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import package_file
+from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
 from specdraft.targets.chat import TextChat, VisionChat
+from specdraft.targets.remote_code import target_error
 from specdraft.targets.vision import is_vision_config, load_processor, model_class
 
 log = logging.getLogger(__name__)
@@ -78,17 +78,9 @@ def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
     return (str(local) if local.is_dir() else path), None
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _gguf_cache_dir(gguf: Path) -> Path:
     root = Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
-    return root / "gguf" / f"{gguf.stem}-{_file_digest(gguf)[:16]}"
+    return root / "gguf" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
 
 
 def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
@@ -153,8 +145,8 @@ def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, revision=cfg.revision,
                                                   trust_remote_code=cfg.trust_remote_code)
-    except OSError as err:
-        raise SpecdraftError(f"cannot load the tokenizer of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    except (OSError, ValueError) as err:
+        raise target_error(cfg, "load the tokenizer of", err) from None
     return _checked_tokenizer(tokenizer, tokenizer.chat_template, cfg, require_chat_template)
 
 
@@ -174,7 +166,7 @@ def _hf_config(source: str, cfg: TargetConfig):
     try:
         return AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
-        raise SpecdraftError(f"cannot read the config of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "read the config of", err) from None
 
 
 def _tokenizer_and_processor(source: str, config, cfg: TargetConfig, require_chat_template: bool):
@@ -261,7 +253,7 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
                 auto_class.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
                                            trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError, RuntimeError) as err:
-        raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "load", err) from None
     finally:
         del zero3
     rebuild_rotary_buffers(model)
@@ -330,7 +322,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
                 model_class(config).from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
                                                     trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
-        raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "load", err) from None
     model.requires_grad_(False).eval()
     if not is_quantized(model):
         _tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
