@@ -106,6 +106,30 @@ def test_a_batch_in_the_draft_s_columns_replaces_each_image_by_its_stand_ins():
     assert columns.global_features[0, :start].abs().sum() == 0 and columns.global_features[0, start + 2:].abs().sum() > 0
 
 
+@pytest.mark.parametrize("context", ["image target", "text target"])
+def test_a_batch_without_images_keeps_every_weight_in_the_graph_with_zero_adaptor_gradients(context):
+    """DDP and ZeRO reduce every parameter's gradient: a batch with no image (a text prompt to the VLM, or a text
+    target's batch without image context) still reaches the adaptor, and changes nothing it computes."""
+    model, processor, spec, cfg, _, _, _ = _memorised()
+    info = _info(model)
+    draft = spec.build(cfg, DraftContext(info, torch.ones(info.vocab_size, dtype=torch.long)))
+    text = _image_ids(processor, [], "no image here, only words")
+    feats = _features(model, processor, text, [], spec.feature_layers(cfg, info))
+    if context == "text target":
+        feats.context = {}
+    ones = torch.ones(1, len(text), dtype=torch.long)
+    batch = DraftBatch(torch.tensor([text]), ones, ones, feats)
+    with torch.enable_grad():
+        spec.loss(draft, batch, cfg).loss.backward()
+    missing = [name for name, p in draft.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
+    assert all(p.grad.abs().sum() == 0 for p in draft.image_adaptor.parameters())
+    with torch.enable_grad():
+        anchored = draft_columns(draft, batch).global_features
+    with torch.no_grad():
+        assert torch.equal(anchored.detach(), draft_columns(draft, batch).global_features)
+
+
 @torch.no_grad()
 def test_the_runtime_drafter_drafts_what_the_training_side_drafts_on_an_image_prompt():
     model, processor, spec, cfg, draft, prompt, images = _memorised()

@@ -35,12 +35,14 @@ def _take_features(features: TargetFeatures, index: torch.Tensor) -> TargetFeatu
 
 def draft_columns(draft: VispecDraft, batch: DraftBatch) -> DraftColumns:
     """The batch's columns as the draft sees them. A batch without image context (a text target's) is as it is,
-    with no stand-ins and zero global features."""
+    with no stand-ins and zero global features. In training every global feature carries the adaptor's anchor
+    (a zero that keeps the adaptor in the graph of a batch without images)."""
     features, (rows, width) = batch.features, batch.input_ids.shape
+    embeds = features.hidden_states[0]  # [B, T, H]
+    anchor = draft.adaptor_anchor(embeds) if torch.is_grad_enabled() else 0.0
     if IMAGE_MASK not in features.context:
-        embeds = features.hidden_states[0]  # [B, T, H]
         zeros = embeds.new_zeros(rows, width, embeds.shape[-1])
-        return DraftColumns(batch, torch.zeros_like(batch.input_ids, dtype=torch.bool), zeros, zeros)
+        return DraftColumns(batch, torch.zeros_like(batch.input_ids, dtype=torch.bool), zeros, zeros + anchor)
     maps, standins, global_features = image_inputs(draft, features.context[IMAGE_EMBEDS], features.context[IMAGE_MASK])
     index, valid = kept_columns(maps.kept, width)  # [B, T]: the batch's width kept (the shapes a GPU has planned)
     positions = batch.position_ids if batch.position_ids is not None else \
@@ -51,7 +53,7 @@ def draft_columns(draft: VispecDraft, batch: DraftBatch) -> DraftColumns:
                        features=_take_features(features, index), position_ids=take_columns(positions, index),
                        document_ids=None if batch.document_ids is None else take_columns(batch.document_ids, index))
     return DraftColumns(taken, take_columns(maps.standin >= 0, index) & valid, take_columns(standins, index),
-                        take_columns(global_features, index))
+                        take_columns(global_features, index) + anchor)
 
 
 def vispec_unroll(draft: VispecDraft, hidden_states, steps: int, position_ids=None, document_ids=None,

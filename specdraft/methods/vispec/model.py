@@ -70,6 +70,13 @@ class VispecDraft(Eagle3Draft):
         """hidden [..., H], the global feature of the latest image before each row [..., H] -> [..., H]."""
         return self.img_fc(torch.cat([hidden, global_features.to(hidden.dtype)], dim=-1))
 
+    def adaptor_anchor(self, embeds: torch.Tensor) -> torch.Tensor:
+        """A zero [] that depends on every adaptor weight (its run over one row of `embeds` [B, T, H], times 0): a
+        training batch without images still takes the adaptor into its graph, with zero gradients, as DDP and
+        ZeRO, which reduce every parameter's gradient, need."""
+        valid = torch.ones(1, 1, dtype=torch.bool, device=embeds.device)
+        return 0.0 * self.image_adaptor(embeds[:1, :1].to(self.fc.weight.dtype), valid).sum()
+
     def adapt(self, image_embeds: torch.Tensor, spans: "ImageSpans") -> torch.Tensor:
         """image_embeds [B, T, H] (IMAGE_EMBEDS), the images' spans -> the adaptor's outputs [S, Q, H]."""
         longest = int((spans.ends - spans.starts).max()) if spans.count else 1
