@@ -44,7 +44,7 @@ from data_gen.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import IMAGE_ROW_FEATURES, ROW_FEATURES, dataset_dir, shards_dir
 from specdraft.data.images import UnreadableImage
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
 from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
@@ -429,7 +429,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
             rows, problems = maker.records({p: c for p, c in shard.items() if p not in early})
             problems += [early[p] for p in shard if p in early]
             progress.update(sum(p in early for p in shard))
-            write_shard(out, shard_index, rows, problems, spec.records.features)
+            write_shard(out, shard_index, rows, problems, spec.records.features())
     return {"device": device, "shards": len(shards), "generated_tokens": 0, "generate_seconds": 0.0,
             "tokens_per_s": 0.0, "started": started, "finished": time.time()}
 
@@ -464,6 +464,13 @@ def merge_only(recipe: Recipe) -> dict:
     return _merge(out, num_shards, len(conversations))
 
 
+def _kept_shards(out: Path, own: List[int]) -> str:
+    """What a Ctrl-C'd worker kept: each shard is written whole (a rename) or not at all."""
+    kept = sum(shard_path(out, i).is_dir() for i in own)
+    return (f"distill-data stopped with {kept} of its {len(own)} shards written in {shards_dir(out)}; run the same "
+            f"command again to distill the other {len(own) - kept}")
+
+
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     """Regenerate the answers of `recipe.data.prompts` with `recipe.target` into `recipe.distill.output_dir`.
 
@@ -489,7 +496,10 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     if pending:
         owned = sum(len(_shard_conversations(conversations, i, size)) for i in own)
         make = _generate_missing if get_method(recipe.method_name).records is None else make_missing_records
-        throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        try:
+            throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        except KeyboardInterrupt:
+            raise Interrupted(_kept_shards(out, own)) from None
         write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
         claim_output_dir(recipe, out, expected, [])

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():  # Triton kernels are tested on the CPU throug
 
 import pytest  # noqa: E402
 
-from tests.distilled import write_distilled, write_distilled_images  # noqa: E402
+from tests.distilled import train_chat_base, write_distilled, write_distilled_images  # noqa: E402
 from tests.tiny import save_tiny_target  # noqa: E402
 from tests.tiny_vlm import save_tiny_vlm  # noqa: E402
 
@@ -64,6 +64,13 @@ def tiny_vlm_dir(tmp_path_factory):
 def distilled_images(tiny_vlm_dir, tmp_path_factory):
     """A distilled dataset (12 rows) of the tiny VLM's own greedy answers to image prompts, images stored."""
     return write_distilled_images(tmp_path_factory.mktemp("distilled_images"), tiny_vlm_dir)
+
+
+@pytest.fixture(scope="session")
+def chat_base_export(tiny_target_dir, tmp_path_factory):
+    """An EAGLE-3 export of the tiny target, trained on its answers to tests.distilled.CHAT_PROMPTS: the draft an
+    add-on method (C2T) extends, accepted on those prompts."""
+    return train_chat_base(tmp_path_factory.mktemp("chat_base"), tiny_target_dir)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from typing import Optional, Tuple
 import torch
 
 from specdraft.config import QUANTIZATIONS, TargetConfig
+from specdraft.core.console import quiet_transformers_bars
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
@@ -109,6 +110,7 @@ def _convert_gguf(gguf: Path) -> Path:
     if (cached / "config.json").is_file():
         return cached
     log.info("dequantizing %s once into %s", gguf, cached)
+    quiet_transformers_bars()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         with MODEL_BUILD_LOCK:
@@ -309,6 +311,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     """The frozen target in eval mode on `device`, its tokenizer (and a VLM's processor) and its geometry. With
     `quantize`, the weights are loaded as `target.quantization` asks (straight onto the CUDA `device`)."""
     source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
+    quiet_transformers_bars()
     config = _hf_config(source, cfg)
     tokenizer, processor = _tokenizer_and_processor(source, config, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
