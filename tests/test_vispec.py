@@ -53,22 +53,22 @@ def _features(model, processor, ids, images, layers):
     return vision_features(model, processor, torch.tensor([ids]), [images], layers)
 
 
-def _image_ids(processor, images, text="<image>\nWhat is in it?"):
+def image_ids(processor, images, text="<image>\nWhat is in it?"):
     return VisionChat(processor).ids([{"role": "user", "content": text}], images, add_generation_prompt=True)
 
 
-def _info(model):
+def vlm_info(model):
     return TargetInfo.from_hf_config(model.config, "tiny")
 
 
 @functools.lru_cache(maxsize=None)
-def _memorised():
+def memorised_vlm_draft():
     """A tiny LLaVA, an image prompt and the target's continuation, and a ViSpec draft (3 queries) fitted to it."""
     model, processor = tiny_vlm("llava", seed=1)
-    info, spec = _info(model), METHODS["vispec"]
+    info, spec = vlm_info(model), METHODS["vispec"]
     cfg = spec.config(draft_vocab_size=200, init_std=0.3, ttt_steps=4, num_queries=3)
     images = [drawn_image(5)]
-    prompt = _image_ids(processor, images)
+    prompt = image_ids(processor, images)
     sequence = prompt + _hf_greedy(model, processor, prompt, images, 28)
     counts = torch.randint(0, 50, (info.vocab_size,)) + 1000 * torch.bincount(torch.tensor(sequence),
                                                                               minlength=info.vocab_size)
@@ -86,14 +86,14 @@ def _memorised():
 
 
 def _engine(shape, max_len=256):
-    model, processor, spec, cfg, draft, prompt, images = _memorised()
-    target = from_hf(model, _info(model))
+    model, processor, spec, cfg, draft, prompt, images = memorised_vlm_draft()
+    target = from_hf(model, vlm_info(model))
     return SpecEngine(target, spec.runtime(draft, cfg, target), shape, max_len, hf_rope_tables(model, max_len))
 
 
 def test_a_batch_in_the_draft_s_columns_replaces_each_image_by_its_stand_ins():
-    model, processor, spec, cfg, draft, prompt, images = _memorised()
-    feats = _features(model, processor, prompt, images, spec.feature_layers(cfg, _info(model)))
+    model, processor, spec, cfg, draft, prompt, images = memorised_vlm_draft()
+    feats = _features(model, processor, prompt, images, spec.feature_layers(cfg, vlm_info(model)))
     ones = torch.ones(1, len(prompt), dtype=torch.long)
     columns = draft_columns(draft, DraftBatch(torch.tensor([prompt]), ones, ones, feats))
     image_tokens = int(feats.context[IMAGE_MASK].sum())
@@ -110,10 +110,10 @@ def test_a_batch_in_the_draft_s_columns_replaces_each_image_by_its_stand_ins():
 def test_a_batch_without_images_keeps_every_weight_in_the_graph_with_zero_adaptor_gradients(context):
     """DDP and ZeRO reduce every parameter's gradient: a batch with no image (a text prompt to the VLM, or a text
     target's batch without image context) still reaches the adaptor, and changes nothing it computes."""
-    model, processor, spec, cfg, _, _, _ = _memorised()
-    info = _info(model)
+    model, processor, spec, cfg, _, _, _ = memorised_vlm_draft()
+    info = vlm_info(model)
     draft = spec.build(cfg, DraftContext(info, torch.ones(info.vocab_size, dtype=torch.long)))
-    text = _image_ids(processor, [], "no image here, only words")
+    text = image_ids(processor, [], "no image here, only words")
     feats = _features(model, processor, text, [], spec.feature_layers(cfg, info))
     if context == "text target":
         feats.context = {}
@@ -132,11 +132,11 @@ def test_a_batch_without_images_keeps_every_weight_in_the_graph_with_zero_adapto
 
 @torch.no_grad()
 def test_the_runtime_drafter_drafts_what_the_training_side_drafts_on_an_image_prompt():
-    model, processor, spec, cfg, draft, prompt, images = _memorised()
+    model, processor, spec, cfg, draft, prompt, images = memorised_vlm_draft()
     engine = _engine(TreeShape.chain(4))
     inputs = image_prompt(model, processor, prompt, images, 256)
     result = engine.generate(prompt, 20, trace=True, **inputs.engine_kwargs())
-    layers = spec.feature_layers(cfg, _info(model))
+    layers = spec.feature_layers(cfg, vlm_info(model))
     emitted = 1
     for cycle, row in enumerate(result.trace):
         confirmed = prompt + result.tokens[:emitted]
@@ -150,7 +150,7 @@ def test_the_runtime_drafter_drafts_what_the_training_side_drafts_on_an_image_pr
 @pytest.mark.parametrize("shape", [TreeShape.chain(5), TreeShape(depth=4, topk=3, budget=10)], ids=["chain", "tree"])
 @torch.no_grad()
 def test_image_prompts_decode_losslessly_and_a_padded_prefill_changes_nothing(shape):
-    model, processor, spec, cfg, draft, prompt, images = _memorised()
+    model, processor, spec, cfg, draft, prompt, images = memorised_vlm_draft()
     engine = _engine(shape)
     inputs = image_prompt(model, processor, prompt, images, 256)
     expected = engine.decode_plain(prompt, 20, **inputs.engine_kwargs()).tokens
@@ -163,11 +163,11 @@ def test_image_prompts_decode_losslessly_and_a_padded_prefill_changes_nothing(sh
     if shape.topk == 1:
         return
     other = [drawn_image(9, (50, 40))]  # an image the draft never saw, then a text prompt: the tables follow
-    other_prompt = _image_ids(processor, other, "Describe <image> please")
+    other_prompt = image_ids(processor, other, "Describe <image> please")
     other_inputs = image_prompt(model, processor, other_prompt, other, 256)
     assert engine.generate(other_prompt, 12, **other_inputs.engine_kwargs()).tokens == \
         _hf_greedy(model, processor, other_prompt, other, 12)
-    text = _image_ids(processor, [], "no image")
+    text = image_ids(processor, [], "no image")
     assert engine.generate(text, 12).tokens == _hf_greedy(model, processor, text, [], 12)
 
 
