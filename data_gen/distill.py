@@ -9,6 +9,12 @@ output dir against resuming with another target, prompt set or sampling setting.
 
 Several workers (GPUs, nodes, SLURM array tasks) share one output dir: each writes only the shards it owns
 (data_gen/workers.py), and the one that finds all shards on disk merges them (data_gen/shards.py).
+
+Image prompt sets (specdraft.data.sources) need a target that reads images (a vision-language target: its
+processor templates the prompts and expands the images, specdraft.targets.chat). Each image is stored once
+under the output dir by its content hash (specdraft.data.images) and rows name it; a missing or unreadable image
+is its conversation's counted error, naming the file. `distill.answer_instruction` is appended to every user turn
+before regeneration (ViSpec's "answer at length"), and stays in the rows as the target saw it.
 """
 from __future__ import annotations
 
@@ -33,14 +39,18 @@ from data_gen.shards import (
     throughput_path,
     write_shard,
 )
+from data_gen.image_prompts import check_images, open_images, stored_images, with_instruction
 from data_gen.workers import local_device_index, resolve_worker, worker_shards
-from specdraft.data.format import dataset_dir, shards_dir
+from specdraft.data.format import IMAGE_ROW_FEATURES, ROW_FEATURES, dataset_dir, shards_dir
+from specdraft.data.images import UnreadableImage
 from specdraft.data.sources import Conversation, load_conversations
 from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
 from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
-from specdraft.targets.load import eos_token_ids
+from specdraft.targets.chat import TextChat, template_ids  # noqa: F401 (template_ids: this module's name for it)
+from specdraft.targets.load import eos_token_ids, is_vision_target
+from specdraft.targets.vision import image_model_inputs
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +65,17 @@ class _Dialog:
     turns_done: int = 0
     problem: Optional[dict] = None
     finished: bool = False
+    images: list = field(default_factory=list)
+    """The conversation's images (PIL), opened for this shard."""
+    stored: List[str] = field(default_factory=list)
+    """Their names under the output dir (specdraft.data.images)."""
 
 
 @dataclass
 class _Context:
     """What every shard needs: the target, the settings, the progress bar and generation speed."""
     model: torch.nn.Module
-    tokenizer: object
+    chat: TextChat
     recipe: Recipe
     eos_ids: List[int]
     progress: object
@@ -78,12 +92,6 @@ def default_device() -> str:
     return f"cuda:{local_device_index() % torch.cuda.device_count()}"
 
 
-def template_ids(tokenizer, messages: List[dict], add_generation_prompt: bool = False) -> List[int]:
-    """Token ids of the chat template applied to `messages` (transformers 5 may return a BatchEncoding)."""
-    result = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
-    return list(result["input_ids"] if hasattr(result, "keys") else result)
-
-
 def problem_entry(conversation: Conversation, status: str, reason: str) -> dict:
     """One errors.jsonl entry; status is `error` or `skipped`."""
     return {"source": conversation.source, "index": conversation.index, "status": status, "reason": reason}
@@ -93,20 +101,31 @@ def _user_positions(messages: List[dict]) -> List[int]:
     return [i for i, message in enumerate(messages) if message["role"] == "user"]
 
 
-def prompt_ids(tokenizer, messages: List[dict], turn: int) -> List[int]:
-    """The templated prompt for user turn `turn`: messages up to that user turn plus the generation prompt."""
-    return template_ids(tokenizer, messages[:_user_positions(messages)[turn] + 1], add_generation_prompt=True)
+def prompt_ids(chat: TextChat, messages: List[dict], turn: int, images=()) -> List[int]:
+    """The templated prompt for user turn `turn`: messages up to that user turn plus the generation prompt (a
+    vision-language target's: with the conversation's images expanded)."""
+    return chat.ids(messages[:_user_positions(messages)[turn] + 1], images, add_generation_prompt=True)
 
 
-def precheck(tokenizer, conversations: Dict[int, Conversation], data) -> Dict[int, dict]:
-    """Problems found before generating, by position; raises for a too-long prompt when data.too_long == error."""
+def _prompt_length(chat: TextChat, conversation: Conversation) -> int:
+    """Tokens of the first turn's prompt, its images opened (and expanded) to count them."""
+    return len(prompt_ids(chat, conversation.messages, 0, open_images(conversation)))
+
+
+def precheck(chat: TextChat, conversations: Dict[int, Conversation], data) -> Dict[int, dict]:
+    """Problems found before generating, by position; raises for a too-long prompt when data.too_long == error.
+    A missing or unreadable image is its conversation's error."""
+    check_images(chat, conversations)
     found = {}
     for position, conversation in conversations.items():
         if conversation.skip_reason:
             found[position] = problem_entry(conversation, "skipped", conversation.skip_reason)
             continue
         try:
-            length = len(prompt_ids(tokenizer, conversation.messages, 0))
+            length = _prompt_length(chat, conversation)
+        except UnreadableImage as err:
+            found[position] = problem_entry(conversation, "error", str(err))
+            continue
         except Exception as err:  # jinja templates raise their own errors (e.g. unsupported system role)
             found[position] = problem_entry(conversation, "error", f"chat template failed: {error_summary(err)}")
             continue
@@ -146,23 +165,28 @@ def cut_at_eos(ids: List[int], eos_ids: List[int]) -> List[int]:
     return ids[:next((i for i, token in enumerate(ids) if token in eos_ids), len(ids))]
 
 
-def generate_answers(ctx: _Context, prompts: List[List[int]]) -> List[str]:
+def generate_answers(ctx: _Context, prompts: List[List[int]], images: Optional[List[list]] = None) -> List[str]:
     """Decoded answers (special tokens skipped) of the target to a batch of templated prompts, by the engine
-    distill.engine chose (data_gen/engine.py)."""
+    distill.engine chose (data_gen/engine.py); with each prompt's images (PIL) for a vision-language target, whose
+    ids expand them already (Hugging Face generate: the static engine takes no images)."""
     start = time.perf_counter()
-    answers = ctx.static.answers(prompts) if ctx.static is not None else hf_answers(ctx, prompts)  # [B, <=new]
+    answers = ctx.static.answers(prompts) if ctx.static is not None else hf_answers(ctx, prompts, images)  # [B, <=new]
     ctx.generate_seconds += time.perf_counter() - start
     ctx.generated_tokens += sum(len(ids) for ids in answers)
     ctx.progress.set_postfix(tok_s=f"{ctx.generated_tokens / max(ctx.generate_seconds, 1e-9):.0f}", refresh=False)
-    return [ctx.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
+    return [ctx.chat.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
 
 
-def hf_answers(ctx: _Context, prompts: List[List[int]]) -> List[List[int]]:
-    """Hugging Face `generate` on the left-padded batch -> each answer's ids up to its first EOS."""
+def hf_answers(ctx: _Context, prompts: List[List[int]], images: Optional[List[list]] = None) -> List[List[int]]:
+    """Hugging Face `generate` on the left-padded batch (with each row's images) -> each answer's ids up to its
+    first EOS."""
     device = next(ctx.model.parameters()).device
-    input_ids, attention_mask = left_pad(prompts, ctx.tokenizer.pad_token_id, device)  # [B, T]
+    input_ids, attention_mask = left_pad(prompts, ctx.chat.tokenizer.pad_token_id, device)  # [B, T]
+    inputs = {"input_ids": input_ids}
+    if images is not None:
+        inputs = image_model_inputs(ctx.chat.processor, ctx.model, input_ids.cpu(), images)
     with torch.no_grad():
-        output = ctx.model.generate(input_ids=input_ids, attention_mask=attention_mask, **ctx.generate_kwargs)
+        output = ctx.model.generate(**inputs, attention_mask=attention_mask, **ctx.generate_kwargs)
     return [cut_at_eos(row, ctx.eos_ids) for row in output[:, input_ids.shape[1]:].tolist()]
 
 
@@ -182,8 +206,9 @@ def _finish(ctx: _Context, dialog: _Dialog, failure: Optional[str] = None) -> No
 
 def _answer_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
     """Generate turn `turn` for a batch of (dialog, prompt ids); a failing batch marks all its dialogs as errors."""
+    images = [dialog.images for dialog, _ in batch]
     try:
-        answers = generate_answers(ctx, [ids for _, ids in batch])
+        answers = generate_answers(ctx, [ids for _, ids in batch], *([images] if any(images) else []))
     except Exception as err:  # OOM, CUDA or model errors: record and go on with the next batch
         for dialog, _ in batch:
             _finish(ctx, dialog, f"generation failed: {error_summary(err)}")
@@ -204,7 +229,7 @@ def _turn_prompts(ctx: _Context, dialogs: List[_Dialog], turn: int) -> List[tupl
         if dialog.finished or dialog.conversation.num_turns <= turn:
             continue
         try:
-            ids = prompt_ids(ctx.tokenizer, dialog.messages, turn)
+            ids = prompt_ids(ctx.chat, dialog.messages, turn, dialog.images)
         except Exception as err:  # jinja template errors
             _finish(ctx, dialog, f"chat template failed at turn {turn}: {error_summary(err)}")
             continue
@@ -215,19 +240,20 @@ def _turn_prompts(ctx: _Context, dialogs: List[_Dialog], turn: int) -> List[tupl
     return sorted(pending, key=lambda item: -len(item[1]))
 
 
-def loss_mask_row(tokenizer, messages: List[dict], max_length: int) -> tuple:
+def loss_mask_row(chat: TextChat, messages: List[dict], max_length: int, images=()) -> tuple:
     """-> (input_ids, loss_mask) of the whole conversation, 1 on each assistant span, truncated to max_length.
 
     Span i is [len(template(messages[:i]) + generation prompt), len(template(messages[:i+1]))); both must be
-    prefixes of the whole conversation's tokens, else ValueError (a template that rewrites earlier turns).
+    prefixes of the whole conversation's tokens, else ValueError (a template that rewrites earlier turns). The
+    conversation's images (PIL) sit in its first user turn, so that every prefix holds them.
     """
-    input_ids = template_ids(tokenizer, messages)
+    input_ids = chat.ids(messages, images)
     loss_mask = [0] * len(input_ids)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = template_ids(tokenizer, messages[:i], add_generation_prompt=True)
-        through = template_ids(tokenizer, messages[:i + 1])
+        before = chat.ids(messages[:i], images, add_generation_prompt=True)
+        through = chat.ids(messages[:i + 1], images)
         if input_ids[:len(before)] != before or input_ids[:len(through)] != through:
             raise ValueError(f"chat template is not prefix-consistent at message {i}")
         loss_mask[len(before):len(through)] = [1] * (len(through) - len(before))
@@ -237,12 +263,13 @@ def loss_mask_row(tokenizer, messages: List[dict], max_length: int) -> tuple:
 def _row(ctx: _Context, dialog: _Dialog) -> dict:
     """One ROW_FEATURES row: the regenerated turns only (a conversation may have stopped early on length)."""
     answered = dialog.messages[:_user_positions(dialog.messages)[dialog.turns_done - 1] + 2]
-    input_ids, loss_mask = loss_mask_row(ctx.tokenizer, answered, ctx.recipe.data.max_length)
+    input_ids, loss_mask = loss_mask_row(ctx.chat, answered, ctx.recipe.data.max_length, dialog.images)
     cfg = ctx.recipe.distill
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "source": dialog.conversation.source,
-            "index": dialog.conversation.index, "turns": dialog.turns_done, "target": ctx.recipe.target.path,
-            "target_revision": ctx.recipe.target.revision or "", "temperature": cfg.temperature,
-            "top_p": cfg.top_p, "seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens}
+    row = {"input_ids": input_ids, "loss_mask": loss_mask, "source": dialog.conversation.source,
+           "index": dialog.conversation.index, "turns": dialog.turns_done, "target": ctx.recipe.target.path,
+           "target_revision": ctx.recipe.target.revision or "", "temperature": cfg.temperature,
+           "top_p": cfg.top_p, "seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens}
+    return {**row, "images": dialog.stored} if ctx.chat.reads_images else row
 
 
 def distill_shard(ctx: _Context, dialogs: List[_Dialog], shard_index: int) -> tuple:
@@ -263,11 +290,22 @@ def distill_shard(ctx: _Context, dialogs: List[_Dialog], shard_index: int) -> tu
     return rows, problems
 
 
-def _dialogs(ctx: _Context, conversations: Dict[int, Conversation], early: Dict[int, dict]) -> List[_Dialog]:
+def _open_images(dialog: _Dialog, out: Path) -> None:
+    """The dialog's images opened and stored under the output dir; an unreadable one is its problem."""
+    try:
+        dialog.images, dialog.stored = open_images(dialog.conversation), stored_images(dialog.conversation, out)
+    except UnreadableImage as err:
+        dialog.problem = problem_entry(dialog.conversation, "error", str(err))
+
+
+def _dialogs(ctx: _Context, conversations: Dict[int, Conversation], early: Dict[int, dict],
+             out: Path) -> List[_Dialog]:
     dialogs = []
     for position, conversation in conversations.items():
         messages = [dict(message) for message in conversation.messages]
         dialog = _Dialog(conversation, messages, problem=early.get(position))
+        if dialog.problem is None and conversation.images:
+            _open_images(dialog, out)
         if dialog.problem is not None:
             dialog.finished = True
             ctx.progress.update(1)
@@ -280,14 +318,16 @@ def fingerprint(recipe: Recipe, conversations: List[Conversation]) -> dict:
     a method that makes its own records names)."""
     digest = hashlib.sha256()
     for conversation in conversations:
-        digest.update(json.dumps([conversation.source, conversation.index, conversation.messages]).encode())
+        images = [conversation.images] if conversation.images else []  # text sets keep their digest
+        digest.update(json.dumps([conversation.source, conversation.index, conversation.messages,
+                                  *images]).encode())
     cfg, data, target = recipe.distill, recipe.data, recipe.target
     values = {"target.path": target.path, "target.revision": target.revision, "target.dtype": target.dtype,
               "data.prompts": list(data.prompts), "data.max_samples": data.max_samples,
               "prompt contents": digest.hexdigest(), "data.max_length": data.max_length,
               "data.too_long": data.too_long, "distill.shard_size": cfg.shard_size,
               "distill.max_new_tokens": cfg.max_new_tokens, "distill.temperature": cfg.temperature,
-              "distill.top_p": cfg.top_p, "distill.seed": cfg.seed}
+              "distill.top_p": cfg.top_p, "distill.seed": cfg.seed, "distill.answer_instruction": cfg.answer_instruction}
     records = get_method(recipe.method_name).records
     if records is not None:
         values["method records"] = {"method": recipe.method_name, **records.fingerprint(recipe.method)}
@@ -341,20 +381,24 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
 
     from specdraft.targets.load import load_target
 
-    shards = {i: _shard_conversations(conversations, i, recipe.distill.shard_size) for i in pending}
+    instruction = recipe.distill.answer_instruction
+    shards = {i: {p: with_instruction(c, instruction)
+                  for p, c in _shard_conversations(conversations, i, recipe.distill.shard_size).items()}
+              for i in pending}
     target = load_target(recipe.target, device)
-    early = precheck(target.tokenizer, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
+    chat = target.chat
+    early = precheck(chat, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
     claim_output_dir(recipe, out, expected, pending)
     eos_ids = eos_token_ids(target.model, target.tokenizer)
     done = owned - sum(len(shard) for shard in shards.values())
     started = time.time()
     with tqdm(total=owned, initial=done, unit="prompt", desc="distill") as progress:
-        ctx = _Context(target.model, target.tokenizer, recipe, eos_ids, progress,
+        ctx = _Context(target.model, chat, recipe, eos_ids, progress,
                        generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id),
                        static=static_engine(recipe, target, eos_ids, device))
         for shard_index, shard in shards.items():
-            rows, problems = distill_shard(ctx, _dialogs(ctx, shard, early), shard_index)
-            write_shard(out, shard_index, rows, problems)
+            rows, problems = distill_shard(ctx, _dialogs(ctx, shard, early, out), shard_index)
+            write_shard(out, shard_index, rows, problems, IMAGE_ROW_FEATURES if chat.reads_images else ROW_FEATURES)
     return {"device": device, "shards": len(shards), "generated_tokens": ctx.generated_tokens,
             "generate_seconds": ctx.generate_seconds,
             "tokens_per_s": ctx.generated_tokens / max(ctx.generate_seconds, 1e-9),
@@ -373,7 +417,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
     spec = get_method(recipe.method_name)
     shards = {i: _shard_conversations(conversations, i, recipe.distill.shard_size) for i in pending}
     target = load_target(recipe.target, device)
-    early = precheck(target.tokenizer, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
+    early = precheck(target.chat, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
     claim_output_dir(recipe, out, expected, pending)
     done, started = owned - sum(len(shard) for shard in shards.values()), time.time()
     with tqdm(total=owned, initial=done, unit="prompt", desc=f"distill ({spec.name} records)") as progress:
@@ -435,6 +479,9 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     counts.json); a worker that finishes before the others returns what it wrote and which shards are missing.
     """
     check_distill_config(recipe.distill)
+    if recipe.data.features == "offline" and is_vision_target(recipe.target):  # its images run with each batch
+        raise SpecdraftError(f"target {recipe.target.path} is a vision-language model: its features are computed "
+                             f"online, with each batch's images; set data.features=online")
     out = Path(recipe.distill.output_dir).expanduser()
     conversations = load_conversations(list(recipe.data.prompts), recipe.data.max_samples)
     expected = fingerprint(recipe, conversations)

@@ -39,6 +39,8 @@ def static_engine(recipe: Recipe, target: LoadedTarget, eos_ids: List[int], devi
     if choice == "hf":
         return None
     reason = unsupported_reason(target.model, target.info, recipe.data.max_length + recipe.distill.max_new_tokens)
+    if target.processor is not None:
+        reason = "a vision-language target's prompts carry images, which the static engine does not take"
     if choice == "static" and reason:
         raise SpecdraftError(f"distill.engine=static cannot run target {recipe.target.path}: {reason}; "
                              f"use distill.engine=hf or auto")

@@ -140,10 +140,13 @@ def _load_runtime(args, dtype: Optional[str] = None):
 def _generate(args) -> None:
     import torch
 
+    from specdraft.data.images import load_images
+
     runtime = _load_runtime(args)
     generator = torch.Generator(device=runtime.engine.device).manual_seed(args.seed)
-    result = runtime.engine.generate(runtime.encode_chat(args.prompt), args.max_new_tokens, runtime.eos_ids,
-                                     temperature=args.temperature, generator=generator)
+    prompt = runtime.prompt(args.prompt, load_images(args.image or []))
+    result = runtime.engine.generate(prompt.ids, args.max_new_tokens, runtime.eos_ids, temperature=args.temperature,
+                                     generator=generator, **prompt.engine_kwargs())
     text = runtime.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     print(text)
     tau = sum(a + 1 for a in result.accepted) / max(1, len(result.accepted))
@@ -304,6 +307,9 @@ def _add_runtime(sub) -> None:
     _runtime_args(generate)
     generate.add_argument("--prompt", required=True, help="the user's message (the target's chat template is "
                                                           "applied)")
+    generate.add_argument("--image", action="append", default=None, metavar="FILE",
+                          help="an image for a vision-language target (repeat for several; `<image>` in the prompt "
+                               "places each, else they come first)")
     generate.add_argument("--temperature", type=float, default=0.0,
                           help="0 (default): greedy; above 0: sampled (the target's distribution is kept)")
     generate.set_defaults(func=_generate)

@@ -67,7 +67,8 @@ class TargetConfig:
 @dataclass
 class DataConfig:
     prompts: List[str] = field(default_factory=list)
-    """Prompt sets: local JSON/JSONL files (ShareGPT, OpenAI messages, Alpaca, prompt/question) or `hf:ID[:SPLIT]`."""
+    """Prompt sets: local JSON/JSONL files (ShareGPT, OpenAI messages, Alpaca, prompt/question; with `image` or
+    `images` file paths for a vision-language target, LLaVA's form included) or `hf:ID[:SPLIT]`."""
     max_samples: Optional[int] = None
     """Use at most this many conversations (in file order, across all prompt sets)."""
     max_length: int = 2048
@@ -135,6 +136,9 @@ class DistillConfig:
     worker_index: Optional[int] = None
     """This worker's index in [0, num_workers). None reads it from the environment like num_workers
     (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, RANK or SLURM_PROCID)."""
+    answer_instruction: Optional[str] = None
+    """Appended to every user turn, on a line of its own, before the target answers it (ViSpec's long answers:
+    "Please answer with at least 1000 words."); the rows keep it as the target saw it. None: prompts as given."""
 
     def __post_init__(self):
         _check_choice("distill.engine", self.engine, DISTILL_ENGINES)

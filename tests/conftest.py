@@ -11,8 +11,9 @@ if not torch.cuda.is_available():  # Triton kernels are tested on the CPU throug
 
 import pytest  # noqa: E402
 
-from tests.distilled import train_chat_base, write_distilled  # noqa: E402
+from tests.distilled import train_chat_base, write_distilled, write_distilled_images  # noqa: E402
 from tests.tiny import save_tiny_target  # noqa: E402
+from tests.tiny_vlm import save_tiny_vlm  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,6 +52,18 @@ def _checkpoint_key(tmp_path_factory, monkeypatch):
 def distilled(tiny_target_dir, tmp_path_factory):
     """A distilled dataset (12 rows) of the tiny target's own greedy answers."""
     return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory):
+    """A tiny random LLaVA (SigLIP-style tower, Llama language model) with its processor (HF directory)."""
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm"), "llava")
+
+
+@pytest.fixture(scope="session")
+def distilled_images(tiny_vlm_dir, tmp_path_factory):
+    """A distilled dataset (12 rows) of the tiny VLM's own greedy answers to image prompts, images stored."""
+    return write_distilled_images(tmp_path_factory.mktemp("distilled_images"), tiny_vlm_dir)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,39 @@ def write_distilled(distill_dir: Path, target_dir: Path, num_rows: int = 12, ans
     return distill_dir
 
 
+def write_distilled_images(distill_dir: Path, vlm_dir: Path, num_rows: int = 12, answer_tokens: int = 24) -> Path:
+    """Greedy answers of a tiny VLM to image prompts (drawn images, stored by content hash as distill-data stores
+    them), with loss_mask on the answers."""
+    from datasets import Dataset
+
+    from specdraft.config import TargetConfig
+    from specdraft.data.format import IMAGE_ROW_FEATURES
+    from specdraft.data.images import store_image
+    from specdraft.targets import load_target
+    from specdraft.targets.vision import image_model_inputs
+    from tests.tiny_vlm import drawn_image
+
+    target = load_target(TargetConfig(path=str(vlm_dir), dtype="float32"))
+    (distill_dir / "drawn").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for index in range(num_rows):
+        image_file, image = distill_dir / "drawn" / f"{index}.png", drawn_image(index, (32 + 8 * (index % 3), 32))
+        image.save(image_file)
+        prompt = target.chat.ids([{"role": "user", "content": f"<image>\nQuestion {index}?"}], [image], True)
+        inputs = image_model_inputs(target.processor, target.model, torch.tensor([prompt]), [[image]])
+        with torch.no_grad():
+            out = target.model.generate(**inputs, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                        max_new_tokens=answer_tokens, min_new_tokens=answer_tokens, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)
+        ids = out[0].tolist()
+        rows.append({"input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * (len(ids) - len(prompt)),
+                     "source": "tiny", "index": index, "turns": 1, "target": str(vlm_dir), "target_revision": "",
+                     "temperature": 0.0, "top_p": 1.0, "seed": 0, "max_new_tokens": answer_tokens,
+                     "images": [store_image(image_file, distill_dir)]})
+    Dataset.from_list(rows, features=IMAGE_ROW_FEATURES).save_to_disk(str(dataset_dir(distill_dir)))
+    return distill_dir
+
+
 CHAT_PROMPTS = [f"question {i}?" for i in range(12)]
 """The prompts a chat-trained base draft (`train_chat_base`) has seen answered."""
 

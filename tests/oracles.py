@@ -10,10 +10,11 @@ from typing import Callable
 
 import torch
 
-from specdraft.core.types import TargetFeatures
+from specdraft.core.types import DraftBatch, TargetFeatures
 from specdraft.methods.eagle3 import Eagle3Draft, fused_features
 from specdraft.methods.kangaroo import KangarooDraft
 from specdraft.methods.poss import PossDraft, PrefixKeys
+from specdraft.methods.vispec import VispecDraft, draft_columns
 from tests.partial_layers import new_layer_cache, run_first_layers
 
 
@@ -35,15 +36,19 @@ def eagle3_chain(draft: Eagle3Draft, state: ChainState, num_tokens: int) -> torc
     cols = torch.arange(hidden.shape[1], device=hidden.device)
     embeds = state.embed(state.tokens[:, 1:]).to(hidden.dtype)  # column t sees token t+1
     hidden, kv = draft.step(hidden, embeds, cols, cols, [])
-    cache, last_col = [kv], cols[-1:]
-    hidden = hidden[:, -1:]  # [1, 1, H]
-    drafted = []
+    return _chain_steps(draft, state, hidden[:, -1:], kv, cols[-1:], cols[-1:], num_tokens)
+
+
+def _chain_steps(draft, state: ChainState, hidden, kv, last_col, last_position, num_tokens: int, feed=None):
+    """After step 0 over the prefix (its last column's state hidden [1, 1, H], its keys kv): the chain, each drafted
+    token at rotary position last_position + its depth - 1 beside column last_col; `feed` maps a fed-back state."""
+    cache, drafted = [kv], []
     for step in range(num_tokens):
         drafted.append(_to_target(draft, draft.logits(hidden)))
         if step + 1 == num_tokens:
             break
         embeds = state.embed(drafted[-1].view(1, 1)).to(hidden.dtype)
-        hidden, kv = draft.step(hidden, embeds, last_col + step + 1, last_col, cache)
+        hidden, kv = draft.step(feed(hidden) if feed else hidden, embeds, last_position + step + 1, last_col, cache)
         cache.append(kv)
     return torch.stack(drafted)
 
@@ -88,7 +93,29 @@ def kangaroo_chain(draft: KangarooDraft, state: ChainState, num_tokens: int) -> 
     return torch.stack(drafted)
 
 
-CHAINS = {"eagle3": eagle3_chain, "poss": poss_chain, "kangaroo": kangaroo_chain}
+@torch.no_grad()
+def vispec_chain(draft: VispecDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """Step 0 over the prefix in the draft's own columns (the training side's `draft_columns`: each image's span
+    replaced by its stand-ins, which skip img_fc), column c reading the token after its target position p(c) at
+    rotary position p(c); then a chain, every fed-back state through img_fc with the last image's global feature."""
+    n = state.tokens.shape[1] - 1
+    ones = torch.ones_like(state.tokens[:, :n])
+    columns = draft_columns(draft, DraftBatch(state.tokens[:, :n], ones, ones, state.features))
+    kept = int(columns.batch.attention_mask.sum())  # n' columns, then padding
+    fused = fused_features(draft, {i: h[:, :kept] for i, h in columns.batch.features.hidden_states.items()})
+    global_features = columns.global_features[:, :kept]  # [1, n', H]
+    hidden = draft.with_image(fused, global_features)
+    hidden = torch.where(columns.standin_mask[:, :kept, None], columns.standins[:, :kept].to(hidden.dtype), hidden)
+    cols = torch.arange(kept, device=hidden.device)
+    positions = cols if columns.batch.position_ids is None else columns.batch.position_ids[0, :kept]  # [n'] p(c)
+    embeds = state.embed(state.tokens[:, positions + 1]).to(hidden.dtype)  # the token after each column's position
+    hidden, kv = draft.step(hidden, embeds, positions, cols, [])
+    last_global = global_features[:, -1:]
+    return _chain_steps(draft, state, hidden[:, -1:], kv, cols[-1:], positions[-1:], num_tokens,
+                        feed=lambda fed_back: draft.with_image(fed_back, last_global))
+
+
+CHAINS = {"eagle3": eagle3_chain, "poss": poss_chain, "kangaroo": kangaroo_chain, "vispec": vispec_chain}
 
 
 def chain_of(method: str):

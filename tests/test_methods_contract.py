@@ -1,9 +1,11 @@
 """The contract every registered method keeps, on a tiny random target (CPU, seconds per method): it trains
 through the real trainer, every export format reloads through `from_export` into a draft that computes the
-same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it. An add-on
-method trained on records of its own (MethodSpec.records, over a base draft) keeps the same contract from its
-records: `distill-data` makes them (counted), the trainer fits it, every export (its base inside) reloads into a
-draft with the same loss on them, and the runtime, its drafter extending the base's, decodes losslessly."""
+same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it. A method that
+reads images (READS_IMAGES) keeps it on a tiny vision-language target, trained on image prompts, its drafts
+checked on one, and its runtime lossless on image prompts too. An add-on method trained on records of its own
+(MethodSpec.records, over a base draft) keeps the same contract from its records: `distill-data` makes them
+(counted), the trainer fits it, every export (its base inside) reloads into a draft with the same loss on them, and
+the runtime, its drafter extending the base's, decodes losslessly."""
 import json
 import shutil
 
@@ -23,15 +25,19 @@ from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
 from specdraft.runtime.load import load_runtime
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
+from specdraft.targets.vision import vision_features
 from specdraft.train.trainer import run_train
 from tests.distilled import CHAT_PROMPTS
 from tests.oracles import ChainState, chain_of
+from tests.tiny_vlm import drawn_image
 
 CASES = {  # small settings per method trained on the target's features; every registered method needs one
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 256},
     "poss": {"ttt_steps": 3, "draft_vocab_size": 256, "num_specialists": 2, "positions_per_specialist": 2},
     "kangaroo": {"ttt_steps": 3, "draft_vocab_size": 256, "exit_layer": 2},
+    "vispec": {"ttt_steps": 3, "draft_vocab_size": 256, "num_queries": 3},
 }
+READS_IMAGES = {"vispec"}  # trained and served on the tiny VLM (tiny_vlm_dir, distilled_images)
 ADDON_CASES = {  # the same for add-on methods trained on records of their own, over the chat-trained EAGLE-3 base
     "c2t": {"trace_depth": 3, "trace_topk": 2},
 }
@@ -66,32 +72,58 @@ eval: {{prompts: {prompts}, max_new_tokens: 16, num_draft_tokens: 3}}
     return load_recipe(path)
 
 
-def _outputs(loaded, target, ids):
-    """(loss, drafted tokens) of a loaded draft on ids [1, T]: what must survive an export."""
+def _target_and_data(request, method: str):
+    """(target directory, distilled directory) a method's contract runs on."""
+    if method in READS_IMAGES:
+        return request.getfixturevalue("tiny_vlm_dir"), request.getfixturevalue("distilled_images")
+    return request.getfixturevalue("tiny_target_dir"), request.getfixturevalue("distilled")
+
+
+def _probe(target):
+    """(ids [1, T], images): random token ids for a text target; for a VLM, an image prompt then random text."""
+    if target.processor is None:
+        return torch.randint(0, 250, (1, 14)), []
+    images = [drawn_image(7)]
+    prompt = target.chat.ids([{"role": "user", "content": "<image>\nWhat is it?"}], images, True)
+    return torch.tensor([prompt + torch.randint(0, 250, (10,)).tolist()]), images
+
+
+def _features(target, ids, images, layers):
+    if target.processor is None:
+        return capture_features(target.model, ids, torch.ones_like(ids), layers)
+    return vision_features(target.model, target.processor, ids, [images], layers)
+
+
+def _outputs(loaded, target, probe):
+    """(loss, drafted tokens) of a loaded draft on the probe's ids [1, T] (and images): what must survive an export."""
     spec, draft = loaded.spec, loaded.draft
     if spec.bind_target is not None:
         spec.bind_target(draft, target.model)
+    ids, images = probe
     ones = torch.ones_like(ids)
-    feats = capture_features(target.model, ids, ones, spec.feature_layers(loaded.method_cfg, target.info))
+    feats = _features(target, ids, images, spec.feature_layers(loaded.method_cfg, target.info))
     with torch.no_grad():
         loss = spec.loss(draft, DraftBatch(ids, ones, ones, feats), loaded.method_cfg).loss
     prefix = ids.shape[1] - 4
     state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
-                       features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()}))
+                       features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()},
+                                               context={k: v[:, :prefix] for k, v in feats.context.items()}))
     return loss, chain_of(spec.name)(draft, state, 3)
 
 
 @pytest.mark.parametrize("method", sorted(CASES))
-def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, distilled, method):
-    recipe = _recipe(tmp_path, tiny_target_dir, distilled, method)
+def test_method_trains_exports_reloads_and_decodes(request, tmp_path, method):
+    target_dir, distilled = _target_and_data(request, method)
+    recipe = _recipe(tmp_path, target_dir, distilled, method)
     summary = run_train(recipe)
     assert summary["steps"] == 4 and summary["best_tau_sim"] >= 1.0
     run = tmp_path / "run"
     target = load_target(recipe.target)
-    ids = torch.randint(0, 250, (1, 14))
+    probe = _probe(target)
+    ids = probe[0]
     trained = load_draft(run)
     assert trained.spec.name == method
-    expected_loss, expected_tokens = _outputs(trained, target, ids)
+    expected_loss, expected_tokens = _outputs(trained, target, probe)
     spec = METHODS[method]
     for fmt in spec.exports:
         out = export_draft(run, fmt, tmp_path / fmt, dtype="float32")
@@ -101,7 +133,7 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
         for name, value in trained.draft.state_dict().items():
             assert torch.equal(draft.state_dict()[name], value), (fmt, name)
         reloaded = load_draft(out)
-        loss, tokens = _outputs(reloaded, target, ids)
+        loss, tokens = _outputs(reloaded, target, probe)
         torch.testing.assert_close(loss, expected_loss, msg=fmt)
         assert torch.equal(tokens, expected_tokens), fmt
     report = run_eval(tmp_path / "hf", tmp_path / "eval")
@@ -111,6 +143,11 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
     expected = target.model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), do_sample=False,
                                      max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0)
     assert runtime.engine.generate(prompt, 16).tokens == expected[0, 8:].tolist()
+    if method in READS_IMAGES:  # an image prompt the draft never saw: speculative equals plain decoding
+        image_prompt = runtime.prompt("<image>\nWhat is in this one?", [drawn_image(8, (48, 32))])
+        kwargs = image_prompt.engine_kwargs()
+        assert runtime.engine.generate(image_prompt.ids, 16, **kwargs).tokens == \
+            runtime.engine.decode_plain(image_prompt.ids, 16, **kwargs).tokens
 
 
 def _addon_recipe(tmp_path, target_dir, base, method: str):

@@ -12,11 +12,17 @@ REQUIRED_KEYS = ["data.prompts", "data.max_samples", "distill.max_new_tokens", "
                  "train.max_steps", "train.output_dir", "eval.prompts", "eval.max_prompts", "eval.max_new_tokens"]
 
 
+RECIPE_TARGETS = {"vispec": ("smallvlm", "llava16")}
+"""A method's small and large targets where they are not SmolLM2 and Llama-3 (vision-language methods: the small VLM
+tools/build_small_vlm.py builds, and LLaVA-1.6)."""
+
+
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_has_its_recipes(method):
+    small, large = RECIPE_TARGETS.get(method, ("smollm2", "llama3"))
     shipped = {p.name for p in RECIPES if p.parent.name == "recipes"}
-    assert {f"{method}_smollm2.yaml", f"{method}_llama3.yaml"} <= shipped
-    assert f"{method}_smollm2.yaml" in {p.name for p in RECIPES if p.parent.name == "smoke"}
+    assert {f"{method}_{small}.yaml", f"{method}_{large}.yaml"} <= shipped
+    assert f"{method}_{small}.yaml" in {p.name for p in RECIPES if p.parent.name == "smoke"}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name if p.parent.name == "recipes" else f"smoke/{p.name}")

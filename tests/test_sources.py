@@ -166,3 +166,15 @@ def test_unknown_extension(tmp_path):
     (tmp_path / "p.csv").write_text("prompt\nx\n")
     with pytest.raises(SpecdraftError, match=r"p.csv.*unknown extension; valid: .jsonl"):
         load_conversations([str(tmp_path / "p.csv")], None)
+
+
+def test_image_fields_resolve_against_the_prompt_file(tmp_path):
+    records = [{"image": "imgs/a.png", "prompt": "<image>\nWhat?"},
+               {"images": ["b.png", "/abs/c.png"], "conversations": [{"from": "human", "value": "both?"}]},
+               {"prompt": "none"}]
+    conversations = load_conversations([write_jsonl(tmp_path / "s.jsonl", records)], None)
+    assert [c.images for c in conversations] == [[str(tmp_path / "imgs" / "a.png")],
+                                                 [str(tmp_path / "b.png"), "/abs/c.png"], []]
+    assert users(conversations[0]) == ["<image>\nWhat?"]
+    with pytest.raises(SpecdraftError, match="record 0 of .*image/images must be a file path"):
+        load_conversations([write_jsonl(tmp_path / "bad.jsonl", [{"image": 3, "prompt": "x"}])], None)

@@ -40,9 +40,9 @@ def eval_answers(recipe, max_prompts: int, max_new_tokens: int, device: str) -> 
 
     target = load_target(recipe.target, device, "float32" if device == "cpu" else "bfloat16")
     eos_ids = eos_token_ids(target.model, target.tokenizer)
-    prompts = eval_prompts(target.tokenizer, dataclasses.replace(recipe.eval, max_prompts=max_prompts))
-    answers = [greedy_answer(target, prompt.to(device), max_new_tokens, eos_ids)
-               for prompt in tqdm(prompts, desc="greedy answers")]
+    prompts = eval_prompts(target, dataclasses.replace(recipe.eval, max_prompts=max_prompts))
+    answers = [greedy_answer(target, prompt.to(device), max_new_tokens, eos_ids, images)
+               for prompt, images in tqdm(prompts, desc="greedy answers")]
     return torch.tensor([token for answer in answers for token in answer], dtype=torch.int64)
 
 

@@ -9,6 +9,12 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+IMAGE_EMBEDS = "image_embeds"
+"""Extra prompt context of a vision-language target: the language model's input embeddings of the prompt, [P, H]
+(training: [B, T, H]), whose rows at image token positions are the image features the projector made."""
+IMAGE_MASK = "image_mask"
+"""Extra prompt context: which prompt positions hold image tokens, [P] bool (training: [B, T])."""
+
 
 @dataclass(frozen=True)
 class TargetInfo:
@@ -108,6 +114,10 @@ class TargetFeatures:
     """[B, T, H] the last hidden state after the final norm (training only): logits = final_hidden @ lm_head.T."""
     lm_head: Optional[torch.Tensor] = None
     """[V, H] the target's LM head weight, so that a method computes only the logits it needs."""
+    context: Dict[str, torch.Tensor] = field(default_factory=dict)
+    """The prompts' extra context by name, as the runtime hands it to `Drafter.begin` (a vision-language target's
+    IMAGE_EMBEDS [B, T, H] and IMAGE_MASK [B, T]); empty for text targets. hidden_states[0] stays the token
+    embeddings (the embedding table's rows of input_ids, image tokens included), as the runtime's drafters see them."""
 
     def logits_for(self, vocab_ids: torch.Tensor) -> torch.Tensor:
         """The target's logits over `vocab_ids` [Vd] only -> [B, T, Vd] (no [B, T, V] tensor)."""

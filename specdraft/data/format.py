@@ -7,8 +7,9 @@ DISTILL_DIR/
   errors.jsonl              one line per prompt that failed or was skipped: source, index, reason
   recipe.yaml               the resolved recipe that produced it
   features/                 with data.features=offline: the target's hidden states (specdraft.data.features)
-Rows: the columns of ROW_FEATURES. Every Arrow directory is read through `load_rows`: a truncated or corrupt
-file is one line naming it and saying how to write it again.
+  images/                   image prompt sets: each image once, named by its content hash (specdraft.data.images)
+Rows: the columns of ROW_FEATURES (IMAGE_ROW_FEATURES for a vision-language target's). Every Arrow directory is
+read through `load_rows`: a truncated or corrupt file is one line naming it and saying how to write it again.
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ ROW_FEATURES = Features({
     "seed": Value("int64"),
     "max_new_tokens": Value("int32"),
 })
+IMAGE_ROW_FEATURES = Features({
+    **ROW_FEATURES,
+    "images": Sequence(Value("string")),  # the conversation's images, in order: names under DISTILL_DIR (images/...)
+})
+"""Rows distilled by a vision-language target: ROW_FEATURES and the images (input_ids expand each into its tokens)."""
 
 
 def dataset_dir(distill_dir: str | Path) -> Path:

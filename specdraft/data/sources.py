@@ -12,17 +12,27 @@ Face dataset, split `train` unless named). The format is detected per record fro
 Only the system prompt and the user turns are kept; each user turn is followed by an assistant placeholder (content
 "") that distillation fills with the target's own answer. Leading assistant turns are dropped, consecutive turns of
 one speaker are joined, and a record without any user turn is kept with a `skip_reason` so that counts add up.
+
+Image prompts (for vision-language targets) add the record's image files beside any of the forms above:
+
+  image           one image file: {"image": "images/cat.png", "conversations": [...]} (LLaVA's JSON form)
+  images          several: {"images": ["a.png", "b.png"], "messages": [...]}
+
+A relative path is relative to the prompt file's folder (a file of an `hf:` set: to the working directory). A user
+turn's text places each image with an `<image>` placeholder (LLaVA's `<image>\n...`); without placeholders the
+images precede the first user turn's text. A missing or unreadable image is counted as an error of its
+conversation when it is distilled, never when the set is read.
 """
 from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import reading, resolve_file
+from specdraft.core.io import package_file, reading, resolve_file
 
 SUPPORTED_FIELDS = ("conversations", "messages", "instruction", "prompt", "question", "turns")
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
@@ -42,6 +52,8 @@ class Conversation:
     """{"role", "content"} dicts; assistant contents are "" placeholders."""
     skip_reason: Optional[str] = None
     """Why it cannot be distilled (e.g. no user turn); None when it can."""
+    images: List[str] = field(default_factory=list)
+    """Its image files (paths as resolved against the prompt file's folder), in the order its turns place them."""
 
     @property
     def num_turns(self) -> int:
@@ -194,14 +206,33 @@ def source_records(source: str) -> Iterable:
     return _hf_records(source) if source.startswith("hf:") else _file_records(source)
 
 
-def _conversation(source: str, index: int, record) -> Conversation:
+def record_images(record: dict, folder: Path) -> List[str]:
+    """The record's image files (`image` or `images`), relative paths resolved against `folder`."""
+    names = record.get("images", record.get("image"))
+    if names is None:
+        return []
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise _FormatError("image/images must be a file path or a list of file paths")
+    return [str(folder / name) if not Path(name).is_absolute() else name for name in names]
+
+
+def _conversation(source: str, index: int, record, folder: Path) -> Conversation:
     try:
         messages = conversation_messages(record_turns(record))
+        images = record_images(record, folder)
     except _FormatError as err:
         raise SpecdraftError(f"record {index} of {source} has an unknown format ({err}); supported fields: "
                              f"{', '.join(SUPPORTED_FIELDS)}") from None
     has_user = any(message["role"] == "user" for message in messages)
-    return Conversation(source, index, messages, None if has_user else "no user turn")
+    return Conversation(source, index, messages, None if has_user else "no user turn", images)
+
+
+def _image_folder(source: str) -> Path:
+    """Where a prompt set's relative image paths start: its file's folder (the working directory for `hf:`)."""
+    if source.startswith("hf:"):
+        return Path(".")
+    return package_file(source).parent if source.startswith("pkg:") else Path(source).expanduser().parent
 
 
 def load_conversations(paths: List[str], max_samples: Optional[int] = None) -> List[Conversation]:
@@ -216,11 +247,11 @@ def load_conversations(paths: List[str], max_samples: Optional[int] = None) -> L
     for source in paths:
         if max_samples is not None and len(conversations) >= max_samples:
             break
-        before = len(conversations)
+        before, folder = len(conversations), _image_folder(source)
         for index, record in enumerate(source_records(source)):
             if max_samples is not None and len(conversations) >= max_samples:
                 break
-            conversations.append(_conversation(source, index, record))
+            conversations.append(_conversation(source, index, record, folder))
         if len(conversations) == before:
             raise SpecdraftError(f"no prompts in {source}")
     if not conversations:

@@ -222,14 +222,16 @@ class SpecEngine:
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None,
-                prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None
-                ) -> int:
+                prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None,
+                prompt_rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> int:
         """prompt_ids [P] on the device: fills the caches, returns the first new token. `prompt_embeds` [P, H]
         replaces the target's embeddings of the prompt (image features in a vision-language prompt, say);
-        `context` is the drafter's extra prompt context (`Drafter.begin`). Its attention avoids cuDNN's
-        (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of `prefill_rows` rows and runs in
-        the graphs of that length (`PREFILL_ROWS`)."""
+        `context` is the drafter's extra prompt context (`Drafter.begin`); `prompt_rope` (cos, sin [max_len, D])
+        the target's rotary tables for this prompt (an M-RoPE target's image prompt; None: the defaults). Its
+        attention avoids cuDNN's (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of
+        `prefill_rows` rows and runs in the graphs of that length (`PREFILL_ROWS`)."""
         n = prompt_ids.shape[0]
+        self.target.use_rope(prompt_rope)
         rows = min(-(-n // self.prefill_rows) * self.prefill_rows, self.max_len)
         padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
         count = torch.full((1,), n, dtype=torch.long, device=self.device)
@@ -367,16 +369,17 @@ class SpecEngine:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
                  temperature: float = 0.0, generator: Optional[torch.Generator] = None, trace: bool = False,
                  prompt_embeds: Optional[torch.Tensor] = None,
-                 context: Optional[Mapping[str, torch.Tensor]] = None) -> GenerationResult:
+                 context: Optional[Mapping[str, torch.Tensor]] = None,
+                 prompt_rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> GenerationResult:
         """Speculative decoding of `prompt_ids` -> the new tokens and the accepted count of every cycle.
-        `prompt_embeds` and `context`: see `prefill`."""
+        `prompt_embeds`, `context` and `prompt_rope`: see `prefill`."""
         if self.drafter is None:
             raise SpecdraftError("this engine has no draft; use decode_plain")
         self._check_room(len(prompt_ids), max_new_tokens)
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
-        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context)]
+        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, prompt_rope)]
         result = GenerationResult(tokens=generated)
         if self.dynamic_exit is not None:
             self.dynamic_exit.reset()
@@ -429,14 +432,15 @@ class SpecEngine:
     def decode_plain(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
                      temperature: float = 0.0, generator: Optional[torch.Generator] = None,
                      prompt_embeds: Optional[torch.Tensor] = None,
-                     context: Optional[Mapping[str, torch.Tensor]] = None) -> GenerationResult:
+                     context: Optional[Mapping[str, torch.Tensor]] = None,
+                     prompt_rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> GenerationResult:
         """The target alone, one token per forward, in this runtime (static cache, CUDA graph on GPU).
-        `prompt_embeds` and `context`: see `prefill`."""
+        `prompt_embeds`, `context` and `prompt_rope`: see `prefill`."""
         self._check_room(len(prompt_ids), max_new_tokens)
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
-        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context)]
+        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, prompt_rope)]
         token = self.root.clone()
         step = self.plain_stepper(token)
         done = _finished(generated, generated, eos_ids, max_new_tokens)

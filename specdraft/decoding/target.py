@@ -1,11 +1,13 @@
-"""The target as the runtime runs it: a compact Llama-family decoder (Llama, Qwen2, SmolLM2) with a static KV
-cache, batch 1, in the spirit of gpt-fast.
+"""The target as the runtime runs it: a compact Llama-family decoder (Llama, Qwen2, SmolLM2, and the language models
+of vision-language targets built on them) with a static KV cache, batch 1, in the spirit of gpt-fast.
 
 Weights come from a Hugging Face model (hub id, directory or GGUF, through `specdraft.targets.load_target`);
 q/k/v and gate/up are fused into one matmul each. A weight-only quantized Hugging Face model (target.quantization
 int8|int4, layers/quantized.py) gives a quantized target: the same codes, fused by stacking their rows, its
 matmuls `kernels.quant_linear` (in the CUDA graphs too). Rotary tables come from the HF model's own rotary module, so
-every rope scaling it supports (Llama-3's included) is reproduced. Every forward writes the keys and values of
+every rope scaling it supports (Llama-3's included) is reproduced. A prompt may bring tables of its own
+(`use_rope`: an M-RoPE target's image prompt, whose positions differ from its slots), copied over the default
+ones in place, so that captured CUDA graphs read them. Every forward writes the keys and values of
 its N tokens at cache slots prefix_len..prefix_len+N-1 and attends with `kernels.tree_attention`: the
 confirmed prefix fully, the N new tokens by a tree mask (causal for a chain, ancestors for a tree). A drafter's
 pass over tree nodes scattered in the cache (`run_layers_at`) writes at the slots it is given and attends by a
@@ -27,7 +29,7 @@ from specdraft.kernels.tree_attention import tree_attention
 from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, QuantizedLinear, quantized_linear, stacked_rows, weight_only_bits
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "mistral", "qwen2_vl_text", "qwen2_5_vl_text")
 
 
 def _linear(in_features: int, out_features: int, bias: bool, bits: Optional[int]) -> nn.Module:
@@ -133,7 +135,19 @@ class TargetModel(nn.Module):
         self.k_cache = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
         self.rope_cos, self.rope_sin = rope_cos.to(weight), rope_sin.to(weight)
+        self.default_rope = (self.rope_cos.clone(), self.rope_sin.clone())
+        self.own_rope = False  # the tables hold a prompt's own (use_rope), not the defaults
         self.max_len = max_len
+
+    def use_rope(self, tables: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """A prompt's rotary tables cos, sin [max_len, D] (indexed by position = cache slot), or None: the
+        defaults. Copied into the tables in place (outside CUDA graphs: once per prompt)."""
+        if tables is None and not self.own_rope:
+            return
+        cos, sin = tables if tables is not None else self.default_rope
+        self.rope_cos.copy_(cos[:self.max_len])
+        self.rope_sin.copy_(sin[:self.max_len])
+        self.own_rope = tables is not None
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [N] -> [N, H]
         return self.embed_tokens(tokens)

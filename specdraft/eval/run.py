@@ -1,17 +1,19 @@
 """Evaluate a draft: τ (tokens per draft-verify cycle, bonus included) and acceptance by position at T=0,
 decoding through the runtime (the drafter a method writes once serves both), against the target's own greedy
-output from Hugging Face `generate`, token for token. Writes eval.json and eval.png."""
+output from Hugging Face `generate`, token for token (with the prompt's images, for an image prompt set on a
+vision-language target). Writes eval.json and eval.png."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import write_json
+from specdraft.data.images import load_images
 from specdraft.data.sources import load_conversations
 from specdraft.config import RuntimeConfig
 from specdraft.drafts import RECIPE_FILE, load_draft
@@ -22,10 +24,12 @@ from specdraft.runtime.plots import device_name
 from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.targets import load_target
 from specdraft.targets.remote_code import with_remote_code
+from specdraft.targets.vision import PromptInputs, image_model_inputs, image_prompt
 
 
-def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
-    """The first user turn of each evaluated conversation, chat template applied -> [1, P] id tensors."""
+def eval_prompts(target, cfg) -> List[Tuple[torch.Tensor, list]]:
+    """The first user turn of each evaluated conversation, chat template applied -> ([1, P] id tensor, its images
+    as PIL images: an image prompt set's, for a vision-language target)."""
     limit = None if cfg.max_prompts is None else cfg.skip_prompts + cfg.max_prompts
     conversations = load_conversations([cfg.prompts], limit)[cfg.skip_prompts:]
     prompts = []
@@ -33,16 +37,20 @@ def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
         first_user = next((m for m in conversation.messages if m["role"] == "user"), None)
         if first_user is None:
             continue
-        encoded = tokenizer.apply_chat_template([first_user], add_generation_prompt=True, return_dict=True)
-        prompts.append(torch.tensor([encoded["input_ids"]]))
+        images = load_images(conversation.images)
+        prompts.append((torch.tensor([target.chat.ids([first_user], images, add_generation_prompt=True)]), images))
     if not prompts:
         raise SpecdraftError(f"no prompts with a user turn in {cfg.prompts} (skip_prompts={cfg.skip_prompts})")
     return prompts
 
 
-def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List[int]) -> List[int]:
-    """The target's greedy answer to `prompt_ids` ([1, P]) with Hugging Face `generate` -> its token ids."""
-    out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
+def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: List[int],
+                  images: Sequence = ()) -> List[int]:
+    """The target's greedy answer to `prompt_ids` ([1, P]; with its images, PIL) with Hugging Face `generate` ->
+    its token ids."""
+    inputs = image_model_inputs(target.processor, target.model, prompt_ids.cpu(), [images]) if images else \
+        {"input_ids": prompt_ids}
+    out = target.model.generate(**inputs, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
                                 max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
                                 pad_token_id=target.tokenizer.pad_token_id)
     return out[0, prompt_ids.shape[1]:].tolist()
@@ -68,13 +76,16 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
     runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
                                                           device=cfg.device, dtype=cfg.dtype))
     runtime.engine.set_tree_scorer(None)  # no early exit: a draft's tree scorer would end chains too
-    prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
+    prompts = [(ids.to(device), images) for ids, images in eval_prompts(target, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
-    for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
-        result = runtime.engine.generate(prompt_ids[0].tolist(), cfg.max_new_tokens, runtime.eos_ids)
+    for prompt_ids, images in tqdm(prompts, desc="eval", unit="prompt"):
+        ids = prompt_ids[0].tolist()
+        inputs = image_prompt(target.model, target.processor, ids, images, runtime.engine.max_len) if images else \
+            PromptInputs(ids)
+        result = runtime.engine.generate(ids, cfg.max_new_tokens, runtime.eos_ids, **inputs.engine_kwargs())
         spec_seconds += result.seconds
         started = time.perf_counter()
-        reference = greedy_answer(target, prompt_ids, cfg.max_new_tokens, runtime.eos_ids)
+        reference = greedy_answer(target, prompt_ids, cfg.max_new_tokens, runtime.eos_ids, images)
         greedy_seconds += time.perf_counter() - started
         lossless_count += result.tokens == reference
         accepted += result.accepted

@@ -1,5 +1,6 @@
 """`specdraft bench`: speculative decoding against plain decoding in this runtime and against Hugging Face
-`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl.
+`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl. Prompts are
+token ids or PromptInputs (an image prompt set's, for a vision-language target: `bench_prompts`).
 
 Every run reports the tokens the target verified per cycle (`verified_per_cycle`: the tree's valid nodes, root
 included). For a draft that scores its tree (DrafterCaps.scores_tree), the bench also sweeps the scorer's
@@ -17,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from specdraft.config import EvalConfig
+from specdraft.data.images import load_images
 from specdraft.data.sources import load_conversations
 from specdraft.core.errors import Interrupted, SpecdraftError
 from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
@@ -24,6 +26,7 @@ from specdraft.core.io import write_json
 from specdraft.runtime.load import Runtime
 from specdraft.runtime.plots import device_name, plot_bench
 from specdraft.runtime.profile import profile_cycles
+from specdraft.targets.vision import PromptInputs, as_prompt, image_model_inputs
 
 
 @dataclass
@@ -63,14 +66,29 @@ def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int])
     return [runtime.encode_chat(text) for text in user_turns(prompts, max_prompts)]
 
 
-def _hf_generate(runtime: Runtime, prompt: List[int], max_new_tokens: int, temperature: float) -> List[int]:
+def bench_prompts(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[PromptInputs]:
+    """The first user turn of each conversation of a prompt set, with its images (an image prompt set's, for a
+    vision-language target) -> what the engine takes (`Runtime.prompt`)."""
+    encoded = []
+    for conversation in load_conversations([prompts], max_prompts):
+        text = next((m["content"] for m in conversation.messages if m["role"] == "user"), None)
+        if text:
+            encoded.append(runtime.prompt(text, load_images(conversation.images)))
+    if not encoded:
+        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
+    return encoded
+
+
+def _hf_generate(runtime: Runtime, prompt: PromptInputs, max_new_tokens: int, temperature: float) -> List[int]:
     model, device = runtime.target.model, runtime.engine.device
-    ids = torch.tensor([prompt], device=device)
+    ids = torch.tensor([prompt.ids], device=device)
+    inputs = image_model_inputs(runtime.target.processor, model, ids.cpu(), [prompt.images]) if prompt.images else \
+        {"input_ids": ids}
     sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else \
         {"do_sample": False}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+    out = model.generate(**inputs, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                          eos_token_id=runtime.eos_ids, pad_token_id=runtime.target.tokenizer.pad_token_id, **sampling)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt.ids):].tolist()
 
 
 def _timed(fn, device: torch.device):
@@ -83,18 +101,20 @@ def _timed(fn, device: torch.device):
     return result, time.perf_counter() - started
 
 
-def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, temperature: float,
+def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, temperature: float,
                     traces: List[dict], plain_results: Optional[list] = None) -> dict:
-    """Both loops over the prompts at `temperature` -> the run's summary. `plain_results`: an empty list is
-    filled with plain decoding's results; a full one (from an earlier run at T=0 on these prompts) is reused, and
-    only the speculative loop runs."""
+    """Both loops over the prompts (token ids or PromptInputs) at `temperature` -> the run's summary.
+    `plain_results`: an empty list is filled with plain decoding's results; a full one (from an earlier run at T=0
+    on these prompts) is reused, and only the speculative loop runs."""
     engine, device = runtime.engine, runtime.engine.device
+    prompts = [as_prompt(prompt) for prompt in prompts]
     reuse = plain_results is not None and len(plain_results) == len(prompts)
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     n_new = settings.max_new_tokens
     for mode in ("plain", "spec"):  # warm-up: CUDA graphs are captured here, not in a timed run
         run = engine.decode_plain if mode == "plain" else engine.generate
-        run(prompts[0], min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator)
+        run(prompts[0].ids, min(32, n_new), runtime.eos_ids, temperature=temperature, generator=generator,
+            **prompts[0].engine_kwargs())
     prompt_warmup = warm_prompt_lengths(engine, prompts)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0], "plain@hf": [0, 0.0], "spec@hf": [0, 0.0]}
     accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
@@ -104,11 +124,12 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         if reuse:
             plain = plain_results[index]
         else:
-            plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
+            plain = engine.decode_plain(prompt.ids, n_new, runtime.eos_ids, temperature=temperature,
+                                        generator=generator, **prompt.engine_kwargs())
             if plain_results is not None:
                 plain_results.append(plain)
-        spec = engine.generate(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
-                               trace=settings.trace)
+        spec = engine.generate(prompt.ids, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
+                               trace=settings.trace, **prompt.engine_kwargs())
         for name, result in (("plain", plain), ("spec", spec)):
             totals[name][0] += len(result.tokens)
             totals[name][1] += result.seconds
@@ -116,7 +137,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         drafted += spec.drafted
         exits += spec.exits
         same_as_plain += spec.tokens == plain.tokens
-        per_prompt.append({"prompt_len": len(prompt), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
+        per_prompt.append({"prompt_len": len(prompt.ids), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
                            "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
         if settings.hf_baseline and (settings.hf_prompts is None or index < settings.hf_prompts):
@@ -132,7 +153,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
             "prompt_warmup": prompt_warmup, "per_prompt": per_prompt}
 
 
-def warm_prompt_lengths(engine, prompts: List[List[int]]) -> dict:
+def warm_prompt_lengths(engine, prompts: List[PromptInputs]) -> dict:
     """Every prompt's prefill, twice, before the timed runs -> the mean first and second prefill (ms). The eager
     prefill pays a one-time cost for each prompt length it has not met yet (SmolLM2 on an H200:
     plain decoding ran 1.40 ms a token on a first pass over 20 prompts, 1.03 on every later pass), and the timed
@@ -141,9 +162,9 @@ def warm_prompt_lengths(engine, prompts: List[List[int]]) -> dict:
     device = engine.device
     first, again = [], []
     for prompt in prompts:
-        prompt_ids = torch.tensor(prompt, device=device)
+        prompt_ids = torch.tensor(prompt.ids, device=device)
         for times in (first, again):
-            times.append(_timed(lambda: engine.prefill(prompt_ids, 0.0), device)[1])
+            times.append(_timed(lambda: engine.prefill(prompt_ids, 0.0, **prompt.engine_kwargs()), device)[1])
     return {"prompts": len(prompts), "prefill_first_ms": 1000 * sum(first) / len(first),
             "prefill_again_ms": 1000 * sum(again) / len(again)}
 
@@ -192,13 +213,14 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     }
 
 
-def lossless_in_float32(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings,
+def lossless_in_float32(runtime: Runtime, prompts: List, settings: BenchSettings,
                         load_float32: Optional[Callable[[], Runtime]]) -> Optional[dict]:
     """Speculative against plain decoding at T=0, token for token, in float32, on the first
     `settings.lossless_prompts` prompts: in float32 a lossless runtime's two outputs are identical. The timed
     run's own check (`lossless`) is made in its dtype, where a verify of many rows rounds its GEMMs differently
     from a one-row decode, so in bf16 a near-tied argmax can flip (docs/benchmarks.md). The runtime
-    itself when it runs float32, else the one `load_float32` builds; None when no check is asked or possible."""
+    itself when it runs float32, else the one `load_float32` builds (image prompts made again for it); None when no
+    check is asked or possible. prompts: token ids or PromptInputs."""
     count = min(settings.lossless_prompts, len(prompts))
     exact = runtime.engine.dtype == torch.float32
     if count <= 0 or (not exact and load_float32 is None):
@@ -206,8 +228,11 @@ def lossless_in_float32(runtime: Runtime, prompts: List[List[int]], settings: Be
     checked = runtime if exact else load_float32()
     engine, identical, divergences = checked.engine, 0, []
     for index, prompt in enumerate(tqdm(prompts[:count], desc="lossless check, float32", unit="prompt")):
-        plain = engine.decode_plain(prompt, settings.max_new_tokens, checked.eos_ids)
-        spec = engine.generate(prompt, settings.max_new_tokens, checked.eos_ids)
+        prompt = as_prompt(prompt)
+        if prompt.images and checked is not runtime:  # its image embeddings, in float32
+            prompt = checked.prompt(prompt.text, prompt.images)
+        plain = engine.decode_plain(prompt.ids, settings.max_new_tokens, checked.eos_ids, **prompt.engine_kwargs())
+        spec = engine.generate(prompt.ids, settings.max_new_tokens, checked.eos_ids, **prompt.engine_kwargs())
         if spec.tokens == plain.tokens:
             identical += 1
         else:
@@ -240,7 +265,7 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
 def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
             load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
     """bench.json's report (every cycle's trace appended to `traces`)."""
-    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    prompts = bench_prompts(runtime, settings.prompts, settings.max_prompts)
     plain_at_zero: list = []  # plain decoding at T=0, reused by the β sweep
     runs = [run_temperature(runtime, prompts, settings, t, traces, plain_at_zero if t == 0 else None)
             for t in settings.temperatures]
@@ -248,7 +273,7 @@ def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
         "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"],
-        "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0]),
+        "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0].ids),
         "settings": _settings(runtime, settings),
     }
     if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep:
@@ -257,7 +282,7 @@ def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
     return report
 
 
-def sweep_prune_thresholds(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings,
+def sweep_prune_thresholds(runtime: Runtime, prompts: List, settings: BenchSettings,
                            plain_results: list, thresholds: Optional[Sequence[float]] = None) -> List[dict]:
     """At T=0, the unpruned tree (the draft's tree scorer off), then the scorer at each β of `thresholds`
     (default settings.prune_sweep), on the same prompts against the same plain decoding (`plain_results`, filled

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,6 +24,7 @@ from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
 from specdraft.targets.remote_code import with_remote_code
+from specdraft.targets.vision import PromptInputs, image_prompt
 
 
 @dataclass
@@ -35,12 +36,21 @@ class Runtime:
     settings: RuntimeConfig
 
     def encode_chat(self, text: str) -> List[int]:
-        tokenizer = self.target.tokenizer
-        if tokenizer.chat_template:
-            encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                    add_generation_prompt=True, return_dict=True)
-            return list(encoded["input_ids"])
-        return tokenizer(text)["input_ids"]
+        """A user turn's token ids, chat template applied (a target without one: the text's own tokens)."""
+        target = self.target
+        if target.processor is not None or target.tokenizer.chat_template:
+            return target.chat.ids([{"role": "user", "content": text}], add_generation_prompt=True)
+        return target.tokenizer(text)["input_ids"]
+
+    def prompt(self, text: str, images: Sequence = ()) -> PromptInputs:
+        """A user turn and its images (PIL; `<image>` in the text places each, else they come first) as the engine
+        takes it: `engine.generate(p.ids, ..., **p.engine_kwargs())`. Images need a vision-language target."""
+        if not images:
+            return PromptInputs(self.encode_chat(text), text=text)
+        ids = self.target.chat.ids([{"role": "user", "content": text}], images, add_generation_prompt=True)
+        prompt = image_prompt(self.target.model, self.target.processor, ids, images, self.engine.max_len)
+        prompt.text = text
+        return prompt
 
 
 GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")  # what a draft fits

@@ -94,6 +94,13 @@ def _run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[in
         inputs = {"input_ids": input_ids}
     else:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    return decoder_states(decoder, inputs, keep)
+
+
+def decoder_states(decoder, inputs: Dict[str, torch.Tensor], keep: List[int]):
+    """The decoder (a language model without its LM head) on `inputs` (its forward's keyword arguments:
+    input_ids or inputs_embeds, and masks or position ids) -> ({i: input of layer i, [B, T, H]} for i in keep,
+    final normed hidden state [B, T, H]), taken with pre-hooks on the layers read."""
     if not hasattr(decoder, "layers"):  # an unusual layout: Hugging Face's own collection
         out = decoder(**inputs, output_hidden_states=True, use_cache=False)
         return {i: out.hidden_states[i] for i in keep}, out.last_hidden_state

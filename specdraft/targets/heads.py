@@ -21,6 +21,7 @@ from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, fake_quantized
 from specdraft.targets.load import MODEL_BUILD_LOCK, local_or_hub, resolve_dtype
 from specdraft.targets.remote_code import target_error
+from specdraft.targets.vision import model_class
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,8 @@ class TargetHeads:
 
 def _tensor_names(config, cfg: TargetConfig) -> Dict[str, List[str]]:
     """{"lm_head": names, "embed": names}: every parameter name the model gives each matrix (tied: both)."""
-    from transformers import AutoModelForCausalLM
-
     with MODEL_BUILD_LOCK, torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+        model = model_class(config).from_config(config, trust_remote_code=cfg.trust_remote_code)
     wanted = {"lm_head": model.get_output_embeddings().weight, "embed": model.get_input_embeddings().weight}
     named = list(model.named_parameters(remove_duplicate=False))
     return {key: [name for name, param in named if param is weight] for key, weight in wanted.items()}

@@ -1,5 +1,7 @@
 """Load the frozen target and its tokenizer from a hub id, a local directory, a `.gguf` file or a file that an
-installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named).
+installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named). A vision-language model
+(its config holds a vision tower's) loads as Hugging Face's image-text-to-text class, with its processor
+(specdraft.targets.vision); its geometry (`TargetInfo`) is its language model's.
 
 A GGUF file is dequantized by transformers on first use (about 20 s for SmolLM2 on CPU) and the result cached as
 safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the file's content hash.
@@ -27,7 +29,9 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, quantize_decoder, weight_only_bits
+from specdraft.targets.chat import TextChat, VisionChat
 from specdraft.targets.remote_code import target_error
+from specdraft.targets.vision import is_vision_config, load_processor, model_class
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,13 @@ class LoadedTarget:
     model: torch.nn.Module
     tokenizer: object
     info: TargetInfo
+    processor: Optional[object] = None
+    """A vision-language target's processor (its tokenizer is `tokenizer`); None for a text target."""
+
+    @property
+    def chat(self) -> TextChat:
+        """How prompts become token ids: the tokenizer's chat template, or the processor's with images."""
+        return VisionChat(self.processor) if self.processor is not None else TextChat(self.tokenizer)
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -139,11 +150,36 @@ def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool)
                                                   trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
         raise target_error(cfg, "load the tokenizer of", err) from None
-    if require_chat_template and not tokenizer.chat_template:
+    return _checked_tokenizer(tokenizer, tokenizer.chat_template, cfg, require_chat_template)
+
+
+def _checked_tokenizer(tokenizer, chat_template, cfg: TargetConfig, require_chat_template: bool):
+    """The tokenizer, refused without a chat template when one is required, with a pad token (EOS if none)."""
+    if require_chat_template and not chat_template:
         raise SpecdraftError(f"target {cfg.path!r} has no chat template; use an instruct/chat model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _hf_config(source: str, cfg: TargetConfig):
+    """The target's Hugging Face config (a VLM's whole config; `TargetInfo` reads its text part)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise target_error(cfg, "read the config of", err) from None
+
+
+def _tokenizer_and_processor(source: str, config, cfg: TargetConfig, require_chat_template: bool):
+    """(tokenizer, processor): a VLM's processor and the tokenizer inside it, else the tokenizer and None."""
+    if not is_vision_config(config):
+        return _tokenizer_from(source, cfg, require_chat_template), None
+    processor = load_processor(source, cfg.revision, cfg.trust_remote_code, cfg.path)
+    tokenizer = processor.tokenizer
+    template = getattr(processor, "chat_template", None) or tokenizer.chat_template
+    return _checked_tokenizer(tokenizer, template, cfg, require_chat_template), processor
 
 
 def _no_init_weights():
@@ -162,12 +198,12 @@ def random_model(source: str, cfg: TargetConfig, torch_dtype: torch.dtype,
     the per-module init, then filled in one pass where the weights live: matrices uniform with the config's
     initializer_range as standard deviation, vectors (norm weights) ones. A partitioned weight is filled in
     its local partition only (the values do not matter, the shapes and dtype do)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     on_device = torch.device(device) if device is not None else contextlib.nullcontext()
     with MODEL_BUILD_LOCK, _no_init_weights(), on_device:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
+        model = model_class(config).from_config(config, dtype=torch_dtype, trust_remote_code=cfg.trust_remote_code)
     bound = math.sqrt(3.0) * getattr(config, "initializer_range", 0.02)
     with torch.no_grad():
         for param in model.parameters():
@@ -199,7 +235,6 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
     writes every tensor straight into its partitions while an HfDeepSpeedConfig of the same configuration is
     alive."""
     import deepspeed
-    from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
     try:
@@ -208,6 +243,7 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
         prevent_arange_dtype_change = contextlib.nullcontext
 
     source = local_or_hub(cfg)
+    auto_class = model_class(_hf_config(source, cfg))
     config = zero3_config(torch_dtype)
     zero3 = HfDeepSpeedConfig(copy.deepcopy(config))  # noqa: F841 (transformers keeps a weak reference)
     try:
@@ -217,8 +253,8 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
         with MODEL_BUILD_LOCK, prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=config,
                                                                                  dtype=torch_dtype):
             model = random_model(source, cfg, torch_dtype) if cfg.random_init else \
-                AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
-                                                     trust_remote_code=cfg.trust_remote_code)
+                auto_class.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                           trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError, RuntimeError) as err:
         raise target_error(cfg, "load", err) from None
     finally:
@@ -283,14 +319,14 @@ def is_weight_only_quantized(model: torch.nn.Module) -> bool:
 
 def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Optional[str] = None,
                 require_chat_template: bool = True, quantize: bool = False) -> LoadedTarget:
-    """The frozen target in eval mode on `device`, its tokenizer and its geometry. target.quantization=int8|int4
-    quantizes its linear layers once loaded, always (the quantized target is the target); with `quantize`, the
-    bitsandbytes settings apply too (training features: loaded straight onto the CUDA `device`)."""
-    from transformers import AutoModelForCausalLM
-
+    """The frozen target in eval mode on `device`, its tokenizer (and a VLM's processor) and its geometry.
+    target.quantization=int8|int4 quantizes its linear layers once loaded, always (the quantized target is the
+    target); with `quantize`, the bitsandbytes settings apply too (training features: loaded straight onto the CUDA
+    `device`)."""
     source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
     quiet_transformers_bars()
-    tokenizer = _tokenizer_from(source, cfg, require_chat_template)
+    config = _hf_config(source, cfg)
+    tokenizer, processor = _tokenizer_and_processor(source, config, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     quantized = quantization_config(cfg, device, torch_dtype) if quantize else None
     placement = {"quantization_config": quantized} if quantized else {}
@@ -299,8 +335,8 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     try:
         with MODEL_BUILD_LOCK:
             model = random_model(source, cfg, torch_dtype, device) if cfg.random_init else \
-                AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
-                                                     trust_remote_code=cfg.trust_remote_code, **placement)
+                model_class(config).from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
+                                                    trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
         raise target_error(cfg, "load", err) from None
     model.requires_grad_(False).eval()
@@ -309,7 +345,8 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
         model.to(device)
     if cfg.quantization in WEIGHT_ONLY:
         quantize_decoder(model, cfg.quantization)
-    return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path))
+    return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path),
+                        processor=processor)
 
 
 def eos_token_ids(model, tokenizer) -> list:
@@ -319,13 +356,11 @@ def eos_token_ids(model, tokenizer) -> list:
     return sorted({i for i in [tokenizer.eos_token_id, *configured] if i is not None})
 
 
+def is_vision_target(cfg: TargetConfig) -> bool:
+    """Whether the target is a vision-language model (from its config alone)."""
+    return is_vision_config(_hf_config(local_or_hub(cfg), cfg))
+
+
 def load_target_info(cfg: TargetConfig) -> TargetInfo:
     """The target's geometry from its config alone (no weights loaded)."""
-    from transformers import AutoConfig
-
-    source = local_or_hub(cfg)
-    try:
-        config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise target_error(cfg, "read the config of", err) from None
-    return TargetInfo.from_hf_config(config, cfg.path)
+    return TargetInfo.from_hf_config(_hf_config(local_or_hub(cfg), cfg), cfg.path)

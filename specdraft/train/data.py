@@ -14,8 +14,8 @@ from specdraft.core.errors import SpecdraftError
 
 
 def load_distilled(distill_dirs: List[str], all_columns: bool = False):
-    """One or more `distill-data` outputs as one dataset of input_ids and loss_mask (every column of a method's
-    own records with `all_columns`)."""
+    """One or more `distill-data` outputs as one dataset of input_ids and loss_mask, and the rows' images when
+    a vision-language target distilled them (every column of a method's own records with `all_columns`)."""
     from datasets import concatenate_datasets
 
     parts = []
@@ -24,7 +24,8 @@ def load_distilled(distill_dirs: List[str], all_columns: bool = False):
         if not path.is_dir():
             raise SpecdraftError(f"no distilled dataset at {path}; run `specdraft distill-data RECIPE` first")
         part = load_rows(path, "distilled dataset", REDO_DATASET)
-        parts.append(part if all_columns else part.select_columns(["input_ids", "loss_mask"]))
+        columns = ["input_ids", "loss_mask", *(["images"] if "images" in part.column_names else [])]
+        parts.append(part if all_columns else part.select_columns(columns))
     dataset = concatenate_datasets(parts).with_format("numpy")
     if len(dataset) < 2:
         raise SpecdraftError(f"distilled data {', '.join(distill_dirs)} has {len(dataset)} rows; need at least 2")
@@ -84,7 +85,7 @@ def answer_token_counts(dataset, indices, vocab_size: int) -> torch.Tensor:
 
 def collate(rows: List[Dict[str, np.ndarray]], max_length: int, pad_to_multiple: int = 1) -> Dict[str, torch.Tensor]:
     """Right-pad to the longest row rounded up to a multiple of pad_to_multiple (cut at max_length) ->
-    input_ids, loss_mask, attention_mask [B, T]."""
+    input_ids, loss_mask, attention_mask [B, T]; and `images`, each row's image names, when the rows have them."""
     longest = max(len(r["input_ids"]) for r in rows)
     length = min(max_length, -(-longest // pad_to_multiple) * pad_to_multiple)
     input_ids = torch.zeros(len(rows), length, dtype=torch.long)
@@ -95,7 +96,10 @@ def collate(rows: List[Dict[str, np.ndarray]], max_length: int, pad_to_multiple:
         input_ids[b, :n] = torch.as_tensor(row["input_ids"][:n].astype(np.int64))
         loss_mask[b, :n] = torch.as_tensor(row["loss_mask"][:n].astype(np.int64))
         attention_mask[b, :n] = 1
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    if "images" in rows[0]:
+        batch["images"] = [[str(name) for name in row["images"]] for row in rows]
+    return batch
 
 
 def pack_rows(lengths: List[int], pack_length: int) -> List[List[int]]:

@@ -1,6 +1,7 @@
 """Where a training batch's target features come from: `data.features` = online | offline | hybrid.
 
-online   the frozen target runs on every batch (capture_features).
+online   the frozen target runs on every batch (capture_features; a vision-language target with each row's images,
+         read from the distilled folders: VisionOnlineFeatures).
 offline  `distill-data` dumped the hidden states beside the dataset (specdraft.data.features); the DataLoader
          reads them with the token ids, and the module keeps only the target's LM head (the teacher) and, for
          methods that read hidden_states[0], its embedding table: no decoder layer is in memory.
@@ -40,7 +41,9 @@ from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.layers.zero import gathered
 from specdraft.core.types import TargetFeatures
 from specdraft.methods.base import MethodSpec
+from specdraft.data.images import load_image, resolve_image
 from specdraft.targets.features import capture_features
+from specdraft.targets.vision import vision_features
 from specdraft.targets.load import is_quantized, is_weight_only_quantized, resolve_dtype
 from specdraft.train.data import DistilledData, collate
 
@@ -89,6 +92,21 @@ class OnlineFeatures:
         """The batch's rows are right-padded (train.data.collate) or packed (position_ids): no mask needed."""
         return capture_features(self.model, batch["input_ids"], None, self.layers,
                                 position_ids=batch.get("position_ids"))
+
+
+class VisionOnlineFeatures(OnlineFeatures):
+    """A vision-language target on every batch: each row's images (names under the distilled folders) are read and
+    run through its vision tower and projector, then its language model (specdraft.targets.vision)."""
+
+    def __init__(self, model: torch.nn.Module, processor, layers: List[int], distill_dirs: List[str],
+                 compile: str = "false"):
+        super().__init__(model, layers, compile)
+        self.processor, self.distill_dirs = processor, list(distill_dirs)
+
+    def __call__(self, batch: Dict) -> TargetFeatures:
+        images = [[load_image(resolve_image(name, self.distill_dirs)) for name in row]
+                  for row in batch.get("images") or [[] for _ in range(batch["input_ids"].shape[0])]]
+        return vision_features(self.model, self.processor, batch["input_ids"], images, self.layers)
 
 
 class ShardedOnlineFeatures(OnlineFeatures):
@@ -314,14 +332,30 @@ class FeatureData(DistilledData):
         return collate_with_features(rows, self.data_cfg.max_length, self.data_cfg.pad_to_multiple)
 
 
-def _online(recipe: Recipe, spec: MethodSpec, device: torch.device):
+def _online(recipe: Recipe, spec: MethodSpec, device: torch.device, distill_dirs: List[str]):
     """The frozen target for online features, loaded straight onto this rank's device in the dtype it computes
     in there (bf16 on GPUs): no float32 copy in host memory (32 GB per rank for an 8B target), no copy later."""
     from specdraft.targets.load import load_target
 
     dtype = dtype_name(feature_dtype(recipe.target, device))
     target = load_target(recipe.target, device, dtype=dtype, quantize=True)
-    return target, OnlineFeatures(target.model, spec.feature_layers(recipe.method, target.info), recipe.train.compile)
+    layers = spec.feature_layers(recipe.method, target.info)
+    if target.processor is not None:
+        return target, VisionOnlineFeatures(target.model, target.processor, layers, distill_dirs, recipe.train.compile)
+    return target, OnlineFeatures(target.model, layers, recipe.train.compile)
+
+
+def check_vision_features(recipe: Recipe, shard_target: bool) -> None:
+    """A vision-language target trains with online features on unpacked rows (its images run with each batch)."""
+    from specdraft.targets.load import is_vision_target
+
+    if not is_vision_target(recipe.target):
+        return
+    if recipe.data.features != "online" or recipe.data.pack_length or shard_target:
+        raise SpecdraftError(f"target {recipe.target.path} is a vision-language model: it trains with "
+                             f"data.features=online, data.pack_length=null and train.shard_target=false (got "
+                             f"data.features={recipe.data.features}, data.pack_length={recipe.data.pack_length}, "
+                             f"train.shard_target={recipe.train.shard_target})")
 
 
 def _sharded_online(recipe: Recipe, spec: MethodSpec, device: torch.device):
@@ -353,7 +387,7 @@ def _hybrid(recipe: Recipe, spec: MethodSpec, dataset, device: torch.device):
         heads = load_target_heads(recipe.target, spec.reads_embeddings and 0 not in layers)
         offline = OfflineFeatures(heads.lm_head, heads.embed_tokens, layers, recipe.target)
         return HybridFeatures(None, offline, store, len(dataset)), store, info
-    target, online = _online(recipe, spec, device)
+    target, online = _online(recipe, spec, device, [])
     layers = layers or layers_to_store(spec, recipe.method, info, target.model)
     claim_features_dir(directory, hybrid_manifest(recipe, info, dataset, layers, device))
     store = FeatureStore(directory, feature_names(layers))
@@ -370,11 +404,12 @@ def build_features(recipe: Recipe, spec: MethodSpec, dataset, distill_dirs: List
     from specdraft.targets.load import load_target_info
 
     mode = recipe.data.features
+    check_vision_features(recipe, shard_target)
     if mode == "online" and shard_target:
         source, info = _sharded_online(recipe, spec, device)
         return source, dataset, info, DistilledData
     if mode == "online":
-        target, online = _online(recipe, spec, device)
+        target, online = _online(recipe, spec, device, distill_dirs)
         return online, dataset, target.info, DistilledData
     if mode == "offline":
         lookup, layers = offline_lookup(recipe, spec, load_target_info(recipe.target), distill_dirs)

@@ -20,6 +20,7 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
     "poss": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4, "num_specialists": 3,
              "positions_per_specialist": 1},
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
+    "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts: tests/test_vispec.py has images
 }
 RUNTIME_METHODS = sorted(name for name, spec in METHODS.items() if spec.runtime is not None and spec.base_draft is None)
 """Drafts of their own; an add-on's drafter extends its base's (tests/test_methods_contract.py decodes with it)."""

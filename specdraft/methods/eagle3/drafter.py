@@ -36,13 +36,13 @@ class Eagle3Drafter(Drafter):
     def state_tensors(self):
         return [self.k_cache, self.v_cache, self.prefix_len, self.last_hidden]
 
-    def _query(self, hidden, tokens, rope_positions, slots, position_offset=0, slot_base=None):
+    def query(self, hidden, tokens, rope_positions, slots, position_offset=0, slot_base=None):
         """hidden [M, H]; tokens, rope_positions, slots [M] -> q [Hq, M, D] (at rope_positions + position_offset);
         writes their keys and values at slots (+ slot_base [1])."""
         return layer_query(self.draft.midlayer, self.weights, hidden, tokens, self.embed_weight, self.rope,
                            rope_positions, self.k_cache, self.v_cache, slots, position_offset, slot_base)
 
-    def _tail(self, hidden, attended):
+    def tail(self, hidden, attended):
         """hidden [M, H], attended [Hq, M, D] (the attention's output) -> (the head's final norm of the midlayer's
         output, that output), each [M, H]."""
         attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), self.weights.o)  # [M, H]
@@ -53,8 +53,8 @@ class Eagle3Drafter(Drafter):
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
         columns = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
-        q = self._query(hidden, next_tokens, columns, columns)
-        _, hidden = self._tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
+        q = self.query(hidden, next_tokens, columns, columns)
+        _, hidden = self.tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
         torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
         torch.add(start, count, out=self.prefix_len)
 
@@ -62,9 +62,9 @@ class Eagle3Drafter(Drafter):
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        q = self._query(hidden, tokens, positions, scratch_slots, position_offset=-1, slot_base=self.prefix_len)
+        q = self.query(hidden, tokens, positions, scratch_slots, position_offset=-1, slot_base=self.prefix_len)
         attended = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=False)
-        normed, out = self._tail(hidden, attended)
+        normed, out = self.tail(hidden, attended)
         return self.draft.lm_head(normed), out
 
 

@@ -1,0 +1,37 @@
+"""The ViSpec suite, tools/bench/vispec.py, on the small VLM tools/build_small_vlm.py builds in its tiny mode (a tiny
+random language model; its drawn-image prompt sets), CPU, float32: distill with and without the answer instruction,
+ViSpec and EAGLE-3 trained on the same data, steps and seed, both benched against plain decoding; tables, JSON."""
+import json
+
+from tests.tools import load_tool
+
+
+def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tiny_target_dir, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    vlm = tmp_path / "vlm"
+    load_tool("build_small_vlm").main(["--out", str(vlm), "--tiny", "--target", str(tiny_target_dir), "--device",
+                                       "cpu", "--save-dtype", "float32"])
+    suite = load_tool("bench/vispec")
+    report = suite.main([str(vlm), "--out", str(tmp_path / "out"), "--distill-prompts", "4", "--length-prompts", "2",
+                         "--max-new-tokens", "8", "--steps", "2", "--batch", "2", "--bench-prompts", "2",
+                         "--bench-new-tokens", "8", "--lossless-prompts", "2", "--device", "cpu", "--dtype",
+                         "float32", "--max-len", "256", "data.max_length=256", "distill.batch_size=4",
+                         "distill.shard_size=4", "method.ttt_steps=2", "method.draft_vocab_size=256",
+                         "data.val_fraction=0.25", "method.feature_layers=[1]"])  # a two-layer language model
+    lengths = report["lengths"]
+    assert lengths["without"]["answers"] == lengths["with"]["answers"] == 2
+    assert lengths["with_all_prompts"]["answers"] == 4 and lengths["instruction"].startswith("Please answer")
+    assert report["distill"]["ok"] == 4
+    assert set(report["runs"]) == {"vispec", "eagle3"}
+    for name, run in report["runs"].items():
+        assert run["method"] == name and run["train"]["steps"] == 2
+        bench = run["bench"]
+        assert bench["tau"] >= 1.0 and bench["lossless"] is True and bench["prompts"] == 2
+        assert bench["lossless_float32"]["identical"] == 2
+    recipes = {name: (tmp_path / "out" / name / "train" / "recipe.yaml").read_text() for name in ("vispec", "eagle3")}
+    assert "num_queries" in recipes["vispec"] and "num_queries" not in recipes["eagle3"]
+    assert all(f"output_dir: {tmp_path / 'out' / 'data'}" in text for text in recipes.values())  # the same data
+    assert report["tau_ratio"] is not None
+    assert json.loads((tmp_path / "out" / "vispec.json").read_text())["tau_ratio"] == report["tau_ratio"]
+    printed = capsys.readouterr().out
+    assert "| with, same prompts | 2 |" in printed and "| vispec | 2 |" in printed and "τ(ViSpec) / τ(EAGLE-3)" in printed
