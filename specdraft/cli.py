@@ -6,6 +6,7 @@
     specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
     specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
     specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
+        [--judge-threshold DELTA ... --check-answers]
         (generate and bench, chains: [--chain --depth K] [--exit-threshold ETA] [--dynamic-exit [--more-exits DIR ...]])
     specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
                     [--dry-run] [key=value ...]
@@ -51,9 +52,10 @@ def _eval(args) -> dict:
     return report
 
 
-def _runtime_args(cmd) -> None:
+def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     """The runtime's flags, each mapped onto the `runtime:` recipe field of the same name (specdraft.config.
-    RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's)."""
+    RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's). `judge_sweep`
+    (bench): --judge-threshold takes several values, each benched in a run of its own."""
     cmd.add_argument("path", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     cmd.add_argument("--trust-remote-code", action="store_true",
@@ -83,9 +85,16 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--prune-threshold", type=float, default=None, metavar="BETA",
                      help="drafts that score their tree (C2T): drop candidates scored below BETA (default: the "
                           "draft's own)")
-    cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
-                     help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
-                          "(lossy, T=0 only; default: exact acceptance)")
+    if judge_sweep:
+        cmd.add_argument("--judge-threshold", type=float, nargs="+", default=None, dest="judge_thresholds",
+                         metavar="DELTA", help="drafts that ship a judge: a greedy run at each DELTA after the exact "
+                                               "runs, each also accepting drafted tokens the judge scores above it "
+                                               "(lossy; add --check-answers to measure what it costs)")
+        cmd.set_defaults(judge_threshold=None)
+    else:
+        cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
+                         help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
+                              "(lossy, T=0 only; default: exact acceptance)")
     cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                      help="read every step's tokens before queuing the next (default: one step in flight)")
     cmd.add_argument("--max-len", type=int, default=None, help="KV-cache slots: prompt + answer + tree (default 2048)")
@@ -140,12 +149,18 @@ def _generate(args) -> None:
 
 def _bench(args) -> dict:
     from specdraft.runtime.bench import BenchSettings, format_table, run_bench
+    from specdraft.runtime.load import set_judge_threshold
 
     runtime = _load_runtime(args)
+    carried = runtime.settings.judge_threshold  # the draft's own δ, when its export sets one
+    thresholds = args.judge_thresholds or ([carried] if carried is not None else [])
+    if thresholds:
+        set_judge_threshold(runtime, thresholds[0])  # a draft without a judge: one line, before any run
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
+                             judge_thresholds=tuple(thresholds), check_answers=args.check_answers,
                              **({"prompts": args.prompts} if args.prompts else {}))
     report = run_bench(runtime, settings, args.out, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
@@ -210,12 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.set_defaults(func=_generate)
     bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate")
-    _runtime_args(bench)
+    _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, help="prompt file (default: MT-bench's questions)")
     bench.add_argument("--max-prompts", type=int, default=None)
     bench.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--out", default="bench")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
+    bench.add_argument("--check-answers", action="store_true",
+                       help="check every answer with its prompt's program (prompts of the task suite, tasks:SPLIT, "
+                            "GSM8K or HumanEval; code runs sandboxed) and report accuracy and retained accuracy")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     bench.add_argument("--hf-prompts", type=int, default=None, metavar="N",
                        help="the Hugging Face baseline on the first N prompts alone (it decodes 20-50x slower); "

@@ -1,6 +1,8 @@
 """The contract every registered method keeps, on a tiny random target (CPU, seconds per method): it trains
 through the real trainer, every export format reloads through `from_export` into a draft that computes the
-same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it."""
+same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it. An add-on
+method (it extends a trained draft and trains on records of its own) goes through distill-data (counted,
+resumable), train, export (its base inside) and the runtime, exact unless asked otherwise."""
 import json
 
 import pytest
@@ -19,12 +21,20 @@ from specdraft.runtime.load import load_runtime
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
 from specdraft.train.trainer import run_train
+from tests.addons import ADDON_METHODS, DRAFT_METHODS, addon_recipe, run_addon_stages, train_base_export, write_prompts
 from tests.oracles import ChainState, chain_of
 
 CASES = {  # small settings per method; every registered method needs one
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 256},
     "poss": {"ttt_steps": 3, "draft_vocab_size": 256, "num_specialists": 2, "positions_per_specialist": 2},
     "kangaroo": {"ttt_steps": 3, "draft_vocab_size": 256, "exit_layer": 2},
+}
+LABELS = [{"prefix": "ab", "candidate": "c", "label": 1}, {"prefix": "a", "candidate_id": 7, "label": 0}]
+ADDON_CASES = {  # every add-on: its settings besides the base draft, the prompt records its data stage reads, and
+    # the counts they give
+    "judge": ({}, [{"prompt": f"question {i}?", "labels": LABELS} for i in range(4)] +
+              [{"prompt": "a label without its candidate", "labels": [{"prefix": "x", "label": 1}]}],
+              {"input": 5, "ok": 4, "error": 1, "skipped": 0}),
 }
 
 
@@ -36,7 +46,7 @@ def _reference_kernels(monkeypatch):
 
 
 def test_every_method_has_a_case():
-    assert set(CASES) == set(METHODS)
+    assert set(CASES) == set(DRAFT_METHODS) and set(ADDON_CASES) == set(ADDON_METHODS)
 
 
 def _recipe(tmp_path, target_dir, distill_dir, method: str):
@@ -71,7 +81,7 @@ def _outputs(loaded, target, ids):
     return loss, chain_of(spec.name)(draft, state, 3)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(CASES))
 def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, distilled, method):
     recipe = _recipe(tmp_path, tiny_target_dir, distilled, method)
     summary = run_train(recipe)
@@ -101,3 +111,13 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
     expected = target.model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), do_sample=False,
                                      max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0)
     assert runtime.engine.generate(prompt, 16).tokens == expected[0, 8:].tolist()
+
+
+@pytest.mark.parametrize("method", sorted(ADDON_CASES))
+def test_addon_method_makes_records_trains_exports_and_serves(tmp_path, tiny_target_dir, distilled, method):
+    settings, records, counts = ADDON_CASES[method]
+    base = train_base_export(tmp_path / "base", tiny_target_dir, distilled)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", records)
+    recipe = addon_recipe(tmp_path, tiny_target_dir, method, {"draft": base, **settings}, prompts)
+    runtime = run_addon_stages(tmp_path, recipe, counts)
+    assert runtime.draft.spec.name == method

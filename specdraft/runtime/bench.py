@@ -1,10 +1,15 @@
 """`specdraft bench`: speculative decoding against plain decoding in this runtime and against Hugging Face
-`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl."""
+`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl.
+
+A lossy acceptance rule (a judge: `judge_thresholds`, each δ a greedy run of its own after the exact ones) is
+benched with its quality cost beside its speedup: with `check_answers`, every answer is checked by its prompt's
+program (answers.py) and each run reports its accuracy and retained accuracy; bench.json and the plot say
+`lossless: false`."""
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -12,11 +17,13 @@ import torch
 from tqdm import tqdm
 
 from specdraft.config import EvalConfig
+from specdraft.data.checks import Check
 from specdraft.data.sources import load_conversations
 from specdraft.core.errors import SpecdraftError
 from specdraft.decoding.stats import acceptance_by_position
 from specdraft.core.io import write_json
-from specdraft.runtime.load import Runtime
+from specdraft.runtime.answers import answer_quality, bench_prompts
+from specdraft.runtime.load import Runtime, set_judge_threshold
 from specdraft.runtime.profile import profile_cycles
 
 
@@ -31,6 +38,9 @@ class BenchSettings:
     hf_prompts: Optional[int] = None  # HF on the first N prompts alone (None: all); its speedups over those prompts
     trace: bool = False
     lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
+    judge_thresholds: Sequence[float] = ()  # δ of the draft's judge, one greedy run each after the exact runs
+    check_answers: bool = False  # check every answer with its prompt's program (answers.py)
+    check_timeout_s: float = 5.0  # time limit of one sandboxed code check
 
     def __post_init__(self):
         if self.hf_prompts is not None and self.hf_prompts < 1:
@@ -39,12 +49,7 @@ class BenchSettings:
 
 
 def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
-    conversations = load_conversations([prompts], max_prompts)
-    turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
-    encoded = [runtime.encode_chat(text) for text in turns if text]
-    if not encoded:
-        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
-    return encoded
+    return bench_prompts(runtime.encode_chat, prompts, max_prompts, with_checks=False)[0]
 
 
 def _hf_generate(runtime: Runtime, prompt: List[int], max_new_tokens: int, temperature: float) -> List[int]:
@@ -68,7 +73,9 @@ def _timed(fn, device: torch.device):
 
 
 def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, temperature: float,
-                     traces: List[dict]) -> dict:
+                    traces: List[dict], checks: Optional[List[Check]] = None) -> dict:
+    """Plain and speculative decoding of every prompt at `temperature`, by the engine's acceptance rule now (and
+    HF generate, asked) -> the run's summary; with `checks`, the answers' quality (answers.py)."""
     engine, device = runtime.engine, runtime.engine.device
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     n_new = settings.max_new_tokens
@@ -78,6 +85,7 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
     prompt_warmup = warm_prompt_lengths(engine, prompts)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0], "plain@hf": [0, 0.0], "spec@hf": [0, 0.0]}
     accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
+    answers = {"plain": [], "spec": []}
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
@@ -91,6 +99,8 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
         drafted += spec.drafted
         exits += spec.exits
         same_as_plain += spec.tokens == plain.tokens
+        answers["plain"].append(plain.tokens)
+        answers["spec"].append(spec.tokens)
         per_prompt.append({"prompt_len": len(prompt), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
                            "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
@@ -103,6 +113,10 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
             plain_matches_hf += hf_tokens == plain.tokens
     summary = _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts),
                        temperature, settings)
+    if checks is not None:
+        decode = lambda tokens: runtime.target.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
+        summary["answers"] = answer_quality(decode, checks, answers["plain"], answers["spec"],
+                                            settings.check_timeout_s)
     return {**summary, "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()},
             "prompt_warmup": prompt_warmup, "per_prompt": per_prompt}
 
@@ -139,8 +153,10 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     depth = runtime.engine.shape.depth
     greedy = temperature == 0
     chain = runtime.engine.chain is not None
+    policy = runtime.engine.acceptance(temperature)
     return {
         "temperature": temperature,
+        "acceptance": policy.key,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
@@ -156,7 +172,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "hf_prompts": min(num_prompts, settings.hf_prompts or num_prompts) if settings.hf_baseline else 0,
         "new_tokens": {name: tokens for name, (tokens, _) in totals.items() if "@" not in name},
         "seconds": {name: seconds for name, (_, seconds) in totals.items() if "@" not in name},
-        "lossless": same_as_plain == num_prompts if greedy else None,
+        "lossless": (same_as_plain == num_prompts and policy.lossless) if greedy else None,
         "lossless_prompts": same_as_plain if greedy else None,
         "plain_matches_hf_prompts": plain_matches_hf if greedy and settings.hf_baseline else None,
         "prompts": num_prompts,
@@ -175,6 +191,7 @@ def lossless_in_float32(runtime: Runtime, prompts: List[List[int]], settings: Be
     if count <= 0 or (not exact and load_float32 is None):
         return None
     checked = runtime if exact else load_float32()
+    set_judge_threshold(checked, None)  # the exact rule: a judge, when on, is benched apart
     engine, identical, divergences = checked.engine, 0, []
     for index, prompt in enumerate(tqdm(prompts[:count], desc="lossless check, float32", unit="prompt")):
         plain = engine.decode_plain(prompt, settings.max_new_tokens, checked.eos_ids)
@@ -191,17 +208,21 @@ def lossless_in_float32(runtime: Runtime, prompts: List[List[int]], settings: Be
 
 def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
               load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
-    """Bench every temperature of `settings`, then check losslessness in float32 (`lossless_in_float32`, with a
-    runtime from `load_float32` when this one runs another dtype); write bench.json (+ bench.png, trace.jsonl)
-    under out_dir."""
-    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    """Bench every temperature of `settings`, then each judge threshold of its sweep (greedy), then check
+    losslessness in float32 (`lossless_in_float32`, with a runtime from `load_float32` when this one runs another
+    dtype); write bench.json (+ bench.png, trace.jsonl) under out_dir."""
+    prompts, checks = bench_prompts(runtime.encode_chat, settings.prompts, settings.max_prompts,
+                                    settings.check_answers)
     traces: List[dict] = []
-    runs = [run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
+    if settings.judge_thresholds:
+        set_judge_threshold(runtime, None)  # the temperature runs accept exactly: the sweep's baseline
+    runs = [run_temperature(runtime, prompts, settings, t, traces, checks) for t in settings.temperatures]
+    sweep = judge_sweep(runtime, prompts, settings, traces, checks)
     greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
-        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"],
-        "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0]),
+        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"] and not sweep,
+        "runs": runs, "judge_sweep": sweep, "cycle_profile": profile_cycles(runtime, prompts[0]),
         "settings": _settings(runtime, settings),
     }
     report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
@@ -213,11 +234,27 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
     return report
 
 
+def judge_sweep(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, traces: List[dict],
+                checks: Optional[List[Check]]) -> List[dict]:
+    """A greedy run at each δ of `settings.judge_thresholds` (plain decoding again beside each, no HF baseline),
+    the runtime left accepting exactly after it."""
+    runs, judged = [], replace(settings, hf_baseline=False)
+    for threshold in settings.judge_thresholds:
+        set_judge_threshold(runtime, threshold)
+        run_traces: List[dict] = []
+        runs.append({"judge_threshold": threshold,
+                     **run_temperature(runtime, prompts, judged, 0.0, run_traces, checks)})
+        traces += [{"judge_threshold": threshold, **row} for row in run_traces]
+    set_judge_threshold(runtime, None)
+    return runs
+
+
 def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
     engine = runtime.engine
     device = engine.device
     return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
+            "judge_thresholds": list(settings.judge_thresholds), "check_answers": settings.check_answers,
             "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
             "chain": _chain_settings(engine),
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
@@ -244,6 +281,8 @@ def format_table(report: dict) -> str:
                     f"{fmt(run['tokens_per_s_plain'])} | {fmt(run['tokens_per_s_hf'])} | "
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
                     f"{fmt(run['plain_vs_hf'], 2)} | {run['lossless'] if run['lossless'] is not None else 'n/a'} |")
+    if report.get("judge_sweep"):
+        rows += ["", sweep_table(report)]
     profile = report["cycle_profile"]
     check = report.get("lossless_float32")
     if check is not None:
@@ -258,13 +297,56 @@ def format_table(report: dict) -> str:
     return "\n".join(rows)
 
 
+def sweep_table(report: dict) -> str:
+    """The exact greedy run, then each judge threshold: τ (and against the exact τ), tokens/s, speedup over plain
+    decoding, and with checked answers accuracy and retained accuracy."""
+    exact = next(run for run in report["runs"] if run["temperature"] == 0)
+    fmt = lambda x, p=2: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
+    rows = ["| acceptance | τ | τ / exact τ | spec tok/s | spec/plain | plain accuracy | accuracy | retained "
+            "accuracy | identical to plain | lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in [exact, *report["judge_sweep"]]:
+        answers = run.get("answers") or {}
+        name = "exact" if "judge_threshold" not in run else f"judge δ={run['judge_threshold']:g}"
+        rows.append(f"| {name} | {run['tau']:.2f} | {run['tau'] / exact['tau']:.2f} | {fmt(run['tokens_per_s'], 1)} | "
+                    f"{fmt(run['speedup_vs_plain'])} | {fmt(answers.get('accuracy_plain'), 3)} | "
+                    f"{fmt(answers.get('accuracy'), 3)} | {fmt(answers.get('retained_accuracy'), 3)} | "
+                    f"{run['lossless_prompts']}/{run['prompts']} | {run['lossless']} |")
+    return "\n".join(rows)
+
+
+def _plot_sweep(report: dict, ax) -> None:
+    """τ and retained accuracy against δ, the exact run's τ as a line."""
+    sweep = report["judge_sweep"]
+    thresholds = [run["judge_threshold"] for run in sweep]
+    exact = next(run for run in report["runs"] if run["temperature"] == 0)
+    ax.plot(thresholds, [run["tau"] for run in sweep], marker="o", label="τ (judged)")
+    ax.axhline(exact["tau"], linestyle="--", color="gray", label=f"τ exact {exact['tau']:.2f}")
+    ax.set_xlabel("judge threshold δ")
+    ax.set_ylabel("τ")
+    ax.set_title("judged acceptance: lossless: false")
+    retained = [(run.get("answers") or {}).get("retained_accuracy") for run in sweep]
+    if any(value is not None for value in retained):
+        quality = ax.twinx()
+        quality.plot(thresholds, [float("nan") if v is None else v for v in retained], marker="s", color="tab:red",
+                     label="retained accuracy")
+        quality.set_ylabel("retained accuracy")
+        quality.set_ylim(0, 1.05)
+        quality.legend(loc="lower right")
+    ax.legend(loc="upper right")
+
+
 def _plot(report: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (speed_ax, accept_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    sweep = bool(report.get("judge_sweep"))
+    fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(15 if sweep else 10, 4))
+    speed_ax, accept_ax = axes[0], axes[1]
+    if sweep:
+        _plot_sweep(report, axes[2])
+    fig.suptitle(f"lossless: {str(report['lossless']).lower()}")
     for offset, run in enumerate(report["runs"]):
         values = [run["tokens_per_s_hf"] or 0, run["tokens_per_s_plain"], run["tokens_per_s"]]
         speed_ax.bar([x + 0.4 * offset for x in range(3)], values, width=0.4, label=f"T={run['temperature']:g}")

@@ -12,6 +12,7 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.targets import capture_features
+from tests.addons import DRAFT_METHODS
 from tests.tiny import tiny_llama_config
 from tests.oracles import ChainState, chain_of
 
@@ -21,7 +22,7 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
              "positions_per_specialist": 1},
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
 }
-RUNTIME_METHODS = sorted(name for name, spec in METHODS.items() if spec.runtime is not None)
+RUNTIME_METHODS = sorted(name for name in DRAFT_METHODS if METHODS[name].runtime is not None)
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def _reference_kernels(monkeypatch):
 
 
 def test_every_method_has_a_runtime_and_a_case():
-    assert RUNTIME_METHODS == sorted(METHODS) and set(CASES) == set(METHODS)
+    assert RUNTIME_METHODS == DRAFT_METHODS and set(CASES) == set(DRAFT_METHODS)
 
 
 def _hf_greedy(model, prompt, n):

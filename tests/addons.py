@@ -1,0 +1,78 @@
+"""Add-on methods in tests (C2T's tree classifier, a judge: methods that extend a trained draft and train on
+records of their own): which registered methods are drafts and which are add-ons, a tiny base draft to extend,
+and every stage of an add-on run through the CLI, checked."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from specdraft import cli
+from specdraft.config import RuntimeConfig
+from specdraft.drafts import EXPORT_FILE, load_draft
+from specdraft.methods import METHODS
+from specdraft.runtime.load import load_runtime
+from tests.test_train_export_eval import make_recipe
+
+DRAFT_METHODS = sorted(name for name, spec in METHODS.items() if spec.base_draft is None)
+"""Methods that draft by themselves (the drafter, zero-init and contract tests' CASES cover them)."""
+ADDON_METHODS = sorted(name for name, spec in METHODS.items() if spec.base_draft is not None)
+"""Methods that extend a trained draft (the contract test's ADDON_CASES cover them)."""
+
+
+def train_base_export(directory: Path, target_dir: Path, distilled: Path) -> Path:
+    """A tiny EAGLE-3 draft of the tiny target, trained 4 steps and exported (hf): what an add-on extends."""
+    directory.mkdir(parents=True, exist_ok=True)
+    recipe = make_recipe(directory, target_dir, distilled, max_steps=4, val_every_steps=4)
+    assert cli.main(["train", str(recipe)]) == 0
+    assert cli.main(["export", str(directory / "run"), "--out", str(directory / "hf")]) == 0
+    return directory / "hf"
+
+
+def write_prompts(path: Path, records: Iterable[dict]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def addon_recipe(tmp_path: Path, target_dir: Path, method: str, method_settings: dict, prompts: Path,
+                 shard_size: int = 2) -> Path:
+    """A recipe of the add-on `method` (its settings, the base draft among them) over `prompts`, its records,
+    run and export under tmp_path."""
+    method_yaml = ", ".join(f"{key}: {value}" for key, value in {"name": method, **method_settings}.items())
+    recipe = tmp_path / f"{method}.yaml"
+    recipe.write_text(f"""
+target: {{path: {target_dir}}}
+method: {{{method_yaml}}}
+data: {{prompts: [{prompts}], val_fraction: 0.25}}
+distill: {{output_dir: {tmp_path / 'records'}, shard_size: {shard_size}, max_new_tokens: 12}}
+train: {{output_dir: {tmp_path / 'run'}, max_steps: 3, micro_batch_size: 2, val_every_steps: 3, lr: 0.01,
+         warmup_steps: 1, log_every_steps: 1}}
+""")
+    return recipe
+
+
+def run_addon_stages(tmp_path: Path, recipe: Path, expected_counts: dict):
+    """distill-data (counted, and resumed without rewriting a shard), train, export (the base inside), the export
+    loaded with the trained weights, and the runtime, exact by default -> the loaded runtime."""
+    assert cli.main(["distill-data", str(recipe)]) == 0
+    counts = json.loads((tmp_path / "records" / "counts.json").read_text())
+    assert counts == expected_counts
+    shards = sorted((tmp_path / "records" / "shards").iterdir())
+    written = [shard.stat().st_mtime for shard in shards]
+    assert cli.main(["distill-data", str(recipe)]) == 0
+    assert [shard.stat().st_mtime for shard in shards] == written
+    assert cli.main(["train", str(recipe)]) == 0
+    assert cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "float32"]) == 0
+    assert (tmp_path / "export" / "draft" / EXPORT_FILE).is_file()
+    trained, exported = load_draft(tmp_path / "run"), load_draft(tmp_path / "export")
+    assert exported.base is not None and exported.spec.name == trained.spec.name
+    for name, value in trained.draft.state_dict().items():
+        assert torch.equal(exported.draft.state_dict()[name], value), name
+    runtime = load_runtime(tmp_path / "export", RuntimeConfig(device="cpu", dtype="float32", depth=3, topk=2,
+                                                              budget=6, max_len=128))
+    prompt = runtime.encode_chat("one?")
+    engine = runtime.engine
+    assert engine.generate(prompt, 12, runtime.eos_ids).tokens == engine.decode_plain(prompt, 12, runtime.eos_ids).tokens
+    return runtime
