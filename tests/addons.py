@@ -73,6 +73,6 @@ def run_addon_stages(tmp_path: Path, recipe: Path, expected_counts: dict):
     runtime = load_runtime(tmp_path / "export", RuntimeConfig(device="cpu", dtype="float32", depth=3, topk=2,
                                                               budget=6, max_len=128))
     prompt = runtime.encode_chat("one?")
-    engine = runtime.engine
-    assert engine.generate(prompt, 12, runtime.eos_ids).tokens == engine.decode_plain(prompt, 12, runtime.eos_ids).tokens
+    engine, eos = runtime.engine, runtime.eos_ids
+    assert engine.generate(prompt, 12, eos).tokens == engine.decode_plain(prompt, 12, eos).tokens
     return runtime

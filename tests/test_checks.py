@@ -47,7 +47,8 @@ def test_splits_are_disjoint_templates_and_items_do_not_depend_on_the_count():
     assert not {t.__name__ for t in TEMPLATES["train"]} & {t.__name__ for t in TEMPLATES["heldout"]}
     assert task_records("train", 7) == task_records("train", 30)[:7]
     conversations = load_conversations(["tasks:heldout:5"])
-    assert len(conversations) == 5 and conversations[0].messages[0]["content"] == task_records("heldout", 1)[0]["prompt"]
+    first = task_records("heldout", 1)[0]["prompt"]
+    assert len(conversations) == 5 and conversations[0].messages[0]["content"] == first
     with pytest.raises(SpecdraftError, match="unknown task split 'dev'; valid: heldout, train"):
         load_conversations(["tasks:dev"])
     with pytest.raises(SpecdraftError, match="the count must be a positive integer"):

@@ -43,6 +43,17 @@ def _unsorted(rng: random.Random, count: int) -> List[int]:
     return values
 
 
+def _conversion(rng: random.Random, small: str, large: str, factor: int) -> dict:
+    amount = rng.randint(2, 9)
+    return _item(f"How many {small} are in {amount} {large}?", "number", amount * factor)
+
+
+def _sorting(rng: random.Random, order: str, descending: bool) -> dict:
+    values = _unsorted(rng, rng.randint(3, 5))
+    return _item(f"Sort these numbers {order}: {', '.join(map(str, values))}.", "list",
+                 sorted(values, reverse=descending))
+
+
 # ---- train templates --------------------------------------------------------------------------------------
 def add(rng):
     a, b = rng.randint(1, 9), rng.randint(1, 9)
@@ -55,19 +66,15 @@ def multiply(rng):
 
 
 def km_to_m(rng):
-    km = rng.randint(2, 9)
-    return _item(f"How many meters are in {km} kilometers?", "number", km * 1000)
+    return _conversion(rng, "meters", "kilometers", 1000)
 
 
 def hours_to_minutes(rng):
-    hours = rng.randint(2, 9)
-    return _item(f"How many minutes are in {hours} hours?", "number", hours * 60)
+    return _conversion(rng, "minutes", "hours", 60)
 
 
 def sort_numbers(rng):
-    values = _unsorted(rng, rng.randint(3, 5))
-    return _item(f"Sort these numbers from smallest to largest: {', '.join(map(str, values))}.", "list",
-                 sorted(values))
+    return _sorting(rng, "from smallest to largest", descending=False)
 
 
 def reverse_words(rng):
@@ -120,8 +127,7 @@ def subtract(rng):
 
 
 def kg_to_g(rng):
-    kg = rng.randint(2, 9)
-    return _item(f"How many grams are in {kg} kilograms?", "number", kg * 1000)
+    return _conversion(rng, "grams", "kilograms", 1000)
 
 
 def smallest(rng):
@@ -131,9 +137,7 @@ def smallest(rng):
 
 
 def sort_descending(rng):
-    values = _unsorted(rng, rng.randint(3, 5))
-    return _item(f"Sort these numbers from largest to smallest: {', '.join(map(str, values))}.", "list",
-                 sorted(values, reverse=True))
+    return _sorting(rng, "from largest to smallest", descending=True)
 
 
 def extract_name(rng):

@@ -18,7 +18,6 @@ from tqdm import tqdm
 
 from specdraft.config import EvalConfig
 from specdraft.data.checks import Check
-from specdraft.data.sources import load_conversations
 from specdraft.core.errors import SpecdraftError
 from specdraft.decoding.stats import acceptance_by_position
 from specdraft.core.io import write_json

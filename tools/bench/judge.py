@@ -4,7 +4,7 @@ mismatch branched and checked), the head is fitted (`train`) and exported, then 
 held-out templates at T=0: exact acceptance, then each δ of the sweep, each against plain decoding in the same
 run, every answer checked by its program.
 
-    python3 tools/bench/judge.py $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT   # ~3 min
+    python3 tools/bench/judge.py $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
     python3 tools/bench/judge.py EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
 
 EXPORT is the draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export of the same target); key=value
@@ -19,21 +19,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from suite import REPO, finish, fmt, machine, markdown_table
 
 import torch
 
+from specdraft.core.io import write_json
+
 GOAL_RETAINED = 0.98
 
 
-def _cli(argv: List[str]) -> None:
+def _cli(argv: List[str], seconds: Dict[str, float]) -> None:
+    """`specdraft ARGV` in this process, its wall time kept under its command's name."""
     from specdraft import cli
 
+    started = time.perf_counter()
     if cli.main(argv) != 0:
         raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
+    seconds[argv[0]] = time.perf_counter() - started
 
 
 def _read(path: Path) -> dict:
@@ -50,19 +56,22 @@ def shape_flags(shape: str) -> List[str]:
     raise SystemExit(f"bad shape {shape!r}: DEPTH,TOPK,BUDGET or DEPTH")
 
 
-def run_stages(args, work: Path) -> None:
-    """distill-data (mined labels), train, export, then bench on the held-out prompts."""
+def run_stages(args, work: Path) -> Dict[str, float]:
+    """distill-data (mined labels), train, export, then bench on the held-out prompts -> each stage's seconds."""
     target = [f"target.path={args.target}"] if args.target else []
     overrides = [f"method.draft={args.export}", f"data.prompts=[{args.train_prompts}]",
                  f"distill.output_dir={work / 'labels'}", f"train.output_dir={work / 'train'}",
                  f"distill.max_new_tokens={args.max_new_tokens}", *target, *args.overrides]
-    _cli(["distill-data", str(args.recipe), *overrides])
-    _cli(["train", str(args.recipe), *overrides])
-    _cli(["export", str(work / "train"), "--format", "hf", "--out", str(work / "export")])
+    seconds: Dict[str, float] = {}
+    _cli(["distill-data", str(args.recipe), *overrides], seconds)
+    _cli(["train", str(args.recipe), *overrides], seconds)
+    _cli(["export", str(work / "train"), "--format", "hf", "--out", str(work / "export")], seconds)
     bench = ["bench", str(work / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature", "0",
              "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts", str(args.lossless_prompts),
              "--judge-threshold", *map(str, args.thresholds), *shape_flags(args.shape), "--out", str(work / "bench")]
-    _cli([*bench, *(["--target", args.target] if args.target else [])])
+    _cli([*bench, *(["--target", args.target] if args.target else [])], seconds)
+    write_json(work / "stage_seconds.json", seconds)
+    return seconds
 
 
 def label_stats(labels_dir: Path) -> dict:
@@ -90,14 +99,14 @@ def goal(bench: dict) -> Optional[dict]:
 
 
 def collect(args, work: Path) -> dict:
-    bench = _read(work / "bench" / "bench.json")
+    bench, seconds = _read(work / "bench" / "bench.json"), _read(work / "stage_seconds.json")
     head = _read(work / "train" / "best" / "meta.json").get("metrics", {})
     return {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
             "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts,
             "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
             "labels": label_stats(work / "labels"),
             "head": {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")},
-            "bench": bench, "goal": goal(bench)}
+            "stage_seconds": seconds, "bench": bench, "goal": goal(bench)}
 
 
 def table(report: dict) -> str:
@@ -122,7 +131,8 @@ def table(report: dict) -> str:
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
              "goal (retained accuracy >= 98%): " + ("none of the δ keeps it" if reached is None else
                                                      f"δ={reached['judge_threshold']:g}, τ {reached['tau_ratio']:.2f}x "
-                                                     f"the exact τ, retained {reached['retained_accuracy']:.3f}")]
+                                                     f"the exact τ, retained {reached['retained_accuracy']:.3f}"),
+             "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
     return "\n".join(lines)
 
 
@@ -132,10 +142,10 @@ def main(argv=None) -> dict:
     parser.add_argument("overrides", nargs="*", help="judge recipe overrides for every stage, key=value")
     parser.add_argument("--target", default=None, help="the target (default: the recipe's, the packaged SmolLM2)")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "judge_smollm2.yaml")
-    parser.add_argument("--train-prompts", default="tasks:train:400", help="prompts labels are mined on")
+    parser.add_argument("--train-prompts", default="tasks:train:300", help="prompts labels are mined on")
     parser.add_argument("--heldout-prompts", default="tasks:heldout:100", help="prompts the sweep is benched on")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.8, 0.9, 0.95])
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.98])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--shape", default="5,8,40", help="DEPTH,TOPK,BUDGET (a tree) or DEPTH (a chain)")
     parser.add_argument("--lossless-prompts", type=int, default=10, help="exact decoding checked in float32")
     parser.add_argument("--work", type=Path, default=Path("runs/bench/judge"))

@@ -127,9 +127,10 @@ def continue_branches(target, branches: List[Branch], batch_size: int, eos_ids: 
     order = sorted(range(len(branches)), key=lambda i: len(branches[i].prefix))
     for start in range(0, len(order), batch_size):
         chunk = [branches[i] for i in order[start:start + batch_size]]
+        room = max(1, max(branch.room for branch in chunk))
         with first_final_states(target.model) as kept:
-            continued = greedy_continuations(target.model, [b.prefix for b in chunk], max(1, max(b.room for b in chunk)),
-                                             eos_ids, target.tokenizer.pad_token_id)
+            continued = greedy_continuations(target.model, [branch.prefix for branch in chunk], room, eos_ids,
+                                             target.tokenizer.pad_token_id)
         last = kept[0][:, -1].float().clamp(-FLOAT16_MAX, FLOAT16_MAX).half().cpu()  # [B, H] left padding: the end
         for branch, tokens, state in zip(chunk, continued, last):
             branch.continuation, branch.hidden = tokens[:max(0, branch.room)], state
