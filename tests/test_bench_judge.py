@@ -1,13 +1,16 @@
-"""The judge suite, tools/bench/judge.py, on a tiny target beside a tiny EAGLE-3 draft (CPU): labels mined on
-checked prompts, the head trained and exported, the δ sweep benched on held-out prompts against exact and plain
-decoding; its table and JSON."""
+"""The judge suite, tools/bench/judge.py, on a tiny target beside a tiny EAGLE-3 draft (CPU, about a minute: slow):
+labels mined on checked prompts, the head trained and exported, the δ sweep benched on held-out prompts against
+exact and plain decoding; its table and JSON."""
 import json
+
+import pytest
 
 from specdraft.data import checks
 from tests.addons import train_base_export, write_prompts
 from tests.tools import load_tool
 
 
+@pytest.mark.slow
 def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_target_dir, distilled, capsys):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     solved = set()

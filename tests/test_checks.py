@@ -84,6 +84,9 @@ def test_records_of_gsm8k_and_humaneval_carry_their_checks():
     assert passes(humaneval, "```python\ndef add(a, b):\n    return a + b\n```")
     assert passes(humaneval, "    return a + b\n")  # a completion of the stub's body
     assert not passes(humaneval, "    return a - b\n") and not passes(humaneval, "not python at all")
+    typed = check_of({"prompt": "from typing import List\n\ndef total(xs: List[int]) -> int:\n",
+                      "test": "def check(f):\n    assert f([1, 2]) == 3\n", "entry_point": "total"})
+    assert passes(typed, "```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```")  # the stub's imports
 
 
 def test_code_runs_sandboxed_with_a_time_limit(tmp_path):

@@ -115,10 +115,14 @@ def _json(check: Check, answer: str) -> bool:
 
 def answer_code(stub: str, answer: str, entry_point: str) -> str:
     """The program an answer stands for: its first Python code block (else the whole answer), after the prompt's
-    stub when the block does not define the entry point itself (a completion of the stub's body)."""
+    stub when the block does not define the entry point itself (a completion of the stub's body), else after the
+    stub's imports (which a rewritten function still needs)."""
     blocks = CODE_BLOCK.findall(answer)
     code = blocks[0] if blocks else answer
-    return code if re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code) else stub + code
+    if not re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code):
+        return stub + code
+    imports = [line for line in stub.splitlines() if line.startswith(("import ", "from "))]
+    return "\n".join([*imports, code])
 
 
 def _code(check: Check, answer: str, timeout_s: float) -> bool:
