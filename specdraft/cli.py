@@ -26,7 +26,7 @@ def _distill(args) -> dict:
     from data_gen.distill import merge_only, run_distill
     from specdraft.recipes import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(args.recipe, args.overrides, args.trust_remote_code)
     return merge_only(recipe) if args.merge else run_distill(recipe)
 
 
@@ -34,22 +34,36 @@ def _train(args) -> dict:
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
 
-    return run_train(load_recipe(args.recipe, args.overrides))
+    return run_train(load_recipe(args.recipe, args.overrides, args.trust_remote_code),
+                     trust_checkpoint=args.trust_checkpoint)
 
 
 def _export(args) -> dict:
     from specdraft.export import export_draft
 
-    return {"export": str(export_draft(args.run_dir, args.format, args.out, args.dtype)), "format": args.format}
+    out = export_draft(args.run_dir, args.format, args.out, args.dtype, args.trust_remote_code)
+    return {"export": str(out), "format": args.format}
 
 
 def _eval(args) -> dict:
     from specdraft.eval.run import run_eval
 
-    report = run_eval(args.path, args.out, args.overrides)
+    report = run_eval(args.path, args.out, args.overrides, args.trust_remote_code)
     rates = " ".join(f"{r:.2f}" for r in report["acceptance_by_position"])
     print(f"tau={report['tau']:.3f} lossless={report['lossless']} acceptance_by_position=[{rates}]")
     return report
+
+
+def _trust_flags(cmd, checkpoints: bool = False) -> None:
+    """The consents a file can never give: --trust-remote-code on every command that loads a target, and
+    --trust-checkpoint where a DeepSpeed checkpoint may be resumed (specdraft/train/manifest.py)."""
+    cmd.add_argument("--trust-remote-code", action="store_true",
+                     help="let the target's own Python code run (a model that ships it, named by its config.json's "
+                          "auto_map); never set by a file: only this flag turns it on, for this command")
+    if checkpoints:
+        cmd.add_argument("--trust-checkpoint", action="store_true",
+                         help="resume a DeepSpeed checkpoint that this user's runs did not sign (its files are "
+                              "unpickled, which can run code): only for checkpoints from a source you trust")
 
 
 def _runtime_args(cmd, judge_sweep: bool = False) -> None:
@@ -58,9 +72,7 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     (bench): --judge-threshold takes several values, each benched in a run of its own."""
     cmd.add_argument("path", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
-    cmd.add_argument("--trust-remote-code", action="store_true",
-                     help="let the target's own modeling code run (a hub model that ships Python); never set by a "
-                          "file: only this flag turns it on, for this command")
+    _trust_flags(cmd)
     cmd.add_argument("--device", default=None, help="auto (default: the first GPU, else cpu), cpu, cuda, cuda:N")
     cmd.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                      help="target and draft dtype (default auto: bf16 on GPUs that have it, else float32)")
@@ -120,7 +132,7 @@ def runtime_config(args, dtype: Optional[str] = None):
     if dtype is not None:
         given["dtype"] = dtype
     try:
-        return replace(runtime_settings(args.path), **given)
+        return replace(runtime_settings(args.path, args.trust_remote_code), **given)
     except TypeError as err:
         raise SpecdraftError(f"bad runtime setting: {err}") from None
 
@@ -170,7 +182,7 @@ def _slurm(args) -> dict:
 
     options = {name: getattr(args, name) for name in ("nodes", "gpus_per_node", "workers", "partition", "time",
                                                       "account", "cpus_per_task", "mem", "signal_seconds",
-                                                      "template")}
+                                                      "template", "trust_remote_code", "trust_checkpoint")}
     return run_slurm(SlurmJob(kind=args.kind, recipe=args.recipe, overrides=args.overrides, **options),
                      dry_run=args.dry_run)
 
@@ -193,6 +205,7 @@ def _add_slurm(sub) -> None:
                        help="train: SIGUSR1 this many seconds before the time limit (save and requeue)")
     slurm.add_argument("--template", help="an sbatch template of your own (default: the packaged specdraft/launch/templates/KIND.sbatch)")
     slurm.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    _trust_flags(slurm, checkpoints=True)
     slurm.set_defaults(func=_slurm)
 
 
@@ -205,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("recipe")
         cmd.add_argument("overrides", nargs="*", help="recipe overrides, key=value (e.g. train.max_steps=10)")
         cmd.set_defaults(func=func)
+        _trust_flags(cmd, checkpoints=name == "train")
         if name == "distill-data":
             cmd.add_argument("--merge", action="store_true",
                              help="only merge the shards that distill-data workers wrote (all must exist)")
@@ -213,11 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", default="hf", help="hf (SGLang), speculators (vLLM)")
     export.add_argument("--out", required=True)
     export.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    _trust_flags(export)
     export.set_defaults(func=_export)
     evaluate = sub.add_parser("eval", help="acceptance length against the real target, checked lossless")
     evaluate.add_argument("path", help="a training run directory or an export directory")
     evaluate.add_argument("--out", default=None, help="where eval.json and eval.png go (default: PATH)")
     evaluate.add_argument("overrides", nargs="*", help="recipe overrides, e.g. eval.max_prompts=10")
+    _trust_flags(evaluate)
     evaluate.set_defaults(func=_eval)
     generate = sub.add_parser("generate", help="one completion with speculative decoding (text on stdout)")
     _runtime_args(generate)

@@ -41,7 +41,22 @@ def _cache_dir(tmp_path_factory, monkeypatch):
                        str(tmp_path_factory.getbasetemp() / "specdraft-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _checkpoint_key(tmp_path_factory, monkeypatch):
+    """DeepSpeed checkpoints are signed with a key of the test session's own, never the user's."""
+    monkeypatch.setenv("SPECDRAFT_CHECKPOINT_KEY", str(tmp_path_factory.getbasetemp() / "checkpoint.key"))
+
+
 @pytest.fixture(scope="session")
 def distilled(tiny_target_dir, tmp_path_factory):
     """A distilled dataset (12 rows) of the tiny target's own greedy answers."""
     return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: small CPU ops ran 10x slower on two threads of a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's specdraft, not whichever one is installed
+sys.path.insert(0, str(REPO))  # this checkout's specdraft, not whichever one an editable install points at
 
 from specdraft.config import SECTIONS  # noqa: E402
 from specdraft.methods import METHODS  # noqa: E402

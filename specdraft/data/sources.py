@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import resolve_file
+from specdraft.core.io import reading, resolve_file
 from specdraft.data.tasks import PREFIX as TASKS_PREFIX
 from specdraft.data.tasks import parse_source, task_records
 
@@ -170,13 +170,11 @@ def _file_records(path_text: str) -> Iterable:
         raise SpecdraftError(f"prompt set {path_text!r} has an unknown extension; valid: "
                              f"{', '.join(EXTENSIONS)}, hf:ID[:SPLIT] or tasks:SPLIT[:COUNT]")
     path = resolve_file(path_text, "prompt file")
-    try:
+    with reading(path, "prompt file"):  # bad bytes, a broken gzip stream, JSON nested past Python's recursion limit
         if path.name.endswith((".jsonl", ".jsonl.gz")):
             yield from _jsonl_records(path)
         else:
             yield from _json_records(path)
-    except (OSError, UnicodeDecodeError, EOFError) as err:
-        raise SpecdraftError(f"cannot read prompt file {path_text}: {err}") from None
 
 
 def _hf_records(spec: str) -> Iterable:

@@ -20,6 +20,7 @@ from specdraft.recipes import load_recipe
 from specdraft.runtime.load import build_runtime, resolve_device
 from specdraft.decoding.stats import acceptance_by_position
 from specdraft.targets import load_target
+from specdraft.targets.remote_code import with_remote_code
 
 
 def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
@@ -46,14 +47,17 @@ def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids
     return out[0, prompt_ids.shape[1]:].tolist()
 
 
-def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
+def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = (),
+             trust_remote_code: bool = False) -> dict:
     """Decode eval.prompts with the draft through the runtime (a chain of eval.num_draft_tokens, no early exit,
-    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`."""
-    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides))
-    loaded = load_draft(path, overrides)
+    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`.
+    `trust_remote_code`: the command line's consent to run the target's own code (never read from PATH's files)."""
+    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides), trust_remote_code)
+    loaded = load_draft(path, overrides, trust_remote_code=trust_remote_code)
     cfg = recipe.eval
     device = resolve_device(cfg.device)
-    target = load_target(loaded.target_config, device=device, dtype=cfg.dtype)
+    target_cfg = with_remote_code(loaded.target_config, trust_remote_code, f"the draft {path}")
+    target = load_target(target_cfg, device=device, dtype=cfg.dtype)
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")

@@ -15,7 +15,8 @@ and the tree, flash-decoding style; a drafting step's over its scratch slots too
 draft layer's [norm(embedding) ; norm(hidden)] input: the gather, both norms and the join); in every decoder
 layer (the target's and the draft heads'), `rms_norm` ((residual add +) RMSNorm), `rope_cache` (rotary q and k +
 the KV-cache write) and `silu_mul` (SwiGLU's activation), one launch each, rounding where the unfused ops round
-(`rounding.py`). The runtime ops are CUDA-graph capturable: static shapes, no host sync, per-call scalars as device
+(`rounding.py`); for bulk generation (decoding/batched.py), `ragged_attention` (each query over its own
+sequence's slots of a cache that holds many). The runtime ops are CUDA-graph capturable: static shapes, no host sync, per-call scalars as device
 tensors. `python tools/bench/kernels.py` times each against its reference on a GPU.
 For training, `adamw8bit` is one tensor's AdamW step from blockwise 8-bit moments (and `AdamW8bitFused`, the
 optimizer of train.optimizer=adamw8bit_fused).

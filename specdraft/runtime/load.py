@@ -21,6 +21,7 @@ from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
 from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
+from specdraft.targets.remote_code import with_remote_code
 
 
 @dataclass
@@ -129,9 +130,9 @@ def load_parts(path: str | Path, cfg: RuntimeConfig = RuntimeConfig(), target_pa
                trust_remote_code: bool = False) -> Tuple[LoadedDraft, LoadedTarget]:
     """An export or run directory -> (the draft, the target it was trained for or `target_path`), checked to fit.
     `trust_remote_code`: the caller's own consent to run the target's code (never read from a file)."""
-    loaded = load_draft(path, target_path=target_path)
-    target_cfg = replace(loaded.target_config, trust_remote_code=trust_remote_code,
-                         **({"path": target_path} if target_path else {}))
+    loaded = load_draft(path, target_path=target_path, trust_remote_code=trust_remote_code)
+    target_cfg = replace(loaded.target_config, **({"path": target_path} if target_path else {}))
+    target_cfg = with_remote_code(target_cfg, trust_remote_code, f"the draft {path}")
     target = load_target(target_cfg, device=resolve_device(cfg.device), dtype=cfg.dtype, require_chat_template=False)
     _check_geometry(loaded, target)
     return loaded, target
