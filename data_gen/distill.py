@@ -36,7 +36,7 @@ from data_gen.shards import (
 from data_gen.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
 from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
@@ -405,6 +405,13 @@ def merge_only(recipe: Recipe) -> dict:
     return _merge(out, num_shards, len(conversations))
 
 
+def _kept_shards(out: Path, own: List[int]) -> str:
+    """What a Ctrl-C'd worker kept: each shard is written whole (a rename) or not at all."""
+    kept = sum(shard_path(out, i).is_dir() for i in own)
+    return (f"distill-data stopped with {kept} of its {len(own)} shards written in {shards_dir(out)}; run the same "
+            f"command again to distill the other {len(own) - kept}")
+
+
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     """Regenerate the answers of `recipe.data.prompts` with `recipe.target` into `recipe.distill.output_dir`.
 
@@ -427,7 +434,10 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     if pending:
         owned = sum(len(_shard_conversations(conversations, i, size)) for i in own)
         make = _generate_missing if get_method(recipe.method_name).records is None else make_missing_records
-        throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        try:
+            throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        except KeyboardInterrupt:
+            raise Interrupted(_kept_shards(out, own)) from None
         write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
         claim_output_dir(recipe, out, expected, [])

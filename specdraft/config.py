@@ -275,8 +275,8 @@ class RuntimeConfig:
     """Trees, for drafts that run the target's shallow layers: run every candidate through them while drafting
     and verify above them (slower on small targets: docs/benchmarks.md)."""
     prune_threshold: Optional[float] = None
-    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped; None:
-    the draft's own default."""
+    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped (in a chain,
+    the first one ends it); None: the draft's own default (its chain default for chains)."""
     judge_threshold: Optional[float] = None
     """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
     target's argmax differs (lossy, greedy only); None: exact acceptance."""

@@ -1,19 +1,14 @@
 """Add-on methods in tests (C2T's tree classifier, a judge: methods that extend a trained draft and train on
 records of their own): which registered methods are drafts and which are add-ons, a tiny base draft to extend,
-and every stage of an add-on run through the CLI, checked."""
+and an add-on's recipe."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Iterable
 
-import torch
-
 from specdraft import cli
-from specdraft.config import RuntimeConfig
-from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.methods import METHODS
-from specdraft.runtime.load import load_runtime
 from tests.test_train_export_eval import make_recipe
 
 DRAFT_METHODS = sorted(name for name, spec in METHODS.items() if spec.base_draft is None)
@@ -51,28 +46,3 @@ train: {{output_dir: {tmp_path / 'run'}, max_steps: 3, micro_batch_size: 2, val_
          warmup_steps: 1, log_every_steps: 1}}
 """)
     return recipe
-
-
-def run_addon_stages(tmp_path: Path, recipe: Path, expected_counts: dict):
-    """distill-data (counted, and resumed without rewriting a shard), train, export (the base inside), the export
-    loaded with the trained weights, and the runtime, exact by default -> the loaded runtime."""
-    assert cli.main(["distill-data", str(recipe)]) == 0
-    counts = json.loads((tmp_path / "records" / "counts.json").read_text())
-    assert counts == expected_counts
-    shards = sorted((tmp_path / "records" / "shards").iterdir())
-    written = [shard.stat().st_mtime for shard in shards]
-    assert cli.main(["distill-data", str(recipe)]) == 0
-    assert [shard.stat().st_mtime for shard in shards] == written
-    assert cli.main(["train", str(recipe)]) == 0
-    assert cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "float32"]) == 0
-    assert (tmp_path / "export" / "draft" / EXPORT_FILE).is_file()
-    trained, exported = load_draft(tmp_path / "run"), load_draft(tmp_path / "export")
-    assert exported.base is not None and exported.spec.name == trained.spec.name
-    for name, value in trained.draft.state_dict().items():
-        assert torch.equal(exported.draft.state_dict()[name], value), name
-    runtime = load_runtime(tmp_path / "export", RuntimeConfig(device="cpu", dtype="float32", depth=3, topk=2,
-                                                              budget=6, max_len=128))
-    prompt = runtime.encode_chat("one?")
-    engine, eos = runtime.engine, runtime.eos_ids
-    assert engine.generate(prompt, 12, eos).tokens == engine.decode_plain(prompt, 12, eos).tokens
-    return runtime

@@ -1,9 +1,12 @@
 """The contract every registered method keeps, on a tiny random target (CPU, seconds per method): it trains
 through the real trainer, every export format reloads through `from_export` into a draft that computes the
 same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it. An add-on
-method (it extends a trained draft and trains on records of its own) goes through distill-data (counted,
-resumable), train, export (its base inside) and the runtime, exact unless asked otherwise."""
+method (MethodSpec.records, over a base draft) keeps the same contract from its records: `distill-data` makes
+them (counted, resumed without rewriting a shard), the trainer fits it, every export (its base inside) reloads
+into a draft with the same loss on them, and the runtime, its drafter extending the base's, decodes losslessly
+(exact acceptance unless asked otherwise)."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from safetensors.torch import load_file
 
 from specdraft.config import RuntimeConfig
 
+from data_gen.distill import run_distill
 from specdraft.recipes import load_recipe
 from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.eval.run import run_eval
@@ -21,18 +25,21 @@ from specdraft.runtime.load import load_runtime
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
 from specdraft.train.trainer import run_train
-from tests.addons import ADDON_METHODS, DRAFT_METHODS, addon_recipe, run_addon_stages, train_base_export, write_prompts
+from tests.addons import ADDON_METHODS, DRAFT_METHODS, addon_recipe, write_prompts
+from tests.distilled import CHAT_PROMPTS
 from tests.oracles import ChainState, chain_of
 
-CASES = {  # small settings per method; every registered method needs one
+CASES = {  # small settings per method trained on the target's features; every registered method needs one
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 256},
     "poss": {"ttt_steps": 3, "draft_vocab_size": 256, "num_specialists": 2, "positions_per_specialist": 2},
     "kangaroo": {"ttt_steps": 3, "draft_vocab_size": 256, "exit_layer": 2},
 }
 LABELS = [{"prefix": "ab", "candidate": "c", "label": 1}, {"prefix": "a", "candidate_id": 7, "label": 0}]
-ADDON_CASES = {  # every add-on: its settings besides the base draft, the prompt records its data stage reads, and
-    # the counts they give
-    "judge": ({}, [{"prompt": f"question {i}?", "labels": LABELS} for i in range(4)] +
+ADDON_CASES = {  # add-on methods trained on records of their own, over the chat-trained EAGLE-3 base: their
+    # settings besides the base draft, the prompt records their data stage reads, and the counts those give
+    "c2t": ({"trace_depth": 3, "trace_topk": 2}, [{"prompt": text} for text in CHAT_PROMPTS[:5]],
+            {"input": 5, "ok": 5, "error": 0, "skipped": 0}),
+    "judge": ({}, [{"prompt": text, "labels": LABELS} for text in CHAT_PROMPTS[:4]] +
               [{"prompt": "a label without its candidate", "labels": [{"prefix": "x", "label": 1}]}],
               {"input": 5, "ok": 4, "error": 1, "skipped": 0}),
 }
@@ -47,6 +54,7 @@ def _reference_kernels(monkeypatch):
 
 def test_every_method_has_a_case():
     assert set(CASES) == set(DRAFT_METHODS) and set(ADDON_CASES) == set(ADDON_METHODS)
+    assert set(ADDON_CASES) == {name for name, spec in METHODS.items() if spec.records is not None}
 
 
 def _recipe(tmp_path, target_dir, distill_dir, method: str):
@@ -113,11 +121,53 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
     assert runtime.engine.generate(prompt, 16).tokens == expected[0, 8:].tolist()
 
 
+def _record_loss(loaded, batch):
+    with torch.no_grad():
+        return loaded.spec.loss(loaded.draft, batch, loaded.method_cfg).loss
+
+
+def _distill_counted_and_resumed(recipe, records_dir, counts):
+    """distill-data's counts, then a second run that resumes: no shard rewritten."""
+    assert run_distill(recipe, device="cpu") == counts
+    assert json.loads((records_dir / "counts.json").read_text()) == counts
+    shards = sorted((records_dir / "shards").iterdir())
+    written = [shard.stat().st_mtime for shard in shards]
+    run_distill(recipe, device="cpu")
+    assert [shard.stat().st_mtime for shard in shards] == written
+
+
 @pytest.mark.parametrize("method", sorted(ADDON_CASES))
-def test_addon_method_makes_records_trains_exports_and_serves(tmp_path, tiny_target_dir, distilled, method):
+def test_addon_method_trains_on_its_records_exports_reloads_and_decodes(tmp_path, tiny_target_dir, chat_base_export,
+                                                                        method):
+    from datasets import load_from_disk
+
     settings, records, counts = ADDON_CASES[method]
-    base = train_base_export(tmp_path / "base", tiny_target_dir, distilled)
     prompts = write_prompts(tmp_path / "prompts.jsonl", records)
-    recipe = addon_recipe(tmp_path, tiny_target_dir, method, {"draft": base, **settings}, prompts)
-    runtime = run_addon_stages(tmp_path, recipe, counts)
-    assert runtime.draft.spec.name == method
+    recipe = load_recipe(addon_recipe(tmp_path, tiny_target_dir, method, {"draft": chat_base_export, **settings},
+                                      prompts))
+    _distill_counted_and_resumed(recipe, tmp_path / "records", counts)
+    assert run_train(recipe)["steps"] == 3
+    spec = METHODS[method]
+    batch = spec.records.collate(list(load_from_disk(str(tmp_path / "records" / "dataset")).with_format("numpy")))
+    trained = load_draft(tmp_path / "run")
+    assert trained.spec.name == method and trained.base.source == str(chat_base_export)
+    expected_loss = _record_loss(trained, batch)
+    target = load_target(recipe.target)
+    for fmt in spec.exports:
+        out = export_draft(tmp_path / "run", fmt, tmp_path / fmt, dtype="float32")
+        assert (out / "draft" / EXPORT_FILE).is_file()  # the base inside: one directory serves
+        hidden = tmp_path / "base-moved"
+        shutil.move(str(chat_base_export), str(hidden))  # the export reads its own copy of the base
+        try:
+            reloaded = load_draft(out)
+        finally:
+            shutil.move(str(hidden), str(chat_base_export))
+        for name, value in trained.draft.state_dict().items():
+            assert torch.equal(reloaded.draft.state_dict()[name], value), (fmt, name)
+        torch.testing.assert_close(_record_loss(reloaded, batch), expected_loss, msg=fmt)
+        for shape in (dict(depth=3, topk=2, budget=6), dict(depth=3, chain=True)):
+            runtime = load_runtime(out, RuntimeConfig(device="cpu", dtype="float32", max_len=128, **shape))
+            prompt = runtime.encode_chat(CHAT_PROMPTS[0])
+            expected = target.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12,
+                                             min_new_tokens=12, eos_token_id=None, pad_token_id=0)
+            assert runtime.engine.generate(prompt, 12).tokens == expected[0, len(prompt):].tolist(), (fmt, shape)

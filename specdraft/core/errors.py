@@ -16,3 +16,8 @@ def error_summary(err: BaseException, prefer: str = "") -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     chosen = next((line for line in lines if prefer and prefer in line), lines[0] if lines else "")
     return f"{type(err).__name__}: {chosen}"[:500]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, caught by a stage that can say what it kept and how to go on. The CLI prints the message on one line
+    (`specdraft <command>: interrupted: ...`) and exits 130; every stage writes its files whole or not at all."""

@@ -69,18 +69,26 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         os.replace(tmp, final)
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write a text file atomically (temp file + rename). The temp name is unique per call, so several
-    workers may write the same file at once (the last rename wins)."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write; on success it replaces `path` in one rename, on an exception
+    (Ctrl-C included) it is removed, a full or read-only disk becoming one SpecdraftError. The temp name is unique
+    per call, so several workers may write the same file at once (the last rename wins)."""
     path = Path(path)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
         raise write_error(path, err) if is_write_error(err, path) else err
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file atomically (`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_json(path: str | Path, data) -> None:

@@ -4,7 +4,9 @@ Drafting: the drafter proposes one token per depth (its top-1). With an exit thr
 the draft's top-1 probability after every depth (one host read of one bool) and stops once it falls below η:
 that token is not drafted, and the cycle verifies only the k' tokens drafted before it (k' = 0 verifies the
 root alone, a plain decoding step). A dynamic exit (dynamic_exit.py) caps the depth per cycle as well. Both
-save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs.
+save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs. With a
+tree scorer (core/drafting.py) the chain ends, the same way, at the first token the scorer drops (its features:
+the chain's joint log-probability up to it, the entropy of the distribution it was drawn from, its depth).
 
 Verification: the chain's k'+1 nodes (root and drafts) in one target pass with causal attention. If the drafter
 has `verify_start_layer` ℓ (drafter.py), the pass starts at layer ℓ from the states the drafter computed
@@ -13,8 +15,8 @@ while drafting (`chain_verify_states`): layers 0..ℓ-1 never rerun, except for 
 CUDA graphs (GPU): one graph for `first`, one per draft depth d (`step(d)`), one verify per (k', computed)
 (k' = 0..K; `computed` is how many chain nodes went through the drafter, k' or k'+1): at most 3K + 2 graphs,
 each replayed from static buffers (and each per drafter `variant`, when a drafter holds several drafts).
-Without exits (η = 0, no dynamic exit) the whole cycle is one graph, as a tree's is. At T > 0 the verify's
-rejection sampling runs on the device too (sampling.py), from uniforms drawn before the graph replays.
+Without exits (η = 0, no tree scorer, no dynamic exit) the whole cycle is one graph, as a tree's is. At T > 0
+the verify's rejection sampling runs on the device too (sampling.py), from uniforms drawn before the graph replays.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.decoding.accept import Acceptance
 from specdraft.decoding.graphs import CallGraph
-from specdraft.decoding.tree import DraftTree
+from specdraft.decoding.tree import DraftTree, parent_entropy
 
 
 class ChainCycles:
@@ -59,14 +61,29 @@ class ChainCycles:
         self.exit_threshold = eta
         self.log_eta.fill_(math.log(eta) if eta > 0 else -math.inf)
 
+    @property
+    def exits(self) -> bool:
+        """Whether drafting may stop early: the confidence exit η or a tree scorer (`draft` reads `stop`)."""
+        return self.exit_threshold > 0 or self.engine.tree_scorer is not None
+
     # ---- device work (graph bodies) ---------------------------------------------------------------------
     def _record(self, depth: int, logits: torch.Tensor) -> None:
         """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth], and `stop` where an exit reads it."""
         scores, ids = draft_topk(logits, self.engine.drafter.d2t, 1)  # [1, 1]
         self.tokens[depth:depth + 1].copy_(ids[0])
         self.logprobs[depth:depth + 1].copy_(scores[0])
-        if self.exit_threshold > 0:  # `draft` reads it; graphs are keyed by this (`_run`)
-            self.stop.copy_(scores[0] < self.log_eta)
+        if self.exits:  # `draft` reads it; graphs are keyed by this (`_run`)
+            self.stop.copy_(self._stops(depth, logits, scores[0]))
+
+    def _stops(self, depth: int, logits: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+        """Whether the token of `depth` (top-1 log-probability score [1], drawn from logits [1, Vd]) ends the
+        chain -> [1] bool: below η, or dropped by the tree scorer."""
+        stop = score < self.log_eta
+        scorer = self.engine.tree_scorer
+        if scorer is not None:
+            joint = self.logprobs[1:depth + 1].sum(0, keepdim=True)  # [1] the chain's log-probability up to it
+            stop = stop | ~scorer.keep(joint, parent_entropy(logits), depth)
+        return stop
 
     def _first(self) -> torch.Tensor:
         engine = self.engine
@@ -118,11 +135,11 @@ class ChainCycles:
 
     # ---- host loop ------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
-        """fn(*args), replayed from a CUDA graph per key, drafter variant (dynamic_exit.ExitChoice's draft) and
-        whether the confidence exit is on (`_record` writes `stop` only then)."""
+        """fn(*args), replayed from a CUDA graph per key, drafter variant (dynamic_exit.ExitChoice's draft),
+        whether the confidence exit is on and which tree scorer runs (`_record` writes `stop` only with either)."""
         if not self.engine.use_graphs:
             return fn(*args)
-        key = key + (self.exit_threshold > 0, self.engine.drafter.variant)
+        key = key + (self.exit_threshold > 0, self.engine.scored_key(""), self.engine.drafter.variant)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = CallGraph(fn, self.engine.state_tensors() + self.state(), example=args)
@@ -133,8 +150,8 @@ class ChainCycles:
         return [self.tokens, self.logprobs, self.stop]
 
     def draft(self, max_depth: int) -> Tuple[int, int]:
-        """Draft up to max_depth tokens, stopping below η -> (drafted k', drafter calls = chain nodes computed)."""
-        check = self.exit_threshold > 0
+        """Draft up to max_depth tokens, stopping at an exit -> (drafted k', drafter calls = chain nodes computed)."""
+        check = self.exits
         hidden, calls, drafted = self._run(("first",), self._first), 1, 0
         for depth in range(1, max_depth + 1):
             if check and bool(self.stop):  # the one host read of a depth
@@ -150,7 +167,7 @@ class ChainCycles:
         """One cycle under the acceptance `policy` -> (CycleOutput, drafted k')."""
         depth = self.engine.shape.depth
         max_depth = depth if max_depth is None else max_depth
-        if self.exit_threshold <= 0 and max_depth == depth:
+        if not self.exits and max_depth == depth:
             return self._policy_run(("whole",), self._whole, policy, depth + 1, generator), depth
         drafted, computed = self.draft(max_depth)
         return self._policy_run(("verify", drafted, computed), partial(self._verify, drafted=drafted,

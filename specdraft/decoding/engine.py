@@ -2,7 +2,8 @@
 
 One cycle, all on the device with static shapes (so that on a GPU it is one CUDA graph, see graphs.py):
   1. the drafter builds the tree from the root (the newest confirmed token), `tree.build_tree` (a draft's tree
-     scorer may drop candidates after each depth);
+     scorer may drop candidates after each depth: they become padding, and the host reads how many nodes the
+     cycle verified with its tokens, `GenerationResult.drafted`);
   2. the target runs the tree's N nodes at cache slots P..P+N-1 with tree attention (P = confirmed tokens
      before the root), capturing the hidden states the drafter reads;
   3. acceptance, by the engine's policy for the temperature (`accept.py`): at T=0 the deepest path whose
@@ -69,7 +70,7 @@ PREFILL_ROWS = 64
 class GenerationResult:
     tokens: List[int]  # new tokens (prompt excluded), cut after EOS or at max_new_tokens
     accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
-    drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (varies with exits)
+    drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (exits, pruning vary it)
     exits: List[int] = field(default_factory=list)  # the drafter's exit index per cycle (dynamic_exit.ExitChoice)
     seconds: float = 0.0
     trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
@@ -81,7 +82,8 @@ class CycleOutput:
     count: torch.Tensor  # [1] how many of `emitted` are valid (accepted + 1)
     accepted_nodes: torch.Tensor  # [depth + 1] node indices of the accepted path, -1 padded
     tree: Optional[DraftTree] = None
-    for_host: Optional[torch.Tensor] = None  # [depth + 2] count, then emitted: what the host reads of a cycle
+    for_host: Optional[torch.Tensor] = None  # what the host reads of a cycle: [depth + 2] count, then emitted
+    # (then, with a tree scorer, the tree's valid nodes)
 
 
 class HostReader:
@@ -116,9 +118,10 @@ class SpecEngine:
     Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
     from the drafter's `verify_start_layer` when it declares shallow layers). Tree options: `reuse_shallow_tree`,
     the same for trees when the drafter declares the tree hooks (core/drafting.py); off by default (module
-    docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion. `judge`:
-    learned, lossy acceptance at T=0 (accept.py). `overlap` (both loops): one step in flight while the host reads
-    the one before; off, each step is read before the next is queued (to time one against the other)."""
+    docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion (in a chain:
+    end it, chain.py; `set_tree_scorer` swaps it). `judge`: learned, lossy acceptance at T=0 (accept.py).
+    `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read before
+    the next is queued (to time one against the other)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
@@ -138,7 +141,7 @@ class SpecEngine:
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
         self.prefill_rows = PREFILL_ROWS if self.use_graphs else 1  # a prompt's rows round up to a multiple of it
-        self._reader = HostReader(shape.depth + 2, self.device)
+        self._reader = HostReader(shape.depth + 3, self.device)
         self.tree_scorer, self.judge = tree_scorer, judge
         self._policies: Dict[float, Acceptance] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
@@ -146,6 +149,15 @@ class SpecEngine:
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
         self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
         self.set_exit_threshold(exit_threshold)
+
+    def set_tree_scorer(self, scorer: Optional[TreeScorer]) -> None:
+        """Draft with `scorer` from the next cycle on (None: unpruned); each scorer's cycles have graphs of their
+        own (`scored_key`)."""
+        self.tree_scorer = scorer
+
+    def scored_key(self, key: str) -> str:
+        """The key of a graph whose body may run the tree scorer: one graph per scorer (and one without)."""
+        return key if self.tree_scorer is None else f"{key}:scorer{id(self.tree_scorer)}"
 
     def set_exit_threshold(self, eta: float) -> None:
         """η for chains: stop drafting once the draft's top-1 probability falls below it (0: never)."""
@@ -299,10 +311,14 @@ class SpecEngine:
 
     def _tree_cycle_body(self, policy: Acceptance, randomness: Optional[torch.Tensor] = None) -> CycleOutput:
         tree = self.build_tree()
-        return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
+        out = self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
+        if self.tree_scorer is not None:  # the host reads how many nodes the pruned tree verified
+            out.for_host = torch.cat([out.for_host, tree.valid.sum(0, keepdim=True)])
+        return out
 
-    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
-        """One cycle -> (its output, the drafted tokens it verified)."""
+    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
+        """One cycle -> (its output, the drafted tokens it verified; None where the host reads them from the
+        output: a pruned tree's)."""
         policy = self.acceptance(temperature)
         if self.chain is not None:
             max_depth = None
@@ -313,8 +329,9 @@ class SpecEngine:
             return self.chain.cycle(policy, generator, max_depth)
         randomness = policy.randomness(self.shape.budget, generator, self.device)
         args = () if randomness is None else (randomness,)
-        return self._graphed(f"cycle:{policy.key}", partial(self._tree_cycle_body, policy), *args), \
-            self.shape.budget - 1
+        drafted = None if self.tree_scorer is not None else self.shape.budget - 1
+        return self._graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy),
+                             *args), drafted
 
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
@@ -342,6 +359,7 @@ class SpecEngine:
         done = _finished(generated, generated, eos_ids, max_new_tokens)
         ahead = 1 if self.overlap and not trace and self.dynamic_exit is None else 0  # cycles queued past the read
         most_per_cycle = self.shape.depth + 1  # every draft accepted, then the bonus token
+        read = self.shape.depth + 2 + (self.chain is None and self.tree_scorer is not None)  # + the valid nodes
         queued = deque()
         while not done:
             may_end = len(generated) + most_per_cycle * len(queued) >= max_new_tokens  # by the cycles in flight
@@ -351,8 +369,9 @@ class SpecEngine:
                 if len(queued) <= ahead:
                     continue
             slot, drafted, exit_index, out = queued.popleft()
-            host = self._reader.read(slot, self.shape.depth + 2)  # the one host wait of a cycle
+            host = self._reader.read(slot, read)  # the one host wait of a cycle
             new_tokens = host[1:1 + host[0]]
+            drafted = host[-1] - 1 if drafted is None else drafted  # a pruned tree's valid nodes, less the root
             generated += new_tokens
             done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)

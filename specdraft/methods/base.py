@@ -52,8 +52,8 @@ class RecordStage:
     shards, resume and accounting; `specdraft train` reads them back without loading the target."""
 
     features: Callable[[], Any]
-    """() -> the `datasets.Features` of one record row (the shards' schema); called by the data stage alone, so
-    that loading a method (the runtime does) never imports `datasets`."""
+    """() -> the `datasets.Features` of one record row (the shards' schema); a function, so that registering the
+    method imports no `datasets` (the runtime runs without the trainer's dependencies)."""
     fingerprint: Callable[[Any], Dict[str, Any]]
     """cfg -> the settings that make two runs' records interchangeable (besides the prompts and the target)."""
     maker: Callable[[Any, RecordContext], RecordMaker]

@@ -14,25 +14,26 @@ from specdraft.data.checks import Check, check_of, verdict
 from specdraft.data.sources import load_conversations, source_records
 
 
-def bench_prompts(encode_chat, source: str, max_prompts: Optional[int], with_checks: bool
-                  ) -> Tuple[List[List[int]], Optional[List[Check]]]:
-    """The first user turn of each prompt of `source`, chat template applied, and (with_checks) each one's check
-    (an error naming the first prompt that has none)."""
+def bench_prompts(source: str, max_prompts: Optional[int], with_checks: bool = False
+                  ) -> Tuple[List[str], Optional[List[Check]]]:
+    """The first user turn of each prompt of `source` (the first `max_prompts`) and (with_checks) each one's check
+    (an error naming the first prompt that has none); read without the model, so that a bad file fails before it
+    loads."""
     conversations = load_conversations([source], max_prompts)
     kept = [(c, next(m["content"] for m in c.messages if m["role"] == "user")) for c in conversations
             if c.skip_reason is None]
     if not kept:
         raise SpecdraftError(f"no prompts with a user turn in {source}")
-    prompts = [encode_chat(text) for _, text in kept]
+    turns = [text for _, text in kept]
     if not with_checks:
-        return prompts, None
+        return turns, None
     records = list(source_records(source))
     checks = [check_of(records[conversation.index]) for conversation, _ in kept]
     missing = next((conversation.index for (conversation, _), check in zip(kept, checks) if check is None), None)
     if missing is not None:
         raise SpecdraftError(f"prompt {missing} of {source} has no answer check, which --check-answers needs "
                              f"(prompts of the task suite, tasks:SPLIT, GSM8K or HumanEval)")
-    return prompts, checks
+    return turns, checks
 
 
 def answer_quality(decode, checks: Sequence[Check], plain_answers: Sequence[List[int]],

@@ -67,7 +67,7 @@ def tree_shape(cfg: RuntimeConfig) -> TreeShape:
 def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig) -> dict:
     """SpecEngine's options from the settings; the chain-only ones are refused on a tree."""
     options = {"reuse_shallow_tree": cfg.shallow_reuse_tree, "overlap": cfg.overlap,
-               "tree_scorer": _tree_scorer(drafter, cfg), "judge": _judge(drafter, cfg)}
+               "tree_scorer": _tree_scorer(drafter, cfg, chain=shape.topk == 1), "judge": _judge(drafter, cfg)}
     if shape.topk != 1:
         if (cfg.exit_threshold or 0) > 0 or cfg.dynamic_exit or cfg.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
@@ -76,8 +76,9 @@ def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig) -> dict:
     return {**options, "exit_threshold": eta, "dynamic_exit": cfg.dynamic_exit, "reuse_shallow": cfg.shallow_reuse}
 
 
-def _tree_scorer(drafter, cfg: RuntimeConfig):
-    """The draft's tree scorer (its threshold from runtime.prune_threshold when given), or None."""
+def _tree_scorer(drafter, cfg: RuntimeConfig, chain: bool = False):
+    """The draft's tree scorer, or None; its threshold from runtime.prune_threshold when given, else the scorer's
+    own (for a chain, its `chain_threshold`)."""
     if not drafter.caps.scores_tree:
         if cfg.prune_threshold is not None:
             raise SpecdraftError("runtime.prune_threshold (--prune-threshold) needs a draft that scores its tree "
@@ -86,6 +87,8 @@ def _tree_scorer(drafter, cfg: RuntimeConfig):
     scorer = drafter.tree_scorer()
     if cfg.prune_threshold is not None:
         scorer.threshold = cfg.prune_threshold
+    elif chain:
+        scorer.threshold = scorer.chain_threshold
     return scorer
 
 

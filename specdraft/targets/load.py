@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from specdraft.config import QUANTIZATIONS, TargetConfig
+from specdraft.core.console import quiet_transformers_bars
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
@@ -98,6 +99,7 @@ def _convert_gguf(gguf: Path) -> Path:
     if (cached / "config.json").is_file():
         return cached
     log.info("dequantizing %s once into %s", gguf, cached)
+    quiet_transformers_bars()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         with MODEL_BUILD_LOCK:
@@ -275,6 +277,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     from transformers import AutoModelForCausalLM
 
     source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
+    quiet_transformers_bars()
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     quantized = quantization_config(cfg, device, torch_dtype) if quantize else None

@@ -129,7 +129,7 @@ class DraftModule(L.LightningModule):
 
     def _logs_this_step(self) -> bool:
         """Whether this step's metrics are written (every train.log_every_steps optimizer steps). They are logged
-        only then, and never for the progress bar (trainer.LoggedMetricsBar shows the written ones): Lightning
+        only then, and never for the progress bar (train.progress.TrainProgress shows the written ones): Lightning
         reads logged values back to the host, and each read waits for the device to finish the step."""
         return is_logged_step(self.trainer.global_step + 1, self.trainer.log_every_n_steps)
 

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import save_file
@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from specdraft.config import Recipe, TrainConfig
 from specdraft.recipes import save_recipe
 from specdraft.drafts import SNAPSHOT_FILE, load_base, warm_start_draft
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.errors import Interrupted, SpecdraftError
 from specdraft.core.io import atomic_dir, write_json
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
@@ -45,6 +45,7 @@ from specdraft.train.data import RecordData, answer_token_counts, load_distilled
 from specdraft.train.features import build_features
 from specdraft.train.manifest import check_checkpoint_file
 from specdraft.train.module import DraftModule
+from specdraft.train.progress import CheckpointStep, TrainProgress, interrupted_message
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
 from specdraft.train.timing import StepTimes
 
@@ -178,28 +179,16 @@ def _plugins() -> list:
     return []
 
 
-class LoggedMetricsBar(TQDMProgressBar):
-    """The progress bar, showing the last written values of PROGRESS_METRICS. Lightning reads every metric
-    logged with prog_bar=True back to the host at the end of every later step, and each read waits for the
-    device to finish the step; these are read at the bar's refreshes only (train.log_every_steps)."""
-
-    PROGRESS_METRICS = ("train/loss", "train/tokens_per_s", "val/tau_sim")
-
-    def get_metrics(self, trainer, pl_module):  # called at the bar's refreshes, which are the logged steps
-        logged = trainer.logged_metrics
-        shown = {name: float(logged[name]) for name in self.PROGRESS_METRICS if name in logged}
-        return {**super().get_metrics(trainer, pl_module), **shown}
-
-
 def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
                   extra_callbacks: Sequence[Callback] = (), monitor: str = "tau_sim",
                   trust_checkpoint: bool = False) -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
-    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(), FinishLastStep(cfg, run_dir / "checkpoints"),
-                 StepTimes(run_dir / "logs", cfg.log_every_steps), LoggedMetricsBar(refresh_rate=cfg.log_every_steps),
-                 *extra_callbacks]
+    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(),
+                 FinishLastStep(cfg, run_dir / "checkpoints"), StepTimes(run_dir / "logs", cfg.log_every_steps),
+                 CheckpointStep(),
+                 TrainProgress(cfg, ("train/loss", "train/tokens_per_s", f"val/{monitor}")), *extra_callbacks]
     return L.Trainer(
         accelerator="auto", devices=devices, num_nodes=cfg.num_nodes,
         strategy=_strategy(cfg, resume_from, trust_checkpoint),
@@ -208,7 +197,7 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
         val_check_interval=cfg.val_every_steps * cfg.accumulate_grad_batches, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, use_distributed_sampler=False,
         callbacks=callbacks, logger=CSVLogger(run_dir, name="logs"), default_root_dir=run_dir,
-        enable_model_summary=False,
+        enable_model_summary=False, enable_progress_bar=False,  # TrainProgress draws the bar
     )
 
 
@@ -286,6 +275,21 @@ class ResumeReport(Callback):
                  "sample %d) and RNG restored", path, trainer.global_step, how, trainer.datamodule.global_position())
 
 
+def fit(trainer: L.Trainer, module: DraftModule, data, resume_from: Optional[str]) -> None:
+    """trainer.fit; on Ctrl-C, after Lightning's teardown (which ends in sys.exit(1), SIGINT left ignored),
+    Interrupted with what the run kept and SIGINT's handler put back."""
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        signal.signal(signal.SIGINT, handler)
+        saved = next(c.step for c in trainer.callbacks if isinstance(c, CheckpointStep))
+        raise Interrupted(interrupted_message(module.train_cfg, Path(trainer.default_root_dir), trainer.global_step,
+                                             saved)) from None
+
+
 def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_checkpoint: bool = False) -> dict:
     """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json.
     `extra_callbacks` join the trainer's own (tools/profile_train.py profiles steps with one).
@@ -316,7 +320,7 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
     module = DraftModule(spec, recipe.method, cfg, ctx, features)
     data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    fit(trainer, module, data, resume_from)
     seconds = time.perf_counter() - started
     step_times = next(c for c in trainer.callbacks if isinstance(c, StepTimes))
     summary = {"steps": trainer.global_step, "tokens": module.tokens_seen, "seconds": seconds,

@@ -23,6 +23,7 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
 }
 RUNTIME_METHODS = sorted(name for name in DRAFT_METHODS if METHODS[name].runtime is not None)
+"""Drafts of their own; an add-on's drafter extends its base's (tests/test_methods_contract.py decodes with it)."""
 
 
 @pytest.fixture(autouse=True)
