@@ -49,6 +49,7 @@ from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.chat import TextChat, template_ids  # noqa: F401 (template_ids: this module's name for it)
+from specdraft.targets.generate import GREEDY, cut_at_eos, left_pad
 from specdraft.targets.load import eos_token_ids, is_vision_target
 from specdraft.targets.vision import image_model_inputs
 
@@ -142,27 +143,11 @@ def precheck(chat: TextChat, conversations: Dict[int, Conversation], data) -> Di
 def generation_kwargs(cfg: DistillConfig, eos_ids: List[int], pad_id: int) -> dict:
     """model.generate arguments: greedy at temperature 0, else plain temperature/top-p sampling (no top-k or
     repetition penalty leaking in from the model's own generation_config)."""
-    sampling = cfg.temperature > 0
-    return {"max_new_tokens": cfg.max_new_tokens, "do_sample": sampling, "num_beams": 1,
-            "temperature": cfg.temperature if sampling else 1.0, "top_p": cfg.top_p if sampling else 1.0,
-            "top_k": 0 if sampling else 50, "repetition_penalty": 1.0,
-            "eos_token_id": eos_ids, "pad_token_id": pad_id}
-
-
-def left_pad(prompts: List[List[int]], pad_id: int, device) -> tuple:
-    """-> input_ids [B, T], attention_mask [B, T], prompts right-aligned (left padding)."""
-    width = max(len(ids) for ids in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, width - len(ids):] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
-def cut_at_eos(ids: List[int], eos_ids: List[int]) -> List[int]:
-    """Generated ids up to (not including) the first EOS."""
-    return ids[:next((i for i, token in enumerate(ids) if token in eos_ids), len(ids))]
+    common = {"max_new_tokens": cfg.max_new_tokens, "eos_token_id": eos_ids, "pad_token_id": pad_id}
+    if cfg.temperature <= 0:
+        return {**common, **GREEDY}
+    return {**common, "do_sample": True, "num_beams": 1, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "top_k": 0, "repetition_penalty": 1.0}
 
 
 def generate_answers(ctx: _Context, prompts: List[List[int]], images: Optional[List[list]] = None) -> List[str]:

@@ -60,9 +60,10 @@ def _trust_flags(cmd, checkpoints: bool = False) -> None:
                               "unpickled, which can run code): only for checkpoints from a source you trust")
 
 
-def _runtime_args(cmd) -> None:
+def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     """The runtime's flags, each mapped onto the `runtime:` recipe field of the same name (specdraft.config.
-    RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's)."""
+    RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's). `judge_sweep`
+    (bench): --judge-threshold takes several values, each benched in a run of its own."""
     cmd.add_argument("path", metavar="DRAFT_DIR", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     _trust_flags(cmd)
@@ -90,9 +91,16 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--prune-threshold", type=float, default=None, metavar="BETA",
                      help="drafts that score their tree (C2T): drop candidates scored below BETA (default: the "
                           "draft's own)")
-    cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
-                     help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
-                          "(lossy, T=0 only; default: exact acceptance)")
+    if judge_sweep:
+        cmd.add_argument("--judge-threshold", type=float, nargs="+", default=None, dest="judge_thresholds",
+                         metavar="DELTA", help="drafts that ship a judge: a greedy run at each DELTA after the exact "
+                                               "runs, each also accepting drafted tokens the judge scores above it "
+                                               "(lossy; add --check-answers to measure what it costs)")
+        cmd.set_defaults(judge_threshold=None)
+    else:
+        cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
+                         help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
+                              "(lossy, T=0 only; default: exact acceptance)")
     cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                      help="read every step's tokens before queuing the next (default: one step in flight)")
     cmd.add_argument("--quantization", default=None, choices=("none", "int8", "int4"),
@@ -156,19 +164,38 @@ def _generate(args) -> None:
 
 
 def _bench(args) -> dict:
-    from specdraft.runtime.bench import BenchSettings, format_table, run_bench, user_turns
+    from specdraft.runtime.answers import bench_prompts
+    from specdraft.runtime.bench import BenchSettings, format_table, run_bench
 
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
+                             judge_thresholds=tuple(args.judge_thresholds or ()), check_answers=args.check_answers,
                              **({"prompts": args.prompts} if args.prompts else {}),
                              **({"prune_sweep": tuple(args.prune_sweep)} if args.prune_sweep is not None else {}))
-    user_turns(settings.prompts, settings.max_prompts)  # a bad prompt file fails before the model loads
+    # a bad prompt file (or, with --check-answers, a prompt without a check) fails before the model loads
+    bench_prompts(settings.prompts, settings.max_prompts, settings.check_answers)
     runtime = _load_runtime(args)
+    settings = _judge_sweep(runtime, settings)
     report = run_bench(runtime, settings, args.out or args.path, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
     return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
+
+
+def _judge_sweep(runtime, settings):
+    """The bench's judge thresholds: those given, else the draft's own δ when its export sets one; the first is set
+    on the runtime at once, so that a draft without a judge fails in one line before any run."""
+    from dataclasses import replace
+
+    from specdraft.runtime.load import set_judge_threshold
+
+    carried = runtime.settings.judge_threshold
+    if not settings.judge_thresholds and carried is not None:
+        settings = replace(settings, judge_thresholds=(carried,))
+    if settings.judge_thresholds:
+        set_judge_threshold(runtime, settings.judge_thresholds[0])
+    return settings
 
 
 def _slurm(args) -> dict:
@@ -315,12 +342,15 @@ def _add_runtime(sub) -> None:
     generate.set_defaults(func=_generate)
     bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate",
                            description="Time speculative decoding against plain decoding in the same runtime and "
-                                       "against Hugging Face generate, on the same prompts, and check it lossless. "
+                                       "against Hugging Face generate, on the same prompts, and check it lossless. A "
+                                       "judge's thresholds (--judge-threshold, lossy) are benched after the exact "
+                                       "runs, with their quality cost when --check-answers checks the answers. "
                                        + OUTPUTS,
                            example="specdraft bench runs/eagle3_smollm2/export --max-prompts 20")
-    _runtime_args(bench)
+    _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, metavar="FILE",
-                       help="prompt file, JSON or JSONL in any form recipes read (default: MT-bench's questions)")
+                       help="prompt file, JSON or JSONL in any form recipes read, or tasks:SPLIT[:COUNT] (the "
+                            "task suite whose answers a program checks) (default: MT-bench's questions)")
     bench.add_argument("--max-prompts", type=int, default=None, metavar="N",
                        help="the first N prompts (default: all)")
     bench.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
@@ -328,6 +358,9 @@ def _add_runtime(sub) -> None:
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="where bench.json, bench.png and trace.jsonl go (default: the draft's directory)")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
+    bench.add_argument("--check-answers", action="store_true",
+                       help="check every answer with its prompt's program (prompts of the task suite, tasks:SPLIT, "
+                            "GSM8K or HumanEval; code runs sandboxed) and report accuracy and retained accuracy")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     bench.add_argument("--hf-prompts", type=int, default=None, metavar="N",
                        help="the Hugging Face baseline on the first N prompts alone (it decodes 20-50x slower); "

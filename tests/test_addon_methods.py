@@ -18,7 +18,7 @@ from specdraft.core.types import DraftContext, LossOutput
 from specdraft.methods import METHODS
 from specdraft.methods.base import ExportFormat, MethodSpec, RecordStage
 from specdraft.runtime.load import load_runtime
-from tests.test_train_export_eval import make_recipe
+from tests.addons import train_base_export
 
 
 @dataclass
@@ -99,11 +99,7 @@ PROBE = MethodSpec(
 
 @pytest.fixture
 def base_export(tmp_path, tiny_target_dir, distilled):
-    (tmp_path / "base").mkdir()
-    recipe = make_recipe(tmp_path / "base", tiny_target_dir, distilled, max_steps=4, val_every_steps=4)
-    assert cli.main(["train", str(recipe)]) == 0
-    assert cli.main(["export", str(tmp_path / "base" / "run"), "--out", str(tmp_path / "base" / "hf")]) == 0
-    return tmp_path / "base" / "hf"
+    return train_base_export(tmp_path / "base", tiny_target_dir, distilled)
 
 
 def test_an_addon_method_runs_every_stage_through_the_hooks(monkeypatch, tmp_path, tiny_target_dir, base_export):

@@ -2,10 +2,10 @@
 through the real trainer, every export format reloads through `from_export` into a draft that computes the
 same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it. A method that
 reads images (READS_IMAGES) keeps it on a tiny vision-language target, trained on image prompts, its drafts
-checked on one, and its runtime lossless on image prompts too. An add-on method trained on records of its own
-(MethodSpec.records, over a base draft) keeps the same contract from its records: `distill-data` makes them
-(counted), the trainer fits it, every export (its base inside) reloads into a draft with the same loss on them, and
-the runtime, its drafter extending the base's, decodes losslessly."""
+checked on one, and its runtime lossless on image prompts too. An add-on method (MethodSpec.records, over a base
+draft) keeps the same contract from its records: `distill-data` makes them (counted, resumed without rewriting a
+shard), the trainer fits it, every export (its base inside) reloads into a draft with the same loss on them, and
+the runtime, its drafter extending the base's, decodes losslessly (exact acceptance unless asked otherwise)."""
 import json
 import shutil
 
@@ -27,6 +27,7 @@ from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
 from specdraft.targets.vision import vision_features
 from specdraft.train.trainer import run_train
+from tests.addons import ADDON_METHODS, DRAFT_METHODS, addon_recipe, write_prompts
 from tests.distilled import CHAT_PROMPTS
 from tests.oracles import ChainState, chain_of
 from tests.tiny_vlm import drawn_image
@@ -38,8 +39,14 @@ CASES = {  # small settings per method trained on the target's features; every r
     "vispec": {"ttt_steps": 3, "draft_vocab_size": 256, "num_queries": 3},
 }
 READS_IMAGES = {"vispec"}  # trained and served on the tiny VLM (tiny_vlm_dir, distilled_images)
-ADDON_CASES = {  # the same for add-on methods trained on records of their own, over the chat-trained EAGLE-3 base
-    "c2t": {"trace_depth": 3, "trace_topk": 2},
+LABELS = [{"prefix": "ab", "candidate": "c", "label": 1}, {"prefix": "a", "candidate_id": 7, "label": 0}]
+ADDON_CASES = {  # add-on methods trained on records of their own, over the chat-trained EAGLE-3 base: their
+    # settings besides the base draft, the prompt records their data stage reads, and the counts those give
+    "c2t": ({"trace_depth": 3, "trace_topk": 2}, [{"prompt": text} for text in CHAT_PROMPTS[:5]],
+            {"input": 5, "ok": 5, "error": 0, "skipped": 0}),
+    "judge": ({}, [{"prompt": text, "labels": LABELS} for text in CHAT_PROMPTS[:4]] +
+              [{"prompt": "a label without its candidate", "labels": [{"prefix": "x", "label": 1}]}],
+              {"input": 5, "ok": 4, "error": 1, "skipped": 0}),
 }
 
 
@@ -51,7 +58,7 @@ def _reference_kernels(monkeypatch):
 
 
 def test_every_method_has_a_case():
-    assert set(CASES) | set(ADDON_CASES) == set(METHODS) and not set(CASES) & set(ADDON_CASES)
+    assert set(CASES) == set(DRAFT_METHODS) and set(ADDON_CASES) == set(ADDON_METHODS)
     assert set(ADDON_CASES) == {name for name, spec in METHODS.items() if spec.records is not None}
 
 
@@ -150,25 +157,19 @@ def test_method_trains_exports_reloads_and_decodes(request, tmp_path, method):
             runtime.engine.decode_plain(image_prompt.ids, 16, **kwargs).tokens
 
 
-def _addon_recipe(tmp_path, target_dir, base, method: str):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in CHAT_PROMPTS[:5]))
-    method_yaml = ", ".join(f"{k}: {v}" for k, v in {"name": method, "draft": base, **ADDON_CASES[method]}.items())
-    path = tmp_path / "recipe.yaml"
-    path.write_text(f"""
-target: {{path: {target_dir}}}
-method: {{{method_yaml}}}
-data: {{prompts: [{prompts}], val_fraction: 0.2}}
-distill: {{output_dir: {tmp_path / 'records'}, shard_size: 2, max_new_tokens: 16}}
-train: {{output_dir: {tmp_path / 'run'}, max_steps: 4, micro_batch_size: 2, val_every_steps: 2, lr: 3.0e-3,
-         warmup_steps: 1, log_every_steps: 2}}
-""")
-    return load_recipe(path)
-
-
 def _record_loss(loaded, batch):
     with torch.no_grad():
         return loaded.spec.loss(loaded.draft, batch, loaded.method_cfg).loss
+
+
+def _distill_counted_and_resumed(recipe, records_dir, counts):
+    """distill-data's counts, then a second run that resumes: no shard rewritten."""
+    assert run_distill(recipe, device="cpu") == counts
+    assert json.loads((records_dir / "counts.json").read_text()) == counts
+    shards = sorted((records_dir / "shards").iterdir())
+    written = [shard.stat().st_mtime for shard in shards]
+    run_distill(recipe, device="cpu")
+    assert [shard.stat().st_mtime for shard in shards] == written
 
 
 @pytest.mark.parametrize("method", sorted(ADDON_CASES))
@@ -176,9 +177,12 @@ def test_addon_method_trains_on_its_records_exports_reloads_and_decodes(tmp_path
                                                                         method):
     from datasets import load_from_disk
 
-    recipe = _addon_recipe(tmp_path, tiny_target_dir, chat_base_export, method)
-    assert run_distill(recipe, device="cpu") == {"input": 5, "ok": 5, "error": 0, "skipped": 0}
-    assert run_train(recipe)["steps"] == 4
+    settings, records, counts = ADDON_CASES[method]
+    prompts = write_prompts(tmp_path / "prompts.jsonl", records)
+    recipe = load_recipe(addon_recipe(tmp_path, tiny_target_dir, method, {"draft": chat_base_export, **settings},
+                                      prompts))
+    _distill_counted_and_resumed(recipe, tmp_path / "records", counts)
+    assert run_train(recipe)["steps"] == 3
     spec = METHODS[method]
     batch = spec.records.collate(list(load_from_disk(str(tmp_path / "records" / "dataset")).with_format("numpy")))
     trained = load_draft(tmp_path / "run")

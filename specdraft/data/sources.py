@@ -1,7 +1,8 @@
 """Prompt sets -> conversations whose assistant turns `distill-data` regenerates.
 
-A prompt set is a local `.jsonl`, `.json` (a list of records) or their `.gz` twins, or `hf:ID[:SPLIT]` (a Hugging
-Face dataset, split `train` unless named). The format is detected per record from its fields:
+A prompt set is a local `.jsonl`, `.json` (a list of records) or their `.gz` twins, `hf:ID[:SPLIT]` (a Hugging
+Face dataset, split `train` unless named) or `tasks:SPLIT[:COUNT]` (the checked task suite, tasks.py). The format
+is detected per record from its fields:
 
   conversations   ShareGPT: [{"from": "human"|"gpt"|"system", "value": ...}, ...]
   messages        OpenAI: [{"role": "user"|"assistant"|"system", "content": ...}, ...]
@@ -33,6 +34,8 @@ from typing import Iterable, Iterator, List, Optional, Tuple
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import package_file, reading, resolve_file
+from specdraft.data.tasks import PREFIX as TASKS_PREFIX
+from specdraft.data.tasks import parse_source, task_records
 
 SUPPORTED_FIELDS = ("conversations", "messages", "instruction", "prompt", "question", "turns")
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
@@ -177,7 +180,7 @@ def _json_records(path: Path) -> list:
 def _file_records(path_text: str) -> Iterable:
     if not path_text.endswith(EXTENSIONS):
         raise SpecdraftError(f"prompt set {path_text!r} has an unknown extension; valid: "
-                             f"{', '.join(EXTENSIONS)}, or hf:ID[:SPLIT]")
+                             f"{', '.join(EXTENSIONS)}, hf:ID[:SPLIT] or tasks:SPLIT[:COUNT]")
     path = resolve_file(path_text, "prompt file")
     with reading(path, "prompt file"):  # bad bytes, a broken gzip stream, JSON nested past Python's recursion limit
         if path.name.endswith((".jsonl", ".jsonl.gz")):
@@ -203,6 +206,8 @@ def _hf_records(spec: str) -> Iterable:
 
 def source_records(source: str) -> Iterable:
     """The raw records of one prompt set, in order."""
+    if source.startswith(TASKS_PREFIX):
+        return iter(task_records(*parse_source(source)))
     return _hf_records(source) if source.startswith("hf:") else _file_records(source)
 
 

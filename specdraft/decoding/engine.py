@@ -318,6 +318,12 @@ class SpecEngine:
         return CycleOutput(emitted=committed.emitted, count=committed.count, accepted_nodes=accepted_nodes,
                            tree=tree, for_host=committed.for_host)
 
+    def use_judge(self, judge: Optional[NodeJudge]) -> None:
+        """Accept by `judge` (at its threshold) in the cycles from now on, or exactly with None; every policy is made
+        again (a judged policy's CUDA graphs are keyed by its threshold)."""
+        self.judge = judge
+        self._policies.clear()
+
     def acceptance(self, temperature: float) -> Acceptance:
         """The acceptance rule of this engine's cycles at `temperature` (accept.py), made once per temperature."""
         policy = self._policies.get(temperature)

@@ -1,29 +1,35 @@
 """`specdraft bench`: speculative decoding against plain decoding in this runtime and against Hugging Face
 `generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl. Prompts are
-token ids or PromptInputs (an image prompt set's, for a vision-language target: `bench_prompts`).
+token ids or PromptInputs (an image prompt set's, for a vision-language target: `encode_prompts`).
 
 Every run reports the tokens the target verified per cycle (`verified_per_cycle`: the tree's valid nodes, root
 included). For a draft that scores its tree (DrafterCaps.scores_tree), the bench also sweeps the scorer's
 threshold β (runtime.prune_threshold) at T=0: the unpruned tree, then each β, on the same prompts against the
-same plain decoding (`prune_sweep`), and bench.png plots τ against the verified tokens."""
+same plain decoding (`prune_sweep`), and bench.png plots τ against the verified tokens.
+
+A lossy acceptance rule (a judge: `judge_thresholds`, each δ a greedy run of its own after the exact ones) is
+benched with its quality cost beside its speedup: with `check_answers`, every answer is checked by its prompt's
+program (answers.py) and each run reports its accuracy and retained accuracy; bench.json and the plot say
+`lossless: false`."""
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
 
 from specdraft.config import EvalConfig
+from specdraft.data.checks import Check
 from specdraft.data.images import load_images
-from specdraft.data.sources import load_conversations
 from specdraft.core.errors import Interrupted, SpecdraftError
 from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.core.io import write_json
-from specdraft.runtime.load import Runtime
+from specdraft.runtime.answers import answer_quality, bench_prompts
+from specdraft.runtime.load import Runtime, set_judge_threshold
 from specdraft.runtime.plots import device_name, plot_bench
 from specdraft.runtime.profile import profile_cycles
 from specdraft.targets.vision import PromptInputs, as_prompt, image_model_inputs
@@ -41,6 +47,9 @@ class BenchSettings:
     trace: bool = False
     lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
     prune_sweep: Sequence[float] = (0.3, 0.5, 0.7, 0.85)  # β swept where the draft scores its tree; (): none
+    judge_thresholds: Sequence[float] = ()  # δ of the draft's judge, one greedy run each after the exact runs
+    check_answers: bool = False  # check every answer with its prompt's program (answers.py)
+    check_timeout_s: float = 5.0  # time limit of one sandboxed code check
 
     def __post_init__(self):
         if self.hf_prompts is not None and self.hf_prompts < 1:
@@ -51,32 +60,17 @@ class BenchSettings:
             raise SpecdraftError(f"--prune-sweep thresholds must be in [0, 1], got {bad}")
 
 
-def user_turns(prompts: str, max_prompts: Optional[int]) -> List[str]:
-    """The first user turn of each conversation of the prompt file (the first `max_prompts`); read without the
-    model, so that a bad file fails before it loads."""
-    conversations = load_conversations([prompts], max_prompts)
-    turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
-    if not any(turns):
-        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
-    return [text for text in turns if text]
-
-
 def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
-    """`user_turns`, chat template applied -> token ids."""
-    return [runtime.encode_chat(text) for text in user_turns(prompts, max_prompts)]
+    """The first user turn of each prompt (`bench_prompts`), chat template applied -> token ids."""
+    return [runtime.encode_chat(text) for text in bench_prompts(prompts, max_prompts)[0]]
 
 
-def bench_prompts(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[PromptInputs]:
-    """The first user turn of each conversation of a prompt set, with its images (an image prompt set's, for a
-    vision-language target) -> what the engine takes (`Runtime.prompt`)."""
-    encoded = []
-    for conversation in load_conversations([prompts], max_prompts):
-        text = next((m["content"] for m in conversation.messages if m["role"] == "user"), None)
-        if text:
-            encoded.append(runtime.prompt(text, load_images(conversation.images)))
-    if not encoded:
-        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
-    return encoded
+def encode_prompts(runtime: Runtime, source: str, max_prompts: Optional[int], with_checks: bool = False
+                   ) -> Tuple[List[PromptInputs], Optional[List[Check]]]:
+    """`bench_prompts` (the first user turn of each prompt, and with_checks each one's answer check) with its images
+    (an image prompt set's, for a vision-language target) -> what the engine takes (`Runtime.prompt`), the checks."""
+    turns, checks, images = bench_prompts(source, max_prompts, with_checks)
+    return [runtime.prompt(text, load_images(paths)) for text, paths in zip(turns, images)], checks
 
 
 def _hf_generate(runtime: Runtime, prompt: PromptInputs, max_new_tokens: int, temperature: float) -> List[int]:
@@ -102,8 +96,10 @@ def _timed(fn, device: torch.device):
 
 
 def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, temperature: float,
-                    traces: List[dict], plain_results: Optional[list] = None) -> dict:
-    """Both loops over the prompts (token ids or PromptInputs) at `temperature` -> the run's summary.
+                    traces: List[dict], plain_results: Optional[list] = None,
+                    checks: Optional[List[Check]] = None) -> dict:
+    """Both loops over the prompts (token ids or PromptInputs) at `temperature`, by the engine's acceptance rule now
+    (and HF generate, asked) -> the run's summary; with `checks`, the answers' quality (answers.py).
     `plain_results`: an empty list is filled with plain decoding's results; a full one (from an earlier run at T=0
     on these prompts) is reused, and only the speculative loop runs."""
     engine, device = runtime.engine, runtime.engine.device
@@ -118,6 +114,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
     prompt_warmup = warm_prompt_lengths(engine, prompts)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0], "plain@hf": [0, 0.0], "spec@hf": [0, 0.0]}
     accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
+    answers = {"plain": [], "spec": []}
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
@@ -137,6 +134,8 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
         drafted += spec.drafted
         exits += spec.exits
         same_as_plain += spec.tokens == plain.tokens
+        answers["plain"].append(plain.tokens)
+        answers["spec"].append(spec.tokens)
         per_prompt.append({"prompt_len": len(prompt.ids), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
                            "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
@@ -149,6 +148,10 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
             plain_matches_hf += hf_tokens == plain.tokens
     summary = _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts),
                        temperature, settings)
+    if checks is not None:
+        decode = lambda tokens: runtime.target.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
+        summary["answers"] = answer_quality(decode, checks, answers["plain"], answers["spec"],
+                                            settings.check_timeout_s)
     return {**summary, "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()},
             "prompt_warmup": prompt_warmup, "per_prompt": per_prompt}
 
@@ -186,8 +189,10 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     depth = engine.shape.depth
     greedy = temperature == 0
     chain = engine.chain is not None
+    policy = engine.acceptance(temperature)
     return {
         "temperature": temperature,
+        "acceptance": policy.key,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
         "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
@@ -206,7 +211,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "hf_prompts": min(num_prompts, settings.hf_prompts or num_prompts) if settings.hf_baseline else 0,
         "new_tokens": {name: tokens for name, (tokens, _) in totals.items() if "@" not in name},
         "seconds": {name: seconds for name, (_, seconds) in totals.items() if "@" not in name},
-        "lossless": same_as_plain == num_prompts if greedy else None,
+        "lossless": (same_as_plain == num_prompts and policy.lossless) if greedy else None,
         "lossless_prompts": same_as_plain if greedy else None,
         "plain_matches_hf_prompts": plain_matches_hf if greedy and settings.hf_baseline else None,
         "prompts": num_prompts,
@@ -226,6 +231,7 @@ def lossless_in_float32(runtime: Runtime, prompts: List, settings: BenchSettings
     if count <= 0 or (not exact and load_float32 is None):
         return None
     checked = runtime if exact else load_float32()
+    set_judge_threshold(checked, None)  # the exact rule: a judge, when on, is benched apart
     engine, identical, divergences = checked.engine, 0, []
     for index, prompt in enumerate(tqdm(prompts[:count], desc="lossless check, float32", unit="prompt")):
         prompt = as_prompt(prompt)
@@ -245,7 +251,8 @@ def lossless_in_float32(runtime: Runtime, prompts: List, settings: BenchSettings
 
 def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
               load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
-    """Bench every temperature of `settings`, then check losslessness in float32 (`lossless_in_float32`, with a
+    """Bench every temperature of `settings`, then each judge threshold of its sweep (greedy) and, for a draft that
+    scores its tree, each β of the prune sweep, then check losslessness in float32 (`lossless_in_float32`, with a
     runtime from `load_float32` when this one runs another dtype); write bench.json (+ bench.png, trace.jsonl)
     under out_dir, at the end: a Ctrl-C before it writes nothing (Interrupted says so)."""
     out = Path(out_dir)
@@ -265,21 +272,39 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
 def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
             load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
     """bench.json's report (every cycle's trace appended to `traces`)."""
-    prompts = bench_prompts(runtime, settings.prompts, settings.max_prompts)
-    plain_at_zero: list = []  # plain decoding at T=0, reused by the β sweep
-    runs = [run_temperature(runtime, prompts, settings, t, traces, plain_at_zero if t == 0 else None)
+    prompts, checks = encode_prompts(runtime, settings.prompts, settings.max_prompts, settings.check_answers)
+    plain_at_zero: list = []  # plain decoding at T=0, reused by the judge and β sweeps
+    if settings.judge_thresholds:
+        set_judge_threshold(runtime, None)  # the temperature runs accept exactly: the sweep's baseline
+    runs = [run_temperature(runtime, prompts, settings, t, traces, plain_at_zero if t == 0 else None, checks)
             for t in settings.temperatures]
+    sweep = judge_sweep(runtime, prompts, settings, traces, checks, plain_at_zero)
     greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
-        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"],
-        "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0].ids),
+        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"] and not sweep,
+        "runs": runs, "judge_sweep": sweep, "cycle_profile": profile_cycles(runtime, prompts[0].ids),
         "settings": _settings(runtime, settings),
     }
     if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep:
         report["prune_sweep"] = sweep_prune_thresholds(runtime, prompts, settings, plain_at_zero)
     report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
     return report
+
+
+def judge_sweep(runtime: Runtime, prompts: List, settings: BenchSettings, traces: List[dict],
+                checks: Optional[List[Check]], plain_results: list) -> List[dict]:
+    """A greedy run at each δ of `settings.judge_thresholds` against the same plain decoding (`plain_results`,
+    filled by the first run when empty; no HF baseline), the runtime left accepting exactly after it."""
+    runs, judged = [], replace(settings, hf_baseline=False)
+    for threshold in settings.judge_thresholds:
+        set_judge_threshold(runtime, threshold)
+        run_traces: List[dict] = []
+        runs.append({"judge_threshold": threshold,
+                     **run_temperature(runtime, prompts, judged, 0.0, run_traces, plain_results, checks)})
+        traces += [{"judge_threshold": threshold, **row} for row in run_traces]
+    set_judge_threshold(runtime, None)
+    return runs
 
 
 def sweep_prune_thresholds(runtime: Runtime, prompts: List, settings: BenchSettings,
@@ -310,6 +335,7 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
     device = engine.device
     return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
+            "judge_thresholds": list(settings.judge_thresholds), "check_answers": settings.check_answers,
             "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
             "chain": _chain_settings(engine),
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
@@ -338,6 +364,8 @@ def format_table(report: dict) -> str:
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
                     f"{fmt(run['plain_vs_hf'], 2)} | {run['lossless'] if run['lossless'] is not None else 'n/a'} |")
     rows += _sweep_rows(report.get("prune_sweep") or [], fmt)
+    if report.get("judge_sweep"):
+        rows += ["", sweep_table(report)]
     profile = report["cycle_profile"]
     check = report.get("lossless_float32")
     if check is not None:
@@ -349,6 +377,25 @@ def format_table(report: dict) -> str:
     if profile.get("graph_split_ms"):
         rows.append("cycle split (one CUDA graph a phase, device ms): " +
                     ", ".join(f"{k} {v:.3f}" for k, v in profile["graph_split_ms"].items()))
+    return "\n".join(rows)
+
+
+def sweep_table(report: dict) -> str:
+    """The exact greedy run, then each judge threshold: τ (and against the exact τ), tokens/s, speedup over plain
+    decoding, and with checked answers accuracy and retained accuracy."""
+    exact = [run for run in report["runs"] if run["temperature"] == 0][:1]  # none when T=0 was not benched
+    exact_tau = exact[0]["tau"] if exact else None
+    fmt = lambda x, p=2: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
+    rows = ["| acceptance | τ | τ / exact τ | spec tok/s | spec/plain | plain accuracy | accuracy | retained "
+            "accuracy | identical to plain | lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in [*exact, *report["judge_sweep"]]:
+        answers = run.get("answers") or {}
+        name = "exact" if "judge_threshold" not in run else f"judge δ={run['judge_threshold']:g}"
+        ratio = fmt(run["tau"] / exact_tau) if exact_tau else "n/a"
+        rows.append(f"| {name} | {run['tau']:.2f} | {ratio} | {fmt(run['tokens_per_s'], 1)} | "
+                    f"{fmt(run['speedup_vs_plain'])} | {fmt(answers.get('accuracy_plain'), 3)} | "
+                    f"{fmt(answers.get('accuracy'), 3)} | {fmt(answers.get('retained_accuracy'), 3)} | "
+                    f"{run['lossless_prompts']}/{run['prompts']} | {run['lossless']} |")
     return "\n".join(rows)
 
 

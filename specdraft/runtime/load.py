@@ -146,6 +146,14 @@ def _judge(drafter, cfg: RuntimeConfig):
     return judge
 
 
+def set_judge_threshold(runtime: Runtime, threshold: Optional[float]) -> None:
+    """Judge the runtime's cycles at δ = `threshold` from now on (its draft must ship a judge), or accept exactly
+    with None."""
+    settings = replace(runtime.settings, judge_threshold=threshold)
+    runtime.engine.use_judge(_judge(runtime.engine.drafter, settings))
+    runtime.settings = settings
+
+
 def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: TargetModel):
     draft = loaded.draft.to(device=target_model.device, dtype=target.model.dtype)
     return loaded.spec.runtime(draft, loaded.method_cfg, target_model)

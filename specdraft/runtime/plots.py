@@ -96,11 +96,13 @@ def bench_title(settings: dict, prompts: int) -> str:
 
 
 def plot_bench(report: dict, path: Path) -> None:
-    """bench.png: tokens/s against plain decoding and HF generate, acceptance by draft position, and τ against the
-    tokens verified a cycle."""
+    """bench.png: tokens/s against plain decoding and HF generate, acceptance by draft position, τ against the
+    tokens verified a cycle, and with a judge's δ sweep a fourth panel: τ and retained accuracy against δ."""
     plt = pyplot()
     runs = report["runs"]
-    fig, (speed_ax, accept_ax, verified_ax) = plt.subplots(1, 3, figsize=(15, 4.5))
+    judged = bool(report.get("judge_sweep"))
+    fig, axes = plt.subplots(1, 4 if judged else 3, figsize=(20 if judged else 15, 4.5))
+    speed_ax, accept_ax, verified_ax = axes[:3]
     _speed_panel(speed_ax, runs)
     for run in runs:
         acceptance_panel(accept_ax, run["acceptance_by_position"], run.get("cycles_by_position"), bars=False,
@@ -108,9 +110,34 @@ def plot_bench(report: dict, path: Path) -> None:
     accept_ax.set_title("acceptance", fontsize=9)
     accept_ax.legend(fontsize=8)
     _verified_panel(verified_ax, report)
-    fig.suptitle(bench_title(report["settings"], runs[0]["prompts"]), fontsize=9)
+    if judged:
+        _judge_panel(axes[3], report)
+    fig.suptitle(bench_title(report["settings"], runs[0]["prompts"]) +
+                 (", lossless: false (judged runs)" if judged else ""), fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def _judge_panel(ax, report: dict) -> None:
+    """τ and retained accuracy against the judge's δ, the exact greedy run's τ as a line."""
+    sweep = report["judge_sweep"]
+    thresholds = [run["judge_threshold"] for run in sweep]
+    exact = next((run for run in report["runs"] if run["temperature"] == 0), None)
+    ax.plot(thresholds, [run["tau"] for run in sweep], marker="o", label="τ (judged)")
+    if exact is not None:
+        ax.axhline(exact["tau"], linestyle="--", color="grey", label=f"τ exact {exact['tau']:.2f}")
+    ax.set_xlabel("judge threshold δ")
+    ax.set_ylabel("τ (tokens per cycle)")
+    ax.set_title("judged acceptance (lossless: false)", fontsize=9)
+    retained = [(run.get("answers") or {}).get("retained_accuracy") for run in sweep]
+    if any(value is not None for value in retained):
+        quality = ax.twinx()
+        quality.plot(thresholds, [float("nan") if v is None else v for v in retained], marker="s", color="tab:red",
+                     label="retained accuracy")
+        quality.set_ylabel("retained accuracy (share of plain decoding's solved prompts)")
+        quality.set_ylim(0, 1.05)
+        quality.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
 
 
 def _verified_panel(ax, report: dict) -> None:

@@ -12,6 +12,7 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.targets import capture_features
+from tests.addons import DRAFT_METHODS
 from tests.tiny import tiny_llama_config
 from tests.oracles import ChainState, chain_of
 
@@ -22,7 +23,7 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
     "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts: tests/test_vispec.py has images
 }
-RUNTIME_METHODS = sorted(name for name, spec in METHODS.items() if spec.runtime is not None and spec.base_draft is None)
+RUNTIME_METHODS = sorted(name for name in DRAFT_METHODS if METHODS[name].runtime is not None)
 """Drafts of their own; an add-on's drafter extends its base's (tests/test_methods_contract.py decodes with it)."""
 
 
@@ -34,8 +35,7 @@ def _reference_kernels(monkeypatch):
 
 
 def test_every_method_has_a_runtime_and_a_case():
-    standalone = sorted(name for name, spec in METHODS.items() if spec.base_draft is None)
-    assert RUNTIME_METHODS == standalone and set(CASES) == set(standalone)
+    assert RUNTIME_METHODS == DRAFT_METHODS and set(CASES) == set(DRAFT_METHODS)
 
 
 def _hf_greedy(model, prompt, n):

@@ -126,7 +126,7 @@ def bench_draft(export: Path, targets: Targets, args) -> dict:
     """One draft's bench at T=0 against plain decoding, and its float32 lossless check."""
     from specdraft.config import RuntimeConfig
     from specdraft.drafts import load_draft
-    from specdraft.runtime.bench import BenchSettings, bench_prompts, lossless_in_float32, run_temperature
+    from specdraft.runtime.bench import BenchSettings, encode_prompts, lossless_in_float32, run_temperature
     from specdraft.runtime.load import build_runtime
 
     loaded = load_draft(export)
@@ -139,7 +139,7 @@ def bench_draft(export: Path, targets: Targets, args) -> dict:
         return build_runtime(loaded, targets.get(loaded.target_config, dtype), config)
 
     runtime = runtime_in(args.dtype)
-    prompts = bench_prompts(runtime, settings.prompts, settings.max_prompts)
+    prompts, _ = encode_prompts(runtime, settings.prompts, settings.max_prompts)
     run = run_temperature(runtime, prompts, settings, 0.0, [])
     check = lossless_in_float32(runtime, prompts, settings, lambda: runtime_in("float32"))
     keys = ("tau", "acceptance_by_position", "tokens_per_s", "tokens_per_s_plain", "speedup_vs_plain", "lossless",

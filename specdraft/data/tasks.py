@@ -1,0 +1,224 @@
+"""A task suite whose answers a program checks (checks.py): small arithmetic, unit conversion, list sorting and
+reversal, counting, field extraction, JSON formatting and the like, each a template that draws its numbers and
+words from a seeded generator. Two disjoint sets of templates: `train` (to mine labels on) and `heldout` (to
+measure quality on templates no label came from).
+
+As a prompt set: `tasks:SPLIT` or `tasks:SPLIT:COUNT` (default count 500), read like any prompt file
+(specdraft.data.sources); item i of a split is the same whatever the count. Each record is a `prompt`, its
+`check` and `answer` (checks.py) and its `template`.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable, Dict, List
+
+from specdraft.core.errors import SpecdraftError, choices_error
+
+PREFIX = "tasks:"
+DEFAULT_COUNT = 500
+FRUITS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "orange", "peach", "pear", "plum"]
+ANIMALS = ["cat", "dog", "horse", "lion", "mouse", "rabbit", "sheep", "tiger", "wolf", "zebra"]
+NAMES = ["Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "James"]
+CITIES = ["Paris", "London", "Tokyo", "Madrid", "Berlin", "Rome", "Cairo", "Lima", "Oslo", "Dublin"]
+COLORS = ["red", "blue", "green", "yellow", "black", "white", "purple", "orange", "pink", "brown"]
+CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Germany", "Berlin"),
+            ("Egypt", "Cairo"), ("England", "London"), ("Russia", "Moscow"), ("China", "Beijing"),
+            ("Greece", "Athens"), ("Canada", "Ottawa"), ("Peru", "Lima")]
+
+Template = Callable[[random.Random], dict]
+
+
+def _item(prompt: str, check: str, answer, **extra) -> dict:
+    return {"prompt": prompt, "check": check, "answer": answer, **extra}
+
+
+def _numbers(rng: random.Random, count: int, low: int = 1, high: int = 50) -> List[int]:
+    return rng.sample(range(low, high), count)
+
+
+def _unsorted(rng: random.Random, count: int) -> List[int]:
+    values = _numbers(rng, count)
+    while values == sorted(values) or values == sorted(values, reverse=True):
+        rng.shuffle(values)
+    return values
+
+
+def _conversion(rng: random.Random, small: str, large: str, factor: int) -> dict:
+    amount = rng.randint(2, 9)
+    return _item(f"How many {small} are in {amount} {large}?", "number", amount * factor)
+
+
+def _sorting(rng: random.Random, order: str, descending: bool) -> dict:
+    values = _unsorted(rng, rng.randint(3, 5))
+    return _item(f"Sort these numbers {order}: {', '.join(map(str, values))}.", "list",
+                 sorted(values, reverse=descending))
+
+
+# ---- train templates --------------------------------------------------------------------------------------
+def add(rng):
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    return _item(f"What is {a} + {b}?", "number", a + b)
+
+
+def multiply(rng):
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return _item(f"What is {a} times {b}?", "number", a * b)
+
+
+def km_to_m(rng):
+    return _conversion(rng, "meters", "kilometers", 1000)
+
+
+def hours_to_minutes(rng):
+    return _conversion(rng, "minutes", "hours", 60)
+
+
+def sort_numbers(rng):
+    return _sorting(rng, "from smallest to largest", descending=False)
+
+
+def reverse_words(rng):
+    words = rng.sample(FRUITS, rng.randint(3, 4))
+    return _item(f"Reverse the order of this list: {', '.join(words)}.", "list", words[::-1])
+
+
+def largest(rng):
+    values = _numbers(rng, rng.randint(3, 5))
+    return _item(f"Which is the largest number in this list: {', '.join(map(str, values))}?", "number", max(values))
+
+
+def count_items(rng):
+    words = rng.sample(ANIMALS, rng.randint(2, 6))
+    return _item(f"How many animals are in this list: {', '.join(words)}?", "number", len(words))
+
+
+def extract_age(rng):
+    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    return _item(f"Name: {name}\nAge: {age}\nCity: {city}\n\nWhat is the age of this person?", "number", age)
+
+
+def extract_city(rng):
+    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    return _item(f"Name: {name}\nCity: {city}\nAge: {age}\n\nWhich city does this person live in?", "text", city)
+
+
+def json_person(rng):
+    name, age = rng.choice(NAMES), rng.randint(18, 80)
+    return _item(f'Write a JSON object with the key "name" set to "{name}" and the key "age" set to {age}.', "json",
+                 {"name": name, "age": age})
+
+
+def capital(rng):
+    country, city = rng.choice(CAPITALS[:6])
+    return _item(f"What is the capital of {country}?", "text", city)
+
+
+def extract_price(rng):
+    item, price, color = rng.choice(FRUITS), rng.randint(2, 30), rng.choice(COLORS)
+    return _item(f"Product: {item}\nColor: {color}\nPrice: {price} dollars\n\nWhat is the price of this product?",
+                 "number", price)
+
+
+# ---- held-out templates -----------------------------------------------------------------------------------
+def subtract(rng):
+    a = rng.randint(20, 90)
+    b = rng.randint(2, a - 5)
+    return _item(f"What is {a} minus {b}?", "number", a - b)
+
+
+def kg_to_g(rng):
+    return _conversion(rng, "grams", "kilograms", 1000)
+
+
+def smallest(rng):
+    values = _numbers(rng, rng.randint(3, 5))
+    return _item(f"Which is the smallest number in this list: {', '.join(map(str, values))}?", "number",
+                 min(values))
+
+
+def sort_descending(rng):
+    return _sorting(rng, "from largest to smallest", descending=True)
+
+
+def extract_name(rng):
+    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    return _item(f"City: {city}\nAge: {age}\nName: {name}\n\nWhat is the name of this person?", "text", name,
+                 reject=[city])
+
+
+def json_city(rng):
+    city, color = rng.choice(CITIES), rng.choice(COLORS)
+    return _item(f'Write a JSON object with the key "city" set to "{city}" and the key "color" set to "{color}".',
+                 "json", {"city": city, "color": color})
+
+
+def extract_email(rng):
+    name = rng.choice(NAMES)
+    email = f"{name.lower()}{rng.randint(1, 99)}@example.com"
+    return _item(f"Name: {name}\nEmail: {email}\nPhone: 555-{rng.randint(1000, 9999)}\n\nWhat is the email address?",
+                 "text", email)
+
+
+def sum_of(rng):
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    return _item(f"What is the sum of {a} and {b}?", "number", a + b)
+
+
+def extract_phone(rng):
+    name, phone = rng.choice(NAMES), f"555-{rng.randint(1000, 9999)}"
+    return _item(f"Name: {name}\nPhone: {phone}\nCity: {rng.choice(CITIES)}\n\nWhat is the phone number?", "text",
+                 phone)
+
+
+def extract_color(rng):
+    item, color, price = rng.choice(FRUITS), rng.choice(COLORS), rng.randint(2, 30)
+    return _item(f"Product: {item}\nPrice: {price} dollars\nColor: {color}\n\nWhat color is this product?", "text",
+                 color)
+
+
+def json_three(rng):
+    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    return _item(f'Write a JSON object with the keys "name", "city" and "age" set to "{name}", "{city}" and {age}.',
+                 "json", {"name": name, "city": city, "age": age})
+
+
+def capital_of(rng):
+    country, city = rng.choice(CAPITALS[6:])
+    return _item(f"Which city is the capital of {country}?", "text", city)
+
+
+def count_colors(rng):
+    words = rng.sample(COLORS, rng.randint(2, 6))
+    return _item(f"How many colors are in this list: {', '.join(words)}?", "number", len(words))
+
+
+TEMPLATES: Dict[str, List[Template]] = {  # the kinds SmolLM2-135M-Instruct mostly solves come twice
+    "train": [add, largest, extract_age, extract_city, extract_price, json_person, capital, multiply, km_to_m,
+              hours_to_minutes, sort_numbers, reverse_words, count_items, add, largest, extract_age, extract_city,
+              extract_price, json_person],
+    "heldout": [json_city, json_three, extract_email, extract_phone, capital_of, extract_name, smallest, sum_of,
+                extract_color, subtract, kg_to_g, sort_descending, count_colors, json_city, json_three, extract_email,
+                extract_phone, capital_of],
+}
+
+
+def task_records(split: str, count: int = DEFAULT_COUNT) -> List[dict]:
+    """The first `count` items of a split: item i uses template i mod T, drawn from a generator seeded by
+    (split, i), so a longer set starts with the shorter one."""
+    if split not in TEMPLATES:
+        raise choices_error("task split", split, sorted(TEMPLATES))
+    templates = TEMPLATES[split]
+    records = []
+    for index in range(count):
+        template = templates[index % len(templates)]
+        rng = random.Random(f"{split}:{index}")
+        records.append({**template(rng), "template": template.__name__})
+    return records
+
+
+def parse_source(source: str) -> tuple:
+    """`tasks:SPLIT[:COUNT]` -> (split, count)."""
+    split, _, count = source[len(PREFIX):].partition(":")
+    if count and not (count.isdigit() and int(count) > 0):
+        raise SpecdraftError(f"prompt set {source!r}: the count must be a positive integer (tasks:SPLIT:COUNT)")
+    return split, int(count) if count else DEFAULT_COUNT

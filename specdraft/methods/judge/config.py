@@ -1,0 +1,25 @@
+"""The judge's recipe section (`method:`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdraft.core.errors import SpecdraftError
+
+
+@dataclass
+class JudgeConfig:
+    draft: str = "runs/eagle3_smollm2/export"
+    """The trained draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export or run directory): mining
+    drafts with it, and the export carries a copy of it."""
+    check_timeout_s: float = 5.0
+    """Time limit of one sandboxed code check (HumanEval prompts); a check past it labels nothing and counts as an
+    error."""
+    branch_batch_size: int = 64
+    """Branches continued together by the target (one per mismatch: the draft's token accepted, the target's
+    greedy answer after it)."""
+
+    def __post_init__(self):
+        if self.check_timeout_s <= 0:
+            raise SpecdraftError(f"method.check_timeout_s must be > 0, got {self.check_timeout_s}")
+        if self.branch_batch_size < 1:
+            raise SpecdraftError(f"method.branch_batch_size must be at least 1, got {self.branch_batch_size}")

@@ -1,0 +1,45 @@
+"""The judge suite, tools/bench/judge.py, on a tiny target beside a tiny EAGLE-3 draft (CPU, about a minute: slow):
+labels mined on checked prompts, the head trained and exported, the δ sweep benched on held-out prompts against
+exact and plain decoding; its table and JSON."""
+import json
+
+import pytest
+
+from specdraft.data import checks
+from tests.addons import train_base_export, write_prompts
+from tests.tools import load_tool
+
+
+@pytest.mark.slow
+def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_target_dir, distilled, capsys):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    solved = set()
+
+    def first_then_parity(check, answer):  # each prompt's own answer passes; branches pass by their length's parity
+        if check.expected not in solved:
+            solved.add(check.expected)
+            return True
+        return len(answer) % 2 == 0
+
+    monkeypatch.setitem(checks.CHECKS, "parity", first_then_parity)
+    base = train_base_export(tmp_path / "base", tiny_target_dir, distilled)
+    train = write_prompts(tmp_path / "train.jsonl", [{"prompt": f"q{i}?", "check": "parity", "answer": i}
+                                                     for i in range(4)])
+    heldout = write_prompts(tmp_path / "heldout.jsonl", [{"prompt": f"h{i}?", "check": "parity", "answer": -1}
+                                                         for i in range(2)])
+    suite = load_tool("bench/judge")
+    report = suite.main([str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3",
+                         "train.val_every_steps=3", "train.micro_batch_size=2", "train.warmup_steps=1",
+                         "--target", str(tiny_target_dir), "--train-prompts", str(train), "--heldout-prompts",
+                         str(heldout), "--thresholds", "0.9", "0", "--max-new-tokens", "8", "--shape", "3",
+                         "--lossless-prompts", "1", "--work", str(tmp_path / "work")])
+    labels = report["labels"]
+    assert labels["prompts"] == labels["labelled_prompts"] == 4 and labels["labels"] > 0
+    assert labels["positives"] + labels["negatives"] == labels["labels"] and labels["check_errors"] == 0
+    bench = report["bench"]
+    assert bench["lossless"] is False and bench["lossless_float32"]["identical"] == 1
+    assert [run["judge_threshold"] for run in bench["judge_sweep"]] == [0.9, 0.0]
+    assert bench["judge_sweep"][1]["tau"] == 4.0  # δ = 0 accepts the whole chain
+    assert json.loads((tmp_path / "work" / "judge.json").read_text())["labels"] == labels
+    out = capsys.readouterr().out
+    assert "| exact |" in out and "| δ=0 | 4.00 |" in out and "goal (retained accuracy >= 98%)" in out

@@ -1,0 +1,162 @@
+"""Judge suite: learned acceptance beside a trained draft, end to end, with its quality cost measured. Labels are
+mined on the task suite's training templates (`specdraft distill-data` with recipes/judge_smollm2.yaml: each
+mismatch branched and checked), the head is fitted (`train`) and exported, then `specdraft bench` runs the
+held-out templates at T=0: exact acceptance, then each δ of the sweep, each against plain decoding in the same
+run, every answer checked by its program.
+
+    python3 tools/bench/judge.py $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
+    python3 tools/bench/judge.py EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
+
+EXPORT is the draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export of the same target); key=value
+arguments override the judge recipe (every stage). The table has, per acceptance rule: τ, τ against the exact
+rule's, tokens/s, speedup over plain decoding, plain and judged accuracy, retained accuracy (the share of the
+prompts plain decoding solves that the rule still solves), answers identical to plain decoding, and lossless.
+Above it: the labels mined (prompts labelled of those given, positives, negatives, checks that failed), the
+head's held-out accuracy, recall and specificity, and below it the float32 check of exact decoding and the goal
+(the highest τ ratio at a retained accuracy of at least 98%). WORK/judge.json (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from suite import REPO, finish, fmt, machine, markdown_table
+
+import torch
+
+from specdraft.core.io import write_json
+
+GOAL_RETAINED = 0.98
+
+
+def _cli(argv: List[str], seconds: Dict[str, float]) -> None:
+    """`specdraft ARGV` in this process, its wall time kept under its command's name."""
+    from specdraft import cli
+
+    started = time.perf_counter()
+    if cli.main(argv) != 0:
+        raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
+    seconds[argv[0]] = time.perf_counter() - started
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def shape_flags(shape: str) -> List[str]:
+    """'DEPTH,TOPK,BUDGET' (a tree) or 'DEPTH' (a chain) -> bench flags."""
+    parts = shape.split(",")
+    if len(parts) == 1:
+        return ["--chain", "--depth", parts[0]]
+    if len(parts) == 3:
+        return ["--depth", parts[0], "--topk", parts[1], "--budget", parts[2]]
+    raise SystemExit(f"bad shape {shape!r}: DEPTH,TOPK,BUDGET or DEPTH")
+
+
+def run_stages(args, work: Path) -> Dict[str, float]:
+    """distill-data (mined labels), train, export, then bench on the held-out prompts -> each stage's seconds."""
+    target = [f"target.path={args.target}"] if args.target else []
+    overrides = [f"method.draft={args.export}", f"data.prompts=[{args.train_prompts}]",
+                 f"distill.output_dir={work / 'labels'}", f"train.output_dir={work / 'train'}",
+                 f"distill.max_new_tokens={args.max_new_tokens}", *target, *args.overrides]
+    seconds: Dict[str, float] = {}
+    _cli(["distill-data", str(args.recipe), *overrides], seconds)
+    _cli(["train", str(args.recipe), *overrides], seconds)
+    _cli(["export", str(work / "train"), "--format", "hf", "--out", str(work / "export")], seconds)
+    bench = ["bench", str(work / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature", "0",
+             "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts", str(args.lossless_prompts),
+             "--judge-threshold", *map(str, args.thresholds), *shape_flags(args.shape), "--out", str(work / "bench")]
+    _cli([*bench, *(["--target", args.target] if args.target else [])], seconds)
+    write_json(work / "stage_seconds.json", seconds)
+    return seconds
+
+
+def label_stats(labels_dir: Path) -> dict:
+    """What distill-data mined: prompts given and labelled, positives, negatives, failed checks."""
+    from datasets import load_from_disk
+
+    counts = _read(labels_dir / "counts.json")
+    dataset = load_from_disk(str(labels_dir / "dataset")).select_columns(["labels", "check_errors"])
+    labels = [label for row in dataset["labels"] for label in row]
+    return {"prompts": counts.get("input"), "labelled_prompts": counts.get("ok"), "skipped": counts.get("skipped"),
+            "errors": counts.get("error"), "labels": len(labels), "positives": sum(labels),
+            "negatives": len(labels) - sum(labels), "check_errors": sum(dataset["check_errors"])}
+
+
+def goal(bench: dict) -> Optional[dict]:
+    """The δ with the highest τ against the exact τ among those keeping retained accuracy >= GOAL_RETAINED."""
+    exact = next(run for run in bench["runs"] if run["temperature"] == 0)
+    kept = [run for run in bench.get("judge_sweep") or []
+            if ((run.get("answers") or {}).get("retained_accuracy") or 0) >= GOAL_RETAINED]
+    if not kept:
+        return None
+    best = max(kept, key=lambda run: run["tau"])
+    return {"judge_threshold": best["judge_threshold"], "tau_ratio": best["tau"] / exact["tau"],
+            "retained_accuracy": best["answers"]["retained_accuracy"], "speedup_vs_plain": best["speedup_vs_plain"]}
+
+
+def collect(args, work: Path) -> dict:
+    bench, seconds = _read(work / "bench" / "bench.json"), _read(work / "stage_seconds.json")
+    head = _read(work / "train" / "best" / "meta.json").get("metrics", {})
+    return {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
+            "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts,
+            "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
+            "labels": label_stats(work / "labels"),
+            "head": {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")},
+            "stage_seconds": seconds, "bench": bench, "goal": goal(bench)}
+
+
+def table(report: dict) -> str:
+    bench, labels, head = report["bench"], report["labels"], report["head"]
+    exact = next(run for run in bench["runs"] if run["temperature"] == 0)
+    rows = []
+    for run in [exact, *bench["judge_sweep"]]:
+        answers = run.get("answers") or {}
+        name = "exact" if "judge_threshold" not in run else f"δ={run['judge_threshold']:g}"
+        rows.append([name, fmt(run["tau"], ".2f"), fmt(run["tau"] / exact["tau"], ".2f"), fmt(run["tokens_per_s"]),
+                     fmt(run["speedup_vs_plain"], ".2f"), fmt(answers.get("accuracy_plain"), ".3f"),
+                     fmt(answers.get("accuracy"), ".3f"), fmt(answers.get("retained_accuracy"), ".3f"),
+                     f"{run['lossless_prompts']}/{run['prompts']}", run["lossless"]])
+    check, reached = bench.get("lossless_float32") or {}, report["goal"]
+    lines = [f"labels: {labels['labels']} ({labels['positives']} positive, {labels['negatives']} negative) from "
+             f"{labels['labelled_prompts']} of {labels['prompts']} prompts ({labels['skipped']} skipped, "
+             f"{labels['errors']} errors, {labels['check_errors']} failed branch checks)",
+             f"head, held out: accuracy {fmt(head['acc'], '.3f')}, recall {fmt(head['recall'], '.3f')}, "
+             f"specificity {fmt(head['specificity'], '.3f')}", "",
+             markdown_table(["acceptance", "τ", "τ / exact", "tok/s", "speedup vs plain", "plain accuracy",
+                             "accuracy", "retained accuracy", "identical to plain", "lossless"], rows), "",
+             f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
+             "goal (retained accuracy >= 98%): " + ("none of the δ keeps it" if reached is None else
+                                                     f"δ={reached['judge_threshold']:g}, τ {reached['tau_ratio']:.2f}x "
+                                                     f"the exact τ, retained {reached['retained_accuracy']:.3f}"),
+             "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description="judge: mined labels, the head, and τ against retained accuracy")
+    parser.add_argument("export", type=Path, help="the draft the judge serves beside (an export of the target)")
+    parser.add_argument("overrides", nargs="*", help="judge recipe overrides for every stage, key=value")
+    parser.add_argument("--target", default=None, help="the target (default: the recipe's, the packaged SmolLM2)")
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "judge_smollm2.yaml")
+    parser.add_argument("--train-prompts", default="tasks:train:300", help="prompts labels are mined on")
+    parser.add_argument("--heldout-prompts", default="tasks:heldout:100", help="prompts the sweep is benched on")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.98])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--shape", default="5,8,40", help="DEPTH,TOPK,BUDGET (a tree) or DEPTH (a chain)")
+    parser.add_argument("--lossless-prompts", type=int, default=10, help="exact decoding checked in float32")
+    parser.add_argument("--work", type=Path, default=Path("runs/bench/judge"))
+    parser.add_argument("--out", type=Path, default=None, help="where judge.json goes (default: WORK)")
+    parser.add_argument("--collect", action="store_true", help="only read an existing WORK")
+    args = parser.parse_args(argv)
+    if not args.collect:
+        run_stages(args, args.work)
+    report = collect(args, args.work)
+    return finish(table(report), args.out or args.work, report, "judge")
+
+
+if __name__ == "__main__":
+    main()
