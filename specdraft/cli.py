@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from typing import List, Optional
 
 from specdraft.core.errors import SpecdraftError
@@ -54,6 +55,8 @@ def _eval(args) -> dict:
 def _runtime_args(cmd) -> None:
     """The runtime's flags, each mapped onto the `runtime:` recipe field of the same name (specdraft.config.
     RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's)."""
+    from specdraft.config import POLICIES
+
     cmd.add_argument("path", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     cmd.add_argument("--trust-remote-code", action="store_true",
@@ -86,6 +89,25 @@ def _runtime_args(cmd) -> None:
     cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
                      help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
                           "(lossy, T=0 only; default: exact acceptance)")
+    cmd.add_argument("--policy", default=None, choices=POLICIES,
+                     help="what each cycle drafts: fixed (default), sam (retrieval drafts from a suffix automaton of "
+                          "the prompt and answer), svip (stop at the draft entropy's acceptance bound), ddd (stop "
+                          "growing the tree at the frontier's summed probability)")
+    cmd.add_argument("--sam-min-match", type=int, default=None, metavar="N",
+                     help="sam: the suffix match (tokens) from which the retrieval draft is used (default 4)")
+    cmd.add_argument("--sam-draft", type=int, default=None, metavar="K",
+                     help="sam: retrieved tokens verified per retrieval cycle (default 10, at most 32)")
+    cmd.add_argument("--sam-merge", action="store_true", default=None,
+                     help="sam, trees: verify the retrieval draft grafted onto the model's tree in one pass")
+    cmd.add_argument("--sam-corpus", default=None, metavar="FILE",
+                     help="sam: a text file (documents apart by blank lines) to retrieve from as well")
+    cmd.add_argument("--svip-threshold", type=float, default=None, metavar="A",
+                     help="svip: stop below this estimated acceptance (default 0.4)")
+    cmd.add_argument("--ddd-threshold", type=float, default=None, metavar="P",
+                     help="ddd: stop below this frontier probability mass (default 0.25)")
+    cmd.add_argument("--no-sample-drafts", dest="sample_drafts", action="store_false", default=None,
+                     help="at T > 0, draft every child as a point mass of the draft's top-k (default: each "
+                          "node's first child sampled from the draft)")
     cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                      help="read every step's tokens before queuing the next (default: one step in flight)")
     cmd.add_argument("--max-len", type=int, default=None, help="KV-cache slots: prompt + answer + tree (default 2048)")
@@ -96,15 +118,14 @@ def _runtime_args(cmd) -> None:
 
 
 RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
-                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "overlap",
-                 "max_len", "cuda_graphs")
+                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "policy",
+                 "sam_min_match", "sam_draft", "sam_merge", "sam_corpus", "svip_threshold", "ddd_threshold",
+                 "sample_drafts", "overlap", "max_len", "cuda_graphs")
 """The runtime flags, by their RuntimeConfig field names."""
 
 
 def runtime_config(args, dtype: Optional[str] = None):
     """The draft's own runtime settings with every flag given on the command line over them (`dtype` over all)."""
-    from dataclasses import replace
-
     from specdraft.drafts import runtime_settings
 
     given = {name: getattr(args, name) for name in RUNTIME_FLAGS if getattr(args, name) is not None}
@@ -138,12 +159,39 @@ def _generate(args) -> None:
     return None
 
 
+def _bench_categories(args) -> dict:
+    """`bench --categories`: each --policies variant on each Spec-Bench category (specdraft.runtime.categories)."""
+    import functools
+
+    from specdraft.runtime.categories import CategorySettings, categories_table, run_categories, variant_configs
+    from specdraft.runtime.load import build_runtime, load_parts
+
+    if not args.prompts:
+        raise SpecdraftError("--categories needs --prompts: a Spec-Bench question.jsonl")
+    configs = variant_configs(runtime_config(args), args.policies)
+    parts = load_parts(args.path, next(iter(configs.values())), args.target, args.trust_remote_code)
+    runtimes = {name: build_runtime(*parts, cfg) for name, cfg in configs.items()}
+    float32_parts = functools.lru_cache(maxsize=1)(
+        lambda: load_parts(args.path, runtime_config(args, "float32"), args.target, args.trust_remote_code))
+    float32 = functools.lru_cache(maxsize=None)(
+        lambda name: build_runtime(*float32_parts(), replace(configs[name], dtype="float32")))
+    settings = CategorySettings(prompts=args.prompts, per_category=args.max_prompts, variants=args.policies,
+                                temperatures=tuple(args.temperature or (0.0,)), max_new_tokens=args.max_new_tokens,
+                                seed=args.seed, lossless_prompts=args.lossless_prompts)
+    report = run_categories(runtimes, settings, args.out, load_float32=float32)
+    print(categories_table(report), file=sys.stderr)
+    return {"rows": len(report["rows"]), "out": str(args.out)}
+
+
 def _bench(args) -> dict:
     from specdraft.runtime.bench import BenchSettings, format_table, run_bench
 
+    if args.categories:
+        return _bench_categories(args)
     runtime = _load_runtime(args)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
-                             temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
+                             temperatures=tuple(args.temperature or (0.0, 1.0)), seed=args.seed,
+                             hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
                              **({"prompts": args.prompts} if args.prompts else {}))
@@ -213,7 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     _runtime_args(bench)
     bench.add_argument("--prompts", default=None, help="prompt file (default: MT-bench's questions)")
     bench.add_argument("--max-prompts", type=int, default=None)
-    bench.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0])
+    bench.add_argument("--temperature", type=float, nargs="+", default=None,
+                       help="temperatures to bench (default: 0 and 1; with --categories, 0)")
+    bench.add_argument("--categories", action="store_true",
+                       help="Spec-Bench's six categories of --prompts (its question.jsonl), each --policies variant "
+                            "against plain decoding: bench_categories.json and a table (--max-prompts: per category)")
+    bench.add_argument("--policies", nargs="+", default=["fixed", "sam", "svip", "ddd"], metavar="VARIANT",
+                       help="with --categories: POLICY[,FIELD=VALUE...] each, e.g. sam,sam_merge=true ddd,depth=7 "
+                            "(default: fixed sam svip ddd)")
     bench.add_argument("--out", default="bench")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")

@@ -136,7 +136,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     accepted, drafted, exits = cycles
     exit_layers = runtime.engine.drafter.caps.exit_layers
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
-    depth = runtime.engine.shape.depth
+    depth = runtime.engine.most_tokens - 1  # the most drafts a cycle may accept (a policy's may pass the shape's)
     greedy = temperature == 0
     chain = runtime.engine.chain is not None
     return {
@@ -219,7 +219,8 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
     return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
             "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
-            "chain": _chain_settings(engine),
+            "chain": _chain_settings(engine), "policy": runtime.settings.policy, "policy_stats": engine.policy_stats(),
+            "sample_drafts": engine.sample_drafts,
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "overlap": engine.overlap,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
