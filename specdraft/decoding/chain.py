@@ -72,20 +72,20 @@ class ChainCycles:
 
     # ---- device work (graph bodies) ---------------------------------------------------------------------
     def _record(self, depth: int, logits: torch.Tensor) -> None:
-        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth] (sampled drafts: the token sampled
-        and scored log max q, its log q kept for the verify), and stops[depth] where a stop rule reads it."""
+        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth] (the top-1 log-probability; sampled
+        drafts: the token sampled, its log q kept for the verify), and stops[depth] where a stop rule reads it."""
         d2t = self.engine.drafter.d2t
-        if self.temperature > 0:
+        if self.temperature > 0:  # a stop rule reads the top-1 log-probability, never the sampled token's
             gumbel = self.gumbel[depth - 1:depth]  # [1, Vd]
-            scores, ids, logprobs = sampled_children(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
+            _, ids, logprobs = sampled_children(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
             self.draft_logprobs[depth - 1:depth].copy_(logprobs)
+            scores = logprobs.amax(dim=-1, keepdim=True)  # [1, 1]
         else:
             scores, ids = draft_topk(logits, d2t, 1)  # [1, 1]
         self.tokens[depth:depth + 1].copy_(ids[0])
         self.logprobs[depth:depth + 1].copy_(scores[0])
         if self.stop_rule is not None:  # `draft` reads it; graphs are keyed by the rule (`_run`)
-            joint = self.logprobs[1:depth + 1].sum(dim=0, keepdim=True)  # [1]
-            self.stops[depth:depth + 1].copy_(self.stop_rule.chain(logits, scores[0], joint))
+            self.stops[depth:depth + 1].copy_(self.stop_rule.chain(logits, scores[0], self.logprobs[1:depth + 1]))
 
     def _first(self) -> torch.Tensor:
         engine = self.engine

@@ -25,7 +25,7 @@ class DraftingPolicy:
         return 0
 
     def begin(self, tokens: Sequence[int]) -> None:
-        """A new generation: its prompt and first token."""
+        """A new generation's prompt (run while the device prefills it; the first token comes to `observe`)."""
 
     def observe(self, new_tokens: List[int]) -> None:
         """The tokens the newest cycle emitted, read on the host."""

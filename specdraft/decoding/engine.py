@@ -41,7 +41,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -204,13 +204,14 @@ class SpecEngine:
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None,
-                prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None
-                ) -> int:
+                prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None,
+                meanwhile: Optional[Callable[[], None]] = None) -> int:
         """prompt_ids [P] on the device: fills the caches, returns the first new token. `prompt_embeds` [P, H]
         replaces the target's embeddings of the prompt (image features in a vision-language prompt, say);
         `context` is the drafter's extra prompt context (`Drafter.begin`). Its attention avoids cuDNN's
         (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of `prefill_rows` rows and runs in
-        the graphs of that length (`PREFILL_ROWS`)."""
+        the graphs of that length (`PREFILL_ROWS`). `meanwhile`: host work run while the device prefills (after
+        its work is queued, before the first token is read)."""
         n = prompt_ids.shape[0]
         rows = min(-(-n // self.prefill_rows) * self.prefill_rows, self.max_len)
         padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
@@ -228,6 +229,8 @@ class SpecEngine:
             if self.drafter is not None:
                 self.graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
         self.prefix_len.fill_(n)
+        if meanwhile is not None:
+            meanwhile()
         return int(self.root)
 
     def graph(self, key: str, fn, state: List[torch.Tensor], example: Sequence[torch.Tensor] = ()) -> CallGraph:
@@ -377,12 +380,13 @@ class SpecEngine:
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
-        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context)]
+        begin = partial(self.policy.begin, list(prompt_ids)) if self.policy is not None else None
+        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, meanwhile=begin)]
         result = GenerationResult(tokens=generated)
         if self.dynamic_exit is not None:
             self.dynamic_exit.reset()
         if self.policy is not None:
-            self.policy.begin(list(prompt_ids) + generated)
+            self.policy.observe(generated)
         done = _finished(generated, generated, eos_ids, max_new_tokens)
         host_driven = self.dynamic_exit is not None or (self.policy is not None and self.policy.reads_every_cycle)
         ahead = 1 if self.overlap and not trace and not host_driven else 0  # cycles queued past the read

@@ -8,9 +8,13 @@ sampled drafts). So here, at T > 0, every expanded node's first child is sampled
 drawn outside the CUDA graph) and its other k - 1 children are q's most probable tokens besides it; the verify
 tests the sampled child against p with min(1, p / q), then the others as point masses against the residual
 max(0, p - q) renormalised (sampling.py). Lossless because what decides whether the sampled child is in the tree
-never reads which token it is: it scores log max q (the score the draft's top-1 child would have, so a tree whose
-sampled children are the top-1 tokens has EAGLE-2's shape), above its siblings, ahead of them in node order; its
-siblings and descendants score no higher and come later, so they cannot push it out.
+never reads which token it is: it scores as certain (its parent's joint score: a draft near the target is
+accepted with probability 1 - TV, however flat q is, so q's own probabilities would undervalue it; scored by
+them, the selection cut the sampled chain short and a tree accepted less than a chain), above its siblings, ahead
+of them in node order; its siblings and descendants score no higher and come later, so they cannot push it out.
+The tree then always holds the sampled chain to its full depth, and its point-mass siblings by EAGLE-2's scores.
+(A stop rule that reads the frontier's mass, Dynamic Depth Decoding's, sees the sampled chain as certain and does
+not stop at T > 0.)
 """
 from __future__ import annotations
 
@@ -49,11 +53,11 @@ def draw_gumbel(rows: int, draft_vocab: int, generator: Optional[torch.Generator
 def sampled_children(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
                      temperature: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """draft_logits [r, Vd], gumbel [r, Vd] -> (scores [r, k] float32, target ids [r, k] int64, log q [r, Vd]):
-    child 0 sampled from q = softmax(logits / T) and scored log max q; children 1..k-1 the k - 1 most probable
+    child 0 sampled from q = softmax(logits / T) and scored 0 (certain); children 1..k-1 the k - 1 most probable
     tokens besides it, scored their log q."""
     logprobs = torch.log_softmax(draft_logits.float() / temperature, dim=-1)  # [r, Vd]
     sampled = (logprobs + gumbel).argmax(dim=-1, keepdim=True)  # [r, 1]
     others = logprobs.scatter(-1, sampled, float("-inf")).topk(k - 1, dim=-1).indices  # [r, k - 1]
     ids = torch.cat([sampled, others], dim=-1)  # [r, k]
-    scores = torch.cat([logprobs.amax(dim=-1, keepdim=True), logprobs.gather(-1, others)], dim=-1)  # [r, k]
+    scores = torch.cat([torch.zeros_like(sampled, dtype=logprobs.dtype), logprobs.gather(-1, others)], dim=-1)
     return scores, ids + d2t[ids], logprobs

@@ -26,9 +26,10 @@ class StopRule:
     def __init__(self, threshold: float):
         self.threshold = threshold
 
-    def chain(self, logits: torch.Tensor, logprob: torch.Tensor, joint: torch.Tensor) -> torch.Tensor:
+    def chain(self, logits: torch.Tensor, logprob: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
         """A chain's newest draft: logits [1, Vd] of the distribution it came from, its score logprob [1] (the
-        top-1 log-probability), joint [1] the path's summed scores -> [1] bool: stop before this draft."""
+        top-1 log-probability), path [d] the scores of the drafts so far, this one last -> [1] bool: stop before
+        this draft."""
         raise NotImplementedError
 
     def tree(self, logits: torch.Tensor, frontier_scores: torch.Tensor) -> torch.Tensor:
@@ -40,7 +41,7 @@ class StopRule:
 class ConfidenceStop(StopRule):
     name = "confidence"
 
-    def chain(self, logits, logprob, joint):
+    def chain(self, logits, logprob, path):
         return logprob < math.log(self.threshold)
 
 
@@ -55,7 +56,7 @@ def acceptance_bound(logits: torch.Tensor) -> torch.Tensor:
 class EntropyStop(StopRule):
     name = "svip"
 
-    def chain(self, logits, logprob, joint):
+    def chain(self, logits, logprob, path):
         return acceptance_bound(logits) < self.threshold
 
     def tree(self, logits, frontier_scores):
@@ -65,8 +66,8 @@ class EntropyStop(StopRule):
 class MassStop(StopRule):
     name = "ddd"
 
-    def chain(self, logits, logprob, joint):
-        return joint < math.log(self.threshold)
+    def chain(self, logits, logprob, path):
+        return path.sum(dim=0, keepdim=True) < math.log(self.threshold)
 
     def tree(self, logits, frontier_scores):
         return torch.logsumexp(frontier_scores, dim=0, keepdim=True) < math.log(self.threshold)

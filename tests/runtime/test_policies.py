@@ -95,12 +95,14 @@ def _first_tokens(engine, prompt, trials):
         for tensor, value in zip(engine.state_tensors(), saved):
             tensor.copy_(value)
         if engine.policy is not None:
-            engine.policy.begin(prompt + [root])
+            engine.policy.begin(prompt)
+            engine.policy.observe([root])
         out, _ = engine.cycle(1.0, generator)
         firsts.append(int(out.emitted[0]))
     return root, torch.tensor(firsts)
 
 
+@pytest.mark.slow  # 400 cycles each
 @pytest.mark.parametrize("name", ["fixed_tree", "fixed_chain", "sam_merge", "sam_chain", "ddd_tree"])
 @torch.no_grad()
 def test_sampled_cycles_keep_the_target_distribution(name):
