@@ -24,6 +24,7 @@ import torch
 
 from specdraft.config import DistillConfig, Recipe
 from specdraft.recipes import save_recipe
+from data_gen.engine import StaticAnswers, static_engine
 from data_gen.shards import (
     merge_shards,
     missing_shards,
@@ -35,8 +36,8 @@ from data_gen.shards import (
 from data_gen.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.data.sources import Conversation, load_conversations
-from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import write_json
+from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
+from specdraft.core.io import reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.load import eos_token_ids
@@ -67,6 +68,7 @@ class _Context:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     generate_kwargs: dict = field(default_factory=dict)
+    static: Optional[StaticAnswers] = None  # distill.engine's static engine; None: Hugging Face generate
 
 
 def default_device() -> str:
@@ -85,10 +87,6 @@ def template_ids(tokenizer, messages: List[dict], add_generation_prompt: bool = 
 def problem_entry(conversation: Conversation, status: str, reason: str) -> dict:
     """One errors.jsonl entry; status is `error` or `skipped`."""
     return {"source": conversation.source, "index": conversation.index, "status": status, "reason": reason}
-
-
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
 
 
 def _user_positions(messages: List[dict]) -> List[int]:
@@ -110,7 +108,7 @@ def precheck(tokenizer, conversations: Dict[int, Conversation], data) -> Dict[in
         try:
             length = len(prompt_ids(tokenizer, conversation.messages, 0))
         except Exception as err:  # jinja templates raise their own errors (e.g. unsupported system role)
-            found[position] = problem_entry(conversation, "error", f"chat template failed: {_first_line(err)}")
+            found[position] = problem_entry(conversation, "error", f"chat template failed: {error_summary(err)}")
             continue
         if length < data.max_length:
             continue
@@ -149,17 +147,30 @@ def cut_at_eos(ids: List[int], eos_ids: List[int]) -> List[int]:
 
 
 def generate_answers(ctx: _Context, prompts: List[List[int]]) -> List[str]:
-    """Decoded answers (special tokens skipped) of the target to a batch of templated prompts."""
-    device = next(ctx.model.parameters()).device
-    input_ids, attention_mask = left_pad(prompts, ctx.tokenizer.pad_token_id, device)  # [B, T]
+    """Decoded answers (special tokens skipped) of the target to a batch of templated prompts, by the engine
+    distill.engine chose (data_gen/engine.py)."""
     start = time.perf_counter()
-    with torch.no_grad():
-        output = ctx.model.generate(input_ids=input_ids, attention_mask=attention_mask, **ctx.generate_kwargs)
-    answers = [cut_at_eos(row, ctx.eos_ids) for row in output[:, input_ids.shape[1]:].tolist()]  # [B, <=new]
+    answers = ctx.static.answers(prompts) if ctx.static is not None else hf_answers(ctx, prompts)  # [B, <=new]
     ctx.generate_seconds += time.perf_counter() - start
     ctx.generated_tokens += sum(len(ids) for ids in answers)
     ctx.progress.set_postfix(tok_s=f"{ctx.generated_tokens / max(ctx.generate_seconds, 1e-9):.0f}", refresh=False)
     return [ctx.tokenizer.decode(ids, skip_special_tokens=True) for ids in answers]
+
+
+def hf_answers(ctx: _Context, prompts: List[List[int]]) -> List[List[int]]:
+    """Hugging Face `generate` on the left-padded batch -> each answer's ids up to its first EOS."""
+    device = next(ctx.model.parameters()).device
+    input_ids, attention_mask = left_pad(prompts, ctx.tokenizer.pad_token_id, device)  # [B, T]
+    with torch.no_grad():
+        output = ctx.model.generate(input_ids=input_ids, attention_mask=attention_mask, **ctx.generate_kwargs)
+    return [cut_at_eos(row, ctx.eos_ids) for row in output[:, input_ids.shape[1]:].tolist()]
+
+
+def _calls(ctx: _Context, pending: List[tuple]) -> List[List[tuple]]:
+    """A turn's (dialog, prompt ids) as generate_answers takes them: distill.batch_size at a time for Hugging
+    Face generate; all at once for the static engine, which keeps batch_size rows busy as answers finish."""
+    size = max(len(pending), 1) if ctx.static is not None else ctx.recipe.distill.batch_size
+    return [pending[start:start + size] for start in range(0, len(pending), size)]
 
 
 def _finish(ctx: _Context, dialog: _Dialog, failure: Optional[str] = None) -> None:
@@ -175,7 +186,7 @@ def _answer_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
         answers = generate_answers(ctx, [ids for _, ids in batch])
     except Exception as err:  # OOM, CUDA or model errors: record and go on with the next batch
         for dialog, _ in batch:
-            _finish(ctx, dialog, f"generation failed: {_first_line(err)}")
+            _finish(ctx, dialog, f"generation failed: {error_summary(err)}")
         return
     for (dialog, _), answer in zip(batch, answers):
         dialog.messages[_user_positions(dialog.messages)[turn] + 1]["content"] = answer
@@ -195,7 +206,7 @@ def _turn_prompts(ctx: _Context, dialogs: List[_Dialog], turn: int) -> List[tupl
         try:
             ids = prompt_ids(ctx.tokenizer, dialog.messages, turn)
         except Exception as err:  # jinja template errors
-            _finish(ctx, dialog, f"chat template failed at turn {turn}: {_first_line(err)}")
+            _finish(ctx, dialog, f"chat template failed at turn {turn}: {error_summary(err)}")
             continue
         if turn > 0 and len(ids) >= max_length:
             _finish(ctx, dialog)
@@ -237,18 +248,16 @@ def _row(ctx: _Context, dialog: _Dialog) -> dict:
 def distill_shard(ctx: _Context, dialogs: List[_Dialog], shard_index: int) -> tuple:
     """Regenerate one shard turn by turn -> (rows, problems), in conversation order."""
     torch.manual_seed(ctx.recipe.distill.seed + shard_index)
-    batch_size = ctx.recipe.distill.batch_size
     for turn in range(max((d.conversation.num_turns for d in dialogs), default=0)):
-        pending = _turn_prompts(ctx, dialogs, turn)
-        for start in range(0, len(pending), batch_size):
-            _answer_batch(ctx, pending[start:start + batch_size], turn)
+        for batch in _calls(ctx, _turn_prompts(ctx, dialogs, turn)):
+            _answer_batch(ctx, batch, turn)
     rows, problems = [], []
     for dialog in dialogs:
         if dialog.problem is None:
             try:
                 rows.append(_row(ctx, dialog))
             except Exception as err:  # template errors while building the row
-                dialog.problem = problem_entry(dialog.conversation, "error", f"row failed: {_first_line(err)}")
+                dialog.problem = problem_entry(dialog.conversation, "error", f"row failed: {error_summary(err)}")
         if dialog.problem is not None:
             problems.append(dialog.problem)
     return rows, problems
@@ -290,7 +299,8 @@ def check_fingerprint(out: Path, expected: dict) -> None:
     path = out / FINGERPRINT
     if not path.is_file() or not any(shards_dir(out).glob("shard-*")):
         return
-    previous = json.loads(path.read_text())
+    with reading(path, "fingerprint", f"use a new distill.output_dir (or delete {out})"):
+        previous = json.loads(path.read_text())
     changed = [key for key in sorted(set(expected) | set(previous)) if previous.get(key) != expected.get(key)]
     if changed:
         raise SpecdraftError(f"{out} holds shards distilled with a different {', '.join(changed)}; "
@@ -340,7 +350,8 @@ def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversatio
     started = time.time()
     with tqdm(total=owned, initial=done, unit="prompt", desc="distill") as progress:
         ctx = _Context(target.model, target.tokenizer, recipe, eos_ids, progress,
-                       generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id))
+                       generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id),
+                       static=static_engine(recipe, target, eos_ids, device))
         for shard_index, shard in shards.items():
             rows, problems = distill_shard(ctx, _dialogs(ctx, shard, early), shard_index)
             write_shard(out, shard_index, rows, problems)
@@ -374,7 +385,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
             rows, problems = maker.records({p: c for p, c in shard.items() if p not in early})
             problems += [early[p] for p in shard if p in early]
             progress.update(sum(p in early for p in shard))
-            write_shard(out, shard_index, rows, problems, spec.records.features)
+            write_shard(out, shard_index, rows, problems, spec.records.features())
     return {"device": device, "shards": len(shards), "generated_tokens": 0, "generate_seconds": 0.0,
             "tokens_per_s": 0.0, "started": started, "finished": time.time()}
 
@@ -409,6 +420,13 @@ def merge_only(recipe: Recipe) -> dict:
     return _merge(out, num_shards, len(conversations))
 
 
+def _kept_shards(out: Path, own: List[int]) -> str:
+    """What a Ctrl-C'd worker kept: each shard is written whole (a rename) or not at all."""
+    kept = sum(shard_path(out, i).is_dir() for i in own)
+    return (f"distill-data stopped with {kept} of its {len(own)} shards written in {shards_dir(out)}; run the same "
+            f"command again to distill the other {len(own) - kept}")
+
+
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     """Regenerate the answers of `recipe.data.prompts` with `recipe.target` into `recipe.distill.output_dir`.
 
@@ -431,7 +449,10 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     if pending:
         owned = sum(len(_shard_conversations(conversations, i, size)) for i in own)
         make = _generate_missing if get_method(recipe.method_name).records is None else make_missing_records
-        throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        try:
+            throughput = make(recipe, out, conversations, pending, expected, device, owned)
+        except KeyboardInterrupt:
+            raise Interrupted(_kept_shards(out, own)) from None
         write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
         claim_output_dir(recipe, out, expected, [])

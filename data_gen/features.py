@@ -29,7 +29,7 @@ from specdraft.data.features import (
     split_rows,
     write_feature_file,
 )
-from specdraft.data.format import dataset_dir
+from specdraft.data.format import REDO_DATASET, dataset_dir, load_rows
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX
 from specdraft.methods import get_method
@@ -105,13 +105,11 @@ def write_shards(model, dataset, directory: Path, pending: List[int], layers: Li
 def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None, loaded: Optional[dict] = None) -> dict:
     """Dump the features of every row of `out`/dataset into `out`/features; -> rows, tokens, bytes, seconds.
     `loaded` keeps the target between calls (it is loaded only when a shard is missing)."""
-    from datasets import load_from_disk
-
     from specdraft.targets.features import layers_to_store
     from specdraft.targets.load import load_target, load_target_info, resolve_dtype
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dataset = load_from_disk(str(dataset_dir(out))).with_format("numpy")
+    dataset = load_rows(dataset_dir(out), "distilled dataset", REDO_DATASET).with_format("numpy")
     directory, size = features_dir(out), recipe.distill.shard_size
     info = load_target_info(recipe.target)
     layers = _reusable_layers(directory, recipe, info)

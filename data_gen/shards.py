@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List
 
-from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, shards_dir
-from specdraft.core.io import TMP_PREFIX, atomic_dir, write_json
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.io import TMP_PREFIX, atomic_dir, reading, write_json
+from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, load_rows, read_counts, shards_dir
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ MERGED = "merged.json"
 THROUGHPUT = "throughput.json"
 MERGE_LOCK = ".merge.lock"
 COUNT_KEYS = ("input", "ok", "error", "skipped")
+REDO_SHARD = "delete {path} and run `specdraft distill-data` with the same recipe again: it rewrites that shard alone"
+"""How to write a shard again (the error for a corrupt one ends with it)."""
 
 
 def shard_path(out: Path, shard_index: int) -> Path:
@@ -97,9 +100,37 @@ def merge_lock(out: Path) -> Iterator[None]:
         yield
 
 
+def _shard_record(out: Path, shard_index: int) -> dict:
+    """A shard's counts.json, checked to hold every count."""
+    path = shard_path(out, shard_index) / SHARD_COUNTS
+    with reading(path, "shard file", REDO_SHARD.format(path=shard_path(out, shard_index))):
+        record = json.loads(path.read_text())
+        missing = [key for key in COUNT_KEYS if not isinstance(record.get(key), int)]
+        if missing:
+            raise ValueError(f"no count {missing[0]!r}")
+    return record
+
+
 def _shard_records(out: Path, num_shards: int) -> Dict[str, dict]:
-    return {shard_path(out, i).name: json.loads((shard_path(out, i) / SHARD_COUNTS).read_text())
-            for i in range(num_shards)}
+    return {shard_path(out, i).name: _shard_record(out, i) for i in range(num_shards)}
+
+
+def _shard_problems(out: Path, shard_index: int) -> List[dict]:
+    """A shard's errors.jsonl entries."""
+    path = shard_path(out, shard_index) / ERRORS
+    with reading(path, "shard file", REDO_SHARD.format(path=shard_path(out, shard_index))):
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _shard_rows(out: Path, shard_index: int, record: dict):
+    """A shard's rows, read through (a truncated Arrow file names itself), as many as its counts say."""
+    path = shard_path(out, shard_index)
+    with quiet_datasets():
+        rows = load_rows(path, "shard", REDO_SHARD)
+    if len(rows) != record["ok"]:
+        raise SpecdraftError(f"corrupt shard {path}: {len(rows)} rows, its counts.json says {record['ok']}; "
+                             f"{REDO_SHARD.format(path=path)}")
+    return rows
 
 
 def _already_merged(out: Path, records: Dict[str, dict]) -> bool:
@@ -107,30 +138,37 @@ def _already_merged(out: Path, records: Dict[str, dict]) -> bool:
     if not (merged.is_file() and counts_path(out).is_file() and dataset_dir(out).is_dir()):
         return False
     write_ids = {name: record.get("write_id") for name, record in records.items()}
-    return json.loads(merged.read_text()).get("shards") == write_ids
+    with reading(merged, "merge record", "delete it and run `specdraft distill-data RECIPE --merge` again"):
+        return json.loads(merged.read_text()).get("shards") == write_ids
+
+
+def _check_counts(out: Path, counts: dict, num_input: int) -> None:
+    """The shards' counts add up to the prompt sets' conversations (ok + error + skipped = input)."""
+    if counts["input"] != num_input or counts["ok"] + counts["error"] + counts["skipped"] != counts["input"]:
+        raise SpecdraftError(f"the shards in {shards_dir(out)} count {counts}, the prompt sets hold {num_input} "
+                             f"conversations; distill into a new distill.output_dir (or delete {out})")
 
 
 def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
     """Concatenate all shards into dataset/, merge their counts, errors and throughput; -> counts.
 
-    Holds the merge lock; skipped (returning the existing counts) when the current shards were merged already."""
-    from datasets import concatenate_datasets, load_from_disk
+    Holds the merge lock; skipped (returning the existing counts) when the current shards were merged already.
+    Every shard is read through before anything is written: a corrupt one is an error naming it, and leaves the
+    merged files as they were; merged.json, written last, marks a merge that finished."""
+    from datasets import concatenate_datasets
 
     with merge_lock(out):
         records = _shard_records(out, num_shards)
         if _already_merged(out, records):
-            return json.loads(counts_path(out).read_text())
+            return read_counts(out)
         counts = {key: sum(record[key] for record in records.values()) for key in COUNT_KEYS}
-        assert counts["input"] == num_input, f"shards hold {counts['input']} conversations, expected {num_input}"
-        assert counts["ok"] + counts["error"] + counts["skipped"] == counts["input"], counts
+        _check_counts(out, counts, num_input)
         for stale in [*out.glob(f"{TMP_PREFIX}dataset-*"), *out.glob(".old-dataset-*")]:  # killed merges
             shutil.rmtree(stale, ignore_errors=True)
         problems, parts = [], []
-        for shard_index in range(num_shards):
-            path = shard_path(out, shard_index)
-            problems += [json.loads(line) for line in (path / ERRORS).read_text().splitlines() if line.strip()]
-            with quiet_datasets():
-                parts.append(load_from_disk(str(path)))
+        for shard_index, record in enumerate(records.values()):
+            problems += _shard_problems(out, shard_index)
+            parts.append(_shard_rows(out, shard_index, record))
         with atomic_dir(dataset_dir(out)) as tmp:
             save_dataset(concatenate_datasets(parts), tmp)
         write_json(out / ERRORS, problems)

@@ -1,14 +1,8 @@
-"""specdraft command line: distill-data | train | export | eval. New knobs go into recipe dataclasses, not flags.
-
-    specdraft distill-data RECIPE [--merge] [key=value ...]
-    specdraft train RECIPE [key=value ...]
-    specdraft export RUN_DIR --format hf|speculators --out DIR
-    specdraft eval RUN_OR_EXPORT_DIR [--out DIR] [key=value ...]
-    specdraft generate EXPORT_DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
-    specdraft bench EXPORT_DIR [--prompts FILE] [--max-prompts N] [--max-new-tokens N] [--temperature T ...]
-        (generate and bench, chains: [--chain --depth K] [--exit-threshold ETA] [--dynamic-exit [--more-exits DIR ...]])
-    specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [--partition P --time T ...]
-                    [--dry-run] [key=value ...]
+"""The `specdraft` command: one subcommand a stage (distill-data, train, export, eval), the fast runtime (generate,
+bench) and SLURM submission (slurm). Every argument carries its help, every subcommand a typical invocation
+(tests/test_cli_help.py walks the parser). A setting of a stage is a recipe field (specdraft/config.py), given on
+the command line as a key=value override; a flag is added only for the runtime (mapped onto RuntimeConfig) or for
+what no recipe holds.
 """
 from __future__ import annotations
 
@@ -19,14 +13,15 @@ import sys
 from dataclasses import replace
 from typing import List, Optional
 
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.console import quiet_dependencies
+from specdraft.core.errors import Interrupted, SpecdraftError
 
 
 def _distill(args) -> dict:
     from data_gen.distill import merge_only, run_distill
     from specdraft.recipes import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = load_recipe(args.recipe, args.overrides, args.trust_remote_code)
     return merge_only(recipe) if args.merge else run_distill(recipe)
 
 
@@ -34,22 +29,36 @@ def _train(args) -> dict:
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
 
-    return run_train(load_recipe(args.recipe, args.overrides))
+    return run_train(load_recipe(args.recipe, args.overrides, args.trust_remote_code),
+                     trust_checkpoint=args.trust_checkpoint)
 
 
 def _export(args) -> dict:
     from specdraft.export import export_draft
 
-    return {"export": str(export_draft(args.run_dir, args.format, args.out, args.dtype)), "format": args.format}
+    out = export_draft(args.run_dir, args.format, args.out, args.dtype, args.trust_remote_code)
+    return {"export": str(out), "format": args.format}
 
 
 def _eval(args) -> dict:
     from specdraft.eval.run import run_eval
 
-    report = run_eval(args.path, args.out, args.overrides)
+    report = run_eval(args.path, args.out, args.overrides, args.trust_remote_code)
     rates = " ".join(f"{r:.2f}" for r in report["acceptance_by_position"])
     print(f"tau={report['tau']:.3f} lossless={report['lossless']} acceptance_by_position=[{rates}]")
     return report
+
+
+def _trust_flags(cmd, checkpoints: bool = False) -> None:
+    """The consents a file can never give: --trust-remote-code on every command that loads a target, and
+    --trust-checkpoint where a DeepSpeed checkpoint may be resumed (specdraft/train/manifest.py)."""
+    cmd.add_argument("--trust-remote-code", action="store_true",
+                     help="let the target's own Python code run (a model that ships it, named by its config.json's "
+                          "auto_map); never set by a file: only this flag turns it on, for this command")
+    if checkpoints:
+        cmd.add_argument("--trust-checkpoint", action="store_true",
+                         help="resume a DeepSpeed checkpoint that this user's runs did not sign (its files are "
+                              "unpickled, which can run code): only for checkpoints from a source you trust")
 
 
 def _runtime_args(cmd) -> None:
@@ -57,11 +66,9 @@ def _runtime_args(cmd) -> None:
     RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's)."""
     from specdraft.config import POLICIES
 
-    cmd.add_argument("path", help="an export directory (or a training run directory)")
+    cmd.add_argument("path", metavar="DRAFT_DIR", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
-    cmd.add_argument("--trust-remote-code", action="store_true",
-                     help="let the target's own modeling code run (a hub model that ships Python); never set by a "
-                          "file: only this flag turns it on, for this command")
+    _trust_flags(cmd)
     cmd.add_argument("--device", default=None, help="auto (default: the first GPU, else cpu), cpu, cuda, cuda:N")
     cmd.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                      help="target and draft dtype (default auto: bf16 on GPUs that have it, else float32)")
@@ -132,7 +139,7 @@ def runtime_config(args, dtype: Optional[str] = None):
     if dtype is not None:
         given["dtype"] = dtype
     try:
-        return replace(runtime_settings(args.path), **given)
+        return replace(runtime_settings(args.path, args.trust_remote_code), **given)
     except TypeError as err:
         raise SpecdraftError(f"bad runtime setting: {err}") from None
 
@@ -178,98 +185,193 @@ def _bench_categories(args) -> dict:
     settings = CategorySettings(prompts=args.prompts, per_category=args.max_prompts, variants=args.policies,
                                 temperatures=tuple(args.temperature or (0.0,)), max_new_tokens=args.max_new_tokens,
                                 seed=args.seed, lossless_prompts=args.lossless_prompts)
-    report = run_categories(runtimes, settings, args.out, load_float32=float32)
+    out = args.out or args.path
+    report = run_categories(runtimes, settings, out, load_float32=float32)
     print(categories_table(report), file=sys.stderr)
-    return {"rows": len(report["rows"]), "out": str(args.out)}
+    return {"rows": len(report["rows"]), "out": str(out)}
 
 
 def _bench(args) -> dict:
-    from specdraft.runtime.bench import BenchSettings, format_table, run_bench
+    from specdraft.runtime.bench import BenchSettings, format_table, run_bench, user_turns
 
     if args.categories:
         return _bench_categories(args)
-    runtime = _load_runtime(args)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=tuple(args.temperature or (0.0, 1.0)), seed=args.seed,
                              hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
-                             **({"prompts": args.prompts} if args.prompts else {}))
-    report = run_bench(runtime, settings, args.out, load_float32=lambda: _load_runtime(args, "float32"))
+                             **({"prompts": args.prompts} if args.prompts else {}),
+                             **({"prune_sweep": tuple(args.prune_sweep)} if args.prune_sweep is not None else {}))
+    user_turns(settings.prompts, settings.max_prompts)  # a bad prompt file fails before the model loads
+    runtime = _load_runtime(args)
+    report = run_bench(runtime, settings, args.out or args.path, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
     return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
+
+
 def _slurm(args) -> dict:
     from specdraft.launch.slurm import SlurmJob, run_slurm
 
     options = {name: getattr(args, name) for name in ("nodes", "gpus_per_node", "workers", "partition", "time",
                                                       "account", "cpus_per_task", "mem", "signal_seconds",
-                                                      "template")}
+                                                      "template", "trust_remote_code", "trust_checkpoint")}
     return run_slurm(SlurmJob(kind=args.kind, recipe=args.recipe, overrides=args.overrides, **options),
                      dry_run=args.dry_run)
 
 
 def _add_slurm(sub) -> None:
-    slurm = sub.add_parser("slurm", help="write an sbatch script for train or distill-data and submit it")
-    slurm.add_argument("kind", choices=("train", "distill-data"))
-    slurm.add_argument("recipe")
-    slurm.add_argument("overrides", nargs="*", help="recipe overrides, key=value")
-    slurm.add_argument("--nodes", type=int, default=1)
+    slurm = sub.add_parser("slurm", help="write an sbatch script for train or distill-data and submit it",
+                           description="Write an sbatch script for `specdraft train` or `specdraft distill-data` from "
+                                       "the packaged templates and submit it (--dry-run prints it). Training jobs "
+                                       "requeue themselves when preempted and resume where they stopped.",
+                           example="specdraft slurm train recipes/eagle3_llama3.yaml --nodes 2 --gpus-per-node 8 "
+                                   "--partition gpu --time 24:00:00")
+    slurm.add_argument("kind", choices=("train", "distill-data"), help="the stage the job runs")
+    _recipe_args(slurm)
+    slurm.add_argument("--nodes", type=int, default=1, help="nodes to run on (default 1)")
     slurm.add_argument("--gpus-per-node", type=int, default=0, help="0 runs on CPUs (one task per node)")
     slurm.add_argument("--workers", type=int, default=None,
                        help="distill-data array tasks (default: nodes x gpus-per-node, one GPU each)")
-    slurm.add_argument("--partition")
+    slurm.add_argument("--partition", help="SLURM partition (default: the cluster's)")
     slurm.add_argument("--time", help="time limit, e.g. 24:00:00")
-    slurm.add_argument("--account")
-    slurm.add_argument("--cpus-per-task", type=int)
+    slurm.add_argument("--account", help="SLURM account to charge (default: yours)")
+    slurm.add_argument("--cpus-per-task", type=int, help="CPU cores per task (default: the cluster's)")
     slurm.add_argument("--mem", help="memory per node, e.g. 200G")
     slurm.add_argument("--signal-seconds", type=int, default=120,
                        help="train: SIGUSR1 this many seconds before the time limit (save and requeue)")
-    slurm.add_argument("--template", help="an sbatch template of your own (default: the packaged specdraft/launch/templates/KIND.sbatch)")
+    slurm.add_argument("--template", help="an sbatch template of your own (default: the packaged "
+                                          "specdraft/launch/templates/KIND.sbatch)")
     slurm.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
+    _trust_flags(slurm, checkpoints=True)
     slurm.set_defaults(func=_slurm)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdraft", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, func, helptext in (("distill-data", _distill, "regenerate answers with the target"),
-                                 ("train", _train, "train a draft on distilled data")):
-        cmd = sub.add_parser(name, help=helptext)
-        cmd.add_argument("recipe")
-        cmd.add_argument("overrides", nargs="*", help="recipe overrides, key=value (e.g. train.max_steps=10)")
-        cmd.set_defaults(func=func)
-        if name == "distill-data":
-            cmd.add_argument("--merge", action="store_true",
-                             help="only merge the shards that distill-data workers wrote (all must exist)")
-    export = sub.add_parser("export", help="write a checkpoint a serving engine loads")
-    export.add_argument("run_dir")
-    export.add_argument("--format", default="hf", help="hf (SGLang), speculators (vLLM)")
-    export.add_argument("--out", required=True)
-    export.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+DESCRIPTION = "Train draft models for speculative decoding and run them in a fast, lossless runtime."
+
+TYPICAL_PATH = """the path a user runs (recipes/ has one recipe per method and target):
+  specdraft distill-data recipes/eagle3_smollm2.yaml
+  specdraft train        recipes/eagle3_smollm2.yaml
+  specdraft export runs/eagle3_smollm2/train --format hf --out runs/eagle3_smollm2/export
+  specdraft eval   runs/eagle3_smollm2/export
+  specdraft bench  runs/eagle3_smollm2/export --max-prompts 20
+
+`specdraft COMMAND --help` explains a command; docs/recipes.md lists every recipe key (KEY=VALUE)."""
+
+OUTPUTS = "Reports about a draft (eval.json, bench.json, their plots) go beside it, in its directory; --out " \
+          "puts them elsewhere."
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped to the terminal, line by line: an indented line (an example command) kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(line if line.startswith("  ") or not line.strip()
+                         else argparse.HelpFormatter._fill_text(self, line, width, indent)
+                         for line in text.splitlines())
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A (sub)command's parser: its help ends with a typical invocation (`example`), which its usage errors repeat,
+    on the error's line."""
+
+    def __init__(self, *args, example: str = "", **kwargs):
+        self.example = example
+        kwargs.setdefault("formatter_class", _Formatter)
+        if example:
+            kwargs.setdefault("epilog", f"example:\n  {example}")
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        hint = f" (e.g. {self.example})" if self.example else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+def _recipe_args(cmd) -> None:
+    cmd.add_argument("recipe", metavar="RECIPE", help="a recipe file, e.g. recipes/eagle3_smollm2.yaml")
+    cmd.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                     help="recipe overrides, e.g. train.max_steps=100 (docs/recipes.md lists every key)")
+
+
+def _add_stages(sub) -> None:
+    distill = sub.add_parser("distill-data", help="regenerate the training answers with the target (resumable)",
+                             description="Regenerate the answers of the recipe's prompts with its target into "
+                                         "distill.output_dir, shard by shard; run it again to resume.",
+                             example="specdraft distill-data recipes/eagle3_smollm2.yaml data.max_samples=1000")
+    _recipe_args(distill)
+    _trust_flags(distill)
+    distill.add_argument("--merge", action="store_true",
+                         help="only merge the shards that distill-data workers wrote (all must exist)")
+    distill.set_defaults(func=_distill)
+    train = sub.add_parser("train", help="train a draft on the distilled data",
+                           description="Train the recipe's draft on its distilled data into train.output_dir "
+                                       "(train.resume=auto continues a stopped run).",
+                           example="specdraft train recipes/eagle3_smollm2.yaml train.max_steps=100")
+    _recipe_args(train)
+    _trust_flags(train, checkpoints=True)
+    train.set_defaults(func=_train)
+    export = sub.add_parser("export", help="write a trained draft in the layout a serving engine loads",
+                            description="Write a training run's best draft as config.json + model.safetensors + "
+                                        "recipe.yaml, in one rename (a failed export leaves nothing).",
+                            example="specdraft export runs/eagle3_smollm2/train --format hf "
+                                    "--out runs/eagle3_smollm2/export")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (train.output_dir)")
+    export.add_argument("--format", default="hf",
+                        help="hf (SGLang; every method), speculators (vLLM; EAGLE-3) (default hf)")
+    export.add_argument("--out", required=True, metavar="DIR", help="the export directory to write")
+    export.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="dtype of the exported weights (default bfloat16)")
+    _trust_flags(export)
     export.set_defaults(func=_export)
-    evaluate = sub.add_parser("eval", help="acceptance length against the real target, checked lossless")
-    evaluate.add_argument("path", help="a training run directory or an export directory")
-    evaluate.add_argument("--out", default=None, help="where eval.json and eval.png go (default: PATH)")
-    evaluate.add_argument("overrides", nargs="*", help="recipe overrides, e.g. eval.max_prompts=10")
+    evaluate = sub.add_parser("eval", help="acceptance length against the real target, checked lossless",
+                              description="Decode eval.prompts with the draft (a chain of eval.num_draft_tokens, "
+                                          "T=0) and check every answer against the target's own. " + OUTPUTS,
+                              example="specdraft eval runs/eagle3_smollm2/export eval.max_prompts=20")
+    evaluate.add_argument("path", metavar="DRAFT_DIR", help="an export directory or a training run directory")
+    evaluate.add_argument("--out", default=None, metavar="DIR", help="where eval.json and eval.png go "
+                                                                     "(default: DRAFT_DIR)")
+    evaluate.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                          help="recipe overrides, e.g. eval.max_prompts=10 eval.device=cpu")
+    _trust_flags(evaluate)
     evaluate.set_defaults(func=_eval)
-    generate = sub.add_parser("generate", help="one completion with speculative decoding (text on stdout)")
+
+
+def _add_runtime(sub) -> None:
+    generate = sub.add_parser("generate", help="one completion with speculative decoding (text on stdout)",
+                              description="Answer one prompt with speculative decoding in the fast runtime: the "
+                                          "text on stdout, tokens/s and τ on stderr.",
+                              example='specdraft generate runs/eagle3_smollm2/export --prompt "Write a haiku about '
+                                      'GPUs"')
     _runtime_args(generate)
-    generate.add_argument("--prompt", required=True)
-    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--prompt", required=True, help="the user's message (the target's chat template is "
+                                                          "applied)")
+    generate.add_argument("--temperature", type=float, default=0.0,
+                          help="0 (default): greedy; above 0: sampled (the target's distribution is kept)")
     generate.set_defaults(func=_generate)
-    bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate")
+    bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate",
+                           description="Time speculative decoding against plain decoding in the same runtime and "
+                                       "against Hugging Face generate, on the same prompts, and check it lossless. "
+                                       + OUTPUTS,
+                           example="specdraft bench runs/eagle3_smollm2/export --max-prompts 20")
     _runtime_args(bench)
-    bench.add_argument("--prompts", default=None, help="prompt file (default: MT-bench's questions)")
-    bench.add_argument("--max-prompts", type=int, default=None)
-    bench.add_argument("--temperature", type=float, nargs="+", default=None,
-                       help="temperatures to bench (default: 0 and 1; with --categories, 0)")
+    bench.add_argument("--prompts", default=None, metavar="FILE",
+                       help="prompt file, JSON or JSONL in any form recipes read (default: MT-bench's questions; "
+                            "with --categories: Spec-Bench's question.jsonl, required)")
+    bench.add_argument("--max-prompts", type=int, default=None, metavar="N",
+                       help="the first N prompts (default: all; with --categories, N per category)")
+    bench.add_argument("--temperature", type=float, nargs="+", default=None, metavar="T",
+                       help="one timed run a temperature (default: 0 1; with --categories, 0)")
     bench.add_argument("--categories", action="store_true",
-                       help="Spec-Bench's six categories of --prompts (its question.jsonl), each --policies variant "
-                            "against plain decoding: bench_categories.json and a table (--max-prompts: per category)")
+                       help="run Spec-Bench's six categories of --prompts, each --policies variant against plain "
+                            "decoding: a table of tau, tokens/s and speedup per category and variant, and "
+                            "bench_categories.json")
     bench.add_argument("--policies", nargs="+", default=["fixed", "sam", "svip", "ddd"], metavar="VARIANT",
-                       help="with --categories: POLICY[,FIELD=VALUE...] each, e.g. sam,sam_merge=true ddd,depth=7 "
-                            "(default: fixed sam svip ddd)")
-    bench.add_argument("--out", default="bench")
+                       help="with --categories: the variants, POLICY[,FIELD=VALUE...] each (FIELD a runtime: key), "
+                            "e.g. sam,sam_merge=true ddd,depth=7 (default: fixed sam svip ddd)")
+    bench.add_argument("--out", default=None, metavar="DIR",
+                       help="where bench.json (bench_categories.json), bench.png and trace.jsonl go (default: the "
+                            "draft's directory)")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     bench.add_argument("--hf-prompts", type=int, default=None, metavar="N",
@@ -278,12 +380,32 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--lossless-prompts", type=int, default=10, metavar="N",
                        help="also check the first N prompts in float32, speculative against plain decoding token "
                             "for token (in bf16 near-tied argmaxes can round apart; 0: off)")
+    bench.add_argument("--prune-sweep", type=float, nargs="*", default=None, metavar="BETA",
+                       help="drafts that score their tree (C2T): at T=0, the unpruned tree and each BETA, on the same "
+                            "prompts (default: 0.3 0.5 0.7 0.85; none given: no sweep)")
     bench.set_defaults(func=_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(prog="specdraft", description=DESCRIPTION, epilog=TYPICAL_PATH)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands",
+                                help="`specdraft COMMAND --help` tells more")
+    _add_stages(sub)
+    _add_runtime(sub)
     _add_slurm(sub)
     return parser
 
 
+def _interrupted(command: str, told: str) -> int:
+    """Ctrl-C: one line, what the stage kept and how to go on (`told`: its Interrupted message, if it gave one)."""
+    print(f"specdraft {command}: interrupted: " + (told or "nothing is half-written (files are written whole or "
+                                                           "not at all); run the same command again"),
+          file=sys.stderr)
+    return 130
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_dependencies()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)  # overrides may follow options: eval DIR --out X k=v
@@ -291,11 +413,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    told = None
     try:
         result = args.func(args)
     except SpecdraftError as err:
         print(f"specdraft: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:
+        told = str(stop) if isinstance(stop, Interrupted) else ""
+    if told is not None:  # said here, once the interrupted frames are gone: the progress bars they drew are closed
+        return _interrupted(args.command, told)
     if result is not None:
         print(json.dumps(result, default=str))
     return 0

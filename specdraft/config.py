@@ -20,6 +20,7 @@ CHECKPOINTING = ("none", "swiglu", "selective", "full")
 CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
+DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd")
 MAX_RETRIEVED = 32
 
@@ -46,7 +47,9 @@ class TargetConfig:
     dtype: str = "auto"
     """Weights dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
     trust_remote_code: bool = False
-    """Allow the target's own modeling code from the hub. Off unless the recipe turns it on."""
+    """Never turns anything on by itself: a target's own Python code (its config.json's auto_map) runs only with
+    `--trust-remote-code` on the command line, for that command. A recipe that sets it gets a warning naming the
+    model whose code it asks to run; it is accepted so that older recipes still load."""
     random_init: bool = False
     """For benchmarks only: build the target from its config.json with random weights (no weight files needed)."""
     quantization: str = "none"
@@ -116,6 +119,13 @@ class DistillConfig:
     """Nucleus sampling mass (sampling only)."""
     seed: int = 0
     """Sampling seed (each shard reseeds from it, so a resumed run samples the same)."""
+    engine: str = "auto"
+    """How answers are generated: static (the runtime's compact target for many prompts at once: a static KV
+    cache, CUDA graphs, batch_size rows kept busy as answers finish; greedy answers identical to hf's in float32,
+    sampled ones from the same distribution), hf (Hugging Face `generate`, batch_size prompts a call) or auto:
+    static on a GPU for a target it reproduces (Llama, Qwen2, Mistral: no sliding window shorter than
+    data.max_length + max_new_tokens, no o_proj or MLP biases), else hf. static hands each shard's turn to the
+    engine at once: give it shards of several batches (shard_size)."""
     num_workers: Optional[int] = None
     """Workers sharing the prompt set (worker w writes shards w, w + n, ...). None reads it from the
     environment: SLURM array (SLURM_ARRAY_TASK_COUNT) times tasks (WORLD_SIZE from torchrun/Lightning, or
@@ -125,6 +135,7 @@ class DistillConfig:
     (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN, RANK or SLURM_PROCID)."""
 
     def __post_init__(self):
+        _check_choice("distill.engine", self.engine, DISTILL_ENGINES)
         if self.num_workers is not None and self.num_workers < 1:
             raise SpecdraftError(f"distill.num_workers must be at least 1, got {self.num_workers}")
         if self.worker_index is not None and self.num_workers is not None \
@@ -266,8 +277,8 @@ class RuntimeConfig:
     """Trees, for drafts that run the target's shallow layers: run every candidate through them while drafting
     and verify above them (slower on small targets: docs/benchmarks.md)."""
     prune_threshold: Optional[float] = None
-    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped; None:
-    the draft's own default."""
+    """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped (in a chain,
+    the first one ends it); None: the draft's own default (its chain default for chains)."""
     judge_threshold: Optional[float] = None
     """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
     target's argmax differs (lossy, greedy only); None: exact acceptance."""

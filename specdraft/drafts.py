@@ -17,11 +17,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from specdraft.config import RuntimeConfig, TargetConfig
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.core.io import reading
 from specdraft.core.types import BaseDraft, DraftContext, TargetInfo
 from specdraft.methods import get_method
 from specdraft.methods.base import MethodSpec
 from specdraft.targets import load_target_info
+from specdraft.targets.remote_code import with_remote_code
 
 SNAPSHOT_FILE = "draft.safetensors"
 EXPORT_FILE = "model.safetensors"
@@ -61,10 +63,8 @@ def is_export(path: Path) -> bool:
 def read_export_config(path: Path) -> Dict[str, Any]:
     """An export's config.json, checked to carry the `specdraft` section this loader reads."""
     config_file = path / "config.json"
-    try:
+    with reading(config_file, "export config", "export the run again (specdraft export RUN_DIR --out DIR)"):
         config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as err:
-        raise SpecdraftError(f"unreadable export config {config_file}: {err}") from None
     if not isinstance(config, dict) or not isinstance(config.get("specdraft"), dict) \
             or "method" not in config["specdraft"]:
         raise SpecdraftError(f"{path} is not an export specdraft can run (config.json has no `specdraft` section "
@@ -95,18 +95,21 @@ def _dataclass_from(cls, values: Optional[Dict[str, Any]], what: str):
         raise SpecdraftError(f"bad {what}: {err}") from None
 
 
-def _export_parts(section: Dict[str, Any]) -> Tuple[TargetConfig, RuntimeConfig]:
-    """The target's place and the runtime settings an export's section records (older exports: path only)."""
+def _export_parts(section: Dict[str, Any], config_file: Path, trust_remote_code: bool = False
+                  ) -> Tuple[TargetConfig, RuntimeConfig]:
+    """The target's place and the runtime settings an export's section records (older exports: path only). The
+    target trusts remote code by the command line's consent alone, never by the file (targets/remote_code.py)."""
     target_values = section.get("target_config") or {"path": section.get("target"),
                                                      "revision": section.get("target_revision")}
-    target_cfg = _dataclass_from(TargetConfig, target_values, "target_config in the export's config.json")
-    return target_cfg, _dataclass_from(RuntimeConfig, section.get("runtime"), "runtime in the export's config.json")
+    target_cfg = _dataclass_from(TargetConfig, target_values, f"target_config in {config_file}")
+    target_cfg = with_remote_code(target_cfg, trust_remote_code, f"export config {config_file}")
+    return target_cfg, _dataclass_from(RuntimeConfig, section.get("runtime"), f"runtime in {config_file}")
 
 
 def _trained_for(recorded: Optional[Dict[str, Any]], trained: TargetConfig, runs_with: Optional[str]) -> TargetInfo:
     """The geometry of the target the draft was trained for: what the export recorded; else read from where the
     target was; else, where that target is not on this machine, from `runs_with`, whose fit the draft's weights
-    then check as they load."""
+    then check as they load. `trained.trust_remote_code` holds the command line's consent (for either)."""
     if recorded:
         return TargetInfo.from_dict(recorded)
     try:
@@ -114,7 +117,7 @@ def _trained_for(recorded: Optional[Dict[str, Any]], trained: TargetConfig, runs
     except SpecdraftError:
         if runs_with is None:
             raise
-        return load_target_info(TargetConfig(path=runs_with))
+        return load_target_info(TargetConfig(path=runs_with, trust_remote_code=trained.trust_remote_code))
 
 
 def as_base(loaded: LoadedDraft) -> BaseDraft:
@@ -137,19 +140,44 @@ def load_base(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional
     return as_base(load_draft(spec.base_draft(method_cfg), target=target))
 
 
-def _load_export(path: Path, target: Optional[TargetInfo], target_path: Optional[str]) -> LoadedDraft:
+def state_dict_mismatch(err: RuntimeError) -> str:
+    """load_state_dict's error as one line naming the first tensor it reports (missing, unexpected or of another
+    shape); its own first line names only the module."""
+    details = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+    return details[0] if details else error_summary(err)
+
+
+def _export_base(path: Path, section: Dict[str, Any], target: TargetInfo) -> Optional[BaseDraft]:
+    """The draft an add-on's export keeps in BASE_DIR, loaded; None for an export of a draft that extends none."""
+    if not section.get("base"):
+        return None
+    if section["base"] != BASE_DIR:
+        raise SpecdraftError(f"{path / 'config.json'} names base {section['base']!r}; an export keeps the draft it "
+                             f"extends in {BASE_DIR}/")
+    return as_base(load_draft(path / BASE_DIR, target=target))
+
+
+def _load_export(path: Path, target: Optional[TargetInfo], target_path: Optional[str],
+                 trust_remote_code: bool) -> LoadedDraft:
     config = read_export_config(path)
-    section = config["specdraft"]
-    spec = get_method(str(section["method"]))
-    target_cfg, runtime = _export_parts(section)
-    target = target or _trained_for(section.get("target_info"), target_cfg, target_path)
-    base = as_base(load_draft(path / section["base"], target=target)) if section.get("base") else None
-    source = path / EXPORT_FILE
+    section, config_file = config["specdraft"], path / "config.json"
     try:
-        cfg, draft = spec.from_export(config, read_safetensors(source), DraftContext(target=target, base=base))
+        spec = get_method(str(section["method"]))
+    except SpecdraftError as err:
+        raise SpecdraftError(f"{config_file}: {err}") from None
+    target_cfg, runtime = _export_parts(section, config_file, trust_remote_code)
+    with reading(config_file, "export config", "export the run again (specdraft export RUN_DIR --out DIR)"):
+        target = target or _trained_for(section.get("target_info"), target_cfg, target_path)
+    base = _export_base(path, section, target)
+    source, tensors = path / EXPORT_FILE, read_safetensors(path / EXPORT_FILE)
+    try:
+        cfg, draft = spec.from_export(config, tensors, DraftContext(target=target, base=base))
     except RuntimeError as err:  # load_state_dict: missing, unexpected or misshapen weights
         raise SpecdraftError(f"{source} does not fit a draft for {target.name_or_path}: "
-                             f"{str(err).splitlines()[0]}") from None
+                             f"{state_dict_mismatch(err)}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # a config.json that is not what it claims
+        raise SpecdraftError(f"corrupt export config {config_file}: {error_summary(err)}") from None
+    target_cfg = replace(target_cfg, trust_remote_code=False)  # the caller applies its own consent
     return LoadedDraft(spec, cfg, draft.eval(), target, target_cfg, runtime, source, base)
 
 
@@ -160,11 +188,11 @@ def _snapshot_file(run_dir: Path) -> Path:
     raise SpecdraftError(f"no trained draft in {run_dir} (looked for best/ and last/{SNAPSHOT_FILE})")
 
 
-def _load_run(path: Path, overrides: List[str], target: Optional[TargetInfo], target_path: Optional[str]
-              ) -> LoadedDraft:
+def _load_run(path: Path, overrides: List[str], target: Optional[TargetInfo], target_path: Optional[str],
+              trust_remote_code: bool) -> LoadedDraft:
     from specdraft.recipes import load_recipe  # a run directory's recipe: the trainer's dependencies
 
-    recipe = load_recipe(path / RECIPE_FILE, list(overrides))
+    recipe = load_recipe(path / RECIPE_FILE, list(overrides), trust_remote_code)
     spec = get_method(recipe.method_name)
     target = target or _trained_for(None, recipe.target, target_path)
     source = _snapshot_file(path)
@@ -173,36 +201,39 @@ def _load_run(path: Path, overrides: List[str], target: Optional[TargetInfo], ta
     try:
         draft.load_state_dict(read_safetensors(source), strict=True)
     except RuntimeError as err:
-        raise SpecdraftError(f"{source} does not fit this recipe's draft: {str(err).splitlines()[0]}") from None
+        raise SpecdraftError(f"{source} does not fit this recipe's draft: {state_dict_mismatch(err)}") from None
     target_cfg = replace(recipe.target, trust_remote_code=False)  # a file never turns it on: the caller does
     return LoadedDraft(spec, recipe.method, draft.eval(), target, target_cfg, recipe.runtime, source, base)
 
 
 def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[TargetInfo] = None,
-               target_path: Optional[str] = None) -> LoadedDraft:
+               target_path: Optional[str] = None, trust_remote_code: bool = False) -> LoadedDraft:
     """An export or a run directory -> the draft in eval mode, with the geometry of the target it was trained for
     (`target`, when the caller has it; `target_path`: the target it will run with, read only where the one it was
-    trained for is not on this machine). `overrides` (key=value) apply to a run directory's recipe."""
+    trained for is not on this machine). `overrides` (key=value) apply to a run directory's recipe.
+    `trust_remote_code`: the command line's consent to run the target's code where its geometry must be read
+    from its own config (never taken from the draft's files)."""
     path = Path(path)
     if not path.is_dir():
         raise SpecdraftError(f"{path} does not exist (expected an export or a training run directory)")
     if is_export(path):
-        return _load_export(path, target, target_path)
+        return _load_export(path, target, target_path, trust_remote_code)
     if not (path / RECIPE_FILE).is_file():
         raise SpecdraftError(f"{path} is neither an export (config.json, {EXPORT_FILE}) nor a training run "
                              f"({RECIPE_FILE})")
-    return _load_run(path, overrides, target, target_path)
+    return _load_run(path, overrides, target, target_path, trust_remote_code)
 
 
-def runtime_settings(path: str | Path) -> RuntimeConfig:
-    """The runtime settings a draft carries (an export's config.json or a run's recipe), without loading it."""
+def runtime_settings(path: str | Path, trust_remote_code: bool = False) -> RuntimeConfig:
+    """The runtime settings a draft carries (an export's config.json or a run's recipe), without loading it
+    (`trust_remote_code`: the command's consent, which the recipe's warnings speak of)."""
     path = Path(path)
     if is_export(path):
-        return _export_parts(read_export_config(path)["specdraft"])[1]
+        return _export_parts(read_export_config(path)["specdraft"], path / "config.json", trust_remote_code)[1]
     if (path / RECIPE_FILE).is_file():
         from specdraft.recipes import load_recipe
 
-        return load_recipe(path / RECIPE_FILE).runtime
+        return load_recipe(path / RECIPE_FILE, trust_remote_code=trust_remote_code).runtime
     return RuntimeConfig()
 
 

@@ -10,13 +10,15 @@ import dataclasses
 from pathlib import Path
 from typing import List
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from specdraft.config import SECTIONS, Recipe
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError, error_summary
 from specdraft.core.io import write_text
 from specdraft.methods import get_method
+from specdraft.targets.remote_code import with_remote_code
 
 
 def _valid_keys(section: str, method_config) -> List[str]:
@@ -27,27 +29,54 @@ def _valid_keys(section: str, method_config) -> List[str]:
     return ["name", *names] if section == "method" else names
 
 
-def _raw_recipe(path: str | Path, overrides: List[str]):
-    path = Path(path)
+def _yaml_problem(err) -> str:
+    """A YAML error on one line: its problem and where (PyYAML writes context, problem and marks on several)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(err, 'problem', None) or error_summary(err)}{where}"
+
+
+def _read_yaml(path: Path):
+    """The recipe file as an OmegaConf mapping; a YAML syntax error, an alias bomb (OmegaConf caps the nodes that
+    aliases expand to), bad bytes or anything but a mapping is one line naming the file."""
     if not path.is_file():
         raise SpecdraftError(f"recipe file not found: {path}")
     try:
         raw = OmegaConf.load(path)
-        bad = [o for o in overrides if "=" not in o]
-        if bad:
-            raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")
+    except yaml.YAMLError as err:
+        raise SpecdraftError(f"cannot parse recipe {path}: {_yaml_problem(err)}") from None
+    except (OSError, ValueError, OmegaConfBaseException) as err:
+        raise SpecdraftError(f"cannot read recipe {path}: {error_summary(err)}") from None
+    if not isinstance(raw, DictConfig):
+        raise SpecdraftError(f"recipe {path} holds a {type(raw).__name__}; expected a mapping of sections "
+                             f"({', '.join(SECTIONS)})")
+    return raw
+
+
+def _raw_recipe(path: str | Path, overrides: List[str]):
+    path = Path(path)
+    raw = _read_yaml(path)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")
+    try:
         return OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
-    except OmegaConfBaseException as err:
-        raise SpecdraftError(f"cannot parse recipe {path}: {str(err).splitlines()[0]}") from None
+    except (yaml.YAMLError, OmegaConfBaseException) as err:
+        raise SpecdraftError(f"cannot parse recipe {path} with overrides: {error_summary(err)}") from None
 
 
-def load_recipe(path: str | Path, overrides: List[str] = ()) -> Recipe:
-    """Load and validate a recipe; every problem is a SpecdraftError naming the key and the valid ones."""
+def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: bool = False) -> Recipe:
+    """Load and validate a recipe; every problem is a SpecdraftError naming the key and the valid ones.
+    `trust_remote_code`: the command line's consent to run the target's own code; the recipe's own
+    `target.trust_remote_code` never turns it on (specdraft.targets.remote_code)."""
     raw = _raw_recipe(path, list(overrides))
     unknown = [k for k in raw.keys() if k not in SECTIONS]
     if unknown:
         raise SpecdraftError(f"unknown recipe section {unknown[0]!r}; valid: {', '.join(SECTIONS)}")
     method_raw = raw.get("method") or {}
+    if not isinstance(method_raw, (DictConfig, dict)):
+        raise SpecdraftError(f"recipe section 'method' in {path} is a {type(method_raw).__name__}; expected a "
+                             f"mapping with method.name")
     if "name" not in method_raw:
         raise SpecdraftError("recipe has no method.name")
     spec = get_method(str(method_raw["name"]))  # phase 1: pick the schema
@@ -61,8 +90,9 @@ def load_recipe(path: str | Path, overrides: List[str] = ()) -> Recipe:
     except ValidationError as err:
         key = getattr(err, "full_key", None) or "?"
         raise SpecdraftError(f"bad value for {key}: {str(err).splitlines()[0]}") from None
-    except (TypeError, ValueError) as err:
-        raise SpecdraftError(f"invalid recipe {path}: {err}") from None
+    except (TypeError, ValueError, OmegaConfBaseException) as err:
+        raise SpecdraftError(f"invalid recipe {path}: {error_summary(err)}") from None
+    recipe.target = with_remote_code(recipe.target, trust_remote_code, f"recipe {path}")
     return recipe
 
 

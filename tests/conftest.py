@@ -11,7 +11,7 @@ if not torch.cuda.is_available():  # Triton kernels are tested on the CPU throug
 
 import pytest  # noqa: E402
 
-from tests.distilled import write_distilled  # noqa: E402
+from tests.distilled import train_chat_base, write_distilled  # noqa: E402
 from tests.tiny import save_tiny_target  # noqa: E402
 
 
@@ -41,7 +41,29 @@ def _cache_dir(tmp_path_factory, monkeypatch):
                        str(tmp_path_factory.getbasetemp() / "specdraft-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _checkpoint_key(tmp_path_factory, monkeypatch):
+    """DeepSpeed checkpoints are signed with a key of the test session's own, never the user's."""
+    monkeypatch.setenv("SPECDRAFT_CHECKPOINT_KEY", str(tmp_path_factory.getbasetemp() / "checkpoint.key"))
+
+
 @pytest.fixture(scope="session")
 def distilled(tiny_target_dir, tmp_path_factory):
     """A distilled dataset (12 rows) of the tiny target's own greedy answers."""
     return write_distilled(tmp_path_factory.mktemp("distilled"), tiny_target_dir)
+
+
+@pytest.fixture(scope="session")
+def chat_base_export(tiny_target_dir, tmp_path_factory):
+    """An EAGLE-3 export of the tiny target, trained on its answers to tests.distilled.CHAT_PROMPTS: the draft an
+    add-on method (C2T) extends, accepted on those prompts."""
+    return train_chat_base(tmp_path_factory.mktemp("chat_base"), tiny_target_dir)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: small CPU ops ran 10x slower on two threads of a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -91,7 +91,7 @@ PROBE = MethodSpec(
     from_export=_from_export,
     runtime=lambda draft, cfg, target_model: ExtendedDrafter(draft.base.runtime(target_model), scorer=KeepAll()),
     base_draft=lambda cfg: cfg.draft,
-    records=RecordStage(features=_features(), fingerprint=lambda cfg: {"threshold": cfg.threshold},
+    records=RecordStage(features=_features, fingerprint=lambda cfg: {"threshold": cfg.threshold},
                         maker=ProbeMaker,
                         collate=lambda rows: {"lengths": torch.tensor([row["lengths"][0] for row in rows])}),
 )

@@ -1,7 +1,11 @@
 """The contract every registered method keeps, on a tiny random target (CPU, seconds per method): it trains
 through the real trainer, every export format reloads through `from_export` into a draft that computes the
-same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it."""
+same loss and drafts the same tokens, and the evaluator and the runtime decode losslessly with it. An add-on
+method trained on records of its own (MethodSpec.records, over a base draft) keeps the same contract from its
+records: `distill-data` makes them (counted), the trainer fits it, every export (its base inside) reloads into a
+draft with the same loss on them, and the runtime, its drafter extending the base's, decodes losslessly."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -9,6 +13,7 @@ from safetensors.torch import load_file
 
 from specdraft.config import RuntimeConfig
 
+from data_gen.distill import run_distill
 from specdraft.recipes import load_recipe
 from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.eval.run import run_eval
@@ -19,12 +24,16 @@ from specdraft.runtime.load import load_runtime
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets import capture_features, load_target
 from specdraft.train.trainer import run_train
+from tests.distilled import CHAT_PROMPTS
 from tests.oracles import ChainState, chain_of
 
-CASES = {  # small settings per method; every registered method needs one
+CASES = {  # small settings per method trained on the target's features; every registered method needs one
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 256},
     "poss": {"ttt_steps": 3, "draft_vocab_size": 256, "num_specialists": 2, "positions_per_specialist": 2},
     "kangaroo": {"ttt_steps": 3, "draft_vocab_size": 256, "exit_layer": 2},
+}
+ADDON_CASES = {  # the same for add-on methods trained on records of their own, over the chat-trained EAGLE-3 base
+    "c2t": {"trace_depth": 3, "trace_topk": 2},
 }
 
 
@@ -36,7 +45,8 @@ def _reference_kernels(monkeypatch):
 
 
 def test_every_method_has_a_case():
-    assert set(CASES) == set(METHODS)
+    assert set(CASES) | set(ADDON_CASES) == set(METHODS) and not set(CASES) & set(ADDON_CASES)
+    assert set(ADDON_CASES) == {name for name, spec in METHODS.items() if spec.records is not None}
 
 
 def _recipe(tmp_path, target_dir, distill_dir, method: str):
@@ -71,7 +81,7 @@ def _outputs(loaded, target, ids):
     return loss, chain_of(spec.name)(draft, state, 3)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(CASES))
 def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, distilled, method):
     recipe = _recipe(tmp_path, tiny_target_dir, distilled, method)
     summary = run_train(recipe)
@@ -101,3 +111,58 @@ def test_method_trains_exports_reloads_and_decodes(tmp_path, tiny_target_dir, di
     expected = target.model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), do_sample=False,
                                      max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0)
     assert runtime.engine.generate(prompt, 16).tokens == expected[0, 8:].tolist()
+
+
+def _addon_recipe(tmp_path, target_dir, base, method: str):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in CHAT_PROMPTS[:5]))
+    method_yaml = ", ".join(f"{k}: {v}" for k, v in {"name": method, "draft": base, **ADDON_CASES[method]}.items())
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"""
+target: {{path: {target_dir}}}
+method: {{{method_yaml}}}
+data: {{prompts: [{prompts}], val_fraction: 0.2}}
+distill: {{output_dir: {tmp_path / 'records'}, shard_size: 2, max_new_tokens: 16}}
+train: {{output_dir: {tmp_path / 'run'}, max_steps: 4, micro_batch_size: 2, val_every_steps: 2, lr: 3.0e-3,
+         warmup_steps: 1, log_every_steps: 2}}
+""")
+    return load_recipe(path)
+
+
+def _record_loss(loaded, batch):
+    with torch.no_grad():
+        return loaded.spec.loss(loaded.draft, batch, loaded.method_cfg).loss
+
+
+@pytest.mark.parametrize("method", sorted(ADDON_CASES))
+def test_addon_method_trains_on_its_records_exports_reloads_and_decodes(tmp_path, tiny_target_dir, chat_base_export,
+                                                                        method):
+    from datasets import load_from_disk
+
+    recipe = _addon_recipe(tmp_path, tiny_target_dir, chat_base_export, method)
+    assert run_distill(recipe, device="cpu") == {"input": 5, "ok": 5, "error": 0, "skipped": 0}
+    assert run_train(recipe)["steps"] == 4
+    spec = METHODS[method]
+    batch = spec.records.collate(list(load_from_disk(str(tmp_path / "records" / "dataset")).with_format("numpy")))
+    trained = load_draft(tmp_path / "run")
+    assert trained.spec.name == method and trained.base.source == str(chat_base_export)
+    expected_loss = _record_loss(trained, batch)
+    target = load_target(recipe.target)
+    for fmt in spec.exports:
+        out = export_draft(tmp_path / "run", fmt, tmp_path / fmt, dtype="float32")
+        assert (out / "draft" / EXPORT_FILE).is_file()  # the base inside: one directory serves
+        hidden = tmp_path / "base-moved"
+        shutil.move(str(chat_base_export), str(hidden))  # the export reads its own copy of the base
+        try:
+            reloaded = load_draft(out)
+        finally:
+            shutil.move(str(hidden), str(chat_base_export))
+        for name, value in trained.draft.state_dict().items():
+            assert torch.equal(reloaded.draft.state_dict()[name], value), (fmt, name)
+        torch.testing.assert_close(_record_loss(reloaded, batch), expected_loss, msg=fmt)
+        for shape in (dict(depth=3, topk=2, budget=6), dict(depth=3, chain=True)):
+            runtime = load_runtime(out, RuntimeConfig(device="cpu", dtype="float32", max_len=128, **shape))
+            prompt = runtime.encode_chat(CHAT_PROMPTS[0])
+            expected = target.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12,
+                                             min_new_tokens=12, eos_token_id=None, pad_token_id=0)
+            assert runtime.engine.generate(prompt, 12).tokens == expected[0, len(prompt):].tolist(), (fmt, shape)

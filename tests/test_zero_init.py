@@ -46,7 +46,7 @@ def differences(*args: str, ranks: int = 1) -> list:
 
 @pytest.mark.slow
 def test_drafts_built_under_zero_init_keep_their_initialization():
-    assert set(CASES) == set(METHODS)
+    assert set(CASES) == {name for name, spec in METHODS.items() if spec.records is None}  # on target features
     assert differences("drafts", json.dumps(CASES)) == []
 
 

@@ -11,10 +11,13 @@ import inspect
 import sys
 from pathlib import Path
 
-from specdraft.config import SECTIONS
-from specdraft.methods import METHODS
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's specdraft, not whichever one an editable install points at
 
-OUT = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
+from specdraft.config import SECTIONS  # noqa: E402
+from specdraft.methods import METHODS  # noqa: E402
+
+OUT = REPO / "docs" / "recipes.md"
 
 
 def field_docs(cls) -> dict:

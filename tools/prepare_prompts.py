@@ -1,7 +1,9 @@
 """Build the benchmark's training prompt mix from ../shared/data (not shipped, not committed).
 
-Writes OUT_DIR/train_prompts.jsonl (alpaca, ShareGPT, GSM8K train: OpenAI `messages` form, first user turn)
-and copies MT-bench's question.jsonl beside it, for `.data/` to travel to the GPU machine.
+Writes OUT_DIR/train_prompts.jsonl (alpaca, ShareGPT, GSM8K train: OpenAI `messages` form, first user turn),
+copies MT-bench's question.jsonl beside it (mt_bench.jsonl) and splits Spec-Bench's questions by task
+(spec_bench_<task>.jsonl: translation, summarization, qa, math_reasoning, rag, and mt_bench, its MT-bench
+categories together), for `.data/` to travel to the GPU machine (or runs/prompts/ for recipes/c2t_smollm2.yaml).
 
     python tools/prepare_prompts.py --shared ../shared/data --out .data --per-source 1600,1200,600,600
 """
@@ -15,9 +17,24 @@ from pathlib import Path
 
 from specdraft.data.sources import load_conversations
 
+SPEC_BENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag")
+"""Spec-Bench's tasks besides MT-bench (whose questions it files under MT-bench's own categories)."""
 SOURCES = ("alpaca/alpaca_5000.json", "sharegpt/ShareGPT_V3_filtered_1000.json",
            "sharegpt/sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json", "gsm8k/train.jsonl",
            "sharegpt/ShareGPT_V3_filtered_500.json")
+
+
+def split_spec_bench(question_file: Path, out: Path) -> dict:
+    """Spec-Bench's question.jsonl -> OUT/spec_bench_<task>.jsonl, one file a task (MT-bench's categories as
+    mt_bench) -> {task: questions}."""
+    by_task = {}
+    for line in question_file.read_text().splitlines():
+        if line.strip():
+            category = json.loads(line)["category"]
+            by_task.setdefault(category if category in SPEC_BENCH_TASKS else "mt_bench", []).append(line)
+    for task, lines in by_task.items():
+        (out / f"spec_bench_{task}.jsonl").write_text("\n".join(lines) + "\n")
+    return {task: len(lines) for task, lines in by_task.items()}
 
 
 def main() -> None:
@@ -47,6 +64,8 @@ def main() -> None:
     with open(out / args.name, "w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
     shutil.copy(Path(args.shared) / "mt_bench" / "question.jsonl", out / "mt_bench.jsonl")
+    tasks = split_spec_bench(Path(args.shared) / "spec_bench" / "question.jsonl", out)
+    print("Spec-Bench: " + ", ".join(f"{task} {count}" for task, count in tasks.items()) + f" -> {out}")
     print(f"{len(rows)} training prompts -> {out / args.name}")
 
 

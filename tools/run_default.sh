@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default target (SmolLM2-135M-Instruct): distill -> train -> export -> eval.
 # Usage: bash tools/run_default.sh [RECIPE] [key=value ...]   (default recipe: recipes/eagle3_smollm2.yaml)
-#        SMOKE=1 bash tools/run_default.sh                     (the 5-minute CPU smoke recipe)
+#        SMOKE=1 bash tools/run_default.sh                     (the CPU smoke recipe: 2-3 minutes on 2 idle cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 default=recipes/eagle3_smollm2.yaml
@@ -10,8 +10,9 @@ recipe=${1:-$default}
 shift || true
 spec=.venv/bin/specdraft
 run_dir=$(.venv/bin/python -c "import sys; from specdraft.recipes import load_recipe; print(load_recipe(sys.argv[1], sys.argv[2:]).train.output_dir)" "$recipe" "$@")
+export_dir=$(dirname "$run_dir")/export  # beside the training run: runs/NAME/{data,train,export}
 $spec distill-data "$recipe" "$@"
 $spec train "$recipe" "$@"
-$spec export "$run_dir" --format hf --out "$run_dir/../export"
-$spec eval "$run_dir/../export" "$@"
-echo "done: $run_dir/../export/eval.json"
+$spec export "$run_dir" --format hf --out "$export_dir"
+$spec eval "$export_dir" "$@"
+echo "done: $export_dir/eval.json"

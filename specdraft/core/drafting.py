@@ -40,7 +40,8 @@ Declared capabilities (`DrafterCaps`) switch on further hooks, which the base cl
     keep_tree_states(num_candidates); tree_candidates(tokens, positions, first, paths, frontier);
     tree_verify_states(candidate_ids) -> hidden [N, H] (see specdraft.decoding.tree).
   exit_layers (several drafts at several exits, one drafting per cycle): select_exit(index); `variant`.
-  scores_tree: `tree_scorer()` -> a TreeScorer, called between a depth's expansion and the tree's selection.
+  scores_tree: `tree_scorer()` -> a TreeScorer, called between a depth's expansion and the tree's selection (in a
+    chain, after each drafted token: the first token it drops ends the chain).
   judges: `node_judge()` -> a NodeJudge, whose scores let the acceptance rule accept a token exact verification
     rejects (lossy, opt-in at run time).
 An add-on method (a tree classifier, a judge) serves beside its base draft's drafter as an `ExtendedDrafter`.
@@ -85,7 +86,11 @@ class TreeScorer(Protocol):
     nothing selects or accepts). Static shapes: a mask, never a shorter tensor."""
 
     threshold: float
-    """β: candidates scored below it are dropped (the runtime sets it from runtime.prune_threshold)."""
+    """β: candidates scored below it are dropped (the runtime sets it from runtime.prune_threshold). Setting it
+    takes effect in CUDA graphs captured before (a scorer keeps it in a device tensor)."""
+    chain_threshold: float
+    """The scorer's own β for chains, where dropping a drafted token ends the chain there (an early exit); the
+    runtime uses it when runtime.prune_threshold is not given."""
 
     def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
         """joint_logprobs [c] (the draft's log-probability of the path to each candidate), parent_entropy [c]

@@ -1,7 +1,15 @@
-"""Small file helpers shared by every stage: packaged files and atomic directory writes."""
+"""Small file helpers shared by every stage: packaged files, atomic writes, and the one error path for files.
+
+Every file specdraft reads from a user (recipes, prompt sets, shards, exports, checkpoints) is read inside
+`reading(path, what, fix)`: whatever the library raises for a corrupt file becomes one SpecdraftError naming the file,
+what is wrong with it and how to redo it (the CLI prints it on one line and exits 2). Writes go through `atomic_dir`
+and `write_text`: a full disk (or a read-only one) leaves nothing half-written and is one such line too.
+"""
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import importlib.util
 import json
 import os
@@ -10,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError, error_summary
 
 TMP_PREFIX = ".tmp-"
 """Prefix of every temporary file and directory; a resumed job may delete what carries it."""
@@ -44,14 +52,14 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     On an exception the temporary directory is removed and `final` is left as it was.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()  # plain mkdir honours the umask (mkdtemp would make it 0700)
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()  # plain mkdir honours the umask (mkdtemp would make it 0700)
         yield tmp
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise write_error(final, err) if is_write_error(err, final) else err
     if final.exists():
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
         os.replace(final, old)
@@ -61,14 +69,26 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         os.replace(tmp, final)
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write a text file atomically (temp file + rename). The temp name is unique per call, so several
-    workers may write the same file at once (the last rename wins)."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write; on success it replaces `path` in one rename, on an exception
+    (Ctrl-C included) it is removed, a full or read-only disk becoming one SpecdraftError. The temp name is unique
+    per call, so several workers may write the same file at once (the last rename wins)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, err) if is_write_error(err, path) else err
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a text file atomically (`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_json(path: str | Path, data) -> None:
@@ -76,3 +96,46 @@ def write_json(path: str | Path, data) -> None:
     text = "".join(json.dumps(item) + "\n" for item in data) if isinstance(data, list) else \
         json.dumps(data, indent=2) + "\n"
     write_text(path, text)
+
+
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+"""What a write fails with when the disk, not specdraft, is the problem: full, over quota, read-only."""
+DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+def is_write_error(err: BaseException, place: Path) -> bool:
+    """Whether `err` is the disk refusing a write: full, over quota or read-only anywhere, or permission denied
+    on a path beside `place` (a denied read elsewhere is the reader's error, not this write's)."""
+    if not isinstance(err, OSError):
+        return False
+    denied_here = err.errno in DENIED_ERRNOS and str(err.filename or "").startswith(str(place.parent))
+    return err.errno in DISK_ERRNOS or denied_here
+
+
+def write_error(path: str | Path, err: OSError) -> SpecdraftError:
+    """A write that the disk refused, as one line: nothing of it is left (the writers here are atomic)."""
+    reason = err.strerror or os.strerror(err.errno)
+    return SpecdraftError(f"cannot write {path}: {reason}; nothing was written there (free some space or fix the "
+                          f"permissions, then run the command again)")
+
+
+@contextlib.contextmanager
+def reading(path: str | Path, what: str, fix: str = "") -> Iterator[None]:
+    """Any failure while reading `path` (a `what`) becomes one SpecdraftError: `corrupt WHAT PATH: Error: line;
+    FIX`. Libraries raise many kinds for a corrupt or hostile file (OSError, ValueError, RuntimeError, their own
+    classes, RecursionError for deep nesting), so all are caught here, around the read alone."""
+    try:
+        yield
+    except SpecdraftError:
+        raise
+    except Exception as err:  # noqa: BLE001 (one error path whatever the library raises)
+        raise SpecdraftError(f"corrupt {what} {path}: {error_summary(err)}" + (f"; {fix}" if fix else "")) from None
+
+
+def file_sha256(path: str | Path) -> str:
+    """The hex SHA-256 of a file's bytes, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import TMP_PREFIX
+from specdraft.core.io import TMP_PREFIX, reading
 from specdraft.core.types import TargetFeatures
 
 MANIFEST = "manifest.json"
@@ -53,9 +53,16 @@ def data_digest(dataset) -> str:
     return digest.hexdigest()
 
 
+REDO_FEATURES = "delete {path} and run the same command again: it recomputes the features files that are missing"
+"""How to write a corrupt features file (or manifest) again."""
+
+
 def read_manifest(directory: Path) -> Optional[dict]:
     path = Path(directory) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    with reading(path, "features manifest", REDO_FEATURES.format(path=directory)):
+        return json.loads(path.read_text())
 
 
 def claim_features_dir(directory: Path, expected: dict) -> None:
@@ -108,12 +115,22 @@ class FeatureStore:
         for path in sorted(self.directory.glob("*.safetensors")):
             if path.name.startswith(TMP_PREFIX) or path.name in self._files:
                 continue
-            with safe_open(str(path), framework="pt") as handle:
-                rows, offsets = handle.get_tensor("rows").tolist(), handle.get_tensor("offsets").tolist()
+            rows, offsets = self._file_rows(path)
             for k, row in enumerate(rows):
                 self._index[row] = (path.name, offsets[k], offsets[k + 1])
             self._files.add(path.name)
         return self
+
+    def _file_rows(self, path: Path) -> tuple:
+        """(rows, offsets) of one features file, checked: every tensor it must hold covers the offsets' tokens."""
+        with reading(path, "features file", REDO_FEATURES.format(path=path)), \
+                safe_open(str(path), framework="pt") as handle:
+            rows, offsets = handle.get_tensor("rows").tolist(), handle.get_tensor("offsets").tolist()
+            for name in self.names:
+                tokens = handle.get_slice(name).get_shape()[0]
+                if len(offsets) != len(rows) + 1 or tokens != offsets[-1]:
+                    raise ValueError(f"tensor {name} holds {tokens} tokens; its offsets say {offsets[-1:]}")
+        return rows, offsets
 
     def __contains__(self, row: int) -> bool:
         return row in self._index

@@ -7,14 +7,19 @@ DISTILL_DIR/
   errors.jsonl              one line per prompt that failed or was skipped: source, index, reason
   recipe.yaml               the resolved recipe that produced it
   features/                 with data.features=offline: the target's hidden states (specdraft.data.features)
-Rows: the columns of ROW_FEATURES.
+Rows: the columns of ROW_FEATURES. Every Arrow directory is read through `load_rows`: a truncated or corrupt
+file is one line naming it and saying how to write it again.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from datasets import Features, Sequence, Value
+
+from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.core.io import reading
 
 ROW_FEATURES = Features({
     "input_ids": Sequence(Value("int32")),  # the whole conversation, chat template applied
@@ -44,4 +49,39 @@ def counts_path(distill_dir: str | Path) -> Path:
 
 
 def read_counts(distill_dir: str | Path) -> dict:
-    return json.loads(counts_path(distill_dir).read_text())
+    with reading(counts_path(distill_dir), "counts file", "run `specdraft distill-data RECIPE --merge` again"):
+        return json.loads(counts_path(distill_dir).read_text())
+
+
+REDO_DATASET = "delete {path} and run `specdraft distill-data RECIPE --merge` to merge it again from its shards"
+"""How to write a merged dataset again (`load_rows`'s `fix` for DISTILL_DIR/dataset)."""
+
+
+def load_rows(directory: str | Path, what: str, fix: str):
+    """`datasets.load_from_disk(directory)` with every Arrow file read through and validated (offsets in bounds,
+    UTF-8 strings): a truncated or corrupt file is a SpecdraftError naming it as a `what` and ending with `fix`
+    (`{path}` in it stands for the directory)."""
+    from datasets import load_from_disk
+
+    directory = Path(directory)
+    try:
+        dataset = load_from_disk(str(directory))
+        dataset.data.validate(full=True)
+    except Exception as err:  # noqa: BLE001 (Arrow, datasets and the OS raise many kinds for a bad file)
+        bad = _bad_arrow_file(directory) or directory
+        raise SpecdraftError(f"corrupt {what} {bad}: {error_summary(err)}; "
+                             f"{fix.format(path=directory)}") from None
+    return dataset
+
+
+def _bad_arrow_file(directory: Path) -> Optional[Path]:
+    """The first Arrow file of `directory` that does not read back whole and valid, or None."""
+    import pyarrow as pa
+
+    for path in sorted(directory.glob("*.arrow")):
+        try:
+            with pa.memory_map(str(path)) as source:
+                pa.ipc.open_stream(source).read_all().validate(full=True)
+        except Exception:  # noqa: BLE001 (any failure marks the file)
+            return path
+    return None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import resolve_file
+from specdraft.core.io import reading, resolve_file
 
 SUPPORTED_FIELDS = ("conversations", "messages", "instruction", "prompt", "question", "turns")
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
@@ -167,13 +167,11 @@ def _file_records(path_text: str) -> Iterable:
         raise SpecdraftError(f"prompt set {path_text!r} has an unknown extension; valid: "
                              f"{', '.join(EXTENSIONS)}, or hf:ID[:SPLIT]")
     path = resolve_file(path_text, "prompt file")
-    try:
+    with reading(path, "prompt file"):  # bad bytes, a broken gzip stream, JSON nested past Python's recursion limit
         if path.name.endswith((".jsonl", ".jsonl.gz")):
             yield from _jsonl_records(path)
         else:
             yield from _json_records(path)
-    except (OSError, UnicodeDecodeError, EOFError) as err:
-        raise SpecdraftError(f"cannot read prompt file {path_text}: {err}") from None
 
 
 def _hf_records(spec: str) -> Iterable:

@@ -1,10 +1,13 @@
 """Chain cycles with a confidence exit and shallow-state reuse (Kangaroo's double early exit, arXiv:2404.18911).
 
 Drafting: the drafter proposes one token per depth (its top-1). With an exit threshold η > 0 the engine reads
-the draft's top-1 probability after every depth (one host read of one bool) and stops once it falls below η:
+the draft's top-1 probability after every depth (one host read of one bool) and stops once it falls below η (or
+where another stop rule says so, stop_rules.py: SVIP's entropy bound, Dynamic Depth Decoding's path mass):
 that token is not drafted, and the cycle verifies only the k' tokens drafted before it (k' = 0 verifies the
 root alone, a plain decoding step). A dynamic exit (dynamic_exit.py) caps the depth per cycle as well. Both
-save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs.
+save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs. With a
+tree scorer (core/drafting.py) the chain ends, the same way, at the first token the scorer drops (its features:
+the chain's joint log-probability up to it, the entropy of the distribution it was drawn from, its depth).
 
 Verification: the chain's k'+1 nodes (root and drafts) in one target pass with causal attention. If the drafter
 has `verify_start_layer` ℓ (drafter.py), the pass starts at layer ℓ from the states the drafter computed
@@ -13,8 +16,8 @@ while drafting (`chain_verify_states`): layers 0..ℓ-1 never rerun, except for 
 CUDA graphs (GPU): one graph for `first`, one per draft depth d (`step(d)`), one verify per (k', computed)
 (k' = 0..K; `computed` is how many chain nodes went through the drafter, k' or k'+1): at most 3K + 2 graphs,
 each replayed from static buffers (and each per drafter `variant`, when a drafter holds several drafts).
-Without exits (η = 0, no dynamic exit) the whole cycle is one graph, as a tree's is. At T > 0 the verify's
-rejection sampling runs on the device too (sampling.py), from uniforms drawn before the graph replays.
+Without exits (η = 0, no tree scorer, no dynamic exit) the whole cycle is one graph, as a tree's is. At T > 0
+the verify's rejection sampling runs on the device too (sampling.py), from uniforms drawn before the graph replays.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.host_reader import HostReader
 from specdraft.decoding.sampled_drafts import SampledDrafts, sampled_children
 from specdraft.decoding.stop_rules import ConfidenceStop, StopRule
-from specdraft.decoding.tree import DraftTree
+from specdraft.decoding.tree import DraftTree, parent_entropy
 
 
 class ChainCycles:
@@ -70,6 +73,11 @@ class ChainCycles:
         """Stop drafting when `rule` says so (stop_rules.py; None: draft every depth)."""
         self.stop_rule = rule
 
+    @property
+    def exits(self) -> bool:
+        """Whether drafting may stop early: a stop rule (η's among them) or a tree scorer (`draft` reads `stops`)."""
+        return self.stop_rule is not None or self.engine.tree_scorer is not None
+
     # ---- device work (graph bodies) ---------------------------------------------------------------------
     def _record(self, depth: int, logits: torch.Tensor) -> None:
         """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth] (the top-1 log-probability; sampled
@@ -84,8 +92,20 @@ class ChainCycles:
             scores, ids = draft_topk(logits, d2t, 1)  # [1, 1]
         self.tokens[depth:depth + 1].copy_(ids[0])
         self.logprobs[depth:depth + 1].copy_(scores[0])
-        if self.stop_rule is not None:  # `draft` reads it; graphs are keyed by the rule (`_run`)
-            self.stops[depth:depth + 1].copy_(self.stop_rule.chain(logits, scores[0], self.logprobs[1:depth + 1]))
+        if self.exits:  # `draft` reads it; graphs are keyed by the rule and the scorer (`_run`)
+            self.stops[depth:depth + 1].copy_(self._stops(depth, logits, scores[0]))
+
+    def _stops(self, depth: int, logits: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+        """Whether the token of `depth` (top-1 log-probability score [1], drawn from logits [1, Vd]) ends the
+        chain -> [1] bool: the stop rule says so, or the tree scorer drops it (its joint: the chain's top-1
+        log-probabilities up to it, which never read a sampled token)."""
+        path = self.logprobs[1:depth + 1]  # [depth]
+        stop = self.stop_rule.chain(logits, score, path) if self.stop_rule is not None else torch.zeros_like(
+            score, dtype=torch.bool)
+        scorer = self.engine.tree_scorer
+        if scorer is not None:
+            stop = stop | ~scorer.keep(path.sum(0, keepdim=True), parent_entropy(logits), depth)
+        return stop
 
     def _first(self) -> torch.Tensor:
         engine = self.engine
@@ -146,12 +166,12 @@ class ChainCycles:
     # ---- host loop ------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
         """fn(*args), replayed from a CUDA graph per key, drafter variant (dynamic_exit.ExitChoice's draft), stop
-        rule (`_record` evaluates it) and sampling temperature (sampled drafts)."""
+        rule and tree scorer (`_record` evaluates them) and sampling temperature (sampled drafts)."""
         if not self.engine.use_graphs:
             return fn(*args)
         rule = self.stop_rule
-        key = key + ((rule.name, rule.threshold) if rule is not None else None, self.engine.drafter.variant,
-                     self.temperature)
+        key = key + ((rule.name, rule.threshold) if rule is not None else None, self.engine.scored_key(""),
+                     self.engine.drafter.variant, self.temperature)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = CallGraph(fn, self.engine.state_tensors() + self.state(), example=args)
@@ -162,11 +182,11 @@ class ChainCycles:
         return [self.tokens, self.logprobs, self.stops] + ([self.draft_logprobs] if self.temperature > 0 else [])
 
     def draft(self, max_depth: int) -> Tuple[int, int]:
-        """Draft up to max_depth tokens, stopping where the stop rule says -> (drafted k', chain nodes computed
-        that the verify may reuse: k' or k' + 1). The host reads each depth's stop flag one depth behind: the
-        next draft step is queued before the read, so the device never waits for the host (a stop wastes that
-        one step)."""
-        check = self.stop_rule is not None
+        """Draft up to max_depth tokens, stopping at an exit (the stop rule, the tree scorer) -> (drafted k', chain
+        nodes computed that the verify may reuse: k' or k' + 1). The host reads each depth's stop flag one depth
+        behind: the next draft step is queued before the read, so the device never waits for the host (a stop
+        wastes that one step)."""
+        check = self.exits
         hidden, calls, drafted = self._run(("first",), self._first), 1, 0
         pending = self.flags.stage(self.stops[1:2]) if check else None
         for depth in range(1, max_depth + 1):
@@ -187,7 +207,7 @@ class ChainCycles:
         self.temperature = policy.temperature if noise is not None else 0.0
         if noise is not None:
             self.gumbel.copy_(noise)
-        if self.stop_rule is None and max_depth == depth:
+        if not self.exits and max_depth == depth:
             return self._policy_run(("whole",), self._whole, policy, depth + 1, generator), depth
         drafted, computed = self.draft(max_depth)
         return self._policy_run(("verify", drafted, computed), partial(self._verify, drafted=drafted,

@@ -70,7 +70,7 @@ class DepthStop(DraftingPolicy):
 
     # ---- host loop ------------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
-        return self.engine.graphed(f"depth-stop:{key}", fn, *args, extra_state=[self.stops])
+        return self.engine.graphed(self.engine.scored_key(f"depth-stop:{key}"), fn, *args, extra_state=[self.stops])
 
     def grow(self, expansion: TreeExpansion, sampled: float) -> int:
         """Draft depth by depth until the rule stops the tree -> the depth drafted. sampled: the expansion's
@@ -100,7 +100,7 @@ class DepthStop(DraftingPolicy):
         args = () if randomness is None else (randomness,)
         out = self._run(("finish", depth, policy.key, sampled), partial(self._finish, expansion, policy, depth),
                         *args)
-        return out, nodes - 1
+        return out, engine.drafted_count(nodes)
 
 
 def candidates_through(shape, depth: int) -> int:

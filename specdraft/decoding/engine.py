@@ -2,7 +2,8 @@
 
 One cycle, all on the device with static shapes (so that on a GPU it is one CUDA graph, see graphs.py):
   1. the drafter builds the tree from the root (the newest confirmed token), `tree.build_tree` (a draft's tree
-     scorer may drop candidates after each depth);
+     scorer may drop candidates after each depth: they become padding, and the host reads how many nodes the
+     cycle verified with its tokens, `GenerationResult.drafted`);
   2. the target runs the tree's N nodes at cache slots P..P+N-1 with tree attention (P = confirmed tokens
      before the root), capturing the hidden states the drafter reads;
   3. acceptance, by the engine's policy for the temperature (`accept.py`): at T=0 the deepest path whose
@@ -77,7 +78,7 @@ PREFILL_ROWS = 64
 class GenerationResult:
     tokens: List[int]  # new tokens (prompt excluded), cut after EOS or at max_new_tokens
     accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
-    drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (varies with exits)
+    drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (exits, pruning vary it)
     exits: List[int] = field(default_factory=list)  # the drafter's exit index per cycle (dynamic_exit.ExitChoice)
     seconds: float = 0.0
     trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
@@ -89,7 +90,8 @@ class CycleOutput:
     count: torch.Tensor  # [1] how many of `emitted` are valid (accepted + 1)
     accepted_nodes: torch.Tensor  # [depth + 1] node indices of the accepted path, -1 padded
     tree: Optional[DraftTree] = None
-    for_host: Optional[torch.Tensor] = None  # [depth + 2] count, then emitted: what the host reads of a cycle
+    for_host: Optional[torch.Tensor] = None  # what the host reads of a cycle: [depth + 2] count, then emitted
+    # (then, with a tree scorer, the tree's valid nodes)
 
 
 class SpecEngine:
@@ -98,11 +100,12 @@ class SpecEngine:
     Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
     from the drafter's `verify_start_layer` when it declares shallow layers). Tree options: `reuse_shallow_tree`,
     the same for trees when the drafter declares the tree hooks (core/drafting.py); off by default (module
-    docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion. `judge`:
-    learned, lossy acceptance at T=0 (accept.py). `overlap` (both loops): one step in flight while the host reads
-    the one before; off, each step is read before the next is queued (to time one against the other).
-    `sample_drafts`: at T > 0, sampled first children (sampled_drafts.py). `chain_stop`: a chain's stop rule
-    besides η (stop_rules.py). `policy`: a drafting policy that chooses each cycle (drafting_policy.py)."""
+    docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion (in a chain:
+    end it, chain.py; `set_tree_scorer` swaps it). `judge`: learned, lossy acceptance at T=0 (accept.py).
+    `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read before
+    the next is queued (to time one against the other). `sample_drafts`: at T > 0, sampled first children
+    (sampled_drafts.py). `chain_stop`: a chain's stop rule besides η (stop_rules.py). `policy`: a drafting policy
+    that chooses each cycle (drafting_policy.py)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
@@ -138,7 +141,16 @@ class SpecEngine:
         if policy is not None:
             policy.attach(self)
         self.most_tokens = max(shape.depth, policy.max_depth() if policy is not None else 0) + 1  # a cycle's most
-        self._reader = HostReader(self.most_tokens + 1, self.device)
+        self._reader = HostReader(self.most_tokens + 2, self.device)  # count, tokens, then a pruned tree's nodes
+
+    def set_tree_scorer(self, scorer: Optional[TreeScorer]) -> None:
+        """Draft with `scorer` from the next cycle on (None: unpruned); each scorer's cycles have graphs of their
+        own (`scored_key`)."""
+        self.tree_scorer = scorer
+
+    def scored_key(self, key: str) -> str:
+        """The key of a graph whose body may run the tree scorer: one graph per scorer (and one without)."""
+        return key if self.tree_scorer is None else f"{key}:scorer{id(self.tree_scorer)}"
 
     def set_exit_threshold(self, eta: float) -> None:
         """η for chains: stop drafting once the draft's top-1 probability falls below it (0: never)."""
@@ -314,7 +326,17 @@ class SpecEngine:
         logits, captured, hidden = verified
         depth_limit = self.shape.depth if depth_limit is None else depth_limit
         accepted_nodes, accept_length, bonus = policy.accept(logits, tree, depth_limit, randomness, hidden)
-        return self.commit(tree, captured, accepted_nodes, accept_length, bonus)
+        out = self.commit(tree, captured, accepted_nodes, accept_length, bonus)
+        if self.tree_scorer is not None:  # the host reads how many nodes the pruned tree verified, at a fixed place
+            room = self.most_tokens + 1 - out.for_host.shape[0]  # a policy's cycles emit up to most_tokens
+            padded = torch.nn.functional.pad(out.for_host, (0, room))  # [most_tokens + 1]
+            out.for_host = torch.cat([padded, tree.valid.sum(0, keepdim=True)])
+        return out
+
+    def drafted_count(self, nodes: int) -> Optional[int]:
+        """The drafted tokens a tree cycle of `nodes` nodes verifies; None where the host reads them from the
+        cycle's output (a pruned tree's, `accept_and_commit`)."""
+        return None if self.tree_scorer is not None else nodes - 1
 
     def draws(self, policy: Acceptance, gumbel: Optional[torch.Tensor]) -> Optional[DraftDraws]:
         """The sampled drafts' draws of a cycle under `policy` from its noise (None: point-mass drafts)."""
@@ -341,13 +363,14 @@ class SpecEngine:
         tree = self.build_tree(self.draws(policy, gumbel))
         return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
 
-    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
-        """One cycle -> (its output, the drafted tokens it verified): the drafting policy's when there is one."""
+    def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
+        """One cycle -> (its output, the drafted tokens it verified; None where the host reads them from the
+        output: a pruned tree's): the drafting policy's when there is one."""
         if self.policy is not None:
             return self.policy.cycle(temperature, generator)
         return self.base_cycle(temperature, generator)
 
-    def base_cycle(self, temperature: float, generator) -> Tuple[CycleOutput, int]:
+    def base_cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
         """One cycle of the engine's own shape (the fixed tree, or the chain with its exits)."""
         policy = self.acceptance(temperature)
         if self.chain is not None:
@@ -358,8 +381,8 @@ class SpecEngine:
                     self.drafter.select_exit(self.exit_index)
             return self.chain.cycle(policy, generator, max_depth)
         args = self.cycle_args(policy, self.shape.budget, generator)
-        return self.graphed(f"cycle:{policy.key}", partial(self._tree_cycle_body, policy), *args), \
-            self.shape.budget - 1
+        return self.graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy),
+                            *args), self.drafted_count(self.shape.budget)
 
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
@@ -391,6 +414,7 @@ class SpecEngine:
         host_driven = self.dynamic_exit is not None or (self.policy is not None and self.policy.reads_every_cycle)
         ahead = 1 if self.overlap and not trace and not host_driven else 0  # cycles queued past the read
         most_per_cycle = self.most_tokens  # every draft accepted, then the bonus token
+        read = self.most_tokens + 1 + (self.tree_scorer is not None)  # + a pruned tree's valid nodes
         queued = deque()
         while not done:
             may_end = len(generated) + most_per_cycle * len(queued) >= max_new_tokens  # by the cycles in flight
@@ -400,8 +424,9 @@ class SpecEngine:
                 if len(queued) <= ahead:
                     continue
             slot, drafted, exit_index, out = queued.popleft()
-            host = self._reader.read(slot, self.most_tokens + 1)  # the one host wait of a cycle
+            host = self._reader.read(slot, read)  # the one host wait of a cycle
             new_tokens = host[1:1 + host[0]]
+            drafted = host[-1] - 1 if drafted is None else drafted  # a pruned tree's valid nodes, less the root
             generated += new_tokens
             if self.policy is not None:
                 self.policy.observe(new_tokens)

@@ -88,11 +88,12 @@ class RetrievalDrafts(DraftingPolicy):
         if self.merge:
             nodes = engine.shape.budget + count
             args = engine.cycle_args(policy, nodes, generator)
-            return engine.graphed(f"retrieval-merged:{policy.key}", partial(self._merged, policy, count),
-                                  *args), nodes - 1
+            return engine.graphed(engine.scored_key(f"retrieval-merged:{policy.key}"),
+                                  partial(self._merged, policy, count), *args), engine.drafted_count(nodes)
         randomness = policy.randomness(count + 1, generator, engine.device)
         args = () if randomness is None else (randomness,)
-        return engine.graphed(f"retrieval:{policy.key}", partial(self._retrieved, policy, count), *args), count
+        return engine.graphed(engine.scored_key(f"retrieval:{policy.key}"), partial(self._retrieved, policy, count),
+                              *args), count
 
     # ---- graph bodies ---------------------------------------------------------------------------------------
     def _retrieved(self, policy: Acceptance, count: int, randomness=None):

@@ -120,3 +120,28 @@ def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: i
     weights = _ban_rejected(bases.index_select(0, node)[0], tree.tokens, rejected)  # [V] (no host read)
     bonus = _inverse_cdf(weights, uniforms[-1:])  # [1]
     return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), bonus
+
+
+def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """scores [B, V] float32 (logits / T) -> the same with every token outside the nucleus at -inf: Hugging Face's
+    top-p rule, operation for operation (sorted ascending, a token goes when the mass up to and including it is
+    <= 1 - top_p; the most likely token always stays). top_p >= 1 keeps every token."""
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, descending=False)  # [B, V]
+    remove = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1) <= 1 - top_p  # [B, V]
+    remove[:, -1] = False
+    return scores.masked_fill(remove.scatter(1, order, remove), -float("inf"))
+
+
+def sample_rows(logits: torch.Tensor, temperature: float, top_p: float,
+                uniforms: Optional[torch.Tensor]) -> torch.Tensor:
+    """logits [B, V] -> [B] int64: argmax at T=0 (uniforms unused), else one draw per row from softmax(top-p
+    filtered logits / T), by inverse CDF from uniforms [B] in [0, 1): the distribution of Hugging Face's
+    `generate(do_sample=True, temperature=T, top_p=top_p, top_k=0)`. Static shapes, no host sync (graph-safe)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(top_p_filter(logits.float() / temperature, top_p), dim=-1)  # [B, V]
+    cdf = torch.cumsum(probs, dim=-1)  # [B, V]
+    picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)  # [B, 1]
+    return picks[:, 0].clamp(max=logits.shape[-1] - 1)

@@ -48,6 +48,13 @@ class DecoderLayer(nn.Module):
         after attention, MLP output), each [N, H].
         Launches: add + norm, qkv matmul, rope + cache write, attention, o matmul, add + norm, gate/up matmul,
         silu * up, down matmul."""
+        hidden, q = self.attention_input(hidden, pending, rope, positions, k_cache, v_cache, slots)
+        attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill, slot_mask)  # [Hq, N, D]
+        return (hidden, *self.attention_output(attn, hidden))
+
+    def attention_input(self, hidden, pending, rope, positions, k_cache, v_cache, slots):
+        """The layer up to its attention: (add +) norm, qkv matmul, rope + the cache write of k and v at `slots`
+        -> (layer input [N, H], rotated q [Hq, N, D]). Arguments as `forward`'s."""
         n = hidden.shape[0]
         if pending is None:
             normed = rms_norm(hidden, self.attn_norm, self.eps)
@@ -58,9 +65,14 @@ class DecoderLayer(nn.Module):
                              self.kv_heads * self.head_dim], dim=-1)
         q = rope_cache(q.view(n, self.heads, self.head_dim), k.view(n, self.kv_heads, self.head_dim),
                        v.view(n, self.kv_heads, self.head_dim), *rope, positions, k_cache, v_cache, slots)  # [Hq, N, D]
-        attn = self._attend(q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill, slot_mask)  # [Hq, N, D]
+        return hidden, q
+
+    def attention_output(self, attn, hidden):
+        """The layer after its attention: attn [Hq, N, D], hidden [N, H] the layer input -> (hidden after
+        attention, MLP output), each [N, H]: o matmul, add + norm, gate/up matmul, silu * up, down matmul."""
+        n = hidden.shape[0]
         normed, attended = rms_norm(self.wo(attn.transpose(0, 1).reshape(n, -1)), self.mlp_norm, self.eps, hidden)
-        return hidden, attended, self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
+        return attended, self.w2(silu_mul(*self.w13(normed).chunk(2, dim=-1)))
 
     def _attend(self, q, k_cache, v_cache, prefix_len, tree_mask, causal_prefill: bool,
                 slot_mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -5,7 +5,8 @@ with the highest joint probability (the product of the draft probabilities along
 their top-k children; of those k*k children the k best by joint probability become the next frontier. After
 `depth` levels every proposed token is a candidate; the `budget - 1` candidates with the highest joint
 probability (plus the root) form the tree that the target verifies. A child's joint probability never exceeds
-its parent's, so the kept set is closed under ancestors (ties are repaired explicitly).
+its parent's, so the kept set is closed under ancestors (ties are repaired explicitly). A budget of every candidate
+(`shape.num_candidates`) verifies the whole expansion, no rerank (how C2T's traces see what the target accepts).
 
 A chain of k drafts is the same procedure with top-1 at each depth and budget k + 1.
 
@@ -29,7 +30,8 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
-from specdraft.kernels.tree_select import select_tree
+from specdraft.kernels.top_entropy import top_entropy
+from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
 from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled_children
 
 
@@ -133,11 +135,8 @@ def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) 
 
 def parent_entropy(draft_logits: torch.Tensor, top: int = ENTROPY_TOP) -> torch.Tensor:
     """draft_logits [k, Vd] -> [k] float32: the entropy of each row's draft distribution over its `top` most
-    probable tokens (renormalised), what a TreeScorer reads of a candidate's parent."""
-    logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
-    top_logprobs = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1).values  # [k, M]
-    top_logprobs = top_logprobs - torch.logsumexp(top_logprobs, dim=-1, keepdim=True)
-    return -(top_logprobs.exp() * top_logprobs).sum(-1)
+    probable tokens (renormalised), what a TreeScorer reads of a candidate's parent (kernels.top_entropy)."""
+    return top_entropy(draft_logits, top)
 
 
 def _scored(scorer: Optional[TreeScorer], child_logprobs: torch.Tensor, parent_scores: torch.Tensor,
@@ -244,7 +243,8 @@ class TreeExpansion:
         """The tree of depths 0..depth's candidates the target verifies (at most `budget` nodes, static shapes)."""
         cand_tokens, cand_parents, cand_scores = self.candidates(depth)
         budget = min(self.shape.budget, cand_tokens.shape[0])
-        selection = select_tree(cand_tokens, cand_parents, cand_scores, budget, depth)
+        select = _every_candidate if budget == cand_tokens.shape[0] else select_tree
+        selection = select(cand_tokens, cand_parents, cand_scores, budget, depth)
         tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
                          valid=selection.valid, tree_mask=selection.tree_mask,
                          joint_logprobs=selection.joint_logprobs, candidate_ids=selection.chosen,
@@ -273,6 +273,20 @@ def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_posi
     for depth in range(1, shape.depth):
         expansion.advance(depth)
     return expansion.select(shape.depth)
+
+
+def _every_candidate(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand_scores: torch.Tensor, budget: int,
+                     max_depth: int) -> TreeSelection:
+    """`select_tree` where the budget keeps every candidate: node i is candidate i (no sort, and no selection
+    kernel, which is sized for the budgets trees are verified at)."""
+    reach = ancestry(cand_parents, max_depth)  # [C, C]
+    valid = reach[:, 0]
+    eye = torch.eye(budget, dtype=torch.bool, device=reach.device)
+    return TreeSelection(tokens=cand_tokens, parents=torch.where(valid, cand_parents, -1),
+                         depths=torch.where(valid, reach.sum(1) - 1, 1), valid=valid,
+                         tree_mask=reach & valid[:, None] | eye,
+                         joint_logprobs=torch.where(valid, cand_scores, float("-inf")),
+                         chosen=torch.arange(budget, device=reach.device))
 
 
 def _pruned_as_padding(tree: DraftTree) -> DraftTree:

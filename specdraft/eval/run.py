@@ -18,8 +18,10 @@ from specdraft.drafts import RECIPE_FILE, load_draft
 from specdraft.eval.plot import plot_acceptance
 from specdraft.recipes import load_recipe
 from specdraft.runtime.load import build_runtime, resolve_device
-from specdraft.decoding.stats import acceptance_by_position
+from specdraft.runtime.plots import device_name
+from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.targets import load_target
+from specdraft.targets.remote_code import with_remote_code
 
 
 def eval_prompts(tokenizer, cfg) -> List[torch.Tensor]:
@@ -46,19 +48,23 @@ def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids
     return out[0, prompt_ids.shape[1]:].tolist()
 
 
-def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = ()) -> dict:
+def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = (),
+             trust_remote_code: bool = False) -> dict:
     """Decode eval.prompts with the draft through the runtime (a chain of eval.num_draft_tokens, no early exit,
-    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`."""
-    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides))
-    loaded = load_draft(path, overrides)
+    in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`.
+    `trust_remote_code`: the command line's consent to run the target's own code (never read from PATH's files)."""
+    loaded = load_draft(path, overrides, trust_remote_code=trust_remote_code)  # first: it says what is wrong with
+    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides), trust_remote_code)  # `path` (missing, not a draft)
     cfg = recipe.eval
     device = resolve_device(cfg.device)
-    target = load_target(loaded.target_config, device=device, dtype=cfg.dtype)
+    target_cfg = with_remote_code(loaded.target_config, trust_remote_code, f"the draft {path}")
+    target = load_target(target_cfg, device=device, dtype=cfg.dtype)
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
     runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
                                                           device=cfg.device, dtype=cfg.dtype))
+    runtime.engine.set_tree_scorer(None)  # no early exit: a draft's tree scorer would end chains too
     prompts = [p.to(device) for p in eval_prompts(target.tokenizer, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
     for prompt_ids in tqdm(prompts, desc="eval", unit="prompt"):
@@ -70,18 +76,21 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
         lossless_count += result.tokens == reference
         accepted += result.accepted
         new_tokens += len(result.tokens)
-    report = _report(loaded, cfg, accepted, lossless_count, len(prompts), new_tokens, spec_seconds, greedy_seconds)
+    report = _report(loaded, cfg, accepted, lossless_count, len(prompts), new_tokens, spec_seconds, greedy_seconds,
+                     device_name(device))
     out = Path(out_dir or path)
     write_json(out / "eval.json", report)
     plot_acceptance(report, out / "eval.png")
     return report
 
 
-def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec_seconds, greedy_seconds) -> dict:
+def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec_seconds, greedy_seconds,
+            device: str) -> dict:
     cycles = max(1, len(accepted))
     return {
         "tau": sum(a + 1 for a in accepted) / cycles,
         "acceptance_by_position": acceptance_by_position(accepted, cfg.num_draft_tokens),
+        "cycles_by_position": cycles_by_position(accepted, cfg.num_draft_tokens),
         "accepted_histogram": [accepted.count(a) for a in range(cfg.num_draft_tokens + 1)],
         "lossless": lossless_count == num_prompts,
         "lossless_prompts": lossless_count,
@@ -92,6 +101,6 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
         "seconds_greedy_hf": greedy_seconds,
         "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
                      "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
-                     "method": loaded.spec.name, "skip_prompts": cfg.skip_prompts,
+                     "method": loaded.spec.name, "skip_prompts": cfg.skip_prompts, "device": device,
                      "target": loaded.target_config.path, "draft": str(loaded.source)},
     }

@@ -20,11 +20,13 @@ from specdraft.drafts import BASE_DIR, EXPORT_FILE, RECIPE_FILE, export_section,
 from specdraft.recipes import load_recipe, save_recipe
 
 
-def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "bfloat16") -> Path:
-    """A training run (or an export, exported again) -> `out` in format `fmt`, with its recipe."""
+def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "bfloat16",
+                 trust_remote_code: bool = False) -> Path:
+    """A training run (or an export, exported again) -> `out` in format `fmt`, with its recipe.
+    `trust_remote_code`: the command line's consent to run the target's code, to read its geometry."""
     run_dir = Path(run_dir)
-    loaded = load_draft(run_dir)
-    recipe = load_recipe(run_dir / RECIPE_FILE)
+    loaded = load_draft(run_dir, trust_remote_code=trust_remote_code)
+    recipe = load_recipe(run_dir / RECIPE_FILE, trust_remote_code=trust_remote_code)
     if fmt not in loaded.spec.exports:
         raise choices_error("export format", fmt, sorted(loaded.spec.exports))
     export = loaded.spec.exports[fmt]

@@ -54,6 +54,10 @@ class SlurmJob:
     """train: SIGUSR1 this long before the time limit (Lightning saves and requeues)."""
     template: Optional[str] = None
     """A template of your own instead of the packaged templates/KIND.sbatch."""
+    trust_remote_code: bool = False
+    """Pass --trust-remote-code to the job's command (the target's own code runs)."""
+    trust_checkpoint: bool = False
+    """train: pass --trust-checkpoint to the job's command (resume a DeepSpeed checkpoint this user did not sign)."""
 
 
 def _check(job: SlurmJob, recipe: Recipe) -> None:
@@ -77,6 +81,12 @@ def _directives(job: SlurmJob, gpus_line: str) -> str:
     return "\n".join(directives + ([gpus_line] if gpus_line else []))
 
 
+def _consents(job: SlurmJob) -> List[str]:
+    """The trust flags given to `specdraft slurm`, passed on to the job's command."""
+    flags = ["--trust-remote-code"] if job.trust_remote_code else []
+    return flags + (["--trust-checkpoint"] if job.trust_checkpoint and job.kind == "train" else [])
+
+
 def _command(kind: str, recipe_path: Path, overrides: List[str]) -> str:
     words = [sys.executable, "-m", "specdraft.cli", kind, str(recipe_path), *overrides]
     return " ".join(shlex.quote(word) for word in words)
@@ -89,12 +99,12 @@ def _values(job: SlurmJob, recipe: Recipe, folder: Path) -> dict:
               "signal_seconds": job.signal_seconds, "tasks_per_node": max(job.gpus_per_node, 1), "array": ""}
     if job.kind == "train":
         layout = [f"train.num_nodes={job.nodes}", f"train.devices={max(job.gpus_per_node, 1)}"]
-        command = _command("train", recipe_path, ["train.resume=auto", *job.overrides, *layout])
+        command = _command("train", recipe_path, [*_consents(job), "train.resume=auto", *job.overrides, *layout])
         gpus = f"#SBATCH --gpus-per-node={job.gpus_per_node}" if job.gpus_per_node else ""
         return {**common, "log": folder / "train-%j.out", "command": command,
                 "directives": _directives(job, gpus)}
     workers = job.workers or job.nodes * max(job.gpus_per_node, 1)
-    command = _command("distill-data", recipe_path, job.overrides)
+    command = _command("distill-data", recipe_path, [*_consents(job), *job.overrides])
     return {**common, "array": f"0-{workers - 1}", "log": folder / "distill-data-%A_%a.out", "command": command,
             "directives": _directives(job, "#SBATCH --gpus=1" if job.gpus_per_node else "")}
 
@@ -114,7 +124,7 @@ def output_dir(job: SlurmJob, recipe: Recipe) -> Path:
 
 def render(job: SlurmJob) -> tuple:
     """-> (script text, the path it is written to)."""
-    recipe = load_recipe(job.recipe, job.overrides)
+    recipe = load_recipe(job.recipe, job.overrides, job.trust_remote_code)
     _check(job, recipe)
     folder = output_dir(job, recipe) / "slurm"
     values = {name: str(value) for name, value in _values(job, recipe, folder).items()}

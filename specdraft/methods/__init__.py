@@ -1,9 +1,9 @@
 """The method registry: one explicit entry per method module, no import-time side effects."""
 from specdraft.core.errors import choices_error
-from specdraft.methods import eagle3, kangaroo, poss
+from specdraft.methods import c2t, eagle3, kangaroo, poss
 from specdraft.methods.base import MethodSpec
 
-METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (eagle3.SPEC, poss.SPEC, kangaroo.SPEC)}
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (eagle3.SPEC, poss.SPEC, kangaroo.SPEC, c2t.SPEC)}
 
 
 def get_method(name: str) -> MethodSpec:

@@ -51,8 +51,9 @@ class RecordStage:
     conversations with the target's features. `specdraft distill-data` writes them with text distillation's
     shards, resume and accounting; `specdraft train` reads them back without loading the target."""
 
-    features: Any
-    """The `datasets.Features` of one record row (the shards' schema)."""
+    features: Callable[[], Any]
+    """() -> the `datasets.Features` of one record row (the shards' schema); a function, so that registering the
+    method imports no `datasets` (the runtime runs without the trainer's dependencies)."""
     fingerprint: Callable[[Any], Dict[str, Any]]
     """cfg -> the settings that make two runs' records interchangeable (besides the prompts and the target)."""
     maker: Callable[[Any, RecordContext], RecordMaker]

@@ -1,10 +1,15 @@
 """`specdraft bench`: speculative decoding against plain decoding in this runtime and against Hugging Face
-`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl."""
+`generate`, on the same prompts, in one run. Writes bench.json, bench.png and (asked) trace.jsonl.
+
+Every run reports the tokens the target verified per cycle (`verified_per_cycle`: the tree's valid nodes, root
+included). For a draft that scores its tree (DrafterCaps.scores_tree), the bench also sweeps the scorer's
+threshold β (runtime.prune_threshold) at T=0: the unpruned tree, then each β, on the same prompts against the
+same plain decoding (`prune_sweep`), and bench.png plots τ against the verified tokens."""
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -13,10 +18,11 @@ from tqdm import tqdm
 
 from specdraft.config import EvalConfig
 from specdraft.data.sources import load_conversations
-from specdraft.core.errors import SpecdraftError
-from specdraft.decoding.stats import acceptance_by_position
+from specdraft.core.errors import Interrupted, SpecdraftError
+from specdraft.decoding.stats import acceptance_by_position, cycles_by_position
 from specdraft.core.io import write_json
 from specdraft.runtime.load import Runtime
+from specdraft.runtime.plots import device_name, plot_bench
 from specdraft.runtime.profile import profile_cycles
 
 
@@ -31,20 +37,30 @@ class BenchSettings:
     hf_prompts: Optional[int] = None  # HF on the first N prompts alone (None: all); its speedups over those prompts
     trace: bool = False
     lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
+    prune_sweep: Sequence[float] = (0.3, 0.5, 0.7, 0.85)  # β swept where the draft scores its tree; (): none
 
     def __post_init__(self):
         if self.hf_prompts is not None and self.hf_prompts < 1:
             raise SpecdraftError(f"--hf-prompts must be at least 1, got {self.hf_prompts} "
                                  f"(--no-hf skips the baseline)")
+        bad = [beta for beta in self.prune_sweep if not 0.0 <= beta <= 1.0]
+        if bad:
+            raise SpecdraftError(f"--prune-sweep thresholds must be in [0, 1], got {bad}")
+
+
+def user_turns(prompts: str, max_prompts: Optional[int]) -> List[str]:
+    """The first user turn of each conversation of the prompt file (the first `max_prompts`); read without the
+    model, so that a bad file fails before it loads."""
+    conversations = load_conversations([prompts], max_prompts)
+    turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
+    if not any(turns):
+        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
+    return [text for text in turns if text]
 
 
 def first_user_turns(runtime: Runtime, prompts: str, max_prompts: Optional[int]) -> List[List[int]]:
-    conversations = load_conversations([prompts], max_prompts)
-    turns = [next((m["content"] for m in c.messages if m["role"] == "user"), None) for c in conversations]
-    encoded = [runtime.encode_chat(text) for text in turns if text]
-    if not encoded:
-        raise SpecdraftError(f"no prompts with a user turn in {prompts}")
-    return encoded
+    """`user_turns`, chat template applied -> token ids."""
+    return [runtime.encode_chat(text) for text in user_turns(prompts, max_prompts)]
 
 
 def _hf_generate(runtime: Runtime, prompt: List[int], max_new_tokens: int, temperature: float) -> List[int]:
@@ -68,8 +84,12 @@ def _timed(fn, device: torch.device):
 
 
 def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings, temperature: float,
-                     traces: List[dict]) -> dict:
+                    traces: List[dict], plain_results: Optional[list] = None) -> dict:
+    """Both loops over the prompts at `temperature` -> the run's summary. `plain_results`: an empty list is
+    filled with plain decoding's results; a full one (from an earlier run at T=0 on these prompts) is reused, and
+    only the speculative loop runs."""
     engine, device = runtime.engine, runtime.engine.device
+    reuse = plain_results is not None and len(plain_results) == len(prompts)
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     n_new = settings.max_new_tokens
     for mode in ("plain", "spec"):  # warm-up: CUDA graphs are captured here, not in a timed run
@@ -81,7 +101,12 @@ def run_temperature(runtime: Runtime, prompts: List[List[int]], settings: BenchS
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
     for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
-        plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
+        if reuse:
+            plain = plain_results[index]
+        else:
+            plain = engine.decode_plain(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator)
+            if plain_results is not None:
+                plain_results.append(plain)
         spec = engine.generate(prompt, n_new, runtime.eos_ids, temperature=temperature, generator=generator,
                                trace=settings.trace)
         for name, result in (("plain", plain), ("spec", spec)):
@@ -136,14 +161,18 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     accepted, drafted, exits = cycles
     exit_layers = runtime.engine.drafter.caps.exit_layers
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
-    depth = runtime.engine.most_tokens - 1  # the most drafts a cycle may accept (a policy's may pass the shape's)
+    engine = runtime.engine
+    depth = engine.most_tokens - 1  # the most drafts a cycle may accept (a policy's may pass the shape's)
     greedy = temperature == 0
-    chain = runtime.engine.chain is not None
+    chain = engine.chain is not None
     return {
         "temperature": temperature,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
+        "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
+        "verified_per_cycle": 1 + sum(drafted) / max(1, len(drafted)),  # the nodes the target verified, the root too
+        "prune_threshold": engine.tree_scorer.threshold if engine.tree_scorer is not None else None,
         "cycles_by_exit_layer": {layer: exits.count(i) for i, layer in enumerate(exit_layers)} if exit_layers else None,
         "accepted_histogram": [accepted.count(a) for a in range(depth + 1)],
         "cycles": len(accepted),
@@ -193,10 +222,28 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
               load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
     """Bench every temperature of `settings`, then check losslessness in float32 (`lossless_in_float32`, with a
     runtime from `load_float32` when this one runs another dtype); write bench.json (+ bench.png, trace.jsonl)
-    under out_dir."""
-    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    under out_dir, at the end: a Ctrl-C before it writes nothing (Interrupted says so)."""
+    out = Path(out_dir)
     traces: List[dict] = []
-    runs = [run_temperature(runtime, prompts, settings, t, traces) for t in settings.temperatures]
+    try:
+        report = measure(runtime, settings, traces, load_float32)
+    except KeyboardInterrupt:
+        raise Interrupted(f"bench stopped before its report: nothing written to {out} (bench.json is written at "
+                          f"the end); run the same command again") from None
+    write_json(out / "bench.json", report)
+    if settings.trace:
+        write_json(out / "trace.jsonl", traces)
+    plot_bench(report, out / "bench.png")
+    return report
+
+
+def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
+            load_float32: Optional[Callable[[], Runtime]] = None) -> dict:
+    """bench.json's report (every cycle's trace appended to `traces`)."""
+    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    plain_at_zero: list = []  # plain decoding at T=0, reused by the β sweep
+    runs = [run_temperature(runtime, prompts, settings, t, traces, plain_at_zero if t == 0 else None)
+            for t in settings.temperatures]
     greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
@@ -204,13 +251,33 @@ def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
         "runs": runs, "cycle_profile": profile_cycles(runtime, prompts[0]),
         "settings": _settings(runtime, settings),
     }
+    if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep:
+        report["prune_sweep"] = sweep_prune_thresholds(runtime, prompts, settings, plain_at_zero)
     report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
-    out = Path(out_dir)
-    write_json(out / "bench.json", report)
-    if settings.trace:
-        write_json(out / "trace.jsonl", traces)
-    _plot(report, out / "bench.png")
     return report
+
+
+def sweep_prune_thresholds(runtime: Runtime, prompts: List[List[int]], settings: BenchSettings,
+                           plain_results: list, thresholds: Optional[Sequence[float]] = None) -> List[dict]:
+    """At T=0, the unpruned tree (the draft's tree scorer off), then the scorer at each β of `thresholds`
+    (default settings.prune_sweep), on the same prompts against the same plain decoding (`plain_results`, filled
+    by the first row when empty) -> one summary a row (`prune_threshold` None: unpruned). The engine's scorer and
+    its β are restored after."""
+    engine = runtime.engine
+    scorer = engine.drafter.tree_scorer()
+    saved, saved_threshold = engine.tree_scorer, scorer.threshold
+    quiet = replace(settings, hf_baseline=False, trace=False)
+    rows = []
+    try:
+        for beta in (None, *(settings.prune_sweep if thresholds is None else thresholds)):
+            engine.set_tree_scorer(None if beta is None else scorer)
+            if beta is not None:
+                scorer.threshold = beta
+            rows.append(run_temperature(runtime, prompts, quiet, 0.0, [], plain_results))
+    finally:
+        scorer.threshold = saved_threshold
+        engine.set_tree_scorer(saved)
+    return rows
 
 
 def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
@@ -223,7 +290,7 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "sample_drafts": engine.sample_drafts,
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "overlap": engine.overlap,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name(device),
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}
 
@@ -237,14 +304,16 @@ def _chain_settings(engine) -> Optional[Dict]:
 
 
 def format_table(report: dict) -> str:
-    rows = ["| T | τ | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | plain/HF | lossless |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| T | τ | verified/cycle | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | plain/HF | "
+            "lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p=1: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
     for run in report["runs"]:
-        rows.append(f"| {run['temperature']:g} | {run['tau']:.2f} | {fmt(run['tokens_per_s'])} | "
+        rows.append(f"| {run['temperature']:g} | {run['tau']:.2f} | {run['verified_per_cycle']:.2f} | "
+                    f"{fmt(run['tokens_per_s'])} | "
                     f"{fmt(run['tokens_per_s_plain'])} | {fmt(run['tokens_per_s_hf'])} | "
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
                     f"{fmt(run['plain_vs_hf'], 2)} | {run['lossless'] if run['lossless'] is not None else 'n/a'} |")
+    rows += _sweep_rows(report.get("prune_sweep") or [], fmt)
     profile = report["cycle_profile"]
     check = report.get("lossless_float32")
     if check is not None:
@@ -259,25 +328,14 @@ def format_table(report: dict) -> str:
     return "\n".join(rows)
 
 
-def _plot(report: dict, path: Path) -> None:
-    import matplotlib
+def _sweep_rows(sweep: List[dict], fmt) -> List[str]:
+    """The β sweep as table lines (none without a sweep)."""
+    if not sweep:
+        return []
+    rows = ["", "| β | verified/cycle | τ | spec tok/s | spec/plain | lossless |", "|---|---|---|---|---|---|"]
+    for run in sweep:
+        beta = "unpruned" if run["prune_threshold"] is None else f"{run['prune_threshold']:g}"
+        rows.append(f"| {beta} | {run['verified_per_cycle']:.2f} | {run['tau']:.2f} | {fmt(run['tokens_per_s'])} | "
+                    f"{fmt(run['speedup_vs_plain'], 2)} | {run['lossless']} |")
+    return rows
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (speed_ax, accept_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    for offset, run in enumerate(report["runs"]):
-        values = [run["tokens_per_s_hf"] or 0, run["tokens_per_s_plain"], run["tokens_per_s"]]
-        speed_ax.bar([x + 0.4 * offset for x in range(3)], values, width=0.4, label=f"T={run['temperature']:g}")
-        accept_ax.plot(range(1, len(run["acceptance_by_position"]) + 1), run["acceptance_by_position"], marker="o",
-                       label=f"T={run['temperature']:g}, τ={run['tau']:.2f}")
-    speed_ax.set_xticks([0.2, 1.2, 2.2], ["HF generate", "plain (ours)", "speculative"])
-    speed_ax.set_ylabel("tokens/s")
-    speed_ax.legend()
-    accept_ax.set_xlabel("draft position")
-    accept_ax.set_ylabel("P(accepted | earlier accepted)")
-    accept_ax.set_ylim(0, 1)
-    accept_ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

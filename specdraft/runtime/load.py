@@ -25,6 +25,7 @@ from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
 from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
+from specdraft.targets.remote_code import with_remote_code
 
 
 @dataclass
@@ -70,7 +71,7 @@ def tree_shape(cfg: RuntimeConfig) -> TreeShape:
 def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=None) -> dict:
     """SpecEngine's options from the settings; the chain-only ones are refused on a tree."""
     options = {"reuse_shallow_tree": cfg.shallow_reuse_tree, "overlap": cfg.overlap,
-               "tree_scorer": _tree_scorer(drafter, cfg), "judge": _judge(drafter, cfg),
+               "tree_scorer": _tree_scorer(drafter, cfg, chain=shape.topk == 1), "judge": _judge(drafter, cfg),
                "sample_drafts": cfg.sample_drafts, **_policy_options(cfg, shape, tokenizer)}
     if shape.topk != 1:
         if (cfg.exit_threshold or 0) > 0 or cfg.dynamic_exit or cfg.more_exits:
@@ -109,8 +110,9 @@ def corpus_documents(path: str, tokenizer) -> List[List[int]]:
     return [tokenizer(document, add_special_tokens=False)["input_ids"] for document in documents]
 
 
-def _tree_scorer(drafter, cfg: RuntimeConfig):
-    """The draft's tree scorer (its threshold from runtime.prune_threshold when given), or None."""
+def _tree_scorer(drafter, cfg: RuntimeConfig, chain: bool = False):
+    """The draft's tree scorer, or None; its threshold from runtime.prune_threshold when given, else the scorer's
+    own (for a chain, its `chain_threshold`)."""
     if not drafter.caps.scores_tree:
         if cfg.prune_threshold is not None:
             raise SpecdraftError("runtime.prune_threshold (--prune-threshold) needs a draft that scores its tree "
@@ -119,6 +121,8 @@ def _tree_scorer(drafter, cfg: RuntimeConfig):
     scorer = drafter.tree_scorer()
     if cfg.prune_threshold is not None:
         scorer.threshold = cfg.prune_threshold
+    elif chain:
+        scorer.threshold = scorer.chain_threshold
     return scorer
 
 
@@ -155,9 +159,9 @@ def load_parts(path: str | Path, cfg: RuntimeConfig = RuntimeConfig(), target_pa
                trust_remote_code: bool = False) -> Tuple[LoadedDraft, LoadedTarget]:
     """An export or run directory -> (the draft, the target it was trained for or `target_path`), checked to fit.
     `trust_remote_code`: the caller's own consent to run the target's code (never read from a file)."""
-    loaded = load_draft(path, target_path=target_path)
-    target_cfg = replace(loaded.target_config, trust_remote_code=trust_remote_code,
-                         **({"path": target_path} if target_path else {}))
+    loaded = load_draft(path, target_path=target_path, trust_remote_code=trust_remote_code)
+    target_cfg = replace(loaded.target_config, **({"path": target_path} if target_path else {}))
+    target_cfg = with_remote_code(target_cfg, trust_remote_code, f"the draft {path}")
     target = load_target(target_cfg, device=resolve_device(cfg.device), dtype=cfg.dtype, require_chat_template=False)
     _check_geometry(loaded, target)
     return loaded, target

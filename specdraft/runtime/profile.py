@@ -101,7 +101,7 @@ def _graph_split(engine, prompt: List[int], cycles: int) -> Dict[str, float]:
     """Each phase in its own CUDA graph, the three replayed in order `cycles` times with events between them ->
     the device's ms per phase (a graph's launch gap included: they sum to a little over `cycle_ms`)."""
     state = engine.state_tensors() + (engine.chain.state() if engine.chain is not None else [])
-    graphs = [(name, engine.graph(f"phase:{name}", fn, state)) for name, fn in _phases(engine)]
+    graphs = [(name, engine.graph(engine.scored_key(f"phase:{name}"), fn, state)) for name, fn in _phases(engine)]
     engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
     for _, graph in graphs:  # captured in order: each one's warm-up reads the outputs of the one before
         graph()

@@ -16,9 +16,9 @@ import torch
 from safetensors import safe_open
 
 from specdraft.config import TargetConfig
-from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetInfo
 from specdraft.targets.load import MODEL_BUILD_LOCK, local_or_hub, resolve_dtype
+from specdraft.targets.remote_code import target_error
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def load_target_heads(cfg: TargetConfig, embeddings: bool, device: torch.device 
     try:
         config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
-        raise SpecdraftError(f"cannot read the config of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "read the config of", err) from None
     names = _tensor_names(config, cfg)
     files = _checkpoint_files(source, cfg, names["lm_head"] + names["embed"])
     lm_head, embed = _read(files, names["lm_head"]), _read(files, names["embed"]) if embeddings else None

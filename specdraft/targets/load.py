@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import importlib.util
 import logging
 import math
@@ -23,9 +22,11 @@ from typing import Optional, Tuple
 import torch
 
 from specdraft.config import QUANTIZATIONS, TargetConfig
+from specdraft.core.console import quiet_transformers_bars
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import package_file
+from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
+from specdraft.targets.remote_code import target_error
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +68,9 @@ def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
     return (str(local) if local.is_dir() else path), None
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _gguf_cache_dir(gguf: Path) -> Path:
     root = Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
-    return root / "gguf" / f"{gguf.stem}-{_file_digest(gguf)[:16]}"
+    return root / "gguf" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
 
 
 def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
@@ -106,6 +99,7 @@ def _convert_gguf(gguf: Path) -> Path:
     if (cached / "config.json").is_file():
         return cached
     log.info("dequantizing %s once into %s", gguf, cached)
+    quiet_transformers_bars()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         with MODEL_BUILD_LOCK:
@@ -142,8 +136,8 @@ def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, revision=cfg.revision,
                                                   trust_remote_code=cfg.trust_remote_code)
-    except OSError as err:
-        raise SpecdraftError(f"cannot load the tokenizer of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+    except (OSError, ValueError) as err:
+        raise target_error(cfg, "load the tokenizer of", err) from None
     if require_chat_template and not tokenizer.chat_template:
         raise SpecdraftError(f"target {cfg.path!r} has no chat template; use an instruct/chat model")
     if tokenizer.pad_token_id is None:
@@ -225,7 +219,7 @@ def load_sharded_target(cfg: TargetConfig, torch_dtype: torch.dtype) -> torch.nn
                 AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
                                                      trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError, RuntimeError) as err:
-        raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "load", err) from None
     finally:
         del zero3
     rebuild_rotary_buffers(model)
@@ -283,6 +277,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     from transformers import AutoModelForCausalLM
 
     source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
+    quiet_transformers_bars()
     tokenizer = _tokenizer_from(source, cfg, require_chat_template)
     torch_dtype = resolve_dtype(dtype or cfg.dtype, device)
     quantized = quantization_config(cfg, device, torch_dtype) if quantize else None
@@ -295,7 +290,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
                 AutoModelForCausalLM.from_pretrained(source, revision=cfg.revision, dtype=torch_dtype,
                                                      trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
-        raise SpecdraftError(f"cannot load target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "load", err) from None
     model.requires_grad_(False).eval()
     if not is_quantized(model):
         _tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
@@ -318,5 +313,5 @@ def load_target_info(cfg: TargetConfig) -> TargetInfo:
     try:
         config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
-        raise SpecdraftError(f"cannot read the config of target {cfg.path!r}: {str(err).splitlines()[0]}") from None
+        raise target_error(cfg, "read the config of", err) from None
     return TargetInfo.from_hf_config(config, cfg.path)

@@ -9,21 +9,21 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from specdraft.config import DataConfig, TrainConfig
-from specdraft.data.format import dataset_dir
+from specdraft.data.format import REDO_DATASET, dataset_dir, load_rows
 from specdraft.core.errors import SpecdraftError
 
 
 def load_distilled(distill_dirs: List[str], all_columns: bool = False):
     """One or more `distill-data` outputs as one dataset of input_ids and loss_mask (every column of a method's
     own records with `all_columns`)."""
-    from datasets import concatenate_datasets, load_from_disk
+    from datasets import concatenate_datasets
 
     parts = []
     for distill_dir in distill_dirs:
         path = dataset_dir(distill_dir)
         if not path.is_dir():
             raise SpecdraftError(f"no distilled dataset at {path}; run `specdraft distill-data RECIPE` first")
-        part = load_from_disk(str(path))
+        part = load_rows(path, "distilled dataset", REDO_DATASET)
         parts.append(part if all_columns else part.select_columns(["input_ids", "loss_mask"]))
     dataset = concatenate_datasets(parts).with_format("numpy")
     if len(dataset) < 2:
@@ -59,9 +59,9 @@ def prompt_groups(dataset):
 
 def load_prompt_groups(distill_dirs: List[str]):
     """`prompt_groups` of the rows `load_distilled(distill_dirs)` returns, or None if a set lacks prompt ids."""
-    from datasets import concatenate_datasets, load_from_disk
+    from datasets import concatenate_datasets
 
-    parts = [load_from_disk(str(dataset_dir(distill_dir))) for distill_dir in distill_dirs]
+    parts = [load_rows(dataset_dir(distill_dir), "distilled dataset", REDO_DATASET) for distill_dir in distill_dirs]
     if not all({"source", "index"} <= set(part.column_names) for part in parts):
         return None
     return prompt_groups(concatenate_datasets([part.select_columns(["source", "index"]) for part in parts]))
@@ -170,6 +170,18 @@ class ResumableSampler(Sampler[int]):
             yield int(self.indices[order[offset]])
 
 
+class ResumableLoader(DataLoader):
+    """The training loader. It resumes exactly by itself: its ResumableSampler starts at the global position the
+    data module restored. Its own state is empty; having one is how Lightning knows it is resumable (else it
+    warns, at every mid-epoch resume, that the loader is not)."""
+
+    def state_dict(self) -> Dict[str, int]:
+        return {}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Nothing to restore: the data module's state holds the position."""
+
+
 class DistilledData(L.LightningDataModule):
     """Train and validation loaders; its state (saved in every checkpoint) is the global sample position."""
 
@@ -206,8 +218,8 @@ class DistilledData(L.LightningDataModule):
         cfg = self.train_cfg
         sampler = ResumableSampler(self.train_idx, cfg.seed, cfg.max_steps * self._samples_per_step(), self._start,
                                    lambda: self.trainer.global_rank, lambda: self.trainer.world_size)
-        return DataLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
-                          collate_fn=self._collate, **self._loader_options())
+        return ResumableLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
+                               collate_fn=self._collate, **self._loader_options())
 
     def val_dataloader(self):
         subset = self.dataset.select(self.val_idx)

@@ -277,14 +277,12 @@ def check_offline_store(directory: Path, need: List[int], recipe: Recipe, datase
 
 def offline_lookup(recipe: Recipe, spec: MethodSpec, info, distill_dirs: List[str]):
     """-> (FeatureLookup over every distilled set's dump, stored layers) after checking each dump."""
-    from datasets import load_from_disk
-
-    from specdraft.data.format import dataset_dir
+    from specdraft.data.format import REDO_DATASET, dataset_dir, load_rows
 
     need = spec.feature_layers(recipe.method, info)
     stores, starts, layers, start = [], [], None, 0
     for distill_dir in distill_dirs:
-        dataset = load_from_disk(str(dataset_dir(distill_dir)))
+        dataset = load_rows(dataset_dir(distill_dir), "distilled dataset", REDO_DATASET)
         directory = features_dir(distill_dir)
         manifest = check_offline_store(directory, need, recipe, dataset)
         if layers is not None and manifest["layers"] != layers:

@@ -7,14 +7,14 @@ import math
 import random
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
 import numpy as np
 import torch
 
 from specdraft.config import OPTIMIZERS, TrainConfig
-from specdraft.core.errors import choices_error
+from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.kernels.adamw8bit import AdamW8bitFused
 from specdraft.layers.zero import gathered
 from specdraft.core.types import DraftBatch, DraftContext
@@ -37,6 +37,8 @@ class DraftModule(L.LightningModule):
         self.draft = None
         self._val_metrics = defaultdict(list)
         self.tokens_seen, self._fit_started = 0, None
+        """tokens_seen: the whole run's tokens, restored on resume (every checkpoint carries it)."""
+        self._tokens_at_train_start = 0
 
     @property
     def target_model(self):
@@ -78,6 +80,14 @@ class DraftModule(L.LightningModule):
         self._place_on_device()
         self._fit_started = time.perf_counter()
 
+    def on_train_start(self):  # after any checkpoint is restored (DeepSpeed restores after on_fit_start)
+        self._tokens_at_train_start = self.tokens_seen
+
+    @property
+    def fit_tokens(self) -> int:
+        """Tokens read by this fit alone (a resumed run's rates count these)."""
+        return self.tokens_seen - self._tokens_at_train_start
+
     def on_validation_start(self):  # `trainer.validate` after fit (or alone) has no fit start
         self._place_on_device()
 
@@ -113,13 +123,13 @@ class DraftModule(L.LightningModule):
         if self._logs_this_step():
             elapsed = time.perf_counter() - self._fit_started
             self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
-            self.log("train/tokens_per_s", self.tokens_seen / max(elapsed, 1e-9))
+            self.log("train/tokens_per_s", self.fit_tokens / max(elapsed, 1e-9))
             self.log("train/loss", result.loss.detach())
         return result.loss
 
     def _logs_this_step(self) -> bool:
         """Whether this step's metrics are written (every train.log_every_steps optimizer steps). They are logged
-        only then, and never for the progress bar (trainer.LoggedMetricsBar shows the written ones): Lightning
+        only then, and never for the progress bar (train.progress.TrainProgress shows the written ones): Lightning
         reads logged values back to the host, and each read waits for the device to finish the step."""
         return is_logged_step(self.trainer.global_step + 1, self.trainer.log_every_n_steps)
 
@@ -145,10 +155,34 @@ class DraftModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["rng"] = rng_state()
+        checkpoint["tokens_seen"] = self.tokens_seen
 
     def on_load_checkpoint(self, checkpoint):
+        """Before Lightning loads the weights: a checkpoint of another draft is one line naming the first tensor
+        that does not fit (DeepSpeed restores its weights itself: no state_dict here)."""
+        if "state_dict" in checkpoint:
+            problem = tensor_mismatch(checkpoint["state_dict"], self.state_dict())
+            if problem is not None:
+                raise SpecdraftError(f"checkpoint {self.trainer.ckpt_path} does not fit this recipe's draft: "
+                                     f"{problem}; resume with the recipe that saved it")
         if "rng" in checkpoint:
             set_rng_state(checkpoint["rng"])
+        self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
+
+
+def tensor_mismatch(saved: dict, own: dict, prefix: str = "draft.") -> Optional[str]:
+    """The first draft tensor (names under `prefix`) that `saved` lacks, adds or holds in another shape, as text;
+    None when every one fits."""
+    saved = {name: tensor for name, tensor in saved.items() if name.startswith(prefix)}
+    for name, tensor in own.items():
+        if not name.startswith(prefix):
+            continue
+        if name not in saved:
+            return f"it has no tensor {name}"
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            return f"tensor {name} has shape {list(saved[name].shape)}, the draft's is {list(tensor.shape)}"
+    unexpected = sorted(set(saved) - set(own))
+    return f"it has a tensor {unexpected[0]} the draft lacks" if unexpected else None
 
 
 def build_optimizer(name: str, groups, lr: float, weight_decay: float, betas=(0.9, 0.95)) -> torch.optim.Optimizer:

@@ -12,6 +12,10 @@ the checkpoint's data-parallel size and stage; when they differ from this run's,
 (once, atomically, beside the original: CKPT/checkpoint_universal + CKPT/latest_universal; reused while the
 original is unchanged) and the engine loads it universally. Everything is restored: draft weights, AdamW
 moments and step, and (through Lightning's client state) the LR scheduler, loop position, data position and RNG.
+
+DeepSpeed's files are unpickled (weights_only=False), so before any of them is read the checkpoint must carry a
+manifest that this user's runs signed at save time, or the command line must say `--trust-checkpoint`
+(specdraft/train/manifest.py).
 """
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ from typing import Optional
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
+from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX, write_text
+from specdraft.train.manifest import refusal, sign_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,8 @@ def _tag_dir(checkpoint: Path) -> Path:
 
 def zero_layout(checkpoint: str | Path) -> ZeroLayout:
     """The data-parallel size and ZeRO stage a DeepSpeed checkpoint was saved with (from its model states file,
-    memory-mapped: the weights are not read)."""
+    memory-mapped: the weights are not read). DeepSpeed's format is a full pickle: call it on a checkpoint that
+    passed `manifest.refusal` only."""
     import torch
 
     tag_dir = _tag_dir(Path(checkpoint))
@@ -123,17 +130,27 @@ def drop_stale_files(checkpoint: Path, world_size: int) -> None:
 
 
 class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it."""
+    """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it, once it is
+    known to be this user's (its signed manifest) or `trust_checkpoint` (the command line's flag) says so; it signs
+    every checkpoint it saves."""
 
-    def __init__(self, *args, resume_from: Optional[str] = None, **kwargs):
+    def __init__(self, *args, resume_from: Optional[str] = None, trust_checkpoint: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.resume_from = resume_from
+        self.resume_from, self.trust_checkpoint = resume_from, trust_checkpoint
         self.restored_from: Optional[ZeroLayout] = None
         """The saved layout when the checkpoint was loaded universally (resharded), else None."""
+
+    def check_resume_trusted(self) -> None:
+        """Rank 0 checks the checkpoint's manifest and every rank learns the verdict, before anything is unpickled."""
+        message = refusal(self.resume_from, self.trust_checkpoint) if self.is_global_zero else None
+        message = self.broadcast(message)
+        if message is not None:
+            raise SpecdraftError(message)
 
     def setup(self, trainer) -> None:
         if self.resume_from and is_deepspeed_checkpoint(self.resume_from) \
                 and trainer.state.fn == TrainerFn.FITTING:
+            self.check_resume_trusted()
             saved = zero_layout(self.resume_from)
             if (saved.world_size, saved.stage) != (self.world_size, self.config["zero_optimization"]["stage"]):
                 checkpoint = Path(self.resume_from)
@@ -141,6 +158,7 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
                     log.info("converting %s (ZeRO-%d on %d ranks) to a DeepSpeed universal checkpoint",
                              checkpoint, saved.stage, saved.world_size)
                     convert_to_universal(checkpoint)
+                    sign_checkpoint(checkpoint)  # the universal copy is made from files just checked
                 self.barrier("universal checkpoint")
                 self.config.setdefault("checkpoint", {})["load_universal"] = True
                 self.restored_from = saved
@@ -152,3 +170,4 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
         self.barrier("checkpoint saved")
         if self.is_global_zero:
             drop_stale_files(Path(filepath), self.world_size)
+            sign_checkpoint(filepath)

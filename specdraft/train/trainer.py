@@ -7,8 +7,13 @@ RUN_DIR (train.output_dir)/
   best/ last/                   draft.safetensors + meta.json (step, validation metrics): what export reads
   logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim); step_times.csv (per-step wall times)
   features/                     data.features=hybrid: the cached target features (specdraft.data.features)
-  train_summary.json            steps, tokens, seconds, tokens/s (start-up included), steady tokens/s (from the
-                                step times, warm-up left out), best simulated acceptance length
+  train_summary.json            steps and tokens of the whole run (a resumed run's too), this fit's seconds and
+                                tokens/s (start-up included), steady tokens/s (from the step times, warm-up left
+                                out), best simulated acceptance length
+
+Resuming reads checkpoints/last.ckpt with torch.load(weights_only=True) (checked before the run writes anything);
+a DeepSpeed checkpoint directory only when its signed manifest says this user's runs wrote it, or with
+--trust-checkpoint (specdraft/train/manifest.py).
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from typing import List, Optional, Sequence
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import save_file
@@ -29,7 +34,7 @@ from safetensors.torch import save_file
 from specdraft.config import Recipe, TrainConfig
 from specdraft.recipes import save_recipe
 from specdraft.drafts import SNAPSHOT_FILE, load_base, warm_start_draft
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.errors import Interrupted, SpecdraftError
 from specdraft.core.io import atomic_dir, write_json
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
@@ -38,7 +43,9 @@ from specdraft.core.types import DraftContext
 from specdraft.targets import load_target_info
 from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
+from specdraft.train.manifest import check_checkpoint_file
 from specdraft.train.module import DraftModule
+from specdraft.train.progress import CheckpointStep, TrainProgress, interrupted_message
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
 from specdraft.train.timing import StepTimes
 
@@ -54,7 +61,9 @@ layer overlaps the current one's compute (DeepSpeed's default, 5e7, is a quarter
 
 
 class DraftSnapshots(Callback):
-    """After each validation, write last/ and (when val/tau_sim improves) best/ draft weights atomically."""
+    """The resolved recipe.yaml once training starts (after a resumed checkpoint was read and found to fit: a
+    refused resume leaves the run directory as it was), then after each validation last/ and (when val/tau_sim
+    improves) best/ draft weights, each written atomically."""
 
     def __init__(self, run_dir: Path, recipe: Recipe, monitor: str = "val/tau_sim"):
         self.run_dir, self.recipe, self.monitor = run_dir, recipe, monitor
@@ -65,6 +74,10 @@ class DraftSnapshots(Callback):
 
     def load_state_dict(self, state):
         self.best = state.get("best")
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            save_recipe(self.recipe, self.run_dir)
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
@@ -95,14 +108,15 @@ def full_draft_state(draft: torch.nn.Module) -> dict:
         return to_cpu(draft)
 
 
-def _strategy(cfg: TrainConfig, resume_from: Optional[str]):
+def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bool = False):
     _check_resume_format(cfg, resume_from)
     if not cfg.strategy.startswith("deepspeed"):
         return cfg.strategy
     if not torch.cuda.is_available():
         raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
     stage = int(cfg.strategy[-1])
-    strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, exclude_frozen_parameters=True)
+    strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
+                                           exclude_frozen_parameters=True)
     strategy.config.update(DEEPSPEED_NO_STEP_SYNCS)
     if stage == 3:  # gather the next layers of a partitioned target while this one runs
         strategy.config["zero_optimization"]["stage3_prefetch_bucket_size"] = ZERO3_PREFETCH_ELEMENTS
@@ -165,35 +179,25 @@ def _plugins() -> list:
     return []
 
 
-class LoggedMetricsBar(TQDMProgressBar):
-    """The progress bar, showing the last written values of PROGRESS_METRICS. Lightning reads every metric
-    logged with prog_bar=True back to the host at the end of every later step, and each read waits for the
-    device to finish the step; these are read at the bar's refreshes only (train.log_every_steps)."""
-
-    PROGRESS_METRICS = ("train/loss", "train/tokens_per_s", "val/tau_sim")
-
-    def get_metrics(self, trainer, pl_module):  # called at the bar's refreshes, which are the logged steps
-        logged = trainer.logged_metrics
-        shown = {name: float(logged[name]) for name in self.PROGRESS_METRICS if name in logged}
-        return {**super().get_metrics(trainer, pl_module), **shown}
-
-
 def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
-                  extra_callbacks: Sequence[Callback] = (), monitor: str = "tau_sim") -> L.Trainer:
+                  extra_callbacks: Sequence[Callback] = (), monitor: str = "tau_sim",
+                  trust_checkpoint: bool = False) -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
     devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
-    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(), FinishLastStep(cfg, run_dir / "checkpoints"),
-                 StepTimes(run_dir / "logs", cfg.log_every_steps), LoggedMetricsBar(refresh_rate=cfg.log_every_steps),
-                 *extra_callbacks]
+    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(),
+                 FinishLastStep(cfg, run_dir / "checkpoints"), StepTimes(run_dir / "logs", cfg.log_every_steps),
+                 CheckpointStep(),
+                 TrainProgress(cfg, ("train/loss", "train/tokens_per_s", f"val/{monitor}")), *extra_callbacks]
     return L.Trainer(
-        accelerator="auto", devices=devices, num_nodes=cfg.num_nodes, strategy=_strategy(cfg, resume_from),
+        accelerator="auto", devices=devices, num_nodes=cfg.num_nodes,
+        strategy=_strategy(cfg, resume_from, trust_checkpoint),
         precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
         accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip or None,
         val_check_interval=cfg.val_every_steps * cfg.accumulate_grad_batches, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, use_distributed_sampler=False,
         callbacks=callbacks, logger=CSVLogger(run_dir, name="logs"), default_root_dir=run_dir,
-        enable_model_summary=False,
+        enable_model_summary=False, enable_progress_bar=False,  # TrainProgress draws the bar
     )
 
 
@@ -271,15 +275,34 @@ class ResumeReport(Callback):
                  "sample %d) and RNG restored", path, trainer.global_step, how, trainer.datamodule.global_position())
 
 
-def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
+def fit(trainer: L.Trainer, module: DraftModule, data, resume_from: Optional[str]) -> None:
+    """trainer.fit; on Ctrl-C, after Lightning's teardown (which ends in sys.exit(1), SIGINT left ignored),
+    Interrupted with what the run kept and SIGINT's handler put back."""
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        signal.signal(signal.SIGINT, handler)
+        saved = next(c.step for c in trainer.callbacks if isinstance(c, CheckpointStep))
+        raise Interrupted(interrupted_message(module.train_cfg, Path(trainer.default_root_dir), trainer.global_step,
+                                             saved)) from None
+
+
+def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_checkpoint: bool = False) -> dict:
     """Fit the recipe's draft on its distilled data; returns the summary written to train_summary.json.
-    `extra_callbacks` join the trainer's own (tools/profile_train.py profiles steps with one)."""
+    `extra_callbacks` join the trainer's own (tools/profile_train.py profiles steps with one).
+    `trust_checkpoint`: the command line's consent to resume a DeepSpeed checkpoint this user did not sign."""
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
     distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
     dataset = load_distilled(distill_dirs, all_columns=spec.records is not None)
     resume_from = _resume_path(cfg, run_dir)
-    trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks, spec.monitor)  # strategy first
+    if resume_from is not None and not is_deepspeed_checkpoint(resume_from):  # DeepSpeed's: the strategy checks
+        check_checkpoint_file(resume_from)
+    trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks, spec.monitor,  # strategy first
+                            trust_checkpoint)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     device = trainer.strategy.root_device
     train_idx, val_idx = split_distilled(distill_dirs, len(dataset), recipe.data.val_fraction, cfg.seed)
@@ -296,13 +319,12 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = ()) -> dict:
                        base=load_base(spec, recipe.method, info))
     module = DraftModule(spec, recipe.method, cfg, ctx, features)
     data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
-    save_recipe(recipe, run_dir)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=resume_from)
+    fit(trainer, module, data, resume_from)
     seconds = time.perf_counter() - started
     step_times = next(c for c in trainer.callbacks if isinstance(c, StepTimes))
     summary = {"steps": trainer.global_step, "tokens": module.tokens_seen, "seconds": seconds,
-               "tokens_per_s": module.tokens_seen / seconds,
+               "tokens_per_s": module.fit_tokens / seconds,
                "steady_tokens_per_s": step_times.steady_tokens_per_s(max(1, len(step_times.rows) // 5)),
                "train_rows": len(train_idx), "val_rows": len(val_idx),
                "best_tau_sim": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}

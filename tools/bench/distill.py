@@ -1,5 +1,6 @@
 """Distillation suite: distill-data throughput with 1, 2, ... workers, one GPU each (data_gen/workers.py), on the
-recipe's target.
+recipe's target (`workers`, the default); and its two answer engines, Hugging Face generate and the static
+batched engine, side by side on one GPU (`engines`).
 
 Each worker count W runs `specdraft distill-data RECIPE distill.num_workers=W distill.worker_index=i` as W
 processes at once (worker i sees only GPU i), into its own output dir; the last worker merges. Reported from the
@@ -16,17 +17,29 @@ one runs.
     python tools/bench/distill.py --device cpu --workers 1,2 --recipe R --out DIR -- OVERRIDES   # CPU
 
 Overrides after `--` go to every worker (the output dir is set per worker count).
+
+`engines`: in one process, `distill-data` on the first --max-prompts prompts of --prompts with distill.engine=hf
+and then =static, at the same distill.batch_size (--batch-size), in the recipe's dtype (bf16 on a GPU), each after
+a warm-up run of its own (--batch-size prompts, 16 new tokens: kernels compiled, libraries loaded); answer tokens
+per second of time inside generation (throughput.json) and the speedup of static over hf. Then both again in
+float32 on the first --identity-prompts prompts: how many conversations (every answer of each) are identical
+token for token. One shard holds all prompts, so the static engine keeps its rows busy until the last ones.
+OUT/distill_engines.json, OUT/engines/RUN/ (each run's output dir).
+
+    python tools/bench/distill.py engines --prompts train_prompts.jsonl --out runs/bench      # SmolLM2, batch 256
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
-from suite import REPO, child_env, finish, kill_group, machine, markdown_table, write_report
+from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, run_parts, write_report
 
 
 def _environment(args, index: int) -> dict:
@@ -136,7 +149,7 @@ def _gpu_count(device: str) -> int:
     return torch.cuda.device_count()
 
 
-def main(argv=None) -> dict:
+def workers(argv=None) -> dict:
     args = parse_args(argv)
     report = {"recipe": str(args.recipe), "overrides": args.overrides, "device": args.device,
               "machine": machine(args.device), "results": []}
@@ -146,6 +159,99 @@ def main(argv=None) -> dict:
         add_efficiency(report["results"])
         write_report(args.out, report, "distill")
     return finish(table(report["results"]), args.out, report, "distill")
+
+
+ENGINE_RUNS = [("hf", "auto"), ("static", "auto"), ("hf", "float32"), ("static", "float32")]
+
+
+def _engine_recipe(args, engine: str, dtype: str, samples: int, out: Path, max_new_tokens: Optional[int] = None):
+    from specdraft.recipes import load_recipe
+
+    overrides = [*args.overrides, f"data.prompts=[{args.prompts.resolve()}]", f"data.max_samples={samples}",
+                 f"distill.batch_size={args.batch_size}", f"distill.shard_size={samples}",
+                 f"distill.engine={engine}", f"target.dtype={dtype}", f"distill.output_dir={out}"]
+    if max_new_tokens is not None:
+        overrides.append(f"distill.max_new_tokens={max_new_tokens}")
+    return load_recipe(args.recipe, overrides)
+
+
+def _distill(args, engine: str, dtype: str, samples: int, name: str, max_new_tokens: Optional[int] = None) -> dict:
+    """One fresh distill-data run in this process -> its throughput, counts and wall time."""
+    import torch
+
+    from data_gen.distill import run_distill
+
+    out = args.out / "engines" / name
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    counts = run_distill(_engine_recipe(args, engine, dtype, samples, out, max_new_tokens), device=args.device)
+    wall = time.perf_counter() - started
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    merged = json.loads((out / "throughput.json").read_text())
+    return {"engine": engine, "dtype": dtype, "prompts": samples, "batch_size": args.batch_size, "counts": counts,
+            "generated_tokens": merged["generated_tokens"], "generate_seconds": merged["generate_seconds"],
+            "tokens_per_s": merged["tokens_per_s"], "run_seconds": wall, "out": str(out)}
+
+
+def identical_conversations(first: Path, second: Path) -> dict:
+    """Rows of two distilled datasets compared by conversation: how many hold the same token ids."""
+    from datasets import load_from_disk
+
+    ids = [{row["index"]: row["input_ids"] for row in load_from_disk(str(path / "dataset"))} for path in (first,
+                                                                                                          second)]
+    indices = sorted(set(ids[0]) | set(ids[1]))
+    differ = [index for index in indices if ids[0].get(index) != ids[1].get(index)]
+    return {"identical": len(indices) - len(differ), "compared": len(indices),
+            "first_difference": differ[0] if differ else None}
+
+
+def engine_runs(args) -> list:
+    """Warm-up and timed runs of both engines, then the float32 pair; each row with its speedup and identity."""
+    results = []
+    for engine, dtype in ENGINE_RUNS:
+        samples = args.max_prompts if dtype == "auto" else args.identity_prompts
+        _distill(args, engine, dtype, min(args.batch_size, samples), f"warmup-{engine}-{dtype}", max_new_tokens=16)
+        results.append(_distill(args, engine, dtype, samples, f"{engine}-{dtype}"))
+        print(f"{engine} ({dtype}): {results[-1]['tokens_per_s']:,.0f} answer tokens/s", flush=True)
+    for hf, static in (results[0:2], results[2:4]):
+        static["speedup_vs_hf"] = static["tokens_per_s"] / max(hf["tokens_per_s"], 1e-9)
+        static["same_as_hf"] = identical_conversations(Path(hf["out"]), Path(static["out"]))
+    return results
+
+
+def engines_table(results: list) -> str:
+    rows = []
+    for r in results:
+        same = r.get("same_as_hf")
+        rows.append([r["engine"], r["dtype"], r["prompts"], r["batch_size"], f"{r['generated_tokens']:,}",
+                     f"{r['generate_seconds']:.1f}", f"{r['tokens_per_s']:,.0f}", fmt(r.get("speedup_vs_hf"), ".2f"),
+                     f"{same['identical']}/{same['compared']}" if same else "-"])
+    return markdown_table(["engine", "dtype", "prompts", "batch", "answer tokens", "seconds generating",
+                           "answer tokens/s", "x hf", "conversations identical to hf"], rows)
+
+
+def engines(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    parser = argparse.ArgumentParser(description="distill-data's engines, hf and static, on one device")
+    parser.add_argument("--prompts", type=Path, required=True, help="a prompt file (any form data.prompts reads)")
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "eagle3_smollm2.yaml")
+    parser.add_argument("--batch-size", type=int, default=256, help="distill.batch_size of both engines")
+    parser.add_argument("--max-prompts", type=int, default=512, help="prompts of the timed runs")
+    parser.add_argument("--identity-prompts", type=int, default=100, help="prompts of the float32 runs")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, required=True, help="a directory: OUT/distill_engines.json, OUT/engines/")
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.overrides = overrides
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"recipe": str(args.recipe), "prompts": str(args.prompts), "overrides": overrides,
+              "device": args.device, "machine": machine(args.device), "results": engine_runs(args)}
+    return finish(engines_table(report["results"]), args.out, report, "distill_engines")
+
+
+def main(argv=None):
+    return run_parts({"workers": workers, "engines": engines}, argv)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,19 @@ def topk_cases(models, rows_list, device, k=10):
                        _same(lambda e, g: torch.allclose(e[0], g[0], atol=1e-4)))
 
 
+def entropy_cases(models, rows_list, device, top=1000):
+    """top_entropy (a tree scorer's parent entropy, per depth of a scored tree) at the draft vocabularies."""
+    from specdraft.kernels.top_entropy.reference import top_entropy_reference
+    from specdraft.kernels.top_entropy.triton_kernel import top_entropy_triton
+
+    for vocab in sorted({v for model in models.values() for v in model["draft_vocabs"]}):
+        for rows in rows_list:
+            logits = torch.randn(rows, vocab, device=device).mul_(4).bfloat16()
+            yield Case("top_entropy", f"N={rows} Vd={vocab} M={top}",
+                       lambda x=logits: top_entropy_reference(x, top), lambda x=logits: top_entropy_triton(x, top),
+                       _same(lambda e, g: torch.allclose(e, g, rtol=1e-4, atol=1e-4)))
+
+
 def verify_cases(models, nodes_list, device, depth_limit=8):
     from specdraft.kernels.tree_verify.reference import verify_greedy_reference
     from specdraft.kernels.tree_verify.triton_kernel import verify_greedy_triton
@@ -294,7 +307,8 @@ def all_cases(device: torch.device, ops: set):
               "draft_input": lambda: draft_input_cases(models, nodes, device),
               "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device),
               "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device),
-              "commit_path": lambda: commit_cases(models, (3,) if tiny else (5, 6), device)}
+              "commit_path": lambda: commit_cases(models, (3,) if tiny else (5, 6), device),
+              "top_entropy": lambda: entropy_cases(models, (4,) if tiny else (8, 10), device, 100 if tiny else 1000)}
     for op, make in makers.items():
         if op in ops:
             yield from make()
@@ -347,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench", help="a directory (OUT/kernels.json) or a .json path")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
-                                         "silu_mul,draft_input,advance_frontier,select_tree,commit_path")
+                                         "silu_mul,draft_input,advance_frontier,select_tree,commit_path,top_entropy")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)

@@ -16,16 +16,9 @@ import triton.language as tl
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels import launch, triton_interpreting
 from specdraft.kernels.launch import next_power_of_2
+from specdraft.kernels.rounding import dot_operand
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _dot_operand(tile, UPCAST: tl.constexpr):
-    """The tile as tl.dot takes it: float32 where the interpreter cannot multiply bfloat16."""
-    if UPCAST:
-        return tile.to(tl.float32)
-    return tile
 
 
 @triton.jit
@@ -46,7 +39,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
     is_dim = dims < HEAD_DIM  # all true, folded away, when HEAD_DIM is a power of two
     q = tl.load(q_ptr + q_head[:, None] * q_stride_h + node[:, None] * q_stride_n + dims[None, :],
                 mask=is_row[:, None] & is_dim[None, :], other=0.0)  # [BLOCK_R, BLOCK_D]
-    q = _dot_operand(q, UPCAST)
+    q = dot_operand(q, UPCAST)
     tree_cols = tl.arange(0, BLOCK_T)
     sees = tl.load(tree_mask_ptr + node[:, None] * window + tree_cols[None, :],
                    mask=is_row[:, None] & ((tree_cols < window) & (tree_cols >= FIRST_COLUMN))[None, :],
@@ -63,7 +56,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
             slots = block_start + tl.arange(0, BLOCK_S)  # [BLOCK_S]
             in_split = slots < split_end
             kv_mask = in_split[:, None] & is_dim[None, :]
-            keys = _dot_operand(tl.load(k_base + slots[:, None] * k_stride_s, mask=kv_mask, other=0.0), UPCAST)
+            keys = dot_operand(tl.load(k_base + slots[:, None] * k_stride_s, mask=kv_mask, other=0.0), UPCAST)
             scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * qk_scale_log2  # [BLOCK_R, BLOCK_S]
             tree_index = slots - prefix_len  # [BLOCK_S], the window column of each slot
             in_tree = in_split & (tree_index >= 0)
@@ -75,7 +68,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, prefix_len_ptr, tree_mask_ptr, part_out_p
             shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # rows that have seen nothing yet
             probs = tl.exp2(scores - shift[:, None])
             rescale = tl.exp2(row_max - shift)
-            values = _dot_operand(tl.load(v_base + slots[:, None] * v_stride_s, mask=kv_mask, other=0.0), UPCAST)
+            values = dot_operand(tl.load(v_base + slots[:, None] * v_stride_s, mask=kv_mask, other=0.0), UPCAST)
             out = out * rescale[:, None] + tl.dot(probs.to(values.dtype), values, input_precision=DOT_PRECISION)
             row_sum = row_sum * rescale + tl.sum(probs, 1)
             row_max = new_max

@@ -1,0 +1,41 @@
+"""C2T: classifier-pruned draft trees (Huo et al., "C2T: A Classifier-Based Tree Construction Method in
+Speculative Decoding", arXiv:2502.13652), an add-on to a trained EAGLE-3 (or PosS) draft.
+
+A tiny classifier (two linear layers, about 250 parameters) decides, node by node while the tree is drafted,
+which candidates are worth verifying, from three features that are no hidden state: the joint probability of
+the candidate's path, the entropy of its parent's draft distribution (top 1,000) and its depth (`model`). It
+trains on traces of the runtime's own tree drafting, every candidate labelled by whether the target accepted it
+(`traces`, `specdraft distill-data`); BCE, the best/ snapshot by recall first (`recall_first`). At run time it is
+the tree scorer of the base draft's drafter (`export.c2t_runtime`): after each depth's expansion the candidates it
+scores below β (method.threshold, runtime.prune_threshold) become padding that nothing selects or accepts, so
+the tree keeps its static shape and the target verifies fewer real tokens; pruning only removes candidates, so
+decoding stays lossless. In a chain the same rule ends the drafting (method.chain_threshold).
+
+Beyond the paper: the tree the target verifies is still the `budget` best kept candidates by joint probability
+(EAGLE-2's rerank, a cap), drafting runs every depth (static shapes), and the frontier of each depth is its top-k
+kept candidates by joint probability.
+"""
+from specdraft.methods.base import ExportFormat, MethodSpec, RecordStage
+from specdraft.methods.c2t.config import C2TConfig, base_draft_path
+from specdraft.methods.c2t.export import c2t_feature_layers, c2t_from_export, c2t_hf_keys, c2t_runtime, c2t_to_hf
+from specdraft.methods.c2t.model import C2TClassifier, ClassifierScorer, c2t_loss, collate_traces, draft_digest
+from specdraft.methods.c2t.traces import TraceMaker, trace_features, trace_fingerprint
+
+SPEC = MethodSpec(
+    name="c2t",
+    config=C2TConfig,
+    build=C2TClassifier,
+    loss=c2t_loss,
+    feature_layers=c2t_feature_layers,
+    exports={"hf": ExportFormat(write=c2t_to_hf, required_keys=c2t_hf_keys)},
+    from_export=c2t_from_export,
+    runtime=c2t_runtime,
+    base_draft=base_draft_path,
+    records=RecordStage(features=trace_features, fingerprint=trace_fingerprint, maker=TraceMaker,
+                        collate=collate_traces),
+    monitor="recall_first",
+    reads_embeddings=False,
+)
+
+__all__ = ["SPEC", "C2TClassifier", "C2TConfig", "ClassifierScorer", "TraceMaker", "c2t_loss", "collate_traces",
+           "draft_digest"]

@@ -1,0 +1,47 @@
+"""C2T's recipe section (`method:`): the draft it prunes the trees of, the classifier's width, its thresholds and
+the trees its traces are recorded from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdraft.core.errors import SpecdraftError
+
+
+@dataclass
+class C2TConfig:
+    draft: str = ""
+    """The trained draft whose trees the classifier prunes: an EAGLE-3 (or PosS) export or run directory. Every
+    stage loads it; the export carries a copy."""
+    hidden_size: int = 48
+    """Width of the classifier's hidden layer (two layers, ReLU, sigmoid output: 241 parameters at 48)."""
+    threshold: float = 0.5
+    """β for trees, the export's default: candidates the classifier scores below it are dropped
+    (runtime.prune_threshold overrides it)."""
+    chain_threshold: float = 0.85
+    """β for chains: drafting stops at the first token scored below it (an early exit)."""
+    trace_depth: int = 11
+    """Depth of the trees the traces are recorded from (every candidate verified: no rerank)."""
+    trace_topk: int = 10
+    """Children per expanded node, and nodes expanded per depth, of those trees."""
+    negatives_per_positive: float = 1.0
+    """Rejected candidates kept per accepted one in each traced tree, drawn at random (at least one a tree)."""
+
+    def __post_init__(self):
+        for name in ("threshold", "chain_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise SpecdraftError(f"method.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("hidden_size", "trace_depth"):
+            if getattr(self, name) < 1:
+                raise SpecdraftError(f"method.{name} must be >= 1, got {getattr(self, name)}")
+        if self.trace_topk < 2:
+            raise SpecdraftError(f"method.trace_topk must be >= 2 (a tree), got {self.trace_topk}")
+        if self.negatives_per_positive <= 0:
+            raise SpecdraftError(f"method.negatives_per_positive must be > 0, got {self.negatives_per_positive}")
+
+
+def base_draft_path(cfg: C2TConfig) -> str:
+    """MethodSpec.base_draft: method.draft, which must name a draft."""
+    if not str(cfg.draft or "").strip():
+        raise SpecdraftError("method.draft is empty: C2T prunes the trees of a trained draft; name its export or "
+                             "run directory (e.g. method.draft=runs/eagle3_smollm2/export)")
+    return cfg.draft

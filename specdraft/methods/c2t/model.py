@@ -1,0 +1,156 @@
+"""C2T's classifier, its loss and the runtime's tree scorer over it.
+
+The classifier reads three features of a drafted candidate, none of them a hidden state (so one classifier
+serves every prompt and dataset of its draft): the joint probability of its path (the product of the draft's
+probabilities from the root), the entropy of its parent's draft distribution over its 1,000 most probable tokens
+(`specdraft.decoding.tree.parent_entropy`), and its depth. Two linear layers with a ReLU between them give one
+logit; sigmoid(logit) >= β keeps the candidate.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.types import DraftContext, LossOutput
+from specdraft.methods.c2t.config import C2TConfig
+
+NUM_FEATURES = 3  # joint probability, parent entropy, depth
+MAX_DEPTH = 128
+"""The deepest candidate the scorer scores (its depth term is precomputed per depth)."""
+
+
+def candidate_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor,
+                       depths: torch.Tensor) -> torch.Tensor:
+    """joint_logprobs, parent_entropy, depths [n] -> the classifier's input [n, 3] float32."""
+    return torch.stack([joint_logprobs.float().exp(), parent_entropy.float(), depths.float()], dim=-1)
+
+
+def draft_digest(draft: nn.Module) -> str:
+    """A digest of a draft's weights (names, shapes and values in float32): which draft a trace was recorded
+    over, whatever device or dtype it was loaded in."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(draft.state_dict().items()):
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class C2TClassifier(nn.Module):
+    """The trained part of a C2T draft: [n, 3] features -> [n] logits. `base` (not a submodule: saved apart) is the
+    draft whose trees it prunes."""
+
+    def __init__(self, cfg: C2TConfig, ctx: DraftContext):
+        super().__init__()
+        self.hidden = nn.Linear(NUM_FEATURES, cfg.hidden_size)
+        self.out = nn.Linear(cfg.hidden_size, 1)
+        object.__setattr__(self, "base", ctx.base)
+
+    @functools.cached_property
+    def base_digest(self):
+        """The base draft's weights' digest (None without a base), computed when training first checks a batch's
+        traces (as loaded: the runtime moves the base to its device and dtype in place)."""
+        return draft_digest(self.base.draft) if self.base is not None else None
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:  # [n, 3] -> [n]
+        return self.out(torch.relu(self.hidden(features)))[:, 0]
+
+
+def _check_traces(classifier: C2TClassifier, batch: Dict) -> None:
+    """Every row of the batch was recorded over the draft this classifier prunes, or one line naming both."""
+    if classifier.base_digest is None:
+        return
+    for source, digest in zip(batch["drafts"], batch["draft_digests"]):
+        if digest != classifier.base_digest:
+            raise SpecdraftError(
+                f"trace rows recorded over draft {source} (weights {digest}) cannot train a classifier for "
+                f"method.draft {classifier.base.source} (weights {classifier.base_digest}); record its traces with "
+                f"`specdraft distill-data` into a new distill.output_dir")
+
+
+def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutput:
+    """Binary cross-entropy of the accepted label; metrics at β = method.threshold: recall (accepted candidates
+    kept), positive_rate (candidates kept), accuracy, and `recall_first`, which picks the best/ snapshot."""
+    _check_traces(classifier, batch)
+    features, labels = batch["features"], batch["labels"]  # [n, 3], [n]
+    logits = classifier(features)
+    if labels.numel() == 0:  # rows without a traced tree (an answer that ended at once)
+        zero = logits.sum()
+        return LossOutput(loss=zero, metrics={"recall_first": zero.detach()})
+    loss = F.binary_cross_entropy_with_logits(logits, labels)
+    with torch.no_grad():
+        kept, accepted = torch.sigmoid(logits) >= cfg.threshold, labels > 0.5
+        recall = (kept & accepted).sum() / accepted.sum().clamp(min=1)
+        positive_rate = kept.float().mean()
+        metrics = {"recall": recall, "positive_rate": positive_rate,
+                   "accuracy": (kept == accepted).float().mean(),
+                   "recall_first": recall - 1e-3 * positive_rate}
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def logit(probability: float) -> float:
+    """The logit whose sigmoid is `probability` (±inf at 0 and 1)."""
+    if probability <= 0.0:
+        return -math.inf
+    if probability >= 1.0:
+        return math.inf
+    return math.log(probability / (1.0 - probability))
+
+
+class ClassifierScorer:
+    """The runtime's TreeScorer (core/drafting.py) over a trained classifier, in float32 on the engine's device.
+    β lives in a device tensor (as its logit), so a new threshold reaches CUDA graphs captured before; the depth
+    term of the first layer is precomputed per depth, so a depth's scoring is five launches."""
+
+    def __init__(self, classifier: C2TClassifier, cfg: C2TConfig, device: torch.device):
+        as32 = dict(device=device, dtype=torch.float32)
+        first, bias = classifier.hidden.weight.detach().to(**as32), classifier.hidden.bias.detach().to(**as32)
+        self.weight_pe = first[:, :2].T.contiguous()  # [2, Hc]: joint probability and parent entropy
+        depths = torch.arange(1, MAX_DEPTH + 1, **as32)
+        self.bias_by_depth = bias + depths[:, None] * first[:, 2]  # [MAX_DEPTH, Hc]
+        self.weight_out = classifier.out.weight.detach().to(**as32).T.contiguous()  # [Hc, 1]
+        self.bias_out = classifier.out.bias.detach().to(**as32)  # [1]
+        self._cut = torch.zeros(1, **as32)  # logit(β)
+        self.threshold = cfg.threshold
+        self.chain_threshold = cfg.chain_threshold
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        if not 0.0 <= value <= 1.0:
+            raise SpecdraftError(f"the prune threshold must be in [0, 1], got {value}")
+        self._threshold = float(value)
+        self._cut.fill_(logit(self._threshold))
+
+    def logits(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
+        """[c], [c], a depth (Python int) -> [c] the classifier's logits (what C2TClassifier computes)."""
+        if not 1 <= depth <= MAX_DEPTH:
+            raise SpecdraftError(f"C2T scores candidates at depths 1..{MAX_DEPTH}, got depth {depth}")
+        pe = torch.stack([joint_logprobs.float().exp(), parent_entropy.float()], dim=-1)  # [c, 2]
+        hidden = torch.addmm(self.bias_by_depth[depth - 1], pe, self.weight_pe).relu_()  # [c, Hc]
+        return torch.addmm(self.bias_out, hidden, self.weight_out)[:, 0]
+
+    def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
+        return self.logits(joint_logprobs, parent_entropy, depth) >= self._cut
+
+
+def collate_traces(rows: List[Dict]) -> Dict:
+    """Trace rows (one a prompt, list columns: traces.py) -> {features [n, 3], labels [n] float32, and each row's
+    draft and its digest (lists)}: every kept candidate of every row, in order."""
+    def column(name, dtype):
+        parts = [torch.tensor(row[name], dtype=dtype).reshape(-1) for row in rows]  # a copy: arrays read-only
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+
+    features = candidate_features(column("joint_logprob", torch.float32), column("entropy", torch.float32),
+                                  column("depth", torch.float32))
+    return {"features": features, "labels": column("label", torch.float32),
+            "drafts": [str(row["draft"]) for row in rows], "draft_digests": [str(row["draft_digest"]) for row in rows]}

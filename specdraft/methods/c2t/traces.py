@@ -1,0 +1,153 @@
+"""C2T's data stage (MethodSpec.records): traces of the runtime's own tree drafting, labelled by the target.
+
+For each prompt (its first user turn, chat-templated) the runtime's engine decodes greedily with the base draft
+over a wide, deep tree (`method.trace_depth`, `method.trace_topk`) whose every candidate is verified (no rerank:
+the budget is the whole expansion). A recording tree scorer keeps every candidate and records what the runtime's
+scorer would be given (joint log-probability, parent entropy, depth); the verify pass labels each candidate
+accepted or not (on the target's greedy path). Per traced tree all accepted candidates are kept and
+`negatives_per_positive` times as many rejected ones at random (at least one), so that the classes stay about
+balanced. One record row per prompt, the kept candidates in list columns, with the draft it was recorded over
+(its path and a digest of its weights: training refuses rows of another draft).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from specdraft.core.errors import SpecdraftError
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
+from specdraft.methods.base import RecordContext
+from specdraft.methods.c2t.config import C2TConfig
+from specdraft.methods.c2t.model import draft_digest
+from specdraft.targets.load import eos_token_ids
+
+
+def trace_features():
+    """The `datasets.Features` of a trace row."""
+    from datasets import Features, Sequence, Value
+
+    return Features({
+        "source": Value("string"), "index": Value("int64"), "draft": Value("string"),
+        "draft_digest": Value("string"), "cycles": Value("int64"), "accepted": Value("int64"),
+        "candidates": Value("int64"), "joint_logprob": Sequence(Value("float32")),
+        "entropy": Sequence(Value("float32")), "depth": Sequence(Value("int32")), "label": Sequence(Value("int8"))})
+
+
+def trace_fingerprint(cfg: C2TConfig) -> Dict[str, Any]:
+    """The settings that make two runs' traces interchangeable (besides the prompts and the target)."""
+    return {"draft": cfg.draft, "trace_depth": cfg.trace_depth, "trace_topk": cfg.trace_topk,
+            "negatives_per_positive": cfg.negatives_per_positive}
+
+
+def trace_shape(cfg: C2TConfig) -> TreeShape:
+    """The traced trees: trace_depth x trace_topk, every candidate verified."""
+    shape = TreeShape(cfg.trace_depth, cfg.trace_topk, 2)
+    return TreeShape(shape.depth, shape.topk, shape.num_candidates).validated()
+
+
+class TraceRecorder:
+    """A TreeScorer that keeps every candidate and records what it was given, one call per depth."""
+
+    threshold = 0.0
+    chain_threshold = 0.0
+
+    def __init__(self):
+        self.calls: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
+
+    def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
+        self.calls.append((joint_logprobs.float(), parent_entropy.float(), depth))
+        return torch.ones_like(joint_logprobs, dtype=torch.bool)
+
+    def take(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The recorded calls since the last take, joined -> joint_logprobs, parent_entropy, depths [C - 1]: one
+        entry per candidate after the root, in candidate order (the order the expansion numbers them)."""
+        joint = torch.cat([call[0] for call in self.calls])
+        entropy = torch.cat([call[1] for call in self.calls])
+        depths = torch.cat([torch.full_like(call[0], call[2], dtype=torch.int32) for call in self.calls])
+        self.calls = []
+        return joint, entropy, depths
+
+
+def _prompt_ids(tokenizer, conversation) -> List[int]:
+    """The chat-templated first user turn (transformers 5 may return a BatchEncoding)."""
+    first_user = next(message for message in conversation.messages if message["role"] == "user")
+    result = tokenizer.apply_chat_template([first_user], tokenize=True, add_generation_prompt=True)
+    return list(result["input_ids"] if hasattr(result, "keys") else result)
+
+
+class TraceMaker:
+    """RecordStage.maker: loaded once per run (the engine over the target and the base draft)."""
+
+    def __init__(self, cfg: C2TConfig, ctx: RecordContext):
+        if ctx.base is None:
+            raise SpecdraftError("C2T records traces of a trained draft: method.draft names none")
+        self.cfg, self.ctx = cfg, ctx
+        self.digest = draft_digest(ctx.base.draft)  # before the runtime moves the draft to the target's device
+        self.recorder = TraceRecorder()
+        self.engine = self._engine()
+        self.eos_ids = set(eos_token_ids(ctx.target.model, ctx.target.tokenizer))
+
+    def _engine(self) -> SpecEngine:
+        target, shape = self.ctx.target, trace_shape(self.cfg)
+        room = self.ctx.data.max_length + self.ctx.distill.max_new_tokens + shape.depth + 2 + shape.budget
+        max_len = min(room + shape.scratch, target.info.max_position_embeddings)
+        target_model = from_hf(target.model, target.info)
+        return SpecEngine(target_model, self.ctx.base.runtime(target_model), shape, max_len,
+                          hf_rope_tables(target.model, max_len), use_graphs=False, tree_scorer=self.recorder)
+
+    def records(self, conversations: Dict[int, Any]) -> Tuple[List[dict], List[dict]]:
+        rows, problems = [], []
+        for conversation in conversations.values():
+            try:
+                rows.append(self._row(conversation))
+            except SpecdraftError as err:
+                problems.append({"source": conversation.source, "index": conversation.index, "status": "error",
+                                 "reason": str(err)})
+            self.ctx.progress(1)
+        return rows, problems
+
+    @torch.no_grad()
+    def _row(self, conversation) -> dict:
+        prompt = _prompt_ids(self.ctx.target.tokenizer, conversation)
+        trees = self._trace(prompt)
+        kept = [self._kept(*tree) for tree in trees]
+        joined = [torch.cat(parts).tolist() for parts in zip(*kept)] if kept else [[]] * 4  # the four columns
+        return {"source": conversation.source, "index": conversation.index, "draft": str(self.ctx.base.source),
+                "draft_digest": self.digest, "cycles": len(trees), "accepted": sum(int(t[3].sum()) for t in trees),
+                "candidates": sum(t[3].numel() for t in trees), "joint_logprob": joined[0], "entropy": joined[1],
+                "depth": joined[2], "label": joined[3]}
+
+    def _trace(self, prompt: List[int]) -> List[Tuple[torch.Tensor, ...]]:
+        """Greedy decoding of `prompt` with traced trees -> per cycle (joint_logprobs, parent_entropy, depths,
+        accepted [C - 1] bool), on the host."""
+        engine, max_new = self.engine, self.ctx.distill.max_new_tokens
+        if len(prompt) + max_new + engine.shape.budget + engine.shape.scratch > engine.max_len:
+            raise SpecdraftError(f"prompt of {len(prompt)} tokens + {max_new} new tokens + a traced tree of "
+                                 f"{engine.shape.budget} nodes do not fit the target's {engine.max_len} positions")
+        generated = [engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)]
+        policy, trees = engine.acceptance(0.0), []
+        while len(generated) < max_new and generated[-1] not in self.eos_ids:
+            tree = engine.build_tree()
+            joint, entropy, depths = self.recorder.take()
+            out = engine.accept_and_commit(policy, tree, engine.verify_forward(tree))
+            accepted_nodes = out.accepted_nodes[out.accepted_nodes > 0]  # the drafted nodes the target accepted
+            accepted = torch.zeros(joint.shape[0], dtype=torch.bool, device=joint.device)
+            accepted[tree.candidate_ids[accepted_nodes] - 1] = True  # candidate c is entry c - 1 (after the root)
+            trees.append(tuple(t.cpu() for t in (joint, entropy, depths, accepted)))
+            count, *emitted = out.for_host.tolist()
+            new_tokens = emitted[:count]
+            eos = next((i for i, token in enumerate(new_tokens) if token in self.eos_ids), None)
+            generated += new_tokens if eos is None else new_tokens[:eos + 1]
+        return trees
+
+    def _kept(self, joint, entropy, depths, accepted) -> Tuple[torch.Tensor, ...]:
+        """One traced tree's accepted candidates and a random draw of its rejected ones -> the four columns."""
+        positives = accepted.nonzero()[:, 0]
+        negatives = (~accepted).nonzero()[:, 0]
+        wanted = max(1, round(self.cfg.negatives_per_positive * positives.numel()))
+        negatives = negatives[torch.randperm(negatives.numel())[:wanted]]
+        chosen = torch.cat([positives, negatives])
+        return joint[chosen], entropy[chosen], depths[chosen], accepted[chosen].to(torch.int8)

@@ -1,0 +1,46 @@
+"""The C2T suite end to end on the tiny target and its chat-trained EAGLE-3 head, CPU, float32: traces, training,
+export, the MT-bench sweep over two shapes, one Spec-Bench task, the float32 check and the goal's lines (a check
+that it runs and tables what it measured, not a measurement)."""
+import json
+
+import pytest
+
+from tests.distilled import CHAT_PROMPTS
+from tests.tools import load_tool
+
+
+@pytest.fixture(autouse=True)
+def _reference_kernels(monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+
+
+def _prompts(path, texts):
+    path.write_text("".join(json.dumps({"turns": [text]}) + "\n" for text in texts))
+    return path
+
+
+def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_base_export, capsys):
+    suite = load_tool("bench/c2t")
+    spec_bench = tmp_path / "spec_bench"
+    spec_bench.mkdir()
+    _prompts(spec_bench / "spec_bench_qa.jsonl", ["an unseen question?"])
+    report = suite.main([
+        str(chat_base_export), "--target", str(tiny_target_dir),
+        "--train-prompts", str(_prompts(tmp_path / "train.jsonl", CHAT_PROMPTS[:6])),
+        "--mt-bench", str(_prompts(tmp_path / "mt.jsonl", CHAT_PROMPTS[6:8])), "--spec-bench", str(spec_bench),
+        "--tasks", "qa", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--num-train", "6",
+        "--trace-tokens", "16", "--trace-depth", "3", "--trace-topk", "2", "--epochs", "2", "--batch-prompts", "2",
+        "--shapes", "3,2,6", "3,3,10", "--betas", "0.3", "0.7", "--max-prompts", "2", "--per-task", "1",
+        "--max-new-tokens", "12", "--lossless-prompts", "1", "--device", "cpu", "--dtype", "float32",
+        "--max-len", "256"])
+    assert report["classifier"]["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
+    rows = report["rows"]
+    assert [(r["prompts"], r["shape"], r["beta"]) for r in rows] == [
+        ("MT-bench", "3,2,6", None), ("MT-bench", "3,2,6", 0.3), ("MT-bench", "3,2,6", 0.7),
+        ("MT-bench", "3,3,10", None), ("MT-bench", "3,3,10", 0.3), ("MT-bench", "3,3,10", 0.7),
+        ("Spec-Bench qa", "3,2,6", None), ("Spec-Bench qa", "3,2,6", 0.5)]
+    assert all(r["lossless_bf16_prompts"] == r["prompt_count"] for r in rows)  # float32 here: always equal
+    assert rows[0]["verified_per_cycle"] == 6 and rows[3]["verified_per_cycle"] == 10
+    assert report["lossless_float32"]["lossless"] and report["goal"]
+    assert json.loads((tmp_path / "out" / "c2t.json").read_text())["rows"] == rows
+    assert "| prompts | tree | β | verified/cycle |" in capsys.readouterr().out

@@ -1,0 +1,106 @@
+"""tools/build_small_vlm.py in its tiny mode: the saved directory loads as a plain LLaVA model + processor and
+generates from an image prompt, the processor gives the rows the tool trained on, the drawn prompt sets are well
+formed, and the accuracy report is written."""
+import json
+import random
+
+import pytest
+import torch
+
+from tests.tools import load_tool
+
+build_small_vlm = load_tool("build_small_vlm")
+vlm_scenes = load_tool("vlm_scenes")
+
+
+@pytest.fixture(scope="module")
+def built(tiny_target_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("small_vlm") / "vlm"
+    build_small_vlm.main(["--out", str(out), "--tiny", "--target", str(tiny_target_dir), "--device", "cpu"])
+    return out
+
+
+def test_loads_as_llava_and_generates_from_an_image(built):
+    from PIL import Image
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText, AutoProcessor, LlavaForConditionalGeneration
+
+    model = AutoModelForImageTextToText.from_pretrained(built)
+    processor = AutoProcessor.from_pretrained(built)
+    assert isinstance(model, LlavaForConditionalGeneration)
+    assert model.config.vision_config.model_type == "siglip_vision_model"
+    assert type(processor).__name__ == "LlavaProcessor"
+    with safe_open(str(built / "model.safetensors"), "pt") as weights:
+        assert not [key for key in weights.keys() if "lora" in key]  # the adapters are merged
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    image = Image.open(built / "prompts" / "images" / "test-00000.png")
+    inputs = processor(images=[image], text=[text], return_tensors="pt")
+    assert (inputs["input_ids"] == model.config.image_token_id).sum() == model.config.image_seq_length
+    output = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert output.shape[1] > inputs["input_ids"].shape[1]
+
+
+def test_processor_gives_the_rows_the_tool_trains_on(built):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(built)
+    settings = build_small_vlm.TINY
+    scene = vlm_scenes.random_scenes(1, seed=5)[0]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": vlm_scenes.PROMPTS[1]}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=[vlm_scenes.draw(scene, settings.image_size)], text=[text], return_tensors="pt")
+    expected_ids = build_small_vlm.prompt_ids(processor.tokenizer, vlm_scenes.PROMPTS[1], settings)
+    assert inputs["input_ids"][0].tolist() == expected_ids
+    pixels = build_small_vlm.normalize(torch.from_numpy(vlm_scenes.draw_array(scene, settings.image_size))[None])
+    torch.testing.assert_close(inputs["pixel_values"], pixels, atol=1e-5, rtol=0)
+
+
+def test_prompt_sets_are_well_formed(built):
+    from specdraft.data.sources import load_conversations
+
+    folder = built / "prompts"
+    seen = set()
+    for split, count in (("distill", 4), ("test", 6)):
+        path = folder / f"{split}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(records) == count
+        for record in records:
+            assert (path.parent / record["image"]).is_file()
+            human, gpt = record["conversations"]
+            assert human["from"] == "human" and human["value"].startswith("<image>\n")
+            assert all(vlm_scenes.score(record["facts"], vlm_scenes.read_description(gpt["value"])).values())
+            seen.add(record["image"])
+        conversations = load_conversations([str(path)])
+        assert [c.skip_reason for c in conversations] == [None] * count
+    assert len(seen) == 10
+    assert (folder / "README.md").is_file()
+
+
+def test_accuracy_report(built):
+    report = json.loads((built / "accuracy.json").read_text())
+    assert report["images"] == 6 and report["prompt_set"] == "prompts/test.jsonl"
+    assert {"count", "colours", "shapes"} <= set(report["attributes"])
+    for row in report["attributes"].values():
+        assert 0 <= row["accuracy"] <= 1 and 0 <= row["chance"] <= 1 and row["n"] > 0
+    record = json.loads((built / "build.json").read_text())
+    assert set(record["stages"]) == {"tower", "align", "lora"}
+
+
+def test_descriptions_read_back_and_chance_is_low():
+    scenes = vlm_scenes.random_scenes(300, seed=3)
+    for scene in scenes:
+        stated = vlm_scenes.read_description(vlm_scenes.describe(scene))
+        assert all(vlm_scenes.score(vlm_scenes.facts(scene), stated).values())
+    records = [build_small_vlm.vlm_prompts.prompt_record("test", i, s) for i, s in enumerate(scenes)]
+    answers = [random.Random(0).choice(records)["conversations"][1]["value"] for _ in records]
+    report = build_small_vlm.vlm_prompts.accuracy(records, answers)
+    assert report["count"]["chance"] < 0.4 and report["colours"]["chance"] < 0.2
+    assert report["count"]["accuracy"] < 0.6
+
+
+def test_settings_override():
+    settings = build_small_vlm.parse_settings(build_small_vlm.Settings(), ["lora_steps=5", "tiny_lm=true"])
+    assert settings.lora_steps == 5 and settings.tiny_lm
+    with pytest.raises(SystemExit, match="unknown setting"):
+        build_small_vlm.parse_settings(build_small_vlm.Settings(), ["nope=1"])

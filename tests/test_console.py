@@ -1,0 +1,91 @@
+"""What a user sees of the libraries: Lightning's lines once, no advertisement, no DeepSpeed accelerator guess, no
+library deprecation, no bar for a model load that takes a blink; and the smoke path's whole log clean (slow)."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ADVERTS = ("💡 Tip", "litlogger", "litmodels", "Lightning Experiments")
+
+
+def visible_lines(log: str) -> list:
+    """The lines a terminal shows of a log: each line's last carriage-return segment, cursor moves removed."""
+    lines = [re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line).split("\r")[-1].strip() for line in log.split("\n")]
+    return [line for line in lines if line]
+
+
+def log_problems(log: str) -> list:
+    """What a user should not see: tracebacks, repeated lines, adverts, DeepSpeed's guess, library deprecations."""
+    lines = visible_lines(log)
+    problems = [f"repeated: {line}" for index, line in enumerate(lines) if line in lines[:index]]
+    problems += [f"traceback: {line}" for line in lines if line.startswith("Traceback")]
+    problems += [f"advert: {line}" for line in lines if any(advert in line for advert in ADVERTS)]
+    problems += [f"dependency note: {line}" for line in lines
+                 if "Setting accelerator to CPU" in line or re.search(r"site-packages/.*(deprecated|Warning)", line)]
+    return problems
+
+
+SCRIPT = """
+import logging, warnings
+from specdraft.core.console import quiet_dependencies
+quiet_dependencies()
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+import lightning
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+rank_zero_info("GPU available: False, used: False")
+rank_zero_info("💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]")
+rank_zero_info("\\nDetected KeyboardInterrupt, attempting graceful shutdown ...")
+from deepspeed.accelerator import get_accelerator
+get_accelerator()
+warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
+warnings.warn("a warning a user can act on", UserWarning)
+logging.getLogger("specdraft.x").info("a line of ours")
+"""
+
+
+def test_library_lines_are_filtered_once():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, "PYTHONWARNINGS": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = done.stdout + done.stderr
+    assert log.count("GPU available: False, used: False") == 1
+    assert "a warning a user can act on" in log and "INFO specdraft.x: a line of ours" in log
+    assert not log_problems(log), log_problems(log)
+    assert "Detected KeyboardInterrupt" not in log and "deprecated" not in log
+
+
+def test_a_model_loads_bars_are_off_and_others_stay():
+    from transformers.utils.logging import tqdm
+
+    from specdraft.core.console import quiet_transformers_bars
+
+    quiet_transformers_bars()
+    assert tqdm(range(2), desc="Loading weights").disable
+    assert not tqdm(range(2), desc="Dequantizing", disable=False).disable
+
+
+def test_the_log_checker_sees_repeats_and_tracebacks():
+    assert log_problems("a\rb\nINFO: x\nINFO: x\nTraceback (most recent call last):\n") == \
+        ["repeated: INFO: x", "traceback: Traceback (most recent call last):"]
+    assert not log_problems("bar 1/2\rbar 2/2\nbar 1/2\rbar 2/2 done\n")  # a bar's frames: its last one shows
+
+
+@pytest.mark.slow
+def test_the_smoke_path_prints_a_clean_log(tmp_path):
+    """`SMOKE=1 bash tools/run_default.sh` (with .venv, as tools/setup.sh makes it; its runs in tmp_path): no
+    traceback, no repeated line, no advert; `done:` names the export's eval.json by a normalized path. Minutes on
+    2 CPU cores."""
+    if not (REPO / ".venv" / "bin" / "specdraft").exists():
+        pytest.skip("needs .venv (bash tools/setup.sh)")
+    overrides = [f"distill.output_dir={tmp_path / 'data'}", f"train.output_dir={tmp_path / 'train'}"]
+    done = subprocess.run(["bash", "tools/run_default.sh", "recipes/smoke/eagle3_smollm2.yaml", *overrides],
+                          capture_output=True, text=True, timeout=3600, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert not log_problems(log), log_problems(log)
+    assert visible_lines(log)[-1] == f"done: {tmp_path / 'export' / 'eval.json'}"

@@ -1,0 +1,240 @@
+"""C2T suite: the C2T path end to end over a trained EAGLE-3 export on one GPU, and the table of its goal
+(docs/benchmarks.md): verified tokens a cycle, τ and tokens/s of the pruned against the unpruned tree.
+
+    python tools/bench/c2t.py EXPORT --target $GGUF --train-prompts c2t_prompts.jsonl --mt-bench mt_bench.jsonl \\
+        --spec-bench DIR --work $HOME/c2t --out $OUT
+
+1. traces: `specdraft distill-data` of a C2T recipe over EXPORT (its method.draft) on the first --train-prompts
+   prompts (MT-bench-style chat prompts, none of MT-bench's: tools/prepare_prompts.py writes them), --trace-tokens
+   new tokens each, trees of --trace-depth x --trace-topk with every candidate verified;
+2. `specdraft train` (--epochs over the traces) and `specdraft export`;
+3. MT-bench (--mt-bench, --max-prompts): for each tree shape of --shapes, the unpruned tree and the classifier at
+   each β of --betas, at T=0, 256 new tokens, bf16, every run against the same plain decoding of the same run
+   (`specdraft bench`'s β sweep: `sweep_prune_thresholds`); then the first shape at --beta in float32, speculative
+   against plain decoding token for token on --lossless-prompts prompts;
+4. Spec-Bench (--spec-bench: a directory of spec_bench_<task>.jsonl, tools/prepare_prompts.py): per task, its first
+   --per-task prompts, the first shape unpruned and at --beta (the classifier never saw these tasks).
+
+The table: per prompt set, tree and β, the tokens verified a cycle (root included), τ, tokens/s, the speedup
+over plain decoding, and τ and verified tokens against the unpruned tree of the same shape; then the goal's
+three checks. OUT/c2t.json (every run's summary); WORK keeps the recipe, traces, run and export.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import sys
+
+from suite import REPO, finish, fmt, machine, markdown_table, write_report
+
+sys.path.insert(0, str(REPO / "tools"))
+from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
+
+from specdraft.config import RuntimeConfig  # noqa: E402
+
+SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def write_recipe(args) -> Path:
+    """The C2T recipe of this run (WORK/c2t.yaml): EXPORT as method.draft, the traces' and training's settings."""
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    train_rows = max(1, round(args.train_prompts * (1 - args.val_fraction)))
+    steps = max(1, math.ceil(args.epochs * train_rows / args.batch_prompts))
+    path = work / "c2t.yaml"
+    path.write_text(f"""
+target: {{path: {args.target}}}
+method: {{name: c2t, draft: {Path(args.export).resolve()}, trace_depth: {args.trace_depth},
+         trace_topk: {args.trace_topk}}}
+data: {{prompts: [{Path(args.train_prompts_file).resolve()}], max_samples: {args.train_prompts}, max_length: 1024,
+       too_long: skip, val_fraction: {args.val_fraction}}}
+distill: {{output_dir: {work / 'traces'}, max_new_tokens: {args.trace_tokens}, shard_size: 16}}
+train: {{output_dir: {work / 'run'}, max_steps: {steps}, micro_batch_size: {args.batch_prompts}, lr: 1.0e-3,
+        warmup_steps: 1, weight_decay: 0.0, val_every_steps: {max(1, steps // args.epochs)},
+        log_every_steps: {max(1, steps // 10)}}}
+""")
+    return path
+
+
+def make_classifier(args) -> Dict:
+    """Traces, training and export of the recipe -> the export's path and each stage's seconds and counts."""
+    from data_gen.distill import run_distill
+    from specdraft.export import export_draft
+    from specdraft.recipes import load_recipe
+    from specdraft.train.trainer import run_train
+
+    recipe = load_recipe(write_recipe(args))
+    started = time.perf_counter()
+    counts = run_distill(recipe, device=args.device if args.device != "auto" else None)
+    traced = time.perf_counter()
+    summary = run_train(recipe)
+    trained = time.perf_counter()
+    export = export_draft(recipe.train.output_dir, "hf", Path(args.work) / "export", dtype="float32")
+    return {"export": str(export), "counts": counts, "trace_s": traced - started, "train_s": trained - traced,
+            "train_steps": summary["steps"], "best_recall_first": summary["best_tau_sim"]}
+
+
+def bench_settings(args, max_prompts: Optional[int], prompts: str, betas):
+    from specdraft.runtime.bench import BenchSettings
+
+    return BenchSettings(prompts=prompts, max_prompts=max_prompts, max_new_tokens=args.max_new_tokens,
+                         temperatures=(0.0,), hf_baseline=False, lossless_prompts=args.lossless_prompts,
+                         prune_sweep=tuple(betas))
+
+
+def sweep_rows(runtime, settings, prompt_set: str, shape: str, plain: list) -> List[Dict]:
+    """The unpruned tree and each β of settings.prune_sweep on one prompt set -> table rows (plain decoding from
+    `plain` when full, else run once into it)."""
+    from specdraft.runtime.bench import first_user_turns, sweep_prune_thresholds
+
+    prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
+    runs = sweep_prune_thresholds(runtime, prompts, settings, plain)
+    unpruned = runs[0]
+    return [{"prompts": prompt_set, "shape": shape, "beta": run["prune_threshold"],
+             "verified_per_cycle": run["verified_per_cycle"], "tau": run["tau"], "tokens_per_s": run["tokens_per_s"],
+             "tokens_per_s_plain": run["tokens_per_s_plain"], "speedup_vs_plain": run["speedup_vs_plain"],
+             "tau_vs_unpruned": run["tau"] / unpruned["tau"],
+             "verified_vs_unpruned": run["verified_per_cycle"] / unpruned["verified_per_cycle"],
+             "tokens_per_s_vs_unpruned": run["tokens_per_s"] / unpruned["tokens_per_s"],
+             "lossless_bf16_prompts": run["lossless_prompts"], "prompt_count": run["prompts"],
+             "acceptance_by_position": run["acceptance_by_position"]} for run in runs]
+
+
+def run_benches(args, export: str) -> Dict:
+    """Step 3 and 4 of the module docstring over the C2T export -> {rows, lossless_float32}."""
+    from specdraft.runtime.bench import BenchSettings, first_user_turns, lossless_in_float32
+    from specdraft.runtime.load import build_runtime, load_parts
+
+    parts = load_parts(export, RuntimeConfig(device=args.device, dtype=args.dtype), args.target)
+    shapes, rows, plain_mt = [parse_shape(text) for text in args.shapes], [], []
+
+    def runtime_of(shape, dtype=args.dtype, loaded=parts, beta=None):
+        return build_runtime(*loaded, RuntimeConfig(depth=shape.depth, topk=shape.topk, budget=shape.budget,
+                                                    max_len=args.max_len, device=args.device, dtype=dtype,
+                                                    prune_threshold=beta))
+    mt_settings = bench_settings(args, args.max_prompts, args.mt_bench, args.betas)
+    for text, shape in zip(args.shapes, shapes):
+        rows += sweep_rows(runtime_of(shape), mt_settings, "MT-bench", text, plain_mt)
+    first = runtime_of(shapes[0])
+    for task in args.tasks:
+        settings = bench_settings(args, args.per_task, str(Path(args.spec_bench) / f"spec_bench_{task}.jsonl"),
+                                  [args.beta])
+        rows += sweep_rows(first, settings, f"Spec-Bench {task}", args.shapes[0], [])
+    check = None
+    if args.lossless_prompts > 0:
+        float32 = runtime_of(shapes[0], "float32", load_parts(export, RuntimeConfig(device=args.device,
+                                                                                    dtype="float32"),
+                                                              args.target), args.beta)
+        prompts = first_user_turns(float32, args.mt_bench, args.lossless_prompts)
+        check = lossless_in_float32(float32, prompts, BenchSettings(max_new_tokens=args.max_new_tokens,
+                                                                    lossless_prompts=args.lossless_prompts), None)
+    return {"rows": rows, "lossless_float32": check}
+
+
+def goal_lines(rows: List[Dict], shapes: List[str], check: Optional[Dict]) -> List[str]:
+    """The goal's checks, read off the MT-bench rows."""
+    mt = [row for row in rows if row["prompts"] == "MT-bench"]
+    lines = []
+    first = [row for row in mt if row["shape"] == shapes[0]]
+    unpruned = next((row for row in first if row["beta"] is None), None)
+    within = [row for row in first if row["beta"] is not None and row["tau_vs_unpruned"] >= 0.98]
+    if unpruned and within:
+        best = min(within, key=lambda row: row["verified_per_cycle"])
+        lines.append(f"- tree {shapes[0]}, β={best['beta']:g}: τ {100 * (best['tau_vs_unpruned'] - 1):+.1f}% "
+                     f"(goal within 2%), verified tokens {100 * (best['verified_vs_unpruned'] - 1):+.1f}% (goal "
+                     f"<= -25%), tokens/s {100 * (best['tokens_per_s_vs_unpruned'] - 1):+.1f}% (goal >= 0)")
+    elif unpruned:
+        lines.append(f"- tree {shapes[0]}: no β keeps τ within 2% of the unpruned tree's")
+    for shape in shapes[1:]:
+        fitting = [row for row in mt if row["shape"] == shape and row["beta"] is not None and unpruned
+                   and row["verified_per_cycle"] <= unpruned["verified_per_cycle"]]
+        if fitting:
+            best = max(fitting, key=lambda row: row["tau"])
+            lines.append(f"- tree {shape} at β={best['beta']:g} verifies {best['verified_per_cycle']:.1f} tokens a "
+                         f"cycle (<= {unpruned['verified_per_cycle']:.1f}) at τ {best['tau']:.3f} against "
+                         f"{unpruned['tau']:.3f} for {shapes[0]} unpruned")
+        else:
+            lines.append(f"- tree {shape}: no β verifies as few tokens as {shapes[0]} unpruned")
+    if check is not None:
+        lines.append(f"- float32, tree {shapes[0]} pruned, speculative == plain: {check['identical']}/"
+                     f"{check['prompts']} prompts")
+    return lines
+
+
+def c2t_table(rows: List[Dict]) -> str:
+    return markdown_table(
+        ["prompts", "tree", "β", "verified/cycle", "τ", "spec tok/s", "× plain", "τ vs unpruned",
+         "verified vs unpruned", "bf16 == plain"],
+        [[row["prompts"], row["shape"], "unpruned" if row["beta"] is None else f"{row['beta']:g}",
+          f"{row['verified_per_cycle']:.2f}", f"{row['tau']:.3f}", fmt(row["tokens_per_s"], ",.1f"),
+          fmt(row["speedup_vs_plain"], ".3f"), f"{100 * (row['tau_vs_unpruned'] - 1):+.1f}%",
+          f"{100 * (row['verified_vs_unpruned'] - 1):+.1f}%", f"{row['lossless_bf16_prompts']}/{row['prompt_count']}"]
+         for row in rows])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="C2T end to end over an EAGLE-3 export: traces, training, benches")
+    parser.add_argument("export", help="the EAGLE-3 (or PosS) export the classifier prunes the trees of")
+    parser.add_argument("--target", required=True, help="the target (SmolLM2's GGUF); also its bench target")
+    parser.add_argument("--train-prompts-file", "--train-prompts", dest="train_prompts_file", required=True,
+                        help="MT-bench-style chat prompts for the traces (tools/prepare_prompts.py)")
+    parser.add_argument("--mt-bench", required=True, help="MT-bench's question.jsonl (80 prompts)")
+    parser.add_argument("--spec-bench", default=None, help="a directory of spec_bench_<task>.jsonl (none: skipped)")
+    parser.add_argument("--work", default="runs/c2t_suite")
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--num-train", dest="train_prompts", type=int, default=64, help="prompts traced")
+    parser.add_argument("--trace-tokens", type=int, default=128, help="new tokens a traced prompt")
+    parser.add_argument("--trace-depth", type=int, default=11)
+    parser.add_argument("--trace-topk", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-prompts", type=int, default=3, help="traced prompts a training batch")
+    parser.add_argument("--val-fraction", type=float, default=0.1)
+    parser.add_argument("--shapes", nargs="+", default=["5,8,40", "7,9,60"],
+                        help="tree shapes DEPTH,TOPK,BUDGET; the first is the baseline of the goal's checks (the "
+                             "default larger tree drafts in 1 + 7 x 9 = 64 scratch slots, the most the Triton tree "
+                             "attention takes)")
+    parser.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.85])
+    parser.add_argument("--beta", type=float, default=0.5, help="β of the float32 check and the Spec-Bench rows")
+    parser.add_argument("--max-prompts", type=int, default=80, help="MT-bench prompts")
+    parser.add_argument("--per-task", type=int, default=10, help="Spec-Bench prompts a task")
+    parser.add_argument("--tasks", nargs="+", default=list(SPEC_BENCH_TASKS))
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--lossless-prompts", type=int, default=10)
+    parser.add_argument("--max-len", type=int, default=2048)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--classifier", default=None, help="a C2T export to bench instead of making one")
+    args = parser.parse_args(argv)
+    check_shapes(parser, args.shapes)
+    if any(parse_shape(text).topk == 1 for text in args.shapes):
+        parser.error("--shapes are trees: DEPTH,TOPK,BUDGET")
+    if args.spec_bench is None:
+        args.tasks = []
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    report = {"export": str(args.export), "settings": {k: v for k, v in vars(args).items()}}
+    started = time.perf_counter()
+    if args.classifier is None:
+        report["classifier"] = make_classifier(args)
+        export = report["classifier"]["export"]
+    else:
+        export = args.classifier
+    write_report(args.out, report, "c2t")
+    results = run_benches(args, export)
+    report.update(results, machine=machine(None if args.device == "auto" else args.device),
+                  seconds=time.perf_counter() - started)
+    lines = goal_lines(results["rows"], args.shapes, results["lossless_float32"])
+    table = c2t_table(results["rows"]) + "\n\n" + "\n".join(lines)
+    report["goal"] = lines
+    return finish(table, args.out, report, "c2t")
+
+
+if __name__ == "__main__":
+    main()

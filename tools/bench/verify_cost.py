@@ -1,0 +1,151 @@
+"""Verification-cost suite: one verify pass of N tree tokens over a cached context, on a target of a real geometry
+with random weights (the time does not depend on the values), ms per N. Pruning a draft tree (C2T) saves verified
+tokens; this table turns that saving into time on a large target: a measured projection, not a guess.
+
+    python tools/bench/verify_cost.py --config llama3-8b --context 1024 --nodes 1 8 16 24 32 40 48 56 64 --out OUT
+
+Per N: the target's pass over N tree nodes at cache slots C..C+N-1 (C = --context; tree attention over the
+context and each node's ancestors, a random tree of N nodes) and the logits of every node, as
+`SpecEngine.verify_forward` runs it: on a GPU captured in one CUDA graph and replayed --repeats times after a
+warm-up, timed by CUDA events, the median of --rounds rounds. N = 1 is a plain decoding step. The table gives ms a
+pass, the pass over a plain step, and the ms saved against --reference N (default 40, the default tree's budget)
+per token fewer. bf16 on a GPU; on a CPU it runs eagerly in float32 (a check that it works, not a measurement).
+OUT/verify_cost.json.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Dict, List
+
+from suite import finish, machine, markdown_table
+
+import torch
+
+GEOMETRIES = {  # TargetInfo fields of each geometry
+    "llama3-8b": {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+                  "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0},
+    "smollm2": {"hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64,
+                "intermediate_size": 1536, "vocab_size": 49152, "rope_theta": 100000.0},
+    "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+             "intermediate_size": 128, "vocab_size": 320, "rope_theta": 10000.0},
+}
+
+
+def random_target(config: str, max_len: int, device: torch.device, dtype: torch.dtype):
+    """The runtime's TargetModel of `config`'s geometry, random weights built in `dtype` on `device`, its static
+    cache allocated for `max_len` slots (rotary tables of its rope_theta)."""
+    from specdraft.core.types import TargetInfo
+    from specdraft.decoding.target import TargetModel
+
+    geometry = GEOMETRIES[config]
+    info = TargetInfo(name_or_path=f"random {config}", model_type="llama", rms_norm_eps=1e-5,
+                      max_position_embeddings=max_len, **geometry)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in place in dtype: an 8B target never exists in float32
+    try:
+        with torch.device(device):
+            model = TargetModel(info).eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(default)
+    half = info.head_dim // 2
+    inv_freq = info.rope_theta ** (-torch.arange(half, device=device, dtype=torch.float32) / half)
+    angles = torch.arange(max_len, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [S, D/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [S, D]
+    model.allocate(max_len, angles.cos(), angles.sin())
+    return model
+
+
+def random_tree(nodes: int, generator: torch.Generator):
+    """A random tree of `nodes` nodes (node 0 the root, each node's parent an earlier node) -> (depths [N],
+    tree_mask [N, N] bool: a node sees itself and its ancestors)."""
+    from specdraft.kernels.tree_select import ancestry
+
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)])
+    reach = ancestry(parents, nodes)  # [N, N]
+    return reach.sum(1) - 1, reach
+
+
+def verify_pass_ms(model, context: int, nodes: int, repeats: int, rounds: int) -> float:
+    """The median over `rounds` of the mean ms of one verify pass of `nodes` tree tokens after `context` cached
+    ones (graphed on a GPU)."""
+    from specdraft.decoding.graphs import CallGraph
+
+    device = model.lm_head_weight.device
+    generator = torch.Generator().manual_seed(nodes)
+    depths, mask = random_tree(nodes, generator)
+    tokens = torch.randint(0, model.info.vocab_size, (nodes,), generator=generator).to(device)
+    prefix_len = torch.full((1,), context, dtype=torch.long, device=device)
+    positions, mask = (prefix_len + depths.to(device)), mask.to(device)
+
+    def verify(tokens, positions, mask):
+        hidden, _ = model.run_layers(model.embed(tokens), positions, prefix_len, mask)
+        return model.logits(hidden)
+
+    run = verify
+    if device.type == "cuda":
+        run = CallGraph(verify, [model.k_cache, model.v_cache], example=(tokens, positions, mask))
+    with torch.no_grad():
+        run(tokens, positions, mask)  # the capture, untimed
+        return statistics.median(_timed_mean(run, (tokens, positions, mask), repeats, device) for _ in range(rounds))
+
+
+def _timed_mean(run, args, repeats: int, device: torch.device) -> float:
+    if device.type != "cuda":
+        started = time.perf_counter()
+        for _ in range(repeats):
+            run(*args)
+        return 1000 * (time.perf_counter() - started) / repeats
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(repeats):
+        run(*args)
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / repeats
+
+
+def cost_table(rows: List[Dict], reference: int) -> str:
+    plain = next((row["ms"] for row in rows if row["nodes"] == 1), None)
+    base = next((row for row in rows if row["nodes"] == reference), None)
+    lines = []
+    for row in rows:
+        saved = None if base is None or row["nodes"] == reference else \
+            (base["ms"] - row["ms"]) / (reference - row["nodes"])
+        lines.append([row["nodes"], f"{row['ms']:.3f}", "-" if plain is None else f"{row['ms'] / plain:.2f}",
+                      "-" if base is None else f"{row['ms'] / base['ms']:.3f}",
+                      "-" if saved is None else f"{1000 * saved:.1f}"])
+    return markdown_table(["N (tree tokens)", "ms a verify", "× plain step (N=1)", f"× N={reference}",
+                           f"µs a token against N={reference}"], lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description="one verify pass of N tree tokens on a random target, ms per N")
+    parser.add_argument("--config", default="llama3-8b", choices=sorted(GEOMETRIES))
+    parser.add_argument("--context", type=int, default=1024, help="cached tokens before the tree")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 8, 16, 24, 32, 40, 48, 56, 64])
+    parser.add_argument("--reference", type=int, default=40, help="the N the savings are taken against")
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="runs/bench")
+    args = parser.parse_args(argv)
+    if any(n < 1 for n in args.nodes):
+        parser.error(f"--nodes must be >= 1, got {args.nodes}")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_target(args.config, args.context + max(args.nodes), device, dtype)
+    rows = [{"nodes": n, "ms": verify_pass_ms(model, args.context, n, args.repeats, args.rounds)}
+            for n in sorted(set(args.nodes))]
+    report = {"config": args.config, "geometry": GEOMETRIES[args.config], "context": args.context,
+              "dtype": str(dtype).replace("torch.", ""), "cuda_graphs": device.type == "cuda",
+              "machine": machine(args.device), "repeats": args.repeats, "rounds": args.rounds,
+              "reference": args.reference, "rows": rows}
+    return finish(cost_table(rows, args.reference), args.out, report, "verify_cost")
+
+
+if __name__ == "__main__":
+    main()

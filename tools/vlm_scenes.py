@@ -1,0 +1,242 @@
+"""Drawn scenes whose facts are known, for tools/build_small_vlm.py: shapes (colour, kind, count, position on a
+3x3 grid), a rendered word, or a bar chart; each drawn with PIL, described by a fixed template, and read back
+from any description so that a model's answer can be scored fact by fact.
+
+A description names every fact of its scene:
+  shapes  The image shows two shapes on a white background: a red circle in the top left corner and a blue
+          square at the bottom.
+  word    The image shows the word "apple" written in green letters on a white background.
+  chart   The image shows a bar chart with three bars, coloured red, blue and yellow from left to right. The
+          tallest bar is the blue one.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Dict, List, Tuple
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+COLOURS = {"red": (215, 35, 35), "orange": (245, 135, 20), "yellow": (230, 205, 25), "green": (35, 150, 55),
+           "blue": (35, 75, 215), "purple": (135, 45, 175), "black": (25, 25, 25)}
+COLOUR_NAMES = tuple(COLOURS)
+SHAPES = ("circle", "square", "triangle", "diamond", "cross")
+CELLS = ("in the top left corner", "at the top", "in the top right corner", "on the left", "in the middle",
+         "on the right", "in the bottom left corner", "at the bottom", "in the bottom right corner")
+WORDS = ("apple", "cat", "dog", "sun", "tree", "boat", "fish", "bird", "house", "moon", "star", "car", "book",
+         "cake", "milk", "rain", "snow", "door", "lamp", "ship")
+NUMBERS = ("zero", "one", "two", "three", "four", "five")
+KINDS = ("shapes", "word", "chart")
+KIND_WEIGHTS = (0.7, 0.15, 0.15)
+MAX_SHAPES = 4
+BAR_COUNTS = (3, 4, 5)
+BACKGROUND = (250, 250, 250)
+PROMPTS = ("Describe this image.", "What do you see in this picture?", "Describe the image in detail.",
+           "What is shown in this image?", "Tell me what this image shows.")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One drawn image's facts; `objects` and `bars` are in reading order (left to right, top to bottom)."""
+    kind: str
+    objects: Tuple[Tuple[str, str, int], ...] = ()
+    """(colour, shape, cell index 0-8) of each shape."""
+    word: str = ""
+    word_colour: str = ""
+    bars: Tuple[Tuple[str, float], ...] = ()
+    """(colour, height as a share of the plot's height) of each bar; heights are distinct."""
+    seed: int = field(default=0, compare=False)
+    """Seeds the drawing's jitter (sizes, offsets, shades), so that one scene always draws the same image."""
+
+
+def random_scene(rng: random.Random) -> Scene:
+    kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+    seed = rng.randrange(1 << 30)
+    if kind == "word":
+        return Scene(kind, word=rng.choice(WORDS), word_colour=rng.choice(COLOUR_NAMES), seed=seed)
+    if kind == "chart":
+        count = rng.choice(BAR_COUNTS)
+        heights = rng.sample(range(2, 10), count)  # distinct: the tallest bar is unambiguous
+        colours = rng.sample(COLOUR_NAMES, count)
+        return Scene(kind, bars=tuple((c, h / 10) for c, h in zip(colours, heights)), seed=seed)
+    count = rng.randint(1, MAX_SHAPES)
+    cells = sorted(rng.sample(range(9), count))
+    return Scene(kind, objects=tuple((rng.choice(COLOUR_NAMES), rng.choice(SHAPES), cell) for cell in cells),
+                 seed=seed)
+
+
+def _shade(rng: random.Random, colour: str) -> Tuple[int, int, int]:
+    return tuple(max(0, min(255, v + rng.randint(-18, 18))) for v in COLOURS[colour])
+
+
+def _shape_points(shape: str, x: float, y: float, r: float) -> List[Tuple[float, float]]:
+    if shape == "triangle":
+        return [(x, y - r), (x + r, y + 0.8 * r), (x - r, y + 0.8 * r)]
+    if shape == "diamond":
+        return [(x, y - r), (x + r, y), (x, y + r), (x - r, y)]
+    arm = 0.38 * r  # cross: a plus sign, 12 corners
+    return [(x - arm, y - r), (x + arm, y - r), (x + arm, y - arm), (x + r, y - arm), (x + r, y + arm),
+            (x + arm, y + arm), (x + arm, y + r), (x - arm, y + r), (x - arm, y + arm), (x - r, y + arm),
+            (x - r, y - arm), (x - arm, y - arm)]
+
+
+def _draw_shapes(draw: ImageDraw.ImageDraw, scene: Scene, size: int, rng: random.Random) -> None:
+    cell = size / 3
+    for colour, shape, index in scene.objects:
+        r = cell * rng.uniform(0.3, 0.4)
+        x = cell * (index % 3 + 0.5) + rng.uniform(-0.08, 0.08) * cell
+        y = cell * (index // 3 + 0.5) + rng.uniform(-0.08, 0.08) * cell
+        fill = _shade(rng, colour)
+        if shape == "circle":
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=fill)
+        elif shape == "square":
+            side = 0.85 * r
+            draw.rectangle((x - side, y - side, x + side, y + side), fill=fill)
+        else:
+            draw.polygon(_shape_points(shape, x, y, r), fill=fill)
+
+
+@lru_cache(maxsize=8)
+def _font(pixels: int):
+    try:
+        return ImageFont.load_default(size=pixels)
+    except (TypeError, OSError, ImportError):  # Pillow without FreeType: its fixed bitmap font
+        return ImageFont.load_default()
+
+
+def _draw_word(draw: ImageDraw.ImageDraw, scene: Scene, size: int, rng: random.Random) -> None:
+    font = _font(max(6, round(size * rng.uniform(0.2, 0.26))))
+    left, top, right, bottom = draw.textbbox((0, 0), scene.word, font=font)
+    x = rng.uniform(0, max(0.0, size - (right - left))) - left
+    y = rng.uniform(0, max(0.0, size - (bottom - top))) - top
+    draw.text((x, y), scene.word, fill=_shade(rng, scene.word_colour), font=font)
+
+
+def _draw_chart(draw: ImageDraw.ImageDraw, scene: Scene, size: int, rng: random.Random) -> None:
+    margin, base = 0.08 * size, 0.9 * size
+    slot = (size - 2 * margin) / len(scene.bars)
+    width = slot * rng.uniform(0.6, 0.8)
+    for number, (colour, height) in enumerate(scene.bars):
+        x = margin + slot * number + (slot - width) / 2
+        draw.rectangle((x, base - height * 0.8 * size, x + width, base), fill=_shade(rng, colour))
+    draw.line((margin / 2, base, size - margin / 2, base), fill=COLOURS["black"], width=max(1, size // 64))
+
+
+def draw(scene: Scene, size: int) -> Image.Image:
+    """The scene as a size x size RGB image (the same image every time)."""
+    rng = random.Random(scene.seed)
+    image = Image.new("RGB", (size, size), tuple(v - rng.randint(0, 8) for v in BACKGROUND))
+    painter = {"shapes": _draw_shapes, "word": _draw_word, "chart": _draw_chart}[scene.kind]
+    painter(ImageDraw.Draw(image), scene, size, rng)
+    return image
+
+
+def draw_array(scene: Scene, size: int) -> np.ndarray:
+    """[3, size, size] uint8 (channels first, as the vision tower reads it)."""
+    return np.asarray(draw(scene, size), dtype=np.uint8).transpose(2, 0, 1).copy()
+
+
+def _listing(items: List[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def describe(scene: Scene) -> str:
+    """The scene's true description (the template that read_description reads back)."""
+    if scene.kind == "word":
+        return (f'The image shows the word "{scene.word}" written in {scene.word_colour} letters '
+                f"on a white background.")
+    if scene.kind == "chart":
+        tallest = max(scene.bars, key=lambda bar: bar[1])[0]
+        return (f"The image shows a bar chart with {NUMBERS[len(scene.bars)]} bars, coloured "
+                f"{_listing([colour for colour, _ in scene.bars])} from left to right. "
+                f"The tallest bar is the {tallest} one.")
+    noun = "shape" if len(scene.objects) == 1 else "shapes"
+    items = [f"{_article(colour)} {colour} {shape} {CELLS[cell]}" for colour, shape, cell in scene.objects]
+    return f"The image shows {NUMBERS[len(scene.objects)]} {noun} on a white background: {_listing(items)}."
+
+
+def facts(scene: Scene) -> Dict[str, object]:
+    """The facts a description is scored on (JSON-able; the prompt set records them)."""
+    if scene.kind == "word":
+        return {"kind": "word", "word": scene.word, "word_colour": scene.word_colour}
+    if scene.kind == "chart":
+        return {"kind": "chart", "bar_count": len(scene.bars), "bar_colours": [c for c, _ in scene.bars],
+                "tallest": max(scene.bars, key=lambda bar: bar[1])[0]}
+    return {"kind": "shapes", "count": len(scene.objects), "colours": sorted(c for c, _, _ in scene.objects),
+            "shapes": sorted(s for _, s, _ in scene.objects),
+            "objects": sorted([c, s, CELLS[cell]] for c, s, cell in scene.objects)}
+
+
+_COLOUR = "|".join(COLOUR_NAMES)
+_OBJECT = re.compile(rf"\b(?:a|an) ({_COLOUR}) ({'|'.join(SHAPES)}) ({'|'.join(CELLS)})")
+_COUNT = re.compile(rf"\b({'|'.join(NUMBERS)}) shapes?\b")
+_WORD = re.compile(rf'the word "([^"]*)" written in ({_COLOUR}) letters')
+_BARS = re.compile(rf"\b({'|'.join(NUMBERS)}) bars\b")
+_BAR_COLOURS = re.compile(r"coloured (.*?) from left to right")
+_TALLEST = re.compile(rf"tallest bar is the ({_COLOUR}) one")
+
+
+def _number(match) -> object:
+    return NUMBERS.index(match.group(1)) if match else None
+
+
+def read_description(text: str) -> Dict[str, object]:
+    """The facts that a description states (None for one it does not state), in facts()' form."""
+    objects = _OBJECT.findall(text)
+    word, bar_colours, tallest = _WORD.search(text), _BAR_COLOURS.search(text), _TALLEST.search(text)
+    return {"count": _number(_COUNT.search(text)), "colours": sorted(c for c, _, _ in objects),
+            "shapes": sorted(s for _, s, _ in objects), "objects": sorted([c, s, p] for c, s, p in objects),
+            "word": word.group(1) if word else None, "word_colour": word.group(2) if word else None,
+            "bar_count": _number(_BARS.search(text)), "tallest": tallest.group(1) if tallest else None,
+            "bar_colours": re.findall(rf"\b({_COLOUR})\b", bar_colours.group(1)) if bar_colours else None}
+
+
+ATTRIBUTES = {"shapes": ("count", "colours", "shapes", "objects"), "word": ("word", "word_colour"),
+              "chart": ("bar_count", "bar_colours", "tallest")}
+"""The attributes scored per kind of scene; `objects` holds when every (colour, shape, position) is right."""
+
+
+def score(truth: Dict[str, object], stated: Dict[str, object]) -> Dict[str, bool]:
+    """attribute -> whether the description states it exactly as the scene has it."""
+    return {name: stated.get(name) == truth[name] for name in ATTRIBUTES[truth["kind"]]}
+
+
+AUX_SLOTS = (("kind", len(KINDS)), ("count", MAX_SHAPES), *((f"cell{i}_colour", 1 + len(COLOURS)) for i in range(9)),
+             *((f"cell{i}_shape", 1 + len(SHAPES)) for i in range(9)), ("word", len(WORDS)),
+             ("word_colour", len(COLOURS)), ("bar_count", len(BAR_COUNTS)),
+             *((f"bar{i}_colour", len(COLOURS)) for i in range(max(BAR_COUNTS))), ("tallest", max(BAR_COUNTS)))
+"""Classification slots (name, classes) that pre-train the vision tower: what a description would say."""
+IGNORE = -100
+
+
+def aux_labels(scene: Scene) -> List[int]:
+    """One class per AUX_SLOTS slot (IGNORE where the scene's kind has no such fact)."""
+    labels = dict.fromkeys((name for name, _ in AUX_SLOTS), IGNORE)
+    labels["kind"] = KINDS.index(scene.kind)
+    if scene.kind == "shapes":
+        labels["count"] = len(scene.objects) - 1
+        for i in range(9):
+            labels[f"cell{i}_colour"] = labels[f"cell{i}_shape"] = 0
+        for colour, shape, cell in scene.objects:
+            labels[f"cell{cell}_colour"] = 1 + COLOUR_NAMES.index(colour)
+            labels[f"cell{cell}_shape"] = 1 + SHAPES.index(shape)
+    elif scene.kind == "word":
+        labels["word"], labels["word_colour"] = WORDS.index(scene.word), COLOUR_NAMES.index(scene.word_colour)
+    else:
+        labels["bar_count"] = BAR_COUNTS.index(len(scene.bars))
+        for i, (colour, _) in enumerate(scene.bars):
+            labels[f"bar{i}_colour"] = COLOUR_NAMES.index(colour)
+        labels["tallest"] = max(range(len(scene.bars)), key=lambda i: scene.bars[i][1])
+    return [labels[name] for name, _ in AUX_SLOTS]
+
+
+def random_scenes(count: int, seed: int) -> List[Scene]:
+    rng = random.Random(seed)
+    return [random_scene(rng) for _ in range(count)]
