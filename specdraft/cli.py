@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from typing import List, Optional
 
 from specdraft.core.console import quiet_dependencies
@@ -64,6 +65,8 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     """The runtime's flags, each mapped onto the `runtime:` recipe field of the same name (specdraft.config.
     RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's). `judge_sweep`
     (bench): --judge-threshold takes several values, each benched in a run of its own."""
+    from specdraft.config import POLICIES
+
     cmd.add_argument("path", metavar="DRAFT_DIR", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     _trust_flags(cmd)
@@ -101,6 +104,25 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
         cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
                          help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
                               "(lossy, T=0 only; default: exact acceptance)")
+    cmd.add_argument("--policy", default=None, choices=POLICIES,
+                     help="what each cycle drafts: fixed (default), sam (retrieval drafts from a suffix automaton of "
+                          "the prompt and answer), svip (stop at the draft entropy's acceptance bound), ddd (stop "
+                          "growing the tree at the frontier's summed probability)")
+    cmd.add_argument("--sam-min-match", type=int, default=None, metavar="N",
+                     help="sam: the suffix match (tokens) from which the retrieval draft is used (default 4)")
+    cmd.add_argument("--sam-draft", type=int, default=None, metavar="K",
+                     help="sam: retrieved tokens verified per retrieval cycle (default 10, at most 32)")
+    cmd.add_argument("--sam-merge", action="store_true", default=None,
+                     help="sam, trees: verify the retrieval draft grafted onto the model's tree in one pass")
+    cmd.add_argument("--sam-corpus", default=None, metavar="FILE",
+                     help="sam: a text file (documents apart by blank lines) to retrieve from as well")
+    cmd.add_argument("--svip-threshold", type=float, default=None, metavar="A",
+                     help="svip: stop below this estimated acceptance (default 0.4)")
+    cmd.add_argument("--ddd-threshold", type=float, default=None, metavar="P",
+                     help="ddd: stop below this frontier probability mass (default 0.25)")
+    cmd.add_argument("--no-sample-drafts", dest="sample_drafts", action="store_false", default=None,
+                     help="at T > 0, draft every child as a point mass of the draft's top-k (default: each "
+                          "node's first child sampled from the draft)")
     cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                      help="read every step's tokens before queuing the next (default: one step in flight)")
     cmd.add_argument("--quantization", default=None, choices=("none", "int8", "int4"),
@@ -118,15 +140,14 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
 
 
 RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
-                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "overlap",
-                 "quantization", "intermediate", "max_len", "cuda_graphs")
+                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "policy",
+                 "sam_min_match", "sam_draft", "sam_merge", "sam_corpus", "svip_threshold", "ddd_threshold",
+                 "sample_drafts", "overlap", "quantization", "intermediate", "max_len", "cuda_graphs")
 """The runtime flags, by their RuntimeConfig field names."""
 
 
 def runtime_config(args, dtype: Optional[str] = None):
     """The draft's own runtime settings with every flag given on the command line over them (`dtype` over all)."""
-    from dataclasses import replace
-
     from specdraft.drafts import runtime_settings
 
     given = {name: getattr(args, name) for name in RUNTIME_FLAGS if getattr(args, name) is not None}
@@ -163,12 +184,40 @@ def _generate(args) -> None:
     return None
 
 
+def _bench_categories(args) -> dict:
+    """`bench --categories`: each --policies variant on each Spec-Bench category (specdraft.runtime.categories)."""
+    import functools
+
+    from specdraft.runtime.categories import CategorySettings, categories_table, run_categories, variant_configs
+    from specdraft.runtime.load import build_runtime, load_parts
+
+    if not args.prompts:
+        raise SpecdraftError("--categories needs --prompts: a Spec-Bench question.jsonl")
+    configs = variant_configs(runtime_config(args), args.policies)
+    parts = load_parts(args.path, next(iter(configs.values())), args.target, args.trust_remote_code)
+    runtimes = {name: build_runtime(*parts, cfg) for name, cfg in configs.items()}
+    float32_parts = functools.lru_cache(maxsize=1)(
+        lambda: load_parts(args.path, runtime_config(args, "float32"), args.target, args.trust_remote_code))
+    float32 = functools.lru_cache(maxsize=None)(
+        lambda name: build_runtime(*float32_parts(), replace(configs[name], dtype="float32")))
+    settings = CategorySettings(prompts=args.prompts, per_category=args.max_prompts, variants=args.policies,
+                                temperatures=tuple(args.temperature or (0.0,)), max_new_tokens=args.max_new_tokens,
+                                seed=args.seed, lossless_prompts=args.lossless_prompts)
+    out = args.out or args.path
+    report = run_categories(runtimes, settings, out, load_float32=float32)
+    print(categories_table(report), file=sys.stderr)
+    return {"rows": len(report["rows"]), "out": str(out)}
+
+
 def _bench(args) -> dict:
     from specdraft.runtime.answers import bench_prompts
     from specdraft.runtime.bench import BenchSettings, format_table, run_bench
 
+    if args.categories:
+        return _bench_categories(args)
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
-                             temperatures=tuple(args.temperature), seed=args.seed, hf_baseline=not args.no_hf,
+                             temperatures=tuple(args.temperature or (0.0, 1.0)), seed=args.seed,
+                             hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
                              judge_thresholds=tuple(args.judge_thresholds or ()), check_answers=args.check_answers,
@@ -350,13 +399,22 @@ def _add_runtime(sub) -> None:
     _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, metavar="FILE",
                        help="prompt file, JSON or JSONL in any form recipes read, or tasks:SPLIT[:COUNT] (the "
-                            "task suite whose answers a program checks) (default: MT-bench's questions)")
+                            "task suite whose answers a program checks) (default: MT-bench's questions; with "
+                            "--categories: Spec-Bench's question.jsonl, required)")
     bench.add_argument("--max-prompts", type=int, default=None, metavar="N",
-                       help="the first N prompts (default: all)")
-    bench.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0], metavar="T",
-                       help="one timed run a temperature (default: 0 1)")
+                       help="the first N prompts (default: all; with --categories, N per category)")
+    bench.add_argument("--temperature", type=float, nargs="+", default=None, metavar="T",
+                       help="one timed run a temperature (default: 0 1; with --categories, 0)")
+    bench.add_argument("--categories", action="store_true",
+                       help="run Spec-Bench's six categories of --prompts, each --policies variant against plain "
+                            "decoding: a table of tau, tokens/s and speedup per category and variant, and "
+                            "bench_categories.json")
+    bench.add_argument("--policies", nargs="+", default=["fixed", "sam", "svip", "ddd"], metavar="VARIANT",
+                       help="with --categories: the variants, POLICY[,FIELD=VALUE...] each (FIELD a runtime: key), "
+                            "e.g. sam,sam_merge=true ddd,depth=7 (default: fixed sam svip ddd)")
     bench.add_argument("--out", default=None, metavar="DIR",
-                       help="where bench.json, bench.png and trace.jsonl go (default: the draft's directory)")
+                       help="where bench.json (bench_categories.json), bench.png and trace.jsonl go (default: the "
+                            "draft's directory)")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--check-answers", action="store_true",
                        help="check every answer with its prompt's program (prompts of the task suite, tasks:SPLIT, "

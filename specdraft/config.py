@@ -22,6 +22,8 @@ CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
+POLICIES = ("fixed", "sam", "svip", "ddd")
+MAX_RETRIEVED = 32
 
 
 def _check_choice(what: str, value: str, valid) -> None:
@@ -288,6 +290,28 @@ class RuntimeConfig:
     judge_threshold: Optional[float] = None
     """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
     target's argmax differs (lossy, greedy only); None: exact acceptance."""
+    policy: str = "fixed"
+    """What each cycle drafts: fixed (the shape as given); sam (a retrieval draft from a suffix automaton of the
+    prompt and the answer so far when its match is long enough, the model's draft otherwise); svip (stop drafting
+    once the draft entropy's bound on acceptance falls below svip_threshold); ddd (trees: stop growing once the
+    frontier's summed draft probability falls below ddd_threshold; chains: the drafted path's probability)."""
+    sam_min_match: int = 4
+    """sam: the suffix match, in tokens, from which the retrieval draft is used."""
+    sam_draft: int = 10
+    """sam: retrieved tokens verified per retrieval cycle (at most 32)."""
+    sam_merge: bool = False
+    """sam, trees: verify the retrieval draft grafted onto the model's tree in one pass instead of alone."""
+    sam_corpus: Optional[str] = None
+    """sam: a text file (documents apart by blank lines) whose continuations may be retrieved too."""
+    svip_threshold: float = 0.4
+    """svip: stop once the estimated acceptance 1 - sqrt(H(q) / 2) of the newest draft (trees: of the best of the
+    newest depth) falls below it; in (0, 1)."""
+    ddd_threshold: float = 0.25
+    """ddd: stop once the tree frontier's summed draft probability (chains: the path's) falls below it; in
+    (0, 1)."""
+    sample_drafts: bool = True
+    """At T > 0, each expanded node's first child is sampled from the draft and verified against its
+    probability (false: every child a point-mass draft of the draft's top-k)."""
     overlap: bool = True
     """Keep one step in flight while the host reads the one before (false: read each step first)."""
     max_len: int = 2048
@@ -320,6 +344,18 @@ class RuntimeConfig:
                 raise SpecdraftError(f"runtime.{name} must be in [0, 1], got {value}")
         if self.max_len < 2:
             raise SpecdraftError(f"runtime.max_len must be at least 2, got {self.max_len}")
+        self._check_policy()
+
+    def _check_policy(self) -> None:
+        _check_choice("runtime.policy", self.policy, POLICIES)
+        if self.sam_min_match < 1:
+            raise SpecdraftError(f"runtime.sam_min_match must be at least 1, got {self.sam_min_match}")
+        if not 1 <= self.sam_draft <= MAX_RETRIEVED:
+            raise SpecdraftError(f"runtime.sam_draft must be in 1..{MAX_RETRIEVED}, got {self.sam_draft}")
+        for name in ("svip_threshold", "ddd_threshold"):
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0:
+                raise SpecdraftError(f"runtime.{name} must be in (0, 1), got {value}")
 
 
 @dataclass

@@ -10,7 +10,10 @@ fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GP
     TRITON_INTERPRET=1 python tools/count_cycle_launches.py --config smollm2 --shapes 6 6,8,48 5,8,32 \\
         --out runs/cycle_launches
 
-Prints a table and writes OUT/cycle_launches.json.
+Prints a table and writes OUT/cycle_launches.json. With --depth-stops, each tree shape's cycle also as a policy
+that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
+at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
+the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad.
 """
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
             parser.error(str(err))
 
 
-def build_engine(config: str, shape, max_len: int = 256, device: torch.device = torch.device("cpu")):
+def build_engine(config: str, shape, max_len: int = 256, device: torch.device = torch.device("cpu"), **options):
     """A bf16 SpecEngine of a random Llama of `config`'s geometry and a random EAGLE-3 head, on `device` (CUDA
     graphs there; none on the CPU, where the launches are counted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -83,7 +86,7 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
     draft = draft.eval().to(device=device, dtype=torch.bfloat16)
     target = from_hf(hf, info)
     return SpecEngine(target, Eagle3Drafter(draft, target), shape, max_len, hf_rope_tables(hf, max_len),
-                      device.type == "cuda")
+                      device.type == "cuda", **options)
 
 
 def _counted(fn):
@@ -131,6 +134,38 @@ def count(config: str, shape_texts: List[str]) -> dict:
             "plain_ops": dict(collections.Counter(plain).most_common()), "speedup_goal": SPEEDUP_GOAL, "rows": rows}
 
 
+def depth_stop_launches(config: str, text: str, prompt: torch.Tensor) -> List[dict]:
+    """The tree `text` grown by a depth-stop policy forced to stop at each depth d -> per d: launches of the whole
+    cycle (the rule's own included), graphs it replays (first, d steps of which one is queued ahead, a finish),
+    host reads of a stop flag."""
+    from specdraft.decoding.depth_stop import DepthStop
+    from specdraft.decoding.stop_rules import MassStop
+
+    shape, rows = parse_shape(text), []
+    for stop in range(1, shape.depth + 1):
+        rule = _ForcedStop(MassStop(0.5), stop)
+        engine = build_engine(config, shape, policy=DepthStop(rule))
+        engine.prefill(prompt, 0.0)
+        engine.cycle(0.0, None)  # what is cached per shape, as a graph's warm-up builds it
+        rule.calls = 0
+        _, launches = _counted(lambda: engine.cycle(0.0, None))
+        steps = min(stop, shape.depth - 1)
+        rows.append({"shape": text, "stop_depth": stop, "cycle": len(launches), "graphs": 2 + steps,
+                     "flag_reads": min(stop, shape.depth - 1)})
+    return rows
+
+
+class _ForcedStop:
+    """A stop rule that computes `rule` (its launches counted) and stops after `depth` depths."""
+
+    def __init__(self, rule, depth: int):
+        self.rule, self.depth, self.calls, self.name, self.threshold = rule, depth, 0, "forced", depth
+
+    def tree(self, logits, frontier_scores):
+        self.calls += 1
+        return self.rule.tree(logits, frontier_scores) | (self.calls >= self.depth)
+
+
 def table(report: dict) -> str:
     lines = [f"{report['config']} ({report['layers']} layers): a plain step launches {report['plain_step']}",
              f"{'shape':>10} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'x plain':>8} "
@@ -138,6 +173,9 @@ def table(report: dict) -> str:
     for row in report["rows"]:
         lines.append(f"{row['shape']:>10} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
                      f"{row['cycle']:>6} {row['cycle_over_plain']:>8.2f} {row['tau_for_goal']:>12.2f}")
+    for row in report.get("depth_stops", []):
+        lines.append(f"{row['shape']:>10} stopping at depth {row['stop_depth']}: {row['cycle']} launches in "
+                     f"{row['graphs']} graphs, {row['flag_reads']} flag reads")
     return "\n".join(lines)
 
 
@@ -146,10 +184,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="smollm2")
     parser.add_argument("--shapes", nargs="+", default=["6", "6,8,48", "5,8,32"],
                         help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for tools/bench/runtime.py")
+    parser.add_argument("--depth-stops", action="store_true",
+                        help="each tree shape also grown by a depth-stop policy, stopped at each depth")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
     check_shapes(parser, args.shapes)
     report = count(args.config, args.shapes)
+    if args.depth_stops:
+        prompt = torch.randint(0, CONFIGS[args.config][0]["vocab_size"], (16,),
+                               generator=torch.Generator().manual_seed(0))
+        report["depth_stops"] = [row for text in args.shapes if parse_shape(text).topk > 1
+                                 for row in depth_stop_launches(args.config, text, prompt)]
     write_json(args.out / "cycle_launches.json", report)
     print(table(report))
     print(f"-> {args.out / 'cycle_launches.json'}")

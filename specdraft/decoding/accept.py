@@ -33,6 +33,8 @@ class Acceptance:
     """The acceptance rule of a cycle. `key` names it among an engine's CUDA graphs."""
 
     key: str = "greedy"
+    temperature: float = 0.0
+    """The sampling temperature (0: greedy)."""
     lossless: bool = True
     """Whether the output keeps the target's own (greedy output or sampling distribution)."""
     reads_hidden: bool = False

@@ -1,7 +1,8 @@
 """Chain cycles with a confidence exit and shallow-state reuse (Kangaroo's double early exit, arXiv:2404.18911).
 
 Drafting: the drafter proposes one token per depth (its top-1). With an exit threshold η > 0 the engine reads
-the draft's top-1 probability after every depth (one host read of one bool) and stops once it falls below η:
+the draft's top-1 probability after every depth (one host read of one bool) and stops once it falls below η (or
+where another stop rule says so, stop_rules.py: SVIP's entropy bound, Dynamic Depth Decoding's path mass):
 that token is not drafted, and the cycle verifies only the k' tokens drafted before it (k' = 0 verifies the
 root alone, a plain decoding step). A dynamic exit (dynamic_exit.py) caps the depth per cycle as well. Both
 save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs. With a
@@ -20,7 +21,6 @@ the verify's rejection sampling runs on the device too (sampling.py), from unifo
 """
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Dict, Optional, Tuple
 
@@ -30,6 +30,9 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.decoding.accept import Acceptance
 from specdraft.decoding.graphs import CallGraph
+from specdraft.decoding.host_reader import HostReader
+from specdraft.decoding.sampled_drafts import SampledDrafts, sampled_children
+from specdraft.decoding.stop_rules import ConfidenceStop, StopRule
 from specdraft.decoding.tree import DraftTree, parent_entropy
 
 
@@ -45,9 +48,14 @@ class ChainCycles:
                                  f"layers {engine.capture} it reads; the verify could not capture them")
         self.tokens = torch.zeros(depth + 1, dtype=torch.long, device=device)  # [K+1] root, then drafts
         self.logprobs = torch.zeros(depth + 1, device=device)  # [K+1] each draft's top-1 log-probability
-        self.stop = torch.zeros(1, dtype=torch.bool, device=device)  # the newest draft is below η
-        self.log_eta = torch.full((1,), -math.inf, device=device)
+        self.stops = torch.zeros(depth + 1, dtype=torch.long, device=device)  # [K+1] 1: stop before draft d
+        self.flags = HostReader(1, device)  # the stop reads, one depth behind the drafting (`draft`)
+        self.stop_rule: Optional[StopRule] = None
         self.exit_threshold = 0.0
+        self.temperature = 0.0  # > 0: this cycle's drafts are sampled (sampled_drafts.py)
+        vocab = engine.drafter.d2t.shape[0]
+        self.gumbel = torch.zeros(depth, vocab, device=device) if engine.sample_drafts else None  # [K, Vd]
+        self.draft_logprobs = torch.zeros(depth + 1, vocab, device=device) if engine.sample_drafts else None
         index = torch.arange(depth + 1, device=device)
         self.depths = index  # [K+1] chain node j is at depth j
         self.parents = index - 1  # [K+1]
@@ -59,30 +67,44 @@ class ChainCycles:
     def set_exit_threshold(self, eta: float) -> None:
         """η in [0, 1): stop drafting once the draft's top-1 probability falls below it (0: never)."""
         self.exit_threshold = eta
-        self.log_eta.fill_(math.log(eta) if eta > 0 else -math.inf)
+        self.stop_rule = ConfidenceStop(eta) if eta > 0 else None
+
+    def set_stop_rule(self, rule: Optional[StopRule]) -> None:
+        """Stop drafting when `rule` says so (stop_rules.py; None: draft every depth)."""
+        self.stop_rule = rule
 
     @property
     def exits(self) -> bool:
-        """Whether drafting may stop early: the confidence exit η or a tree scorer (`draft` reads `stop`)."""
-        return self.exit_threshold > 0 or self.engine.tree_scorer is not None
+        """Whether drafting may stop early: a stop rule (η's among them) or a tree scorer (`draft` reads `stops`)."""
+        return self.stop_rule is not None or self.engine.tree_scorer is not None
 
     # ---- device work (graph bodies) ---------------------------------------------------------------------
     def _record(self, depth: int, logits: torch.Tensor) -> None:
-        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth], and `stop` where an exit reads it."""
-        scores, ids = draft_topk(logits, self.engine.drafter.d2t, 1)  # [1, 1]
+        """logits [1, Vd] of depth `depth` -> tokens[depth], logprobs[depth] (the top-1 log-probability; sampled
+        drafts: the token sampled, its log q kept for the verify), and stops[depth] where a stop rule reads it."""
+        d2t = self.engine.drafter.d2t
+        if self.temperature > 0:  # a stop rule reads the top-1 log-probability, never the sampled token's
+            gumbel = self.gumbel[depth - 1:depth]  # [1, Vd]
+            _, ids, logprobs = sampled_children(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
+            self.draft_logprobs[depth - 1:depth].copy_(logprobs)
+            scores = logprobs.amax(dim=-1, keepdim=True)  # [1, 1]
+        else:
+            scores, ids = draft_topk(logits, d2t, 1)  # [1, 1]
         self.tokens[depth:depth + 1].copy_(ids[0])
         self.logprobs[depth:depth + 1].copy_(scores[0])
-        if self.exits:  # `draft` reads it; graphs are keyed by this (`_run`)
-            self.stop.copy_(self._stops(depth, logits, scores[0]))
+        if self.exits:  # `draft` reads it; graphs are keyed by the rule and the scorer (`_run`)
+            self.stops[depth:depth + 1].copy_(self._stops(depth, logits, scores[0]))
 
     def _stops(self, depth: int, logits: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
         """Whether the token of `depth` (top-1 log-probability score [1], drawn from logits [1, Vd]) ends the
-        chain -> [1] bool: below η, or dropped by the tree scorer."""
-        stop = score < self.log_eta
+        chain -> [1] bool: the stop rule says so, or the tree scorer drops it (its joint: the chain's top-1
+        log-probabilities up to it, which never read a sampled token)."""
+        path = self.logprobs[1:depth + 1]  # [depth]
+        stop = self.stop_rule.chain(logits, score, path) if self.stop_rule is not None else torch.zeros_like(
+            score, dtype=torch.bool)
         scorer = self.engine.tree_scorer
         if scorer is not None:
-            joint = self.logprobs[1:depth + 1].sum(0, keepdim=True)  # [1] the chain's log-probability up to it
-            stop = stop | ~scorer.keep(joint, parent_entropy(logits), depth)
+            stop = stop | ~scorer.keep(path.sum(0, keepdim=True), parent_entropy(logits), depth)
         return stop
 
     def _first(self) -> torch.Tensor:
@@ -114,8 +136,16 @@ class ChainCycles:
                                                     capture=engine.capture)
         tree = DraftTree(tokens=tokens, parents=self.parents[:n], depths=self.depths[:n],
                          valid=torch.ones_like(tokens, dtype=torch.bool), tree_mask=mask,
-                         joint_logprobs=torch.cumsum(self.logprobs[:n], 0))  # logprobs[0] (root) stays 0
+                         joint_logprobs=torch.cumsum(self.logprobs[:n], 0),  # logprobs[0] (root) stays 0
+                         sampled=self._sampled_drafts(n))
         return tree, (engine.target.logits(hidden), captured, hidden)
+
+    def _sampled_drafts(self, n: int) -> Optional[SampledDrafts]:
+        """With sampled drafts: node j's children came from row j of draft_logprobs; every draft was sampled."""
+        if self.temperature <= 0:
+            return None
+        return SampledDrafts(rows=self.depths[:n], logprobs=self.draft_logprobs, d2t=self.engine.drafter.d2t,
+                             sampled=self.depths[:n] > 0)
 
     def _verify(self, policy: Acceptance, randomness=None, *, drafted: int, computed: int):
         """randomness: the policy's draws for drafted + 1 nodes, made outside any graph."""
@@ -135,11 +165,13 @@ class ChainCycles:
 
     # ---- host loop ------------------------------------------------------------------------------------
     def _run(self, key: Tuple, fn, *args):
-        """fn(*args), replayed from a CUDA graph per key, drafter variant (dynamic_exit.ExitChoice's draft),
-        whether the confidence exit is on and which tree scorer runs (`_record` writes `stop` only with either)."""
+        """fn(*args), replayed from a CUDA graph per key, drafter variant (dynamic_exit.ExitChoice's draft), stop
+        rule and tree scorer (`_record` evaluates them) and sampling temperature (sampled drafts)."""
         if not self.engine.use_graphs:
             return fn(*args)
-        key = key + (self.exit_threshold > 0, self.engine.scored_key(""), self.engine.drafter.variant)
+        rule = self.stop_rule
+        key = key + ((rule.name, rule.threshold) if rule is not None else None, self.engine.scored_key(""),
+                     self.engine.drafter.variant, self.temperature)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = CallGraph(fn, self.engine.state_tensors() + self.state(), example=args)
@@ -147,26 +179,34 @@ class ChainCycles:
 
     def state(self):
         """The chain's own tensors a captured cycle mutates (besides the engine's `state_tensors`)."""
-        return [self.tokens, self.logprobs, self.stop]
+        return [self.tokens, self.logprobs, self.stops] + ([self.draft_logprobs] if self.temperature > 0 else [])
 
     def draft(self, max_depth: int) -> Tuple[int, int]:
-        """Draft up to max_depth tokens, stopping at an exit -> (drafted k', drafter calls = chain nodes computed)."""
+        """Draft up to max_depth tokens, stopping at an exit (the stop rule, the tree scorer) -> (drafted k', chain
+        nodes computed that the verify may reuse: k' or k' + 1). The host reads each depth's stop flag one depth
+        behind: the next draft step is queued before the read, so the device never waits for the host (a stop
+        wastes that one step)."""
         check = self.exits
         hidden, calls, drafted = self._run(("first",), self._first), 1, 0
+        pending = self.flags.stage(self.stops[1:2]) if check else None
         for depth in range(1, max_depth + 1):
-            if check and bool(self.stop):  # the one host read of a depth
+            if depth < max_depth:  # queued before the read of this depth's flag
+                hidden = self._run(("step", depth), partial(self._step, depth), hidden)
+                calls += 1
+            following = self.flags.stage(self.stops[depth + 1:depth + 2]) if check and depth < max_depth else None
+            if check and self.flags.read(pending, 1)[0]:  # the one host read of a depth
                 break
-            drafted = depth
-            if depth == max_depth:
-                break
-            hidden = self._run(("step", depth), partial(self._step, depth), hidden)
-            calls += 1
-        return drafted, calls
+            drafted, pending = depth, following
+        return drafted, min(calls, drafted + 1)
 
     def cycle(self, policy: Acceptance, generator, max_depth: Optional[int] = None):
         """One cycle under the acceptance `policy` -> (CycleOutput, drafted k')."""
-        depth = self.engine.shape.depth
+        depth, engine = self.engine.shape.depth, self.engine
         max_depth = depth if max_depth is None else max_depth
+        noise = engine.draft_noise(policy, depth, generator)  # [K, Vd], before the drafting reads it
+        self.temperature = policy.temperature if noise is not None else 0.0
+        if noise is not None:
+            self.gumbel.copy_(noise)
         if not self.exits and max_depth == depth:
             return self._policy_run(("whole",), self._whole, policy, depth + 1, generator), depth
         drafted, computed = self.draft(max_depth)

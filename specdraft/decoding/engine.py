@@ -22,6 +22,10 @@ rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the fu
 shallow KV takes the slots prefix..prefix+C-1.
 With an intermediate model (hierarchical drafting, hierarchy.py; trees at T=0), `build_tree` narrows the drafted
 tree to the sequence the small model keeps of it, and the target verifies that chain of depth + 1 rows.
+A drafting policy (`drafting_policy.py`: retrieval drafts from a suffix automaton, `retrieval_cycles.py`; trees
+that stop growing early, `depth_stop.py`) may choose each cycle on the host instead of the fixed one; a chain's stop
+rule (`stop_rules.py`: η, SVIP's entropy bound, DDD's mass) is its exit. At T > 0 each expanded node's first child
+is sampled from the draft and tested against its probability (`sampled_drafts.py`, `sample_drafts`).
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
 prompt length rounded up to `PREFILL_ROWS` (captured the first time a length is met; padding rows follow the
@@ -40,7 +44,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -51,12 +55,16 @@ from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.path_commit import commit_path
 from specdraft.decoding.accept import Acceptance, acceptance_for
 from specdraft.decoding.chain import ChainCycles
+from specdraft.decoding.drafting_policy import DraftingPolicy
 from specdraft.decoding.dynamic_exit import DynamicExit
 from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.hierarchy import HierarchicalStage
+from specdraft.decoding.host_reader import HostReader
 from specdraft.decoding.sampling import sample_token
 from specdraft.decoding.target import TargetModel
-from specdraft.decoding.tree import DraftTree, TreeShape, build_tree
+from specdraft.decoding.sampled_drafts import DraftDraws, draw_gumbel
+from specdraft.decoding.stop_rules import StopRule
+from specdraft.decoding.tree import DraftTree, TreeExpansion, TreeShape, build_tree
 
 
 # The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (on an H200:
@@ -89,32 +97,6 @@ class CycleOutput:
     # (then, with a tree scorer, the tree's valid nodes)
 
 
-class HostReader:
-    """Copies of small device tensors to the host that do not wait for the device: a ring of two buffers (pinned
-    on a GPU), each with an event, so a step can be read while the next one runs. `stage` queues a copy and
-    returns its slot; `read` waits for that copy alone. A slot is free again once read."""
-
-    def __init__(self, size: int, device: torch.device):
-        pinned = device.type == "cuda"
-        self.buffers = [torch.zeros(size, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
-        self.events = [torch.cuda.Event() if pinned else None for _ in range(2)]
-        self.next_slot = 0
-
-    def stage(self, values: torch.Tensor) -> int:
-        """values [n] (long, n <= size) on the device -> the slot its copy goes to."""
-        slot, self.next_slot = self.next_slot, 1 - self.next_slot
-        self.buffers[slot][:values.numel()].copy_(values, non_blocking=True)
-        if self.events[slot] is not None:
-            self.events[slot].record()
-        return slot
-
-    def read(self, slot: int, count: int) -> List[int]:
-        """The first `count` values staged in `slot`, once their copy is done."""
-        if self.events[slot] is not None:
-            self.events[slot].synchronize()
-        return self.buffers[slot][:count].tolist()
-
-
 class SpecEngine:
     """Owns a TargetModel (with its static cache) and a Drafter; `generate` runs speculative decoding.
 
@@ -125,14 +107,18 @@ class SpecEngine:
     end it, chain.py; `set_tree_scorer` swaps it). `judge`: learned, lossy acceptance at T=0 (accept.py).
     `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read before
     the next is queued (to time one against the other). `intermediate`: a small model that narrows each drafted
-    tree to a sequence (hierarchy.py; trees, T=0)."""
+    tree to a sequence (hierarchy.py; trees, T=0). `sample_drafts`: at T > 0, sampled first children
+    (sampled_drafts.py). `chain_stop`: a chain's stop rule besides η (stop_rules.py). `policy`: a drafting policy
+    that chooses each cycle (drafting_policy.py)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
                  dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False,
                  overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None,
-                 intermediate: Optional[IntermediateModel] = None):
+                 intermediate: Optional[IntermediateModel] = None, sample_drafts: bool = True,
+                 chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
+        self.sample_drafts = sample_drafts  # at T > 0, each expanded node's first child sampled (sampled_drafts.py)
         self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
         self.device = target.device
         self.dtype = target.dtype
@@ -147,7 +133,6 @@ class SpecEngine:
         self._one_mask = torch.ones(1, 1, dtype=torch.bool, device=self.device)  # plain decoding's tree mask
         self._graphs: Dict[str, CallGraph] = {}
         self.prefill_rows = PREFILL_ROWS if self.use_graphs else 1  # a prompt's rows round up to a multiple of it
-        self._reader = HostReader(shape.depth + 3, self.device)
         self.tree_scorer, self.judge = tree_scorer, judge
         self._policies: Dict[float, Acceptance] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
@@ -156,6 +141,16 @@ class SpecEngine:
         self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
         self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
         self.set_exit_threshold(exit_threshold)
+        if chain_stop is not None:
+            self._set_chain_stop(chain_stop)
+        if policy is not None and self.stage is not None:
+            raise SpecdraftError("an intermediate model (runtime.intermediate) narrows the fixed tree: drop --policy "
+                                 "or --intermediate")
+        self.policy = policy
+        if policy is not None:
+            policy.attach(self)
+        self.most_tokens = max(shape.depth, policy.max_depth() if policy is not None else 0) + 1  # a cycle's most
+        self._reader = HostReader(self.most_tokens + 2, self.device)  # count, tokens, then a pruned tree's nodes
 
     def set_tree_scorer(self, scorer: Optional[TreeScorer]) -> None:
         """Draft with `scorer` from the next cycle on (None: unpruned); each scorer's cycles have graphs of their
@@ -173,6 +168,15 @@ class SpecEngine:
         self.exit_threshold = eta
         if self.chain is not None:
             self.chain.set_exit_threshold(eta)
+
+    def _set_chain_stop(self, rule: StopRule) -> None:
+        """A chain's stop rule other than η (stop_rules.py); η must then be off."""
+        if self.chain is None:
+            raise SpecdraftError("a chain stop rule applies to chains; trees stop through a drafting policy")
+        if self.exit_threshold > 0:
+            raise SpecdraftError(f"the exit threshold {self.exit_threshold} and the {rule.name} stop rule both stop "
+                                 f"chains: set the exit threshold to 0")
+        self.chain.set_stop_rule(rule)
 
     def _dynamic_exit(self) -> DynamicExit:
         """DEL's cost model in target-layer equivalents: a draft step at each exit the drafter offers
@@ -211,11 +215,20 @@ class SpecEngine:
         return HierarchicalStage(intermediate, self.shape.depth, self.max_len, self.device, self.dtype)
 
     # ---- pieces -------------------------------------------------------------------------------------------
-    def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
-        """The cache holds the answer, the last cycle's tree and the cycle in flight after it (up to depth + 1
-        more tokens), or refuses the prompt in one line."""
+    def room_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Cache slots a generation needs: the prompt, the answer, the last cycle's tree and the cycle in flight
+        after it (up to `most_tokens` more)."""
         tree_slots = self.shape.num_candidates if self.tree_start_layer else self.shape.budget
-        need = prompt_len + max_new_tokens + self.shape.depth + 1 + tree_slots + self.shape.scratch + 1
+        tree_slots += self.policy.extra_rows() if self.policy is not None else 0
+        return prompt_len + max_new_tokens + self.most_tokens + tree_slots + self.shape.scratch + 1
+
+    def policy_stats(self) -> Dict[str, int]:
+        """The drafting policy's counters since the engine was built ({} without a policy)."""
+        return self.policy.stats() if self.policy is not None else {}
+
+    def _check_room(self, prompt_len: int, max_new_tokens: int) -> None:
+        """The cache holds what `room_needed` counts, or the prompt is refused in one line."""
+        need = self.room_needed(prompt_len, max_new_tokens)
         if need > self.max_len:
             raise SpecdraftError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
                                  f"slots; the cache has {self.max_len} (raise --max-len or shorten the prompt)")
@@ -223,13 +236,15 @@ class SpecEngine:
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None,
                 prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None,
-                prompt_rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> int:
+                prompt_rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                meanwhile: Optional[Callable[[], None]] = None) -> int:
         """prompt_ids [P] on the device: fills the caches, returns the first new token. `prompt_embeds` [P, H]
         replaces the target's embeddings of the prompt (image features in a vision-language prompt, say);
         `context` is the drafter's extra prompt context (`Drafter.begin`); `prompt_rope` (cos, sin [max_len, D])
         the target's rotary tables for this prompt (an M-RoPE target's image prompt; None: the defaults). Its
         attention avoids cuDNN's (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of
-        `prefill_rows` rows and runs in the graphs of that length (`PREFILL_ROWS`)."""
+        `prefill_rows` rows and runs in the graphs of that length (`PREFILL_ROWS`). `meanwhile`: host work run
+        while the device prefills (after its work is queued, before the first token is read)."""
         n = prompt_ids.shape[0]
         self.target.use_rope(prompt_rope)
         rows = min(-(-n // self.prefill_rows) * self.prefill_rows, self.max_len)
@@ -239,17 +254,19 @@ class SpecEngine:
             self.drafter.begin(context or {})
         with sdpa_kernel(PREFILL_ATTENTION):
             if prompt_embeds is None:
-                last_logits, *features = self._graphed(f"prefill@{rows}", self._prefill_target, padded, count)
+                last_logits, *features = self.graphed(f"prefill@{rows}", self._prefill_target, padded, count)
             else:
                 embeds = torch.nn.functional.pad(prompt_embeds.to(self.dtype), (0, 0, 0, rows - n))  # [R, H]
-                last_logits, *features = self._graphed(f"prefill-embeds@{rows}", self._prefill_embedded, embeds,
+                last_logits, *features = self.graphed(f"prefill-embeds@{rows}", self._prefill_embedded, embeds,
                                                        count)
             self.root.copy_(sample_token(last_logits, temperature, generator))
             if self.drafter is not None:
-                self._graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
+                self.graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
             if self.stage is not None:
-                self._graphed(f"stage@{rows}", self._prefill_stage, padded, count, *features)
+                self.graphed(f"stage@{rows}", self._prefill_stage, padded, count, *features)
         self.prefix_len.fill_(n)
+        if meanwhile is not None:
+            meanwhile()
         return int(self.root)
 
     def graph(self, key: str, fn, state: List[torch.Tensor], example: Sequence[torch.Tensor] = ()) -> CallGraph:
@@ -259,11 +276,12 @@ class SpecEngine:
             graph = self._graphs[key] = CallGraph(fn, state, example=example)
         return graph
 
-    def _graphed(self, key: str, fn, *args: torch.Tensor):
-        """fn(*args), replayed from its graph under `key` when the engine uses graphs (state: `state_tensors`)."""
+    def graphed(self, key: str, fn, *args: torch.Tensor, extra_state: Sequence[torch.Tensor] = ()):
+        """fn(*args), replayed from its graph under `key` when the engine uses graphs (state: `state_tensors` and
+        `extra_state`, what else fn mutates)."""
         if not self.use_graphs:
             return fn(*args)
-        return self.graph(key, fn, self.state_tensors(), args)(*args)
+        return self.graph(key, fn, self.state_tensors() + list(extra_state), args)(*args)
 
     def _prefill_target(self, prompt_ids: torch.Tensor, count: torch.Tensor):
         """prompt_ids [R]: the prompt's count [1] tokens, then padding -> `_prefill_embedded` of their embeddings."""
@@ -287,22 +305,28 @@ class SpecEngine:
         self.stage.prefill(prompt_ids, count, dict(zip(self.capture, features)))
 
     # ---- the cycle's phases -------------------------------------------------------------------------------
-    def build_tree(self) -> DraftTree:
-        """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one; with an
-        intermediate model, the chain it keeps of the tree (hierarchy.py)."""
+    def expansion(self, draws: Optional[DraftDraws] = None) -> TreeExpansion:
+        """A tree expansion from the root (tree.py), with the tree scorer when there is one."""
+        return TreeExpansion(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
+                             self.tree_scorer, draws)
+
+    def build_tree(self, draws: Optional[DraftDraws] = None) -> DraftTree:
+        """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one; draws: its
+        sampled drafts at T > 0. With an intermediate model, the chain it keeps of the tree (hierarchy.py)."""
         tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
-                          self.tree_scorer)
+                          self.tree_scorer, draws)
         return tree if self.stage is None else self.stage.narrow(tree, self.prefix_len)
 
-    def verify_forward(self, tree: DraftTree):
-        """The tree's N nodes through the target, from the drafter's states when it kept them -> (logits [N, V],
-        captured {i: [N, H]}, the last layer's states [N, H] before the final norm)."""
-        if self.tree_start_layer:
+    def verify_forward(self, tree: DraftTree, reuse: bool = True):
+        """The tree's N nodes through the target, from the drafter's states when it kept them (and `reuse`) ->
+        (logits [N, V], captured {i: [N, H]}, the last layer's states [N, H] before the final norm)."""
+        if self.tree_start_layer and reuse:
             states = self.drafter.tree_verify_states(tree.candidate_ids)  # [N, H] entering the start layer
         else:
             states = self.target.embed(tree.tokens)  # [N, H]
+        start_layer = self.tree_start_layer if reuse else 0
         hidden, captured = self.target.run_layers(states, self.prefix_len + tree.depths, self.prefix_len,
-                                                  tree.tree_mask, self.tree_start_layer, capture=self.capture)
+                                                  tree.tree_mask, start_layer, capture=self.capture)
         return self.target.logits(hidden), captured, hidden
 
     def commit(self, tree: DraftTree, captured, accepted_nodes, accept_length, bonus) -> CycleOutput:
@@ -334,22 +358,59 @@ class SpecEngine:
             policy = self._policies[temperature] = acceptance_for(temperature, self.judge)
         return policy
 
-    def accept_and_commit(self, policy: Acceptance, tree: DraftTree, verified, randomness=None) -> CycleOutput:
-        """verified = verify_forward's (logits, captured, hidden) -> the policy's accepted path, committed."""
+    def accept_and_commit(self, policy: Acceptance, tree: DraftTree, verified, randomness=None,
+                          depth_limit: Optional[int] = None) -> CycleOutput:
+        """verified = verify_forward's (logits, captured, hidden) -> the policy's accepted path (at most
+        `depth_limit` drafted nodes, default the shape's depth), committed."""
         logits, captured, hidden = verified
-        accepted_nodes, accept_length, bonus = policy.accept(logits, tree, self.shape.depth, randomness, hidden)
-        return self.commit(tree, captured, accepted_nodes, accept_length, bonus)
-
-    def _tree_cycle_body(self, policy: Acceptance, randomness: Optional[torch.Tensor] = None) -> CycleOutput:
-        tree = self.build_tree()
-        out = self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
-        if self.tree_scorer is not None:  # the host reads how many nodes the pruned tree verified
-            out.for_host = torch.cat([out.for_host, tree.valid.sum(0, keepdim=True)])
+        depth_limit = self.shape.depth if depth_limit is None else depth_limit
+        accepted_nodes, accept_length, bonus = policy.accept(logits, tree, depth_limit, randomness, hidden)
+        out = self.commit(tree, captured, accepted_nodes, accept_length, bonus)
+        if self.tree_scorer is not None:  # the host reads how many nodes the pruned tree verified, at a fixed place
+            room = self.most_tokens + 1 - out.for_host.shape[0]  # a policy's cycles emit up to most_tokens
+            padded = torch.nn.functional.pad(out.for_host, (0, room))  # [most_tokens + 1]
+            out.for_host = torch.cat([padded, tree.valid.sum(0, keepdim=True)])
         return out
+
+    def drafted_count(self, nodes: int) -> Optional[int]:
+        """The drafted tokens a tree cycle of `nodes` nodes verifies; None where the host reads them from the
+        cycle's output (a pruned tree's, `accept_and_commit`)."""
+        return None if self.tree_scorer is not None else nodes - 1
+
+    def draws(self, policy: Acceptance, gumbel: Optional[torch.Tensor]) -> Optional[DraftDraws]:
+        """The sampled drafts' draws of a cycle under `policy` from its noise (None: point-mass drafts)."""
+        return None if gumbel is None else DraftDraws(policy.temperature, gumbel)
+
+    def draft_noise(self, policy: Acceptance, rows: int, generator) -> Optional[torch.Tensor]:
+        """Gumbel noise [rows, Vd] for a cycle's sampled drafts (drawn outside any graph), or None when the cycle
+        drafts point masses (T = 0, or sample_drafts off)."""
+        if not (self.sample_drafts and policy.temperature > 0):
+            return None
+        return draw_gumbel(rows, self.drafter.d2t.shape[0], generator, self.device)
+
+    def cycle_args(self, policy: Acceptance, nodes: int, generator) -> Tuple[torch.Tensor, ...]:
+        """The random inputs of a tree cycle under `policy` verifying `nodes` nodes: (uniforms[, Gumbel noise of
+        each expanded node, when its drafts are sampled]), or () at T = 0."""
+        randomness = policy.randomness(nodes, generator, self.device)
+        if randomness is None:
+            return ()
+        noise = self.draft_noise(policy, self.shape.expanded_rows, generator)
+        return (randomness,) if noise is None else (randomness, noise)
+
+    def _tree_cycle_body(self, policy: Acceptance, randomness: Optional[torch.Tensor] = None,
+                         gumbel: Optional[torch.Tensor] = None) -> CycleOutput:
+        tree = self.build_tree(self.draws(policy, gumbel))
+        return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
 
     def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
         """One cycle -> (its output, the drafted tokens it verified; None where the host reads them from the
-        output: a pruned tree's)."""
+        output: a pruned tree's): the drafting policy's when there is one."""
+        if self.policy is not None:
+            return self.policy.cycle(temperature, generator)
+        return self.base_cycle(temperature, generator)
+
+    def base_cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
+        """One cycle of the engine's own shape (the fixed tree, or the chain with its exits)."""
         policy = self.acceptance(temperature)
         if self.chain is not None:
             max_depth = None
@@ -358,11 +419,9 @@ class SpecEngine:
                 if self.drafter.caps.exit_layers:
                     self.drafter.select_exit(self.exit_index)
             return self.chain.cycle(policy, generator, max_depth)
-        randomness = policy.randomness(self.shape.budget, generator, self.device)
-        args = () if randomness is None else (randomness,)
-        drafted = None if self.tree_scorer is not None else self.shape.budget - 1
-        return self._graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy),
-                             *args), drafted
+        args = self.cycle_args(policy, self.shape.budget, generator)
+        return self.graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy),
+                            *args), self.drafted_count(self.shape.budget)
 
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""
@@ -385,14 +444,19 @@ class SpecEngine:
         self._sync()
         started = time.perf_counter()
         prompt = torch.tensor(list(prompt_ids), device=self.device)
-        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, prompt_rope)]
+        begin = partial(self.policy.begin, list(prompt_ids)) if self.policy is not None else None
+        generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, prompt_rope,
+                                  meanwhile=begin)]
         result = GenerationResult(tokens=generated)
         if self.dynamic_exit is not None:
             self.dynamic_exit.reset()
+        if self.policy is not None:
+            self.policy.observe(generated)
         done = _finished(generated, generated, eos_ids, max_new_tokens)
-        ahead = 1 if self.overlap and not trace and self.dynamic_exit is None else 0  # cycles queued past the read
-        most_per_cycle = self.shape.depth + 1  # every draft accepted, then the bonus token
-        read = self.shape.depth + 2 + (self.chain is None and self.tree_scorer is not None)  # + the valid nodes
+        host_driven = self.dynamic_exit is not None or (self.policy is not None and self.policy.reads_every_cycle)
+        ahead = 1 if self.overlap and not trace and not host_driven else 0  # cycles queued past the read
+        most_per_cycle = self.most_tokens  # every draft accepted, then the bonus token
+        read = self.most_tokens + 1 + (self.tree_scorer is not None)  # + a pruned tree's valid nodes
         queued = deque()
         while not done:
             may_end = len(generated) + most_per_cycle * len(queued) >= max_new_tokens  # by the cycles in flight
@@ -406,6 +470,8 @@ class SpecEngine:
             new_tokens = host[1:1 + host[0]]
             drafted = host[-1] - 1 if drafted is None else drafted  # a pruned tree's valid nodes, less the root
             generated += new_tokens
+            if self.policy is not None:
+                self.policy.observe(new_tokens)
             done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)
             result.drafted.append(drafted)

@@ -1,11 +1,16 @@
 """Lossless sampling at temperature T > 0.
 
-The tree's children are chosen deterministically (the draft's top-k), so each is a point-mass proposal. At a
+Point-mass drafts: a child chosen deterministically (one of the draft's top-k) is a point-mass proposal. At a
 node with target distribution p and children c_1..c_k (in draft rank order), child c_i is accepted with
 probability p_i(c_i), where p_1 = p and p_{i+1} is p_i with c_i removed and renormalised; if every child is
 rejected, the bonus token is sampled from p_{k+1}. Then P(output = c_j) = p(c_j) and P(output = x) = p(x) for
 any other x: the output has exactly the target's distribution (recursive rejection sampling, as in SpecInfer,
 with point-mass drafts). The walk continues from an accepted child; a leaf's bonus is sampled from its p.
+Sampled drafts (sampled_drafts.py): a node's first child was sampled from the draft's q; it is tested first and
+accepted with probability min(1, p(c) / q(c)); if rejected, the node's point-mass children are tested as above
+against the residual r = max(0, p - q) renormalised instead of p, and the bonus comes from what r leaves: the
+standard speculative-sampling step followed by the point-mass rule on its residual, lossless for the same
+reasons.
 
 `verify_sampling` runs the walk on the device with static shapes and no host sync, so that the whole T > 0
 cycle is captured in one CUDA graph like the greedy one. Its randomness comes in as a tensor of uniforms (one
@@ -19,6 +24,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from specdraft.decoding.sampled_drafts import SampledDrafts
 from specdraft.decoding.tree import DraftTree
 
 
@@ -59,28 +65,59 @@ def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, uniform * cdf[-1:], right=True).clamp(max=weights.shape[0] - 1)
 
 
+def _draft_probs(drafts: SampledDrafts, vocab: int) -> torch.Tensor:
+    """drafts -> Q [N, V] float32: each node's draft distribution q over the target vocabulary (0 outside the
+    draft vocabulary, and for nodes that were not expanded)."""
+    expanded = drafts.rows >= 0  # [N]
+    q = drafts.logprobs.index_select(0, drafts.rows.clamp(min=0)).exp() * expanded[:, None]  # [N, Vd]
+    target_ids = torch.arange(q.shape[1], device=q.device) + drafts.d2t  # [Vd]
+    return torch.zeros(q.shape[0], vocab, device=q.device).index_copy_(1, target_ids, q)  # [N, V]
+
+
+def _child_tests(target_probs: torch.Tensor, tree: DraftTree):
+    """-> (child_probs [N]: each node's probability under the distribution its parent tests point masses
+    against, sampled [N] bool: nodes drafted by sampling, ratios [N]: p / q of a sampled node at its parent,
+    bases [N, V]: per node, that distribution (unnormalised)). Without sampled drafts the point masses are tested
+    against the target's p; with them, against the residual max(0, p - q) of a parent whose sampled child is in
+    the tree (the sampled child is tested first, min(1, p / q))."""
+    parents = tree.parents.clamp(min=0)
+    if tree.sampled is None:
+        return target_probs[parents, tree.tokens], torch.zeros_like(tree.valid), None, target_probs
+    sampled = tree.sampled.sampled & (tree.parents >= 0)  # [N]
+    draft_probs = _draft_probs(tree.sampled, target_probs.shape[1])  # [N, V]
+    tests_sampled = torch.zeros_like(target_probs[:, 0]).index_add_(0, parents, sampled.float()) > 0  # [N]
+    bases = torch.where(tests_sampled[:, None], (target_probs - draft_probs).clamp(min=0), target_probs)  # [N, V]
+    bases = bases / bases.sum(dim=-1, keepdim=True).clamp(min=1e-30)
+    ratios = target_probs[parents, tree.tokens] / draft_probs[parents, tree.tokens].clamp(min=1e-30)  # [N]
+    return bases[parents, tree.tokens], sampled, ratios, bases
+
+
 def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: int, temperature: float,
                     uniforms: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [N, V], uniforms [N + 1] (`draw_uniforms`) -> (accepted_nodes [depth_limit + 1] (-1
-    padded), accept_length [1], bonus [1]). Static shapes, no host sync."""
+    padded), accept_length [1], bonus [1]). Static shapes, no host sync. With sampled drafts (`tree.sampled`),
+    a node's sampled child is tested first with min(1, p / q) and its point-mass children against the residual
+    (sampled_drafts.py)."""
     target_probs = torch.softmax(target_logits.float() / temperature, dim=-1)  # [N, V]
-    child_probs = target_probs[tree.parents.clamp(min=0), tree.tokens]  # [N] p_parent(token) per node
-    node_index = torch.arange(tree.tokens.shape[0], device=tree.tokens.device)  # [N]
-    node = torch.zeros(1, dtype=torch.long, device=node_index.device)  # [1] the walk's current node
-    walking = torch.ones(1, dtype=torch.bool, device=node_index.device)
+    child_probs, sampled, ratios, bases = _child_tests(target_probs, tree)  # [N], [N], [N] or None, [N, V]
+    point_mass = ~sampled  # [N]
+    node = torch.zeros(1, dtype=torch.long, device=tree.tokens.device)  # [1] the walk's current node
+    walking = torch.ones(1, dtype=torch.bool, device=tree.tokens.device)
     accepted = [node]
     for _ in range(depth_limit):
         is_child = tree.parents == node  # [N] (padding's parent is -1: no node's child)
-        probs = torch.where(is_child, child_probs, 0.0)  # [N]
+        probs = torch.where(is_child & point_mass, child_probs, 0.0)  # [N]
         passes = is_child & (uniforms[:-1] * _remaining_mass(probs) < probs)  # [N]
+        if ratios is not None:
+            passes = passes | (is_child & sampled & (uniforms[:-1] < ratios))
         step = walking & passes.any(dim=0, keepdim=True)  # [1]
         child = torch.argmax(passes.to(torch.int8), dim=0, keepdim=True)  # [1] first passing child
         accepted.append(torch.where(step, child, -1))
         node = torch.where(step, child, node)
         walking = step
     accepted_nodes = torch.cat(accepted)  # [depth_limit + 1]
-    rejected = tree.parents == node  # [N] every child of the last node was rejected
-    weights = _ban_rejected(target_probs.index_select(0, node)[0], tree.tokens, rejected)  # [V] (no host read)
+    rejected = (tree.parents == node) & point_mass  # [N] every point-mass child of the last node was rejected
+    weights = _ban_rejected(bases.index_select(0, node)[0], tree.tokens, rejected)  # [V] (no host read)
     bonus = _inverse_cdf(weights, uniforms[-1:])  # [1]
     return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), bonus
 

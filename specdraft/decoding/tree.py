@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -32,6 +32,7 @@ from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.top_entropy import top_entropy
 from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
+from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled_children
 
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ class TreeShape:
     def scratch(self) -> int:  # draft scratch slots: root + k per expanded depth
         return 1 + self.depth * self.topk
 
+    @property
+    def expanded_rows(self) -> int:  # nodes the expansion runs the draft on: the root + k per later depth
+        return 1 + (self.depth - 1) * self.topk
+
 
 @dataclass
 class DraftTree:
@@ -86,18 +91,21 @@ class DraftTree:
     tree_mask: torch.Tensor  # [N, N] bool: node i sees node j (j is i or an ancestor)
     joint_logprobs: torch.Tensor  # [N] draft log-probability of the path to each node (0 for the root)
     candidate_ids: Optional[torch.Tensor] = None  # [N] ascending: each node's index among the candidates
+    sampled: Optional[SampledDrafts] = None  # at T > 0 with sampled drafts: what the verify reads of them
 
 
 class _TreeConstants(NamedTuple):
     """What a tree's expansion reads that depends on its shape alone, built once per shape and device (each a
     launch or two a cycle otherwise)."""
     root_score: torch.Tensor  # [1] float32 0: the root's joint log-probability
+    root_id: torch.Tensor  # [1] int64 0: the root's candidate index
     root_parent: torch.Tensor  # [1] int64 -1
     first_parents: torch.Tensor  # [k] int64 0: depth 1 hangs under the root
     first_ids: torch.Tensor  # [k] int64 1..k: depth 1's candidate indices
     first_visible: torch.Tensor  # [k, W] bool: depth 1's node j sees scratch slot 0 (the root) and its own, 1 + j
     slots_by_depth: torch.Tensor  # [D-1, k] int64: depth d's scratch slots (row d - 1)
     depth_offsets: torch.Tensor  # [D-1] int64 1..D-1: depth d's position past the root's
+    first_child: torch.Tensor  # [C] bool: the candidate is its parent's first child (sampled at T > 0)
 
 
 @functools.lru_cache(maxsize=32)
@@ -105,12 +113,15 @@ def _tree_constants(shape: TreeShape, device: torch.device) -> _TreeConstants:
     k, long = shape.topk, dict(dtype=torch.long, device=device)
     slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, **long).view(-1, k)
     columns, first_ids = torch.arange(shape.scratch, **long), torch.arange(1, 1 + k, **long)  # [W], [k]
+    candidates = torch.arange(shape.num_candidates, **long)  # depth 1 is 1..k, then blocks of k per parent
+    first_child = (candidates == 1) | ((candidates > k) & ((candidates - 1 - k) % k == 0))
     return _TreeConstants(
-        root_score=torch.zeros(1, device=device), root_parent=torch.full((1,), -1, **long),
+        root_score=torch.zeros(1, device=device), root_id=torch.zeros(1, **long),
+        root_parent=torch.full((1,), -1, **long),
         first_parents=torch.zeros(k, **long), first_ids=first_ids,
         first_visible=(columns == 0) | (columns == first_ids[:, None]),  # depth 1's scratch slots are 1..k too
         slots_by_depth=slots_by_depth,
-        depth_offsets=torch.arange(1, shape.depth, **long))
+        depth_offsets=torch.arange(1, shape.depth, **long), first_child=first_child)
 
 
 def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) -> torch.Tensor:
@@ -140,62 +151,128 @@ def _scored(scorer: Optional[TreeScorer], child_logprobs: torch.Tensor, parent_s
     return torch.where(keep, child_logprobs, float("-inf"))
 
 
-def _expand(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
-            keep_states: bool = False, scorer: Optional[TreeScorer] = None):
-    """Run the draft over `shape.depth` levels -> candidate tokens, parents (candidate index), joint scores.
-    With keep_states, every candidate also goes through the drafter's `tree_candidates` (module docstring);
-    with a scorer, the children it drops score -inf."""
-    k, device, const = shape.topk, root.device, _tree_constants(shape, root.device)
-    logits, hidden = drafter.first(root, root_position)  # [1, Vd], [1, Hd]
-    scores, tokens = draft_topk(logits, drafter.d2t, k)  # [1, k]
-    scores = _scored(scorer, scores, const.root_score, logits, 1)
-    cand_tokens, cand_scores = [root, tokens[0]], [const.root_score, scores[0]]
-    cand_parents = [const.root_parent, const.first_parents]
-    frontier_tokens, frontier_scores, frontier_ids = tokens[0], scores[0], const.first_ids
-    frontier_hidden = hidden.expand(k, -1)  # [k, Hd] each frontier node's parent output
-    visible, slots_by_depth = const.first_visible, const.slots_by_depth  # [k, W]: the frontier's ancestors, itself
-    position_by_depth = root_position + const.depth_offsets  # [D-1]
-    if keep_states:
-        root_path = torch.arange(shape.num_candidates, device=device)[None, :] == 0  # [1, C]
-        frontier_paths = _paths_of_children(root_path, 1, k)  # [k, C] depth 1: every candidate is expanded
-        lane = torch.arange(k, device=device)  # depth 1's frontier: all k candidates
-        drafter.tree_candidates(frontier_tokens, (root_position + 1).expand(k), 1, frontier_paths, lane)
-    for depth in range(1, shape.depth):
-        slots = slots_by_depth[depth - 1]  # [k]
-        positions = position_by_depth[depth - 1:depth].expand(k)  # [k]
-        # [k, Vd], [k, Hd]
-        logits, hidden = drafter.step(depth, frontier_hidden, frontier_tokens, positions, slots, visible)
-        child_scores, child_tokens = draft_topk(logits, drafter.d2t, k)  # [k, k] each node's own children
-        child_scores = _scored(scorer, child_scores, frontier_scores, logits, depth + 1)
-        base = sum(t.shape[0] for t in cand_tokens)
+class TreeExpansion:
+    """The expansion's state from depth to depth. `first` drafts depth 1 under the root; `advance(d)` expands depth
+    d's frontier into depth d + 1's candidates; `candidates(d)` are those of depths 0..d. The one-graph cycle runs
+    them back to back (`build_tree`); a cycle that may stop early runs each in its own CUDA graph
+    (depth_stop.py), so each keeps what the next reads in attributes (a graph's outputs keep their addresses).
+    With a scorer, the children it drops score -inf; with keep_states, every candidate also goes through the
+    drafter's `tree_candidates` (module docstring); with draws (T > 0), each expanded node's first child is
+    sampled (sampled_drafts.py)."""
+
+    def __init__(self, drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
+                 keep_states: bool = False, scorer: Optional[TreeScorer] = None, draws: Optional[DraftDraws] = None):
+        self.drafter, self.shape, self.root, self.root_position = drafter, shape, root, root_position
+        self.keep_states, self.scorer, self.draws = keep_states, scorer, draws
+        self.const = _tree_constants(shape, root.device)
+        pieces = shape.depth + 1  # piece d: depth d's candidates (piece 0 the root)
+        self.tokens, self.parents, self.scores = [None] * pieces, [None] * pieces, [None] * pieces
+        self.expanded, self.logprobs = [None] * pieces, [None] * pieces  # piece d: depth d's frontier, its log q
+        self.frontiers = [None] * pieces  # depth d's frontier (each depth's own: a graph reads the one before)
+        self.positions = None
+        self.logits = None  # [k, Vd] the draft logits of the newest depth (a stop rule reads them)
+
+    def _children(self, logits: torch.Tensor, row: int) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """logits [r, Vd] of r expanded nodes (rows row.. of the draws) -> (scores [r, k], target ids [r, k],
+        log q [r, Vd] or None)."""
+        k = self.shape.topk
+        if self.draws is None:
+            return (*draft_topk(logits, self.drafter.d2t, k), None)
+        gumbel = self.draws.gumbel[row:row + logits.shape[0]]  # [r, Vd]
+        return sampled_children(logits, self.drafter.d2t, k, gumbel, self.draws.temperature)
+
+    def first(self) -> None:
+        k, const, drafter = self.shape.topk, self.const, self.drafter
+        logits, hidden = drafter.first(self.root, self.root_position)  # [1, Vd], [1, Hd]
+        scores, tokens, logprobs = self._children(logits, 0)  # [1, k]
+        scores = _scored(self.scorer, scores, const.root_score, logits, 1)
+        self.tokens[:2], self.parents[:2] = [self.root, tokens[0]], [const.root_parent, const.first_parents]
+        self.scores[:2], self.expanded[0], self.logprobs[0] = [const.root_score, scores[0]], const.root_id, logprobs
+        frontier = _Frontier(tokens[0], scores[0], const.first_ids, hidden.expand(k, -1),  # [k, Hd]
+                             const.first_visible, None)
+        self.positions = self.root_position + const.depth_offsets  # [D-1] depth d's position is row d - 1
+        self.logits = logits
+        if self.keep_states:
+            root_path = torch.arange(self.shape.num_candidates, device=self.root.device)[None, :] == 0  # [1, C]
+            paths = _paths_of_children(root_path, 1, k)  # [k, C] depth 1: every candidate is expanded
+            lane = torch.arange(k, device=self.root.device)  # depth 1's frontier: all k candidates
+            drafter.tree_candidates(tokens[0], (self.root_position + 1).expand(k), 1, paths, lane)
+            frontier = frontier._replace(paths=paths)
+        self.frontiers[1] = frontier
+
+    def advance(self, depth: int) -> None:
+        """Depth `depth`'s frontier (1-based) -> depth + 1's candidates and frontier."""
+        k, shape, old = self.shape.topk, self.shape, self.frontiers[depth]
+        slots = self.const.slots_by_depth[depth - 1]  # [k]
+        positions = self.positions[depth - 1:depth].expand(k)  # [k]
+        logits, hidden = self.drafter.step(depth, old.hidden, old.tokens, positions, slots, old.visible)  # [k, Vd]
+        child_scores, child_tokens, logprobs = self._children(logits, 1 + (depth - 1) * k)  # [k, k] each
+        child_scores = _scored(self.scorer, child_scores, old.scores, logits, depth + 1)
+        base = 1 + k + (depth - 1) * k * k  # the candidate index of this depth's first child
         next_slots = 1 + depth * k if depth + 1 < shape.depth else None  # the next frontier's scratch slots
-        frontier = advance_frontier(child_scores, child_tokens, frontier_scores, frontier_ids, base, hidden, visible,
+        frontier = advance_frontier(child_scores, child_tokens, old.scores, old.ids, base, hidden, old.visible,
                                     next_slots)
-        cand_tokens.append(child_tokens.flatten())
-        cand_scores.append(frontier.joint)  # [k * k] joint log-probabilities
-        cand_parents.append(frontier.parents)
-        frontier_scores, frontier_tokens, frontier_ids = frontier.scores, frontier.tokens, frontier.ids  # [k]
-        frontier_hidden, visible, best = frontier.hidden, frontier.visible, frontier.best
-        if keep_states:
-            child_paths = _paths_of_children(frontier_paths, base, k)  # [k * k, C]
-            drafter.tree_candidates(child_tokens.flatten(), (root_position + depth + 1).expand(k * k), base,
-                                    child_paths, best)
-            frontier_paths = child_paths[best]
-    return torch.cat(cand_tokens), torch.cat(cand_parents), torch.cat(cand_scores)
+        self.tokens[depth + 1], self.scores[depth + 1] = child_tokens.flatten(), frontier.joint  # [k * k]
+        self.parents[depth + 1], self.expanded[depth], self.logprobs[depth] = frontier.parents, old.ids, logprobs
+        paths = None
+        if self.keep_states:
+            child_paths = _paths_of_children(old.paths, base, k)  # [k * k, C]
+            self.drafter.tree_candidates(child_tokens.flatten(), (self.root_position + depth + 1).expand(k * k),
+                                         base, child_paths, frontier.best)
+            paths = child_paths[frontier.best]
+        self.frontiers[depth + 1] = _Frontier(frontier.tokens, frontier.scores, frontier.ids, frontier.hidden,
+                                              frontier.visible, paths)
+        self.logits = logits
+
+    def candidates(self, depth: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Depths 0..depth's candidates -> (tokens [C], parents [C] (candidate indices), joint scores [C])."""
+        pieces = slice(0, depth + 1)
+        return torch.cat(self.tokens[pieces]), torch.cat(self.parents[pieces]), torch.cat(self.scores[pieces])
+
+    def sampled_drafts(self, chosen: torch.Tensor, depth: int) -> Optional[SampledDrafts]:
+        """chosen [N] (the selection's candidate indices) -> what the verify of sampled drafts reads, or None."""
+        if self.draws is None:
+            return None
+        expanded = torch.cat(self.expanded[:depth])  # [R] the candidates expanded before depth `depth`
+        row_of = torch.full((self.const.first_child.shape[0],), -1, dtype=torch.long, device=chosen.device)
+        row_of[expanded] = torch.arange(expanded.shape[0], device=chosen.device)
+        return SampledDrafts(rows=row_of[chosen], logprobs=torch.cat(self.logprobs[:depth]), d2t=self.drafter.d2t,
+                             sampled=self.const.first_child[chosen])
+
+    def select(self, depth: int) -> DraftTree:
+        """The tree of depths 0..depth's candidates the target verifies (at most `budget` nodes, static shapes)."""
+        cand_tokens, cand_parents, cand_scores = self.candidates(depth)
+        budget = min(self.shape.budget, cand_tokens.shape[0])
+        select = _every_candidate if budget == cand_tokens.shape[0] else select_tree
+        selection = select(cand_tokens, cand_parents, cand_scores, budget, depth)
+        tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
+                         valid=selection.valid, tree_mask=selection.tree_mask,
+                         joint_logprobs=selection.joint_logprobs, candidate_ids=selection.chosen,
+                         sampled=self.sampled_drafts(selection.chosen, depth))
+        return tree if self.scorer is None else _pruned_as_padding(tree)
+
+
+class _Frontier(NamedTuple):
+    tokens: torch.Tensor  # [k]
+    scores: torch.Tensor  # [k] joint log-probabilities
+    ids: torch.Tensor  # [k] candidate indices
+    hidden: torch.Tensor  # [k, Hd] each node's parent's draft output
+    visible: torch.Tensor  # [k, W] the scratch slots each sees (its ancestors and itself)
+    paths: Optional[torch.Tensor]  # [k, C] with keep_states: the candidates from the root to each
 
 
 def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
-               keep_states: bool = False, scorer: Optional[TreeScorer] = None) -> DraftTree:
+               keep_states: bool = False, scorer: Optional[TreeScorer] = None,
+               draws: Optional[DraftDraws] = None) -> DraftTree:
     """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
     keep_states: the drafter keeps every candidate's shallow state (module docstring); scorer: drops candidates
-    after each depth's expansion, and those selected anyway (fewer than the budget kept) become padding."""
-    cand_tokens, cand_parents, cand_scores = _expand(drafter, shape, root, root_position, keep_states, scorer)
-    select = _every_candidate if shape.budget == shape.num_candidates else select_tree
-    selection = select(cand_tokens, cand_parents, cand_scores, shape.budget, shape.depth)
-    tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
-                     valid=selection.valid, tree_mask=selection.tree_mask, joint_logprobs=selection.joint_logprobs,
-                     candidate_ids=selection.chosen)
-    return tree if scorer is None else _pruned_as_padding(tree)
+    after each depth's expansion, and those selected anyway (fewer than the budget kept) become padding; draws:
+    sampled drafts at T > 0 (sampled_drafts.py)."""
+    expansion = TreeExpansion(drafter, shape, root, root_position, keep_states, scorer, draws)
+    expansion.first()
+    for depth in range(1, shape.depth):
+        expansion.advance(depth)
+    return expansion.select(shape.depth)
 
 
 def _every_candidate(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand_scores: torch.Tensor, budget: int,
@@ -217,7 +294,6 @@ def _pruned_as_padding(tree: DraftTree) -> DraftTree:
     pads: under no parent, at depth 1, seeing themselves alone, never accepted."""
     pruned = ~torch.isfinite(tree.joint_logprobs)  # [N] (the root scores 0)
     eye = torch.eye(pruned.shape[0], dtype=torch.bool, device=pruned.device)
-    return DraftTree(tokens=tree.tokens, parents=torch.where(pruned, -1, tree.parents),
-                     depths=torch.where(pruned, 1, tree.depths), valid=tree.valid & ~pruned,
-                     tree_mask=torch.where(pruned[:, None], eye, tree.tree_mask & ~pruned[None, :]),
-                     joint_logprobs=tree.joint_logprobs, candidate_ids=tree.candidate_ids)
+    return replace(tree, parents=torch.where(pruned, -1, tree.parents), depths=torch.where(pruned, 1, tree.depths),
+                   valid=tree.valid & ~pruned,
+                   tree_mask=torch.where(pruned[:, None], eye, tree.tree_mask & ~pruned[None, :]))

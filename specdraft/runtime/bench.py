@@ -186,7 +186,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     exit_layers = runtime.engine.drafter.caps.exit_layers
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
     engine = runtime.engine
-    depth = engine.shape.depth
+    depth = engine.most_tokens - 1  # the most drafts a cycle may accept (a policy's may pass the shape's)
     greedy = temperature == 0
     chain = engine.chain is not None
     policy = engine.acceptance(temperature)
@@ -337,7 +337,8 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
             "judge_thresholds": list(settings.judge_thresholds), "check_answers": settings.check_answers,
             "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
-            "chain": _chain_settings(engine),
+            "chain": _chain_settings(engine), "policy": runtime.settings.policy, "policy_stats": engine.policy_stats(),
+            "sample_drafts": engine.sample_drafts,
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "overlap": engine.overlap,
             "device": device_name(device),

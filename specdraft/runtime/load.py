@@ -16,9 +16,13 @@ from specdraft.config import RUNTIME_QUANTIZATIONS, RuntimeConfig, TargetConfig
 from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
 from specdraft.drafts import RECIPE_FILE, LoadedDraft, load_draft
+from specdraft.decoding.depth_stop import DepthStop
 from specdraft.decoding.dynamic_exit import ExitChoice
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.hierarchy import CompactIntermediate
+from specdraft.decoding.retrieval import Retrieval, corpus_automaton
+from specdraft.decoding.retrieval_cycles import RetrievalDrafts
+from specdraft.decoding.stop_rules import EntropyStop, MassStop
 from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
 from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
 from specdraft.targets import load_target
@@ -106,16 +110,46 @@ def _intermediate(cfg: RuntimeConfig, target: LoadedTarget, target_model: Target
     return CompactIntermediate(from_hf(small.model, small.info), hf_rope_tables(small.model, max_len))
 
 
-def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig) -> dict:
+def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=None) -> dict:
     """SpecEngine's options from the settings; the chain-only ones are refused on a tree."""
     options = {"reuse_shallow_tree": cfg.shallow_reuse_tree, "overlap": cfg.overlap,
-               "tree_scorer": _tree_scorer(drafter, cfg, chain=shape.topk == 1), "judge": _judge(drafter, cfg)}
+               "tree_scorer": _tree_scorer(drafter, cfg, chain=shape.topk == 1), "judge": _judge(drafter, cfg),
+               "sample_drafts": cfg.sample_drafts, **_policy_options(cfg, shape, tokenizer)}
     if shape.topk != 1:
         if (cfg.exit_threshold or 0) > 0 or cfg.dynamic_exit or cfg.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
         return options
     eta = drafter.caps.exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
+    if "chain_stop" in options and cfg.exit_threshold is None:
+        eta = 0.0  # the policy's stop rule replaces the draft's own η
     return {**options, "exit_threshold": eta, "dynamic_exit": cfg.dynamic_exit, "reuse_shallow": cfg.shallow_reuse}
+
+
+STOP_RULES = {"svip": (EntropyStop, "svip_threshold"), "ddd": (MassStop, "ddd_threshold")}
+
+
+def _policy_options(cfg: RuntimeConfig, shape: TreeShape, tokenizer=None) -> dict:
+    """runtime.policy as SpecEngine options: a drafting policy, or a chain's stop rule (none for fixed)."""
+    if cfg.policy == "sam":
+        corpus = corpus_automaton(corpus_documents(cfg.sam_corpus, tokenizer)) if cfg.sam_corpus else None
+        return {"policy": RetrievalDrafts(Retrieval(cfg.sam_draft, cfg.sam_min_match, corpus), cfg.sam_merge)}
+    if cfg.policy in STOP_RULES:
+        rule_class, threshold = STOP_RULES[cfg.policy]
+        rule = rule_class(getattr(cfg, threshold))
+        return {"chain_stop": rule} if shape.topk == 1 else {"policy": DepthStop(rule)}
+    return {}
+
+
+def corpus_documents(path: str, tokenizer) -> List[List[int]]:
+    """A text file's documents (apart by blank lines), each as token ids without special tokens."""
+    if tokenizer is None:
+        raise SpecdraftError("runtime.sam_corpus needs the target's tokenizer")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecdraftError(f"runtime.sam_corpus {path}: {err.strerror}") from None
+    documents = [part.strip() for part in text.split("\n\n") if part.strip()]
+    return [tokenizer(document, add_special_tokens=False)["input_ids"] for document in documents]
 
 
 def _tree_scorer(drafter, cfg: RuntimeConfig, chain: bool = False):
@@ -194,7 +228,7 @@ def build_runtime(loaded: LoadedDraft, target: LoadedTarget, cfg: RuntimeConfig 
     if cfg.more_exits:
         drafter = _exit_choice(drafter, cfg, target, target_model)
     engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len),
-                        None if cfg.cuda_graphs else False, **_engine_options(drafter, shape, cfg),
+                        None if cfg.cuda_graphs else False, **_engine_options(drafter, shape, cfg, target.tokenizer),
                         intermediate=_intermediate(cfg, target, target_model, max_len))
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer),
                    settings=cfg)

@@ -1,10 +1,11 @@
 """Lossless sampling at T > 0: the first token a cycle emits, and the second given an accepted first, follow the
-target's distribution exactly. A chi-square test on a 6-token vocabulary with a fixed seed; a broken acceptance
-rule fails it."""
+target's distribution exactly, with point-mass drafts and with sampled ones (sampled_drafts.py). A chi-square test
+on a 6-token vocabulary with a fixed seed; a broken acceptance rule fails it."""
 import torch
 
 from specdraft.kernels.tree_select import select_tree
 from specdraft.decoding import sampling
+from specdraft.decoding.sampled_drafts import SampledDrafts
 from specdraft.decoding.tree import DraftTree
 from tests.kernels.trees import padded_expansion
 
@@ -110,3 +111,67 @@ def test_selected_padding_is_never_accepted():
         uniforms = sampling.draw_uniforms(8, generator, torch.device("cpu"))
         nodes, length, bonus = sampling.verify_sampling(target_logits, tree, 3, 1.0, uniforms)
         assert 5 not in nodes.tolist() and int(length) == 0 and int(bonus) == tokens[5]
+
+
+def _sampled_tree(draft_logprobs, generator):
+    """Root 0 with children: node 1 sampled from q_0, node 2 the likeliest other token of q_0; node 1 with
+    children: node 3 sampled from q_1, node 4 the likeliest other token of q_1 (the tree sampled_drafts builds)."""
+    tokens = [0]
+    for row in range(2):
+        gumbel = -torch.empty(VOCAB).exponential_(generator=generator).log()
+        sampled = int((draft_logprobs[row] + gumbel).argmax())
+        other = int(draft_logprobs[row].scatter(0, torch.tensor([sampled]), float("-inf")).argmax())
+        tokens += [sampled, other]
+    parents = torch.tensor([-1, 0, 0, 1, 1])
+    drafts = SampledDrafts(rows=torch.tensor([0, 1, -1, -1, -1]), logprobs=draft_logprobs,
+                           d2t=torch.zeros(VOCAB, dtype=torch.long), sampled=torch.tensor([0, 1, 0, 1, 0]) > 0)
+    return DraftTree(tokens=torch.tensor(tokens), parents=parents, depths=torch.tensor([0, 1, 1, 2, 2]),
+                     valid=torch.ones(5, dtype=torch.bool), tree_mask=torch.eye(5, dtype=torch.bool),
+                     joint_logprobs=torch.zeros(5), sampled=drafts)
+
+
+def _sampled_counts(trials=TRIALS):
+    _, logits = _tree_and_logits()
+    draft_logprobs = torch.log_softmax(logits[:2] + torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(5)),
+                                       dim=-1)  # [2, V] a draft near the target, not equal to it
+    generator = torch.Generator().manual_seed(0)
+    first, second_after_node1, accepted = torch.zeros(VOCAB), torch.zeros(VOCAB), 0
+    for _ in range(trials):
+        tree = _sampled_tree(draft_logprobs, generator)
+        uniforms = sampling.draw_uniforms(5, generator, torch.device("cpu"))
+        nodes, length, bonus = sampling.verify_sampling(logits, tree, 2, 1.0, uniforms)
+        out = _emitted(tree, logits, nodes, length, bonus)
+        first[out[0]] += 1
+        accepted += int(length)
+        if 1 in nodes.tolist():  # node 1 accepted: the next token is drawn at node 1
+            second_after_node1[out[1]] += 1
+    return logits, first, second_after_node1, accepted
+
+
+def test_sampled_drafts_keep_the_target_distribution():
+    logits, first, second, _ = _sampled_counts()
+    assert _chi_square(first, torch.softmax(logits[0], -1)) < CRITICAL
+    assert _chi_square(second, torch.softmax(logits[1], -1)) < CRITICAL
+
+
+def test_a_sampled_draft_accepted_without_its_ratio_is_caught(monkeypatch):
+    monkeypatch.setattr(sampling, "_draft_probs", lambda drafts, vocab: torch.full((5, vocab), 1e-9))  # q ~ 0
+    logits, first, _, _ = _sampled_counts(TRIALS // 2)  # the sampled child always accepted: the draft's q
+    assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
+
+
+def test_sampled_drafts_accept_more_than_point_masses_of_a_near_draft():
+    """The same draft: its sampled first children accepted with min(1, p/q) land more often than its top-2 tokens
+    as point masses."""
+    logits, _, _, sampled = _sampled_counts(1000)
+    _, point_logits = _tree_and_logits()
+    generator, point = torch.Generator().manual_seed(0), 0
+    draft_logprobs = torch.log_softmax(logits[:2] + torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(5)),
+                                       dim=-1)
+    for _ in range(1000):
+        tree = _sampled_tree(draft_logprobs, generator)
+        top = [int(i) for row in draft_logprobs for i in row.topk(2).indices]
+        tree.tokens, tree.sampled = torch.tensor([0, *top]), None
+        uniforms = sampling.draw_uniforms(5, generator, torch.device("cpu"))
+        point += int(sampling.verify_sampling(point_logits, tree, 2, 1.0, uniforms)[1])
+    assert sampled > point

@@ -1,0 +1,146 @@
+"""Drafting policies (runtime.policy) on a tiny trained EAGLE-3 draft (CPU, fp32): retrieval drafts (sam, alone or
+merged into the tree), SVIP's entropy stop and Dynamic Depth Decoding's mass stop (trees and chains) each give
+greedy decoding's output; their CUDA-graph paths (graph outputs at fixed addresses, read by the next graph) give
+the eager tokens; sampled cycles keep the target's distribution; parameters out of range are one-line errors."""
+import pytest
+import torch
+
+from specdraft.config import RuntimeConfig
+from specdraft.core.errors import SpecdraftError
+from specdraft.decoding import engine as engine_module
+from specdraft.decoding.depth_stop import DepthStop
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.retrieval import Retrieval
+from specdraft.decoding.retrieval_cycles import RetrievalDrafts
+from specdraft.decoding.stop_rules import EntropyStop, MassStop
+from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.tree import TreeShape
+from tests.runtime.replay import ReplayOnCpu
+from tests.runtime.test_chain_exits import CRITICAL, SAMPLING_TRIALS, _chi_square_top
+from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
+
+TREE, CHAIN = TreeShape(depth=4, topk=3, budget=10), TreeShape.chain(4)
+REPEATING = PROMPT + PROMPT[:9]  # the prompt's start again: its continuation can be retrieved
+POLICIES = {  # name: (shape, engine options of a fresh policy)
+    "sam": (TREE, lambda: {"policy": RetrievalDrafts(Retrieval(draft_len=6, min_match=2))}),
+    "sam_merge": (TREE, lambda: {"policy": RetrievalDrafts(Retrieval(draft_len=6, min_match=2), merge=True)}),
+    "sam_chain": (CHAIN, lambda: {"policy": RetrievalDrafts(Retrieval(draft_len=6, min_match=2))}),
+    "svip_tree": (TREE, lambda: {"policy": DepthStop(EntropyStop(0.5))}),
+    "ddd_tree": (TREE, lambda: {"policy": DepthStop(MassStop(0.4))}),
+    "svip_chain": (CHAIN, lambda: {"chain_stop": EntropyStop(0.5)}),
+    "ddd_chain": (CHAIN, lambda: {"chain_stop": MassStop(0.2)}),
+}
+SHARPEN = 6.0  # the tiny draft's distributions are nearly flat (entropy > 2 nats): SVIP's bound would never pass
+
+
+def _sharpened(drafter, factor):
+    """The drafter with its logits scaled by `factor`: the same top-k, lower entropy (drafts stay drafts)."""
+    first, step = drafter.first, drafter.step
+    drafter.first = lambda *args: (lambda logits, hidden: (logits * factor, hidden))(*first(*args))
+    drafter.step = lambda *args: (lambda logits, hidden: (logits * factor, hidden))(*step(*args))
+    return drafter
+
+
+def _engine(name, use_graphs=False):
+    shape, options = POLICIES[name]
+    model, spec, cfg, draft = _trained("eagle3")
+    target = from_hf(model, _info(model))
+    drafter = spec.runtime(draft, cfg, target)
+    if name.startswith("svip"):
+        drafter = _sharpened(drafter, SHARPEN)
+    engine = SpecEngine(target, drafter, shape, 256, hf_rope_tables(model, 256), use_graphs, **options())
+    return model, engine
+
+
+def _varied(name, engine, results):
+    """Whether the policy changed what was drafted: retrieval cycles ran, or drafts stopped short."""
+    drafted = [d for result in results for d in result.drafted]
+    if engine.policy is not None and hasattr(engine.policy, "counts"):
+        return engine.policy.counts["retrieval"] > 0 and engine.policy.counts["model"] > 0
+    return len(set(drafted)) > 1
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@torch.no_grad()
+def test_every_policy_gives_greedy_decodings_output(name):
+    model, engine = _engine(name)
+    results = [engine.generate(prompt, 32) for prompt in (PROMPT, REPEATING)]
+    for prompt, result in zip((PROMPT, REPEATING), results):
+        assert result.tokens == _hf_greedy(model, prompt, 32)
+        assert all(0 <= a <= d for a, d in zip(result.accepted, result.drafted))
+    assert _varied(name, engine, results)
+
+
+@pytest.mark.parametrize("name", ["sam", "sam_merge", "ddd_tree", "svip_chain"])
+@torch.no_grad()
+def test_graph_replays_give_the_eager_tokens(monkeypatch, name):
+    """The graphed paths with a graph's aliasing (ReplayOnCpu): each replay writes into its first outputs."""
+    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
+    from specdraft.decoding import chain
+
+    monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
+    _, eager = _engine(name)
+    _, replayed = _engine(name, use_graphs=True)
+    for prompt in (PROMPT, REPEATING):
+        expected, got = eager.generate(prompt, 24), replayed.generate(prompt, 24)
+        assert got.tokens == expected.tokens and got.drafted == expected.drafted
+
+
+def _first_tokens(engine, prompt, trials):
+    """Prefill at T=0, then one cycle at T=1 from the same state, `trials` times -> (root, first tokens)."""
+    generator, firsts = torch.Generator().manual_seed(0), []
+    root = engine.prefill(torch.tensor(prompt), 0.0)
+    saved = [t.clone() for t in engine.state_tensors()]
+    for _ in range(trials):
+        for tensor, value in zip(engine.state_tensors(), saved):
+            tensor.copy_(value)
+        if engine.policy is not None:
+            engine.policy.begin(prompt)
+            engine.policy.observe([root])
+        out, _ = engine.cycle(1.0, generator)
+        firsts.append(int(out.emitted[0]))
+    return root, torch.tensor(firsts)
+
+
+@pytest.mark.slow  # 400 cycles each
+@pytest.mark.parametrize("name", ["fixed_tree", "fixed_chain", "sam_merge", "sam_chain", "ddd_tree"])
+@torch.no_grad()
+def test_sampled_cycles_keep_the_target_distribution(name):
+    """The first token of a T=1 cycle (sampled drafts; a retrieval draft where the prompt repeats) follows the
+    target's distribution (chi-square over the 4 likeliest tokens and the rest)."""
+    if name.startswith("fixed"):
+        model, spec, cfg, draft = _trained("eagle3")
+        target = from_hf(model, _info(model))
+        engine = SpecEngine(target, spec.runtime(draft, cfg, target), TREE if name == "fixed_tree" else CHAIN, 256,
+                            hf_rope_tables(model, 256))
+    else:
+        model, engine = _engine(name)
+    root, firsts = _first_tokens(engine, REPEATING, SAMPLING_TRIALS)
+    probs = torch.softmax(model(torch.tensor([REPEATING + [root]])).logits[0, -1], -1)  # [V]
+    assert _chi_square_top(firsts, probs) < CRITICAL
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("policy", "eagle", "unknown runtime.policy 'eagle'; valid: fixed, sam, svip, ddd"),
+    ("sam_min_match", 0, "runtime.sam_min_match must be at least 1, got 0"),
+    ("sam_draft", 33, "runtime.sam_draft must be in 1..32, got 33"),
+    ("svip_threshold", 1.0, "runtime.svip_threshold must be in (0, 1), got 1.0"),
+    ("ddd_threshold", 0.0, "runtime.ddd_threshold must be in (0, 1), got 0.0"),
+])
+def test_policy_parameters_out_of_range_are_one_line_errors(field, value, message):
+    with pytest.raises(SpecdraftError) as caught:
+        RuntimeConfig(**{field: value})
+    assert str(caught.value) == message
+
+
+@torch.no_grad()
+def test_a_policy_that_cannot_run_with_the_shape_says_why():
+    model, spec, cfg, draft = _trained("eagle3")
+    target = from_hf(model, _info(model))
+    drafter = spec.runtime(draft, cfg, target)
+    with pytest.raises(SpecdraftError, match="sam_merge grafts the retrieval draft onto a tree"):
+        SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256),
+                   policy=RetrievalDrafts(Retrieval(4, 2), merge=True))
+    with pytest.raises(SpecdraftError, match="both stop chains"):
+        SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256), exit_threshold=0.5,
+                   chain_stop=MassStop(0.3))

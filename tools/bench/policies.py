@@ -1,0 +1,212 @@
+"""Drafting-policy suite: every runtime policy on Spec-Bench's six categories against plain decoding in the same run
+(`categories`, the default: T=0, float32 lossless on each category's first prompts), and sampling at T=1 on the
+default shapes with sampled and with point-mass drafts (`sampling`); `tiny-sampling` measures, on the CPU, τ at
+T=1 of both draft kinds with a tiny target and a tiny draft trained on its sampled text.
+
+    python tools/bench/policies.py EXPORT --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --prompts spec_bench/question.jsonl --per-category 20 --out runs/bench          # both GPU parts
+    python tools/bench/policies.py categories EXPORT --target ... --prompts ... --variants fixed sam 'ddd,depth=7'
+    python tools/bench/policies.py tiny-sampling --steps 300 --out runs/bench
+
+`categories`: each variant (`POLICY[,FIELD=VALUE...]`, `specdraft bench --categories`' syntax) is a runtime over
+the one loaded target; per category every prompt is decoded plainly once, then by every variant
+(`specdraft.runtime.categories`); the table has τ, tokens/s, the speedup over plain and the float32 check per
+category and variant, then each variant's mean speedup, then each variant against the first (the fixed tree) per
+category: the issue's goals (SAM ≥ 1.15× EAGLE-3 alone on summarization and RAG, ≥ 0.98× elsewhere; SVIP or DDD
+≥ 1.05× the fixed shape on average). `sampling`: the same at T=1 on the MT-bench category for the default tree and
+chain, each with sampled drafts (the runtime's default) and with point-mass drafts (`sample_drafts=false`).
+OUT/policies.json.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Dict, List
+
+from suite import finish, fmt, machine, markdown_table, run_parts, write_report
+
+import torch
+
+from specdraft.config import RuntimeConfig
+
+CATEGORY_VARIANTS = ["fixed", "sam", "sam,sam_merge=true", "svip", "ddd", "ddd,depth=7"]
+SAMPLING_VARIANTS = ["fixed", "fixed,sample_drafts=false", "fixed,chain=true,depth=6",
+                     "fixed,chain=true,depth=6,sample_drafts=false"]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export", help="an EAGLE-3 export directory (or a training run directory)")
+    parser.add_argument("--prompts", required=True, help="Spec-Bench's question.jsonl")
+    parser.add_argument("--per-category", type=int, default=20, help="prompts per category (default 20)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--lossless-prompts", type=int, default=10, help="per category, checked in float32")
+    parser.add_argument("--target", default=None)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-len", type=int, default=3072, help="cache slots (Spec-Bench's longest prompts)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench"))
+
+
+class Parts:
+    """The target and draft loaded once (and in float32 once, when first asked), runtimes built over them."""
+
+    def __init__(self, args: argparse.Namespace):
+        from specdraft.runtime.load import load_parts
+
+        self.args, self.base = args, RuntimeConfig(device=args.device, dtype=args.dtype, max_len=args.max_len)
+        self.loaded = load_parts(args.export, self.base, args.target)
+        self.float32_loaded = functools.lru_cache(maxsize=1)(
+            lambda: load_parts(args.export, replace(self.base, dtype="float32"), args.target))
+
+    def runtimes(self, variants: List[str]):
+        """-> ({variant: runtime}, variant -> its float32 runtime, built once)."""
+        from specdraft.runtime.categories import variant_configs
+        from specdraft.runtime.load import build_runtime
+
+        configs = variant_configs(self.base, variants)
+        float32 = functools.lru_cache(maxsize=None)(
+            lambda name: build_runtime(*self.float32_loaded(), replace(configs[name], dtype="float32")))
+        return {name: build_runtime(*self.loaded, cfg) for name, cfg in configs.items()}, float32
+
+
+def run_part(parts: Parts, variants: List[str], temperature: float, categories=None) -> dict:
+    from specdraft.runtime.categories import CategorySettings, run_categories
+
+    args = parts.args
+    runtimes, float32 = parts.runtimes(variants)
+    settings = CategorySettings(prompts=args.prompts, per_category=args.per_category, variants=variants,
+                                temperatures=(temperature,), max_new_tokens=args.max_new_tokens,
+                                lossless_prompts=args.lossless_prompts, categories=categories)
+    started = time.perf_counter()
+    report = run_categories(runtimes, settings, args.out / f"policies-T{temperature:g}", load_float32=float32)
+    return {**report, "seconds": time.perf_counter() - started}
+
+
+def against_first(report: dict) -> str:
+    """Each variant's tokens/s over the first variant's (the fixed tree), per category: the goals' ratios."""
+    variants, rows = report["variants"], report["rows"]
+    categories = list(dict.fromkeys(row["category"] for row in rows))
+    rate = {(row["category"], row["variant"]): row["tokens_per_s"] for row in rows}
+    lines, means = [], {v: [] for v in variants[1:]}
+    for category in categories:
+        base = rate.get((category, variants[0]))
+        ratios = [rate[(category, v)] / base if base and rate.get((category, v)) else None for v in variants[1:]]
+        for variant, ratio in zip(variants[1:], ratios):
+            if ratio is not None:
+                means[variant].append(ratio)
+        lines.append([category, *(fmt(r, ".3f") for r in ratios)])
+    lines.append(["mean", *(fmt(sum(m) / len(m) if m else None, ".3f") for m in means.values())])
+    return markdown_table(["category", *(f"{v} / {variants[0]}" for v in variants[1:])], lines)
+
+
+def gpu_main(argv: List[str], parts_run=("categories", "sampling")) -> dict:
+    from specdraft.runtime.categories import categories_table
+
+    parser = argparse.ArgumentParser(description="drafting policies per Spec-Bench category")
+    _common(parser)
+    parser.add_argument("--variants", nargs="+", default=CATEGORY_VARIANTS)
+    parser.add_argument("--sampling-variants", nargs="+", default=SAMPLING_VARIANTS)
+    args = parser.parse_args(argv)
+    parts = Parts(args)
+    report = {"export": str(args.export), "machine": machine(str(parts.loaded[1].model.device)),
+              "prompts": args.prompts, "per_category": args.per_category}
+    tables = []
+    if "categories" in parts_run:
+        report["categories"] = run_part(parts, args.variants, 0.0)
+        write_report(args.out, report, "policies")
+        tables += [categories_table(report["categories"]), against_first(report["categories"])]
+    if "sampling" in parts_run:
+        report["sampling"] = run_part(parts, args.sampling_variants, 1.0, categories=("mt_bench",))
+        tables += [categories_table(report["sampling"])]
+    return finish("\n\n".join(tables), args.out, report, "policies")
+
+
+def _tiny_pair(steps: int, scale: float, sequences: int = 24, held_out: int = 4):
+    """A tiny random target (its LM head scaled by `scale`) and an EAGLE-3 draft trained `steps` steps on the
+    target's own sampled (T=1) continuations of random prompts -> (model, info, spec, cfg, draft, held-out
+    prompts)."""
+    from transformers import LlamaForCausalLM
+
+    from specdraft.core.types import DraftBatch, DraftContext, TargetInfo
+    from specdraft.methods import METHODS
+    from specdraft.targets import capture_features
+    from tests.tiny import tiny_llama_config
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(layers=4)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+        generator = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(0, 300, (1, 12), generator=generator) for _ in range(sequences)]
+        texts = torch.cat([model.generate(p, do_sample=True, top_k=0, max_new_tokens=48, min_new_tokens=48,
+                                          eos_token_id=None, pad_token_id=0) for p in prompts])  # [S, 60]
+    info, spec = TargetInfo.from_hf_config(model.config, "tiny"), METHODS["eagle3"]
+    cfg = spec.config(draft_vocab_size=320, init_std=0.3, ttt_steps=3)
+    draft = spec.build(cfg, DraftContext(info))
+    train = texts[:-held_out]
+    ones = torch.ones_like(train)
+    batch = DraftBatch(train, ones, ones, capture_features(model, train, ones, spec.feature_layers(cfg, info)))
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = spec.loss(draft, batch, cfg).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model, info, spec, cfg, draft.eval(), [row[:12].tolist() for row in texts[-held_out:]]
+
+
+@torch.no_grad()
+def measure(steps: int, scale: float, repeats: int = 3) -> List[dict]:
+    """τ at T=1 of the tiny pair, tree (4, 4, 16) and chain of 4, sampled and point-mass drafts."""
+    from specdraft.decoding.engine import SpecEngine
+    from specdraft.decoding.target import from_hf, hf_rope_tables
+    from specdraft.decoding.tree import TreeShape
+
+    model, info, spec, cfg, draft, prompts = _tiny_pair(steps, scale)
+    rows = []
+    for shape in (TreeShape(depth=4, topk=4, budget=16), TreeShape.chain(4)):
+        for sampled in (True, False):
+            target = from_hf(model, info)
+            engine = SpecEngine(target, spec.runtime(draft, cfg, target), shape, 256, hf_rope_tables(model, 256),
+                                sample_drafts=sampled)
+            generator, accepted = torch.Generator().manual_seed(0), []
+            for _ in range(repeats):
+                for prompt in prompts:
+                    accepted += engine.generate(prompt, 48, temperature=1.0, generator=generator).accepted
+            rows.append({"shape": f"{shape.depth},{shape.topk},{shape.budget}" if shape.topk > 1 else
+                         f"chain {shape.depth}", "drafts": "sampled" if sampled else "point-mass",
+                         "tau": sum(a + 1 for a in accepted) / len(accepted), "cycles": len(accepted)})
+    return rows
+
+
+def tiny_sampling_main(argv: List[str]) -> dict:
+    """τ at T=1, sampled against point-mass drafts, on a tiny target whose T=1 distribution is spread and a tiny
+    EAGLE-3 draft trained on its sampled text (CPU, a few minutes)."""
+    parser = argparse.ArgumentParser(description=tiny_sampling_main.__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=300, help="draft training steps")
+    parser.add_argument("--scale", type=float, default=4.0, help="the target's LM head scaled by it (peakedness)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SPECDRAFT_KERNELS", "reference")
+    rows = measure(args.steps, args.scale)
+    table = markdown_table(["shape", "drafts", "τ at T=1", "cycles"],
+                           [[r["shape"], r["drafts"], f"{r['tau']:.3f}", r["cycles"]] for r in rows])
+    return finish(table, args.out, {"machine": machine("cpu"), "steps": args.steps, "scale": args.scale,
+                                    "rows": rows}, "policies_tiny_sampling")
+
+
+PARTS = {"all": gpu_main, "categories": functools.partial(gpu_main, parts_run=("categories",)),
+         "sampling": functools.partial(gpu_main, parts_run=("sampling",)), "tiny-sampling": tiny_sampling_main}
+
+
+def main(argv=None):
+    return run_parts(PARTS, argv)
+
+
+if __name__ == "__main__":
+    main()
