@@ -156,7 +156,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
             "prompt_warmup": prompt_warmup, "per_prompt": per_prompt}
 
 
-def warm_prompt_lengths(engine, prompts: List[PromptInputs]) -> dict:
+def warm_prompt_lengths(engine, prompts: List) -> dict:
     """Every prompt's prefill, twice, before the timed runs -> the mean first and second prefill (ms). The eager
     prefill pays a one-time cost for each prompt length it has not met yet (SmolLM2 on an H200:
     plain decoding ran 1.40 ms a token on a first pass over 20 prompts, 1.03 on every later pass), and the timed
@@ -164,7 +164,7 @@ def warm_prompt_lengths(engine, prompts: List[PromptInputs]) -> dict:
     either loop; `bench` times both loops without it and keeps it on record here."""
     device = engine.device
     first, again = [], []
-    for prompt in prompts:
+    for prompt in map(as_prompt, prompts):  # token ids or PromptInputs
         prompt_ids = torch.tensor(prompt.ids, device=device)
         for times in (first, again):
             times.append(_timed(lambda: engine.prefill(prompt_ids, 0.0, **prompt.engine_kwargs()), device)[1])
