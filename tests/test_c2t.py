@@ -110,6 +110,21 @@ def test_a_chain_ends_where_the_classifier_drops_a_token(trained):
     assert same and drafted < 4
 
 
+@pytest.mark.parametrize("policy", [{"policy": "ddd"}, {"policy": "sam", "sam_merge": True, "sam_min_match": 2}],
+                         ids=["ddd", "sam_merge"])
+def test_the_classifier_prunes_a_drafting_policys_trees(trained, policy):
+    """A policy's trees pruned too, each cycle's verified nodes read from the output (a retrieval policy's cycles
+    emit more tokens than the tree's: the count sits past them), the output the target's own."""
+    runtime = load_runtime(trained["export"], RuntimeConfig(device="cpu", dtype="float32", max_len=256, **SHAPE,
+                                                            **policy))
+    most = SHAPE["budget"] - 1 + (runtime.settings.sam_draft if policy["policy"] == "sam" else 0)
+    for text in CHAT_PROMPTS[:2]:
+        prompt = runtime.encode_chat(text)
+        result = runtime.engine.generate(prompt, 24, runtime.eos_ids)
+        assert result.tokens == runtime.engine.decode_plain(prompt, 24, runtime.eos_ids).tokens
+        assert all(0 <= a <= d <= most for a, d in zip(result.accepted, result.drafted))
+
+
 def test_scorer_computes_the_classifier_and_takes_a_new_threshold_in_place():
     cfg = C2TConfig(draft="x")
     classifier = C2TClassifier(cfg, DraftContext(target=None))

@@ -171,7 +171,7 @@ class ChainCycles:
             return fn(*args)
         rule = self.stop_rule
         key = key + ((rule.name, rule.threshold) if rule is not None else None, self.engine.scored_key(""),
-                     self.engine.drafter.variant, self.temperature)
+                     self.temperature, self.engine.drafter.variant)
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = CallGraph(fn, self.engine.state_tensors() + self.state(), example=args)

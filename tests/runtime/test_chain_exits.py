@@ -174,13 +174,15 @@ def _chi_square_top(samples, probs):
 
 def assert_first_cycles_keep_the_target_distribution(model, engine, prompt, monkeypatch) -> None:
     """The first sampled cycle's first token follows the target's distribution (chi-square), and a sampler that
-    resamples the rejected draft (no ban) fails the same test."""
+    resamples a rejected point-mass draft (no ban) fails the same test. (A rejected sampled draft leaves the
+    residual max(0, p - q), which bans nothing: the broken sampler drafts point masses.)"""
     root, firsts = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS)
     probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
     from specdraft.decoding import sampling
 
     monkeypatch.setattr(sampling, "_ban_rejected", lambda probs, tokens, rejected: probs)
+    monkeypatch.setattr(engine, "sample_drafts", False)
     _, broken = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS // 2)  # resamples the rejected draft
     assert _chi_square_top(broken, probs) > CRITICAL
 

@@ -4,7 +4,7 @@ default shapes with sampled and with point-mass drafts (`sampling`); `tiny-sampl
 T=1 of both draft kinds with a tiny target and a tiny draft trained on its sampled text.
 
     python tools/bench/policies.py EXPORT --target SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --prompts spec_bench/question.jsonl --per-category 20 --out runs/bench          # both GPU parts
+        --prompts spec_bench/question.jsonl --out runs/bench          # both GPU parts (a few minutes on an H100)
     python tools/bench/policies.py categories EXPORT --target ... --prompts ... --variants fixed sam 'ddd,depth=7'
     python tools/bench/policies.py tiny-sampling --steps 300 --out runs/bench
 
@@ -41,8 +41,8 @@ SAMPLING_VARIANTS = ["fixed", "fixed,sample_drafts=false", "fixed,chain=true,dep
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", help="an EAGLE-3 export directory (or a training run directory)")
     parser.add_argument("--prompts", required=True, help="Spec-Bench's question.jsonl")
-    parser.add_argument("--per-category", type=int, default=20, help="prompts per category (default 20)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--per-category", type=int, default=10, help="prompts per category (default 10)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     parser.add_argument("--lossless-prompts", type=int, default=10, help="per category, checked in float32")
     parser.add_argument("--target", default=None)
     parser.add_argument("--device", default="auto")
