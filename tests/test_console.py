@@ -43,6 +43,7 @@ from deepspeed.accelerator import get_accelerator
 get_accelerator()
 warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
 warnings.warn("a warning a user can act on", UserWarning)
+warnings.warn("The `srun` command is available on your system but is not used. HINT: ...", UserWarning)
 logging.getLogger("specdraft.x").info("a line of ours")
 """
 
@@ -55,7 +56,7 @@ def test_library_lines_are_filtered_once():
     assert log.count("GPU available: False, used: False") == 1
     assert "a warning a user can act on" in log and "INFO specdraft.x: a line of ours" in log
     assert not log_problems(log), log_problems(log)
-    assert "Detected KeyboardInterrupt" not in log and "deprecated" not in log
+    assert "Detected KeyboardInterrupt" not in log and "deprecated" not in log and "srun" not in log
 
 
 def test_a_model_loads_bars_are_off_and_others_stay():

@@ -23,11 +23,13 @@ IGNORED_WARNINGS: Tuple[Tuple[str, type], ...] = (
     (r"You have overridden `on_before_batch_transfer` in `LightningModule`", UserWarning),
     (r"The '\w+_dataloader' does not have many workers", UserWarning),
     (r"You're resuming from a checkpoint that ended before the epoch ended", UserWarning),
+    (r"The `srun` command is available on your system but is not used", UserWarning),
 )
 """(message regex, category) of warnings that only a library's own authors can act on: deprecations inside the
 libraries, and Lightning's notes on choices the trainer made on purpose (the module counts tokens before a batch
 moves to the device; rows are read in the main process; the data module's sampler restores its position on resume,
-which Lightning does not see)."""
+which Lightning does not see; a stage run outside SLURM on a machine that has `srun` runs there on purpose, and
+`specdraft slurm` writes jobs that start it through `srun`)."""
 
 
 class _DropLines(logging.Filter):
