@@ -30,6 +30,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _reference_kernels_on_cpu(request, monkeypatch):
+    """On a CPU the Triton kernels run through Triton's interpreter, far too slowly for whole trainings and
+    generations: every test runs the kernels' PyTorch references (its subprocesses too) except tests/kernels, which
+    compares each kernel with its reference, and the tests marked `triton_kernels`, which decode through them."""
+    if torch.cuda.is_available() or "triton_kernels" in request.keywords or request.node.path.parent.name == "kernels":
+        return
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+
+
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory):
     """A tiny random Llama target with a byte tokenizer and a ChatML template (HF directory)."""
