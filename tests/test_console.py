@@ -89,4 +89,4 @@ def test_the_smoke_path_prints_a_clean_log(tmp_path):
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
     assert not log_problems(log), log_problems(log)
-    assert visible_lines(log)[-1] == f"done: {tmp_path / 'export' / 'eval.json'}"
+    assert visible_lines(done.stdout)[-1] == f"done: {tmp_path / 'export' / 'eval.json'}"  # bars go to stderr
