@@ -351,10 +351,10 @@ class SpecEngine:
     def acceptance(self, temperature: float) -> Acceptance:
         """The acceptance rule of this engine's cycles at `temperature` (accept.py), made once per temperature."""
         policy = self._policies.get(temperature)
-        if self.stage is not None and temperature > 0:
-            raise SpecdraftError(f"hierarchical drafting (runtime.intermediate) decodes greedily; got temperature "
-                                 f"{temperature}: use 0, or leave the intermediate model out")
-        if policy is None:
+        if policy is None:  # checked once a temperature, not every cycle
+            if self.stage is not None and temperature > 0:
+                raise SpecdraftError(f"hierarchical drafting (runtime.intermediate) decodes greedily; got temperature "
+                                     f"{temperature}: use 0, or leave the intermediate model out")
             policy = self._policies[temperature] = acceptance_for(temperature, self.judge)
         return policy
 

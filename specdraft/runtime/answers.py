@@ -43,10 +43,10 @@ def answer_quality(decode, checks: Sequence[Check], plain_answers: Sequence[List
     each, retained accuracy (None when plain decoding solves none) and the checks that failed themselves."""
     plain = [verdict(check, decode(tokens), timeout_s) for check, tokens in zip(checks, plain_answers)]
     spec = [verdict(check, decode(tokens), timeout_s) for check, tokens in zip(checks, answers)]
-    solved_plain = sum(bool(v) for v in plain)
+    solved_plain, solved = sum(bool(v) for v in plain), sum(bool(v) for v in spec)
     kept = sum(bool(p) and bool(s) for p, s in zip(plain, spec))
-    return {"checked_prompts": len(checks), "solved_plain": solved_plain, "solved": sum(bool(v) for v in spec),
+    return {"checked_prompts": len(checks), "solved_plain": solved_plain, "solved": solved,
             "solved_both": kept, "accuracy_plain": solved_plain / max(1, len(checks)),
-            "accuracy": sum(bool(v) for v in spec) / max(1, len(checks)),
+            "accuracy": solved / max(1, len(checks)),
             "retained_accuracy": kept / solved_plain if solved_plain else None,
             "check_errors": sum(v is None for v in plain + spec)}
