@@ -19,7 +19,7 @@ FEATURE_MODES = ("online", "offline", "hybrid")
 SHARD_TARGET = ("auto", "true", "false")
 CHECKPOINTING = ("none", "swiglu", "selective", "full")
 CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
-OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit_fused")
+OPTIMIZERS = ("auto", "adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd")
@@ -189,26 +189,29 @@ class TrainConfig:
     """DataLoader worker processes."""
     extra_distilled: List[str] = field(default_factory=list)
     """More `distill-data` output directories to train on, besides distill.output_dir (e.g. earlier runs)."""
-    activation_checkpointing: str = "none"
+    activation_checkpointing: str = "swiglu"
     """What of each draft step the backward recomputes instead of keeping (the frozen target never keeps
-    activations): none; swiglu (the MLP keeps its gate and up projections only, silu and their product are
-    recomputed: pointwise work, no matmul); selective (attention's activations are kept, the post-attention
-    norm and MLP block and the LM head with its loss are recomputed: their gate, up and LM-head matmuls run
-    twice); full (the whole step, about a quarter more draft compute). true is full, false is none.
-    docs/training.md gives what each keeps at Llama-3.1-8B widths (`python tools/bench/train.py activations`)."""
-    optimizer: str = "adamw"
+    activations): none; swiglu (the default: the MLP keeps its gate and up projections only, silu and their
+    product are recomputed: pointwise work, no matmul, and at Llama-3.1-8B shapes a faster step than none in
+    less memory); selective (attention's activations are kept, the post-attention norm and MLP block and the
+    LM head with its loss are recomputed: their gate, up and LM-head matmuls run twice); full (the whole step,
+    about a quarter more draft compute). true is full, false is none. docs/training.md gives what each keeps
+    at Llama-3.1-8B widths (`python tools/bench/train.py activations`)."""
+    optimizer: str = "auto"
     """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter), adamw8bit (bitsandbytes'
     AdamW8bit, blockwise 8-bit moments: 2 bytes per parameter, about 2.5 GB less for an 8B-target EAGLE-3
-    draft) or adamw8bit_fused (specdraft's AdamW8bitFused: the same memory, one fused Triton kernel per tensor
-    on CUDA, no bitsandbytes; kernels/adamw8bit). weight_decay and the LR schedule apply to all three."""
-    compile: str = "false"
+    draft), adamw8bit_fused (specdraft's AdamW8bitFused: the same memory, one fused Triton kernel per tensor
+    on CUDA, no bitsandbytes; kernels/adamw8bit) or auto (the default): adamw8bit_fused on CUDA devices when
+    the optimizer steps float32 weights (every precision but bf16-true and 16-true outside DeepSpeed), else
+    adamw (on a CPU the fused kernel would run as its PyTorch reference, slower than adamw). weight_decay and
+    the LR schedule apply to all of them."""
+    compile: str = "auto"
     """torch.compile the pointwise-heavy parts of training: the frozen target's decoder layers (online
-    features) and the draft's decoder layer around its attention call. auto: on CUDA devices (not for a
-    quantized target, nor a ZeRO-3 sharded one); true: wherever training runs; false: never (eager).
-    A compile failure stops training with an error naming this key. Off by default: on an H100 (torch 2.11) it
-    trained SmolLM2's EAGLE-3 head 1.5x faster per step, and tests/test_multi_gpu.py's compiled DDP case passes
-    (2 H200s), but a whole compiled head run has not yet been timed against an eager one, compilation included;
-    see docs/training.md."""
+    features) and the draft's decoder layer around its attention call. auto (the default): on CUDA devices,
+    except under deepspeed_stage_3 (whose partitioned weights and linear have not been run compiled) and, for
+    the target's layers, a quantized target; true: wherever training runs; false: never (eager). The first
+    steps compile (and a new sequence length may recompile). A compile failure stops training with a one-line
+    error naming this key (set it to false to train eagerly). docs/training.md gives the speed-ups."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -219,6 +222,11 @@ class TrainConfig:
     deepspeed: Dict[str, Any] = field(default_factory=dict)
     """DeepSpeed config entries merged over specdraft's own (deepspeed_* strategies only), for instance
     `train.deepspeed.zero_optimization.reduce_bucket_size=500000000`. DeepSpeed validates them."""
+
+    def compile_setting(self) -> str:
+        """train.compile with auto's strategy exception applied (false under deepspeed_stage_3); auto still
+        resolves per device and target (specdraft.layers.compile.compile_enabled)."""
+        return "false" if self.compile == "auto" and self.strategy == "deepspeed_stage_3" else self.compile
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)

@@ -37,6 +37,14 @@ def test_recipe_loads_and_round_trips(path, tmp_path):
     assert load_recipe(saved) == recipe
 
 
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name if p.parent.name == "recipes" else f"smoke/{p.name}")
+def test_every_shipped_recipe_trains_on_the_fast_path(path):
+    """Compiled on CUDA (eager on a CPU), swiglu checkpointing, the fused 8-bit AdamW on CUDA (adamw on a CPU):
+    the defaults (docs/benchmarks.md), which no shipped recipe turns off."""
+    train = load_recipe(path).train
+    assert (train.compile, train.activation_checkpointing, train.optimizer) == ("auto", "swiglu", "auto")
+
+
 def _write(tmp_path, text):
     path = tmp_path / "r.yaml"
     path.write_text(text)
@@ -58,7 +66,7 @@ BASE = "method: {name: eagle3}\n"
     (BASE, ["train.shard_target=maybe"], "unknown train.shard_target 'maybe'; valid: auto, true, false"),
     (BASE, ["train.activation_checkpointing=mlp"], "unknown train.activation_checkpointing 'mlp'; valid: none, "
                                                    "swiglu, selective, full, false, true"),
-    (BASE, ["train.optimizer=adam8"], "unknown train.optimizer 'adam8'; valid: adamw, adamw8bit, adamw8bit_fused"),
+    (BASE, ["train.optimizer=adam8"], "unknown train.optimizer 'adam8'; valid: auto, adamw, adamw8bit, adamw8bit_fused"),
     (BASE, ["train.compile=eager"], "unknown train.compile 'eager'; valid: auto, true, false"),
     (BASE + "train: {shard_target: true}\n", [], "train.shard_target=true partitions the target with ZeRO-3: "
                                                   "it needs train.strategy=deepspeed_stage_3, got auto"),

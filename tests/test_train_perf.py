@@ -54,7 +54,7 @@ def test_training_with_adamw8bit_fused_checkpoints_and_resumes(tmp_path, tiny_ta
 
 
 def test_unknown_optimizer_is_an_error():
-    with pytest.raises(SpecdraftError, match="unknown train.optimizer 'sgd'; valid: adamw, adamw8bit, adamw8bit_fused"):
+    with pytest.raises(SpecdraftError, match="unknown train.optimizer 'sgd'; valid: auto, adamw, adamw8bit, adamw8bit_fused"):
         build_optimizer("sgd", [{"params": [torch.nn.Parameter(torch.zeros(2))]}], lr=1e-3, weight_decay=0.0)
 
 
@@ -62,6 +62,28 @@ def test_unknown_optimizer_is_an_error():
                                                        ("true", "cpu", True), ("false", "cuda", False)])
 def test_compile_setting_resolves_per_device(setting, device, expected):
     assert compile_enabled(setting, device) is expected
+
+
+def test_compile_auto_leaves_zero3_eager():
+    from specdraft.config import TrainConfig
+
+    assert TrainConfig().compile_setting() == "auto"
+    assert TrainConfig(strategy="deepspeed_stage_2").compile_setting() == "auto"
+    assert TrainConfig(strategy="deepspeed_stage_3").compile_setting() == "false"
+    assert TrainConfig(strategy="deepspeed_stage_3", compile="true").compile_setting() == "true"
+
+
+@pytest.mark.parametrize("device, strategy, dtype, expected", [
+    ("cuda", "auto", torch.float32, "adamw8bit_fused"), ("cuda", "deepspeed_stage_2", torch.float32, "adamw8bit_fused"),
+    ("cpu", "auto", torch.float32, "adamw"), ("cuda", "auto", torch.bfloat16, "adamw"),
+    ("cuda", "deepspeed_stage_3", torch.float32, "adamw")])
+def test_optimizer_auto_is_the_fused_8bit_adamw_for_float32_weights_on_cuda(device, strategy, dtype, expected):
+    from specdraft.config import TrainConfig
+    from specdraft.train.module import optimizer_choice
+
+    params = [torch.nn.Parameter(torch.zeros(4, dtype=dtype))]
+    assert optimizer_choice(TrainConfig(strategy=strategy), torch.device(device), params) == expected
+    assert optimizer_choice(TrainConfig(strategy=strategy, optimizer="adamw8bit"), device, params) == "adamw8bit"
 
 
 def test_a_compile_failure_names_the_key_to_turn_it_off(monkeypatch):
@@ -155,15 +177,15 @@ def test_compiled_target_layers_capture_the_same_features(target):
 
 
 def test_training_with_adamw8bit_and_selective_checkpointing(tmp_path, tiny_target_dir, distilled, monkeypatch):
-    """`train` with train.optimizer=adamw8bit and train.activation_checkpointing=selective (compile: false by
-    default): the optimizer is bitsandbytes', the draft runs selective, and the run finishes."""
+    """`train` with train.optimizer=adamw8bit and train.activation_checkpointing=selective (compile: auto by
+    default, eager on the CPU): the optimizer is bitsandbytes', the draft runs selective, and the run finishes."""
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
     from tests.test_train_export_eval import make_recipe
 
     recipe = load_recipe(make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,
                                      optimizer="adamw8bit", activation_checkpointing="selective"))
-    assert recipe.train.compile == "false"
+    assert recipe.train.compile == "auto"
     from specdraft.train import module as module_file
 
     built = []

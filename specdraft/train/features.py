@@ -341,8 +341,9 @@ def _online(recipe: Recipe, spec: MethodSpec, device: torch.device, distill_dirs
     target = load_target(recipe.target, device, dtype=dtype, quantize=True)
     layers = spec.feature_layers(recipe.method, target.info)
     if target.processor is not None:
-        return target, VisionOnlineFeatures(target.model, target.processor, layers, distill_dirs, recipe.train.compile)
-    return target, OnlineFeatures(target.model, layers, recipe.train.compile)
+        return target, VisionOnlineFeatures(target.model, target.processor, layers, distill_dirs,
+                                            recipe.train.compile_setting())
+    return target, OnlineFeatures(target.model, layers, recipe.train.compile_setting())
 
 
 def check_vision_features(recipe: Recipe, shard_target: bool) -> None:

@@ -3,6 +3,7 @@ or features stored on disk) gives each batch's target features, the method's hoo
 knows a method's name."""
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -21,6 +22,8 @@ from specdraft.core.types import DraftBatch, DraftContext
 from specdraft.methods.base import MethodSpec
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 from specdraft.train.timing import is_logged_step
+
+log = logging.getLogger(__name__)
 
 
 class DraftModule(L.LightningModule):
@@ -149,7 +152,9 @@ class DraftModule(L.LightningModule):
         cfg = self.train_cfg
         groups = self.spec.param_groups(self.draft) if self.spec.param_groups else \
             [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
-        optimizer = build_optimizer(cfg.optimizer, groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        name = optimizer_choice(cfg, self.trainer.strategy.root_device,
+                                [param for group in groups for param in group["params"]])
+        optimizer = build_optimizer(name, groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, cfg))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
@@ -183,6 +188,19 @@ def tensor_mismatch(saved: dict, own: dict, prefix: str = "draft.") -> Optional[
             return f"tensor {name} has shape {list(saved[name].shape)}, the draft's is {list(tensor.shape)}"
     unexpected = sorted(set(saved) - set(own))
     return f"it has a tensor {unexpected[0]} the draft lacks" if unexpected else None
+
+
+def optimizer_choice(cfg: TrainConfig, device: torch.device, params: list) -> str:
+    """train.optimizer resolved for this run: auto is adamw8bit_fused on a CUDA device when every trained weight
+    is float32 (what the optimizer steps: the master weights of mixed precision, not bf16-true's) outside
+    deepspeed_stage_3 (whose partitioned state has not been run with it), else adamw."""
+    if cfg.optimizer != "auto":
+        return cfg.optimizer
+    fused = torch.device(device).type == "cuda" and cfg.strategy != "deepspeed_stage_3" \
+        and all(param.dtype == torch.float32 for param in params)
+    choice = "adamw8bit_fused" if fused else "adamw"
+    log.info("train.optimizer=auto: %s", choice)
+    return choice
 
 
 def build_optimizer(name: str, groups, lr: float, weight_decay: float, betas=(0.9, 0.95)) -> torch.optim.Optimizer:

@@ -35,6 +35,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX, write_text
+from specdraft.train.deepspeed_step import clip_on_device
 from specdraft.train.manifest import refusal, sign_checkpoint
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def drop_stale_files(checkpoint: Path, world_size: int) -> None:
 class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it, once it is
     known to be this user's (its signed manifest) or `trust_checkpoint` (the command line's flag) says so; it signs
-    every checkpoint it saves."""
+    every checkpoint it saves. Its ZeRO-1/2 optimizer clips gradients without a host sync (deepspeed_step.py)."""
 
     def __init__(self, *args, resume_from: Optional[str] = None, trust_checkpoint: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
@@ -163,6 +164,11 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
                 self.config.setdefault("checkpoint", {})["load_universal"] = True
                 self.restored_from = saved
         super().setup(trainer)
+
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        engine, zero_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
+        clip_on_device(zero_optimizer)
+        return engine, zero_optimizer
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
         filepath = self.broadcast(filepath)  # every rank writes into rank 0's path

@@ -41,6 +41,7 @@ from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
 from specdraft.core.types import DraftContext
 from specdraft.targets import load_target_info
+from specdraft.train.deepspeed_step import step_config
 from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
 from specdraft.train.manifest import check_checkpoint_file
@@ -50,15 +51,6 @@ from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed
 from specdraft.train.timing import StepTimes
 
 log = logging.getLogger(__name__)
-
-DEEPSPEED_NO_STEP_SYNCS = {"timers": {"throughput": {"enabled": False, "synchronized": False}},
-                           "steps_per_print": 2 ** 31 - 1, "wall_clock_breakdown": False}
-"""DeepSpeed's throughput timer synchronizes the device at every forward and step by default (two host stalls a
-step) and prints every 10 steps: the trainer logs its own rates (logs/step_times.csv)."""
-ZERO3_PREFETCH_ELEMENTS = 500_000_000
-"""ZeRO-3 prefetch bucket (elements): about two Llama-3.1-8B decoder layers, so that the all-gather of the next
-layer overlaps the current one's compute (DeepSpeed's default, 5e7, is a quarter of one layer)."""
-
 
 class DraftSnapshots(Callback):
     """The resolved recipe.yaml once training starts (after a resumed checkpoint was read and found to fit: a
@@ -117,9 +109,7 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bo
     stage = int(cfg.strategy[-1])
     strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
                                            exclude_frozen_parameters=True)
-    strategy.config.update(DEEPSPEED_NO_STEP_SYNCS)
-    if stage == 3:  # gather the next layers of a partitioned target while this one runs
-        strategy.config["zero_optimization"]["stage3_prefetch_bucket_size"] = ZERO3_PREFETCH_ELEMENTS
+    merge_config(strategy.config, step_config(stage, _precision(cfg)))  # no host syncs a step (deepspeed_step.py)
     merge_config(strategy.config, cfg.deepspeed)
     return strategy
 
@@ -314,7 +304,7 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
         features, rows, info = None, dataset, load_target_info(recipe.target)
         data_class, token_counts = partial(RecordData, collate=spec.records.collate), None
     ctx = DraftContext(target=info, token_counts=token_counts, activation_checkpointing=cfg.activation_checkpointing,
-                       compile=compile_enabled(cfg.compile, device),
+                       compile=compile_enabled(cfg.compile_setting(), device),
                        warm_start=warm_start_draft(spec, recipe.method, info),
                        base=load_base(spec, recipe.method, info))
     module = DraftModule(spec, recipe.method, cfg, ctx, features)

@@ -1,0 +1,81 @@
+"""One DeepSpeed ZeRO-2 rank on the CPU (gloo, bf16), for tests/test_deepspeed_step.py: a small model trained 3
+steps with gradient clipping under Lightning's DeepSpeed configuration, once with specdraft's step settings
+(specdraft.train.deepspeed_step) and once with DeepSpeed's own (the overflow check on, clipping as DeepSpeed
+does it). Prints one JSON line: per variant, each step's host reads from DeepSpeed's code and device syncs, and
+the weights after the last step.
+
+    RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.deepspeed_step_run
+"""
+import json
+import os
+
+import torch
+
+from tests.host_reads import HostReads
+
+CLIP = 0.05
+
+
+def _count_syncs() -> list:
+    """The accelerator's synchronize() calls, appended to the returned list. The CPU accelerator resolves data
+    dependencies itself (DeepSpeed skips its syncs there): made to answer as a GPU's does."""
+    from deepspeed.accelerator import get_accelerator
+
+    syncs, accelerator = [], type(get_accelerator())
+    accelerator.resolves_data_dependency = lambda self: False
+    accelerator.synchronize = lambda self, device_index=None: syncs.append(1)
+    return syncs
+
+
+def _config(ours: bool) -> dict:
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from specdraft.train.deepspeed_step import step_config
+    from specdraft.train.trainer import merge_config
+
+    config = DeepSpeedStrategy(stage=2, reduce_bucket_size=5000).config  # buckets small enough to fill
+    config.update({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": CLIP})
+    merge_config(config, step_config(2, "bf16-mixed") if ours else {"bf16": {"enabled": True}})
+    config["zero_optimization"]["overlap_comm"] = False  # DeepSpeed's streams do not exist on the CPU
+    return config
+
+
+def _run(ours: bool, syncs: list) -> dict:
+    import deepspeed
+
+    from specdraft.train.deepspeed_step import clip_on_device
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    engine, zero_optimizer, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_config(ours),
+                                                      model_parameters=model.parameters())
+    clipped = clip_on_device(zero_optimizer) if ours else False
+    inputs = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    reads_each, syncs_each = [], []
+    for _ in range(3):
+        reads = HostReads(only_from=("deepspeed/",), unless_from=("torch/optim/",))  # AdamW's step: a CPU count
+        syncs.clear()
+        with reads:
+            loss = engine(inputs).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+        reads_each.append(reads.count)
+        syncs_each.append(len(syncs))
+    weights = [p.detach().float().flatten().tolist() for p in engine.module.parameters()]
+    return {"reads": reads_each, "syncs": syncs_each, "clip_replaced": clipped, "weights": weights,
+            "last_grad_norm": float(zero_optimizer._global_grad_norm)}
+
+
+def main() -> None:
+    import deepspeed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    syncs = _count_syncs()
+    print(json.dumps({"ours": _run(True, syncs), "deepspeed": _run(False, syncs)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""DeepSpeed's share of the training step without host syncs (specdraft.train.deepspeed_step): the configuration
+the trainer gives DeepSpeed, and a ZeRO-2 rank on the CPU (gloo, bf16) stepping with it against DeepSpeed's own
+settings: no host read and no device sync a step, and the same weights."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.config import TrainConfig
+from specdraft.train.deepspeed_step import clip_scale, step_config
+from tests.host_reads import HostReads
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_step_config_turns_off_the_synchronizing_defaults():
+    config = step_config(2, "bf16-mixed")
+    assert config["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert config["zero_optimization"] == {"overlap_comm": False}
+    assert config["timers"]["throughput"]["enabled"] is False
+    assert "bf16" not in step_config(2, "32-true")  # fp32 training stays fp32
+    assert "overlap_comm" not in step_config(3, "bf16-mixed")["zero_optimization"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="builds the DeepSpeed strategy, which a GPU machine runs")
+def test_the_trainer_merges_them_under_train_deepspeed(monkeypatch):
+    from specdraft.train import trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    cfg = TrainConfig(strategy="deepspeed_stage_2", deepspeed={"zero_optimization": {"overlap_comm": True}})
+    config = trainer._strategy(cfg, None).config
+    assert config["zero_optimization"]["overlap_comm"] is True  # the recipe's train.deepspeed has the last word
+    assert config["bf16"]["check_grad_overflow"] is False
+    assert config["zero_optimization"]["contiguous_gradients"] is True  # Lightning's own entries stay
+
+
+def test_clip_scale_clips_on_the_device_as_deepspeed_does():
+    assert clip_scale(torch.tensor(2.0), 0.0, 1.0) is None
+    assert clip_scale(torch.tensor(2.0), 0.0, 4.0) == 0.25
+    torch.testing.assert_close(clip_scale(torch.tensor(0.1), 0.5, 1.0), torch.tensor(1.0))  # below the clip
+    torch.testing.assert_close(clip_scale(torch.tensor(2.0), 0.5, 1.0), torch.tensor(0.5 / (2.0 + 0.5e-6)))
+    for invalid in (float("nan"), float("inf"), -1.0):  # DeepSpeed's sentinel for a non-finite norm is -1
+        assert clip_scale(torch.tensor(invalid), 0.5, 1.0).item() == 0.0
+    with HostReads() as reads:
+        clip_scale(torch.tensor(2.0), 0.5, 1.0)
+    assert reads.count == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "tests.deepspeed_step_run"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    ours, theirs = result["ours"], result["deepspeed"]
+    assert ours["clip_replaced"] is True
+    assert ours["reads"] == [0, 0, 0] and ours["syncs"] == [0, 0, 0], ours
+    assert min(theirs["reads"]) >= 3, theirs  # the overflow flag, the norm check in step and in the clip
+    assert ours["last_grad_norm"] > 0.05  # the steps were clipped
+    for mine, reference in zip(ours["weights"], theirs["weights"]):
+        torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)
