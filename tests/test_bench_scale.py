@@ -4,12 +4,14 @@ and ZeRO-3's host work on one CPU rank, and the target under DeepSpeed's linear.
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.tools import load_tool
 
 scale = load_tool("bench/scale")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
@@ -169,3 +171,23 @@ def test_smollm2_config_has_the_embedded_targets_shapes():
     rope = getattr(real, "rope_parameters", None) or {"rope_theta": getattr(real, "rope_theta", None)}
     assert rope["rope_theta"] == rope_theta
     assert real.rms_norm_eps == pytest.approx(eps)  # float32 in the GGUF
+
+
+@pytest.mark.slow
+def test_cli_row_beside_the_harness_row(tmp_path, capsys):
+    """`scale.py cli` on a CPU: the harness row (tools/bench/train.py) and `specdraft train` with a recipe's settings,
+    plus a variant, each in its own process, at a length that is not the recipe's (data.max_length follows)."""
+    recipe = REPO / "recipes" / "smoke" / "eagle3_smollm2.yaml"
+    report = scale.main(["cli", "--config", "tiny", "--device", "cpu", "--recipe", str(recipe), "--seq-lens", "64",
+                         "--warmup", "5", "--steps", "10", "--variant", "eager:train.compile=false",
+                         "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "cli.json").read_text()) == json.loads(json.dumps(report))
+    assert report["harness"]["status"] == "ok" and report["harness"]["rows"][64]["row"] == "ours-swiglu-8bit-fused"
+    rows = {r["row"]: r for r in report["results"]}
+    assert set(rows) == {"cli", "cli-eager"} and rows["cli-eager"]["overrides"] == ["train.compile=false"]
+    for row in rows.values():
+        assert row["status"] == "ok" and row["tokens_per_s"] > 0 and row["share_of_harness"] > 0
+        assert row["steps"] == 15 and row["gib_beyond_weights"] is None  # log_every_steps 5: 5 + 10 steps; no GPU
+    recipe_yaml = (tmp_path / "work" / "runs" / "cli-64" / "recipe.yaml").read_text()
+    assert "max_length: 64" in recipe_yaml and "micro_batch_size: 4" in recipe_yaml  # the recipe's own batch
+    assert "| cli-eager | 64 | ok |" in capsys.readouterr().out

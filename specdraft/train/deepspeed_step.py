@@ -11,10 +11,10 @@ harness step has none. DeepSpeed ZeRO-1/2 (0.19), as Lightning configures it, ha
     an overflow check only skips steps, which torch's AdamW and the other strategies do not do either.
   - zero_optimization.overlap_comm (Lightning's default: on): every bucket's reduction and the end of the
     backward synchronize the whole device before the reduction stream runs: four syncs a step for the 425M
-    parameters of that draft at Lightning's 2e8-element buckets (three reductions, then the end). Off, the reductions run on the
-    compute stream in its order (nothing to overlap on one GPU; on several, the reduce-scatter of a bucket
-    waits for the backward instead of the host waiting for the device), and one bucket buffer is allocated
-    instead of two.
+    parameters of that draft at Lightning's 2e8-element buckets (three reductions, then the end). Off, the
+    reductions run on the compute stream in its order (nothing to overlap on one GPU; on several, the
+    reduce-scatter of a bucket waits for the backward instead of the host waiting for the device), and one
+    bucket buffer is allocated instead of two.
   - gradient clipping: `unscale_and_clip_grads` reads the norm back (`is_invalid_grad_norm`) whatever the
     configuration; `clip_on_device` does the same arithmetic on the device (an invalid norm still zeroes the
     step's gradients, as DeepSpeed's does).

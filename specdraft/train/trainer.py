@@ -9,7 +9,7 @@ RUN_DIR (train.output_dir)/
   features/                     data.features=hybrid: the cached target features (specdraft.data.features)
   train_summary.json            steps and tokens of the whole run (a resumed run's too), this fit's seconds and
                                 tokens/s (start-up included), steady tokens/s (from the step times, warm-up left
-                                out), best simulated acceptance length
+                                out), best simulated acceptance length, this GPU's peak allocated bytes
 
 Resuming reads checkpoints/last.ckpt with torch.load(weights_only=True) (checked before the run writes anything);
 a DeepSpeed checkpoint directory only when its signed manifest says this user's runs wrote it, or with
@@ -191,6 +191,12 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
     )
 
 
+def peak_memory(device: torch.device) -> Optional[int]:
+    """The most bytes this rank's GPU allocator held at once in this process (the frozen target included); None
+    off CUDA."""
+    return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
+
+
 def shard_target(recipe: Recipe, device: torch.device) -> bool:
     """train.shard_target resolved: true, false, or (auto) whether the target's weights in its training dtype
     would take more than half of this GPU's memory under deepspeed_stage_3 with online features."""
@@ -316,7 +322,7 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
     summary = {"steps": trainer.global_step, "tokens": module.tokens_seen, "seconds": seconds,
                "tokens_per_s": module.fit_tokens / seconds,
                "steady_tokens_per_s": step_times.steady_tokens_per_s(max(1, len(step_times.rows) // 5)),
-               "train_rows": len(train_idx), "val_rows": len(val_idx),
+               "train_rows": len(train_idx), "val_rows": len(val_idx), "peak_gpu_memory_bytes": peak_memory(device),
                "best_tau_sim": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}
     if trainer.is_global_zero:
         write_json(run_dir / "train_summary.json", summary)

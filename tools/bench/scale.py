@@ -9,6 +9,7 @@ train` (`train`, the default); and the host work ZeRO-3 adds on a CPU: a draft's
     python tools/bench/scale.py --gpus 1,4 --warmup 5 --steps 30 --phases --out DIR  # every rank's phases
     python tools/bench/scale.py zero3-host --steps 300 --out DIR                 # CPU
     python tools/bench/scale.py target-linear --steps 200 --out DIR              # CPU
+    python tools/bench/scale.py cli --out DIR      # specdraft train with recipes/eagle3_llama3.yaml beside the harness
 
 `train`: the target is Llama-3.1-8B-shaped (hidden 4096, 32 layers, 32 heads, 8 KV heads, MLP 14336, vocabulary
 128256, llama3 RoPE scaling) with random weights (`target.random_init`: a directory with config.json and a
@@ -23,6 +24,8 @@ outlasts --timeout is recorded with its error (and its log's last lines) and the
 rewritten after every configuration, so an interrupted run keeps what it measured. Each run's log is
 OUT/logs/STRATEGY-N.log. On the CPU DeepSpeed is not available (Lightning runs it on CUDA only), so the tiny CPU
 run measures ddp with 1 and 2 processes.
+
+`cli`: tools/bench/train_cli.py (its docstring says what it runs).
 
 `zero3-host`: each stage runs in a process of its own: one DeepSpeed rank (gloo) trains a tiny EAGLE-3 draft (7
 TTT unrolls) under the ZeRO-2 or the ZeRO-3 engine, on one fixed random batch. Before each step, a fixed piece of
@@ -51,7 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, run_parts, write_report
+from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, run_parts, sibling, write_report
 
 import numpy as np
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -510,8 +513,8 @@ def target_linear_main(argv=None) -> dict:
 
 
 def main(argv=None) -> dict:
-    return run_parts({"train": train_main, "zero3-host": zero3_host_main, "target-linear": target_linear_main},
-                     argv)
+    return run_parts({"train": train_main, "zero3-host": zero3_host_main, "target-linear": target_linear_main,
+                      "cli": lambda rest: sibling("train_cli").main(rest)}, argv)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,20 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def sibling(name: str):
+    """tools/bench/NAME.py as a module (another suite's helpers), loaded once and registered as bench_NAME, the
+    name tests/tools.py's load_tool gives it."""
+    import importlib.util
+
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
 def run_parts(parts: Dict[str, Callable[[List[str]], object]], argv: Optional[List[str]] = None):
     """A suite of several tables: `python tools/bench/SUITE.py [PART] ARGS...`, the first part by default."""
     argv = list(sys.argv[1:] if argv is None else argv)

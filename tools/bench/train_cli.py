@@ -1,0 +1,225 @@
+"""The `cli` row of the scaling suite: `specdraft train` with a shipped recipe's own settings beside the training
+harness's best row (tools/bench/train.py), in one call, each in a process of its own, on one GPU, at
+Llama-3.1-8B shapes with random weights (the scaling suite's target and synthetic rows).
+
+    python tools/bench/scale.py cli --out OUT                      # recipes/eagle3_llama3.yaml, T 2048 and 8192
+    python tools/bench/scale.py cli --seq-lens 2048 --out OUT --variant \\
+        syncs:train.deepspeed.zero_optimization.overlap_comm=true,train.deepspeed.bf16.check_grad_overflow=true
+    python tools/bench/scale.py cli --seq-lens 2048 --profile 5 --out OUT     # and where each step's time goes
+    python tools/bench/scale.py cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \\
+        --seq-lens 64 --out DIR                                              # the path, on a CPU
+
+Rows, at each length T of --seq-lens:
+  harness   tools/bench/train.py's --harness-row (default ours-swiglu-8bit-fused: compiled, swiglu checkpointing,
+            the fused 8-bit AdamW; one sequence of T tokens a step, no Lightning), all lengths in one process
+  cli       `specdraft train RECIPE` on synthetic distilled rows of T tokens, with the recipe's settings but for
+            where things are: target.path and target.random_init (the random target), distill.output_dir (the
+            rows), train.output_dir, train.max_steps (--warmup + --steps), train.devices=1, and
+            data.max_length=T where T is not the recipe's (its rows would be cut to it)
+  cli-NAME  cli with a --variant's overrides on top (an A/B in the same call)
+tokens/s: the harness's timed steps; a cli row's steady rate from its RUN/logs/step_times.csv after --warmup
+steps (both rounded up to multiples of the recipe's train.log_every_steps, the steps it times). % of harness:
+against the harness row of the same T in this call. GiB beyond the weights: the harness's peak beyond what was
+resident before its row (the target's weights); a cli row's peak allocated (train_summary.json) less the target's
+weights. A row that runs out of memory says OOM. With --profile N, the harness profiles N more steps and each
+length gets a `cli-profile` row (tools/profile_train.py, N steps after --warmup): device busy ms, kernel launches
+and host waits per step, side by side. OUT/cli.json; each process's log in OUT/logs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from suite import REPO, finish, fmt, machine, markdown_table, sibling, write_report
+
+scale = sibling("scale")
+
+HARNESS_CONFIGS = {"llama8b": "llama3-8b", "tiny": "tiny"}
+"""The scaling suite's target shapes -> tools/bench/train.py's configuration of the same target."""
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="specdraft train with a recipe's settings beside the harness row")
+    parser.add_argument("--config", choices=sorted(HARNESS_CONFIGS), default="llama8b")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "eagle3_llama3.yaml")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--harness-row", default="ours-swiglu-8bit-fused")
+    parser.add_argument("--harness-warmup", type=int, default=2)
+    parser.add_argument("--harness-steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=20, help="cli steps not timed (compiles, DeepSpeed's start)")
+    parser.add_argument("--steps", type=int, default=40, help="cli steps timed")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                        help="one more cli row with these overrides (repeatable)")
+    parser.add_argument("--rows", type=int, default=64, help="synthetic rows a length (cycled)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def variants(texts: List[str]) -> List[Tuple[str, List[str]]]:
+    """--variant texts -> [(row name, overrides)], the recipe as it is first."""
+    rows = [("cli", [])]
+    for text in texts:
+        name, _, overrides = text.partition(":")
+        rows.append((f"cli-{name}", [item for item in overrides.split(",") if item]))
+    return rows
+
+
+def timed_steps(recipe, warmup: int, steps: int) -> Tuple[int, int]:
+    """(warmup, steps) rounded up to multiples of the recipe's train.log_every_steps (the steps it times)."""
+    every = max(1, recipe.train.log_every_steps)
+    return every * math.ceil(max(warmup, every) / every), every * math.ceil(max(steps, 2 * every) / every)
+
+
+def target_weight_bytes(shape: dict, cuda: bool) -> int:
+    """The random target's weights as `specdraft train` holds them (bf16 on a GPU, float32 on a CPU)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False))
+    return sum(p.numel() for p in model.parameters()) * (2 if cuda else 4)
+
+
+def run_logged(args, argv: List[str], log_name: str) -> Tuple[int, str]:
+    """One process, its output in OUT/logs/LOG_NAME.log -> (exit code, or -1 after --timeout; its last lines)."""
+    log_path = args.out / "logs" / f"{log_name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        try:
+            code = scale.run_process_group(argv, scale._environment(args.device), log, args.timeout)
+        except subprocess.TimeoutExpired:
+            code = -1
+    return code, scale._tail(log_path, 12)
+
+
+def failure(code: int, tail: str, timeout: int) -> str:
+    if code == -1:
+        return f"timeout after {timeout} s"
+    return "OOM" if any(marker in tail for marker in OOM_MARKERS) else f"error: exit {code}: {tail[-300:]}"
+
+
+def run_harness(args) -> dict:
+    """tools/bench/train.py's row at every length -> its report (rows keyed by length), or {"status": error}."""
+    out = args.out / "harness.json"
+    argv = [sys.executable, str(REPO / "tools" / "bench" / "train.py"), "--config", HARNESS_CONFIGS[args.config],
+            "--device", args.device, "--rows", args.harness_row, "--seq-lens", *map(str, args.seq_lens),
+            "--warmup", str(args.harness_warmup), "--steps", str(args.harness_steps), "--out", str(out)]
+    argv += ["--profile", str(args.profile)] if args.profile else []
+    code, tail = run_logged(args, argv, "harness")
+    if code != 0:
+        return {"status": failure(code, tail, args.timeout), "rows": {}}
+    report = json.loads(out.read_text())
+    return {"status": "ok", "target_weights_gib": report["target_weights_gib"],
+            "rows": {row["seq_len"]: row for row in report["rows"]}}
+
+
+def cli_argv(args, recipe, seq_len: int, name: str, overrides: List[str], profile: bool) -> Tuple[list, Path]:
+    """The `specdraft train` (or tools/profile_train.py) command of one cli row -> (argv, its train directory)."""
+    work = args.out / "work"
+    run = work / "runs" / f"{name}-{seq_len}"
+    warmup, steps = timed_steps(recipe, args.warmup, args.steps)
+    where = [f"target.path={work / 'target'}", "target.random_init=true",
+             f"distill.output_dir={work / f'data-{seq_len}'}", "train.devices=1"]
+    where += [] if seq_len == recipe.data.max_length else [f"data.max_length={seq_len}"]
+    if profile:
+        return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(args.recipe), *where, *overrides,
+                "--warmup", str(warmup), "--steps", str(args.profile), "--out", str(run)], run / "train"
+    where += [f"train.output_dir={run}", f"train.max_steps={warmup + steps}"]
+    return [sys.executable, "-m", "specdraft.cli", "train", str(args.recipe), *where, *overrides], run
+
+
+def measure_cli(args, recipe, seq_len: int, name: str, overrides: List[str]) -> dict:
+    from specdraft.train.timing import read_step_times, steady_rate
+
+    result = {"row": name, "seq_len": seq_len, "overrides": overrides, "status": "ok"}
+    argv, run = cli_argv(args, recipe, seq_len, name, overrides, profile=False)
+    code, tail = run_logged(args, argv, f"{name}-{seq_len}")
+    if code != 0:
+        return {**result, "status": failure(code, tail, args.timeout)}
+    warmup, _ = timed_steps(recipe, args.warmup, args.steps)
+    rows = read_step_times(run / "logs" / "step_times.csv")
+    summary = json.loads((run / "train_summary.json").read_text())
+    result.update(tokens_per_s=steady_rate(rows, warmup // max(1, recipe.train.log_every_steps)),
+                  peak_bytes=summary.get("peak_gpu_memory_bytes"), steps=summary["steps"])
+    return result
+
+
+def profile_cli(args, recipe, seq_len: int) -> dict:
+    argv, run = cli_argv(args, recipe, seq_len, "cli-profile", [], profile=True)
+    code, tail = run_logged(args, argv, f"cli-profile-{seq_len}")
+    if code != 0:
+        return {"row": "cli-profile", "seq_len": seq_len, "status": failure(code, tail, args.timeout)}
+    report = json.loads((run.parent / "profile_train.json").read_text())
+    return {"row": "cli-profile", "seq_len": seq_len, "status": "ok", "ops": report}
+
+
+def compare(result: dict, harness: dict, weights_bytes: int) -> dict:
+    """A cli row with its share of the harness row at its length and its memory beyond the target's weights."""
+    base = harness["rows"].get(result["seq_len"], {})
+    ok = result["status"] == "ok" and result.get("tokens_per_s") and base.get("status") == "ok"
+    result["share_of_harness"] = result["tokens_per_s"] / base["tokens_per_s"] if ok else None
+    peak = result.get("peak_bytes")
+    result["gib_beyond_weights"] = None if peak is None else (peak - weights_bytes) / 2 ** 30
+    return result
+
+
+def profile_cells(ops: Optional[dict]) -> List[str]:
+    if not ops:
+        return ["", "", ""]
+    waits = sum(ops.get("host_waits_per_step", {}).values())
+    return [f"{ops['device_busy_ms']:.1f}", f"{ops['kernel_launches_per_step']:.0f}", f"{waits:g}"]
+
+
+def table(report: dict) -> str:
+    rows = []
+    for seq_len in report["seq_lens"]:
+        base = report["harness"]["rows"].get(seq_len, {"status": report["harness"]["status"]})
+        rows.append([f"harness ({report['harness_row']})", seq_len, base["status"],
+                     fmt(base.get("tokens_per_s"), ",.0f"), "100%" if base.get("status") == "ok" else "",
+                     fmt(base.get("peak_gib_beyond_resident"), ".2f"), *profile_cells(base.get("ops"))])
+        for r in (r for r in report["results"] if r["seq_len"] == seq_len):
+            share = fmt(None if r.get("share_of_harness") is None else 100 * r["share_of_harness"], ".1f")
+            rows.append([r["row"], seq_len, r["status"][:80], fmt(r.get("tokens_per_s"), ",.0f"),
+                         share + ("%" if share != "-" else ""), fmt(r.get("gib_beyond_weights"), ".2f"),
+                         *profile_cells((r.get("ops") or {}) if r["row"] == "cli-profile" else None)])
+    return markdown_table(["row", "T", "status", "tokens/s", "% of harness", "GiB beyond the weights",
+                           "device busy ms", "launches", "host waits"], rows)
+
+
+def main(argv=None) -> dict:
+    from specdraft.recipes import load_recipe
+
+    args = parse_args(argv)
+    spec = scale.CONFIGS[args.config]
+    work = args.out / "work"
+    scale.write_target(work / "target", spec["target"])
+    for seq_len in args.seq_lens:
+        scale.write_rows(work / f"data-{seq_len}", args.rows, seq_len, spec["target"]["vocab_size"])
+    recipe = load_recipe(args.recipe)
+    weights = target_weight_bytes(spec["target"], args.device == "cuda")
+    report = {"machine": machine(args.device), "recipe": str(args.recipe), "harness_row": args.harness_row,
+              "seq_lens": args.seq_lens, "target": spec["target"], "target_weights_gib": weights / 2 ** 30,
+              "harness": run_harness(args), "results": []}
+    print(f"harness: {report['harness']['status']}", flush=True)
+    for seq_len in args.seq_lens:
+        for name, overrides in variants(args.variant):
+            report["results"].append(compare(measure_cli(args, recipe, seq_len, name, overrides),
+                                             report["harness"], weights))
+            print(f"{name} T={seq_len}: {report['results'][-1]['status'][:200]}", flush=True)
+            write_report(args.out, report, "cli")
+        if args.profile:
+            report["results"].append(profile_cli(args, recipe, seq_len))
+    return finish(table(report), args.out, report, "cli")
+
+
+if __name__ == "__main__":
+    main()
