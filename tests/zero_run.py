@@ -4,7 +4,10 @@
 
 save: 3 AdamW steps, then save CKPT (tag `checkpoint`, as Lightning does). step: load CKPT, take one more step
 on a fixed global batch (this rank's slice of it), write the gathered weights to OUT (rank 0).
-step_universal: the same, loading CKPT's universal copy (`checkpoint.load_universal`).
+step_universal: the same, loading CKPT's universal copy (`checkpoint.load_universal`), as
+ReshardingDeepSpeedStrategy does (8-bit moments quantized again after the load).
+ZERO_RUN_OPTIMIZER=adamw8bit_fused: specdraft's AdamW8bitFused (a client optimizer, as Lightning passes it;
+tensors from 64 elements quantized) instead of DeepSpeed's AdamW.
 """
 import os
 import sys
@@ -20,13 +23,20 @@ def _engine(stage: int, world: int, universal: bool):
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     config = {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // world, "zero_optimization": {"stage": stage},
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
               "zero_allow_untested_optimizer": True}
+    optimizer = None
+    if os.environ.get("ZERO_RUN_OPTIMIZER") == "adamw8bit_fused":
+        from specdraft.kernels.adamw8bit import AdamW8bitFused
+
+        optimizer = AdamW8bitFused(model.parameters(), lr=1e-2, weight_decay=0.0, min_quantized_numel=64)
+    else:
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}
     if universal:
         config["checkpoint"] = {"load_universal": True}
-    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters(),
+                                      optimizer=optimizer)
     return engine
 
 
@@ -57,6 +67,13 @@ def main(mode: str, stage: int, checkpoint: str, out: str) -> None:
         engine.save_checkpoint(checkpoint, tag="checkpoint")
         return
     engine.load_checkpoint(checkpoint)
+    if mode == "step_universal":
+        from specdraft.train.resharding import requantize_after_load
+
+        converted = requantize_after_load(engine.optimizer)  # as ReshardingDeepSpeedStrategy.load_checkpoint does
+        if os.environ.get("ZERO_RUN_OPTIMIZER") == "adamw8bit_fused":
+            states = engine.optimizer.optimizer.state.values()
+            assert converted and all("exp_avg" not in state for state in states), "float32 moments after the load"
     _step(engine, batches[3], rank, world)
     weights = _full_weights(engine)
     if rank == 0:

@@ -5,7 +5,9 @@ that saved a checkpoint, and DeepSpeed's loader refuses any other data-parallel 
 ZeRO's optimizer state partitioning with a new world size is not currently supported"). DeepSpeed's own answer
 is the universal checkpoint: `deepspeed.checkpoint.ds_to_universal` writes each parameter's fp32 weight and
 Adam moments as whole tensors, and an engine configured with `"checkpoint": {"load_universal": true}`
-re-partitions them for its own world size (ZeRO 1-3 in DeepSpeed 0.19).
+re-partitions them for its own world size (ZeRO 1-3 in DeepSpeed 0.19). It knows torch's Adam moments only:
+AdamW8bitFused's 8-bit ones (train.optimizer=adamw8bit_fused) go into it as float32 (`float32_moments`) and are
+made 8-bit again after the load (`requantize_after_load`).
 
 `ReshardingDeepSpeedStrategy` is Lightning's DeepSpeedStrategy plus that: before the engine is built it reads
 the checkpoint's data-parallel size and stage; when they differ from this run's, rank 0 converts the checkpoint
@@ -101,20 +103,79 @@ def convert_to_universal(checkpoint: str | Path, workers: int = 4) -> Path:
     checkpoint = Path(checkpoint)
     tag_dir = _tag_dir(checkpoint)
     tmp = checkpoint / f"{TMP_PREFIX}{UNIVERSAL_TAG}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    args = argparse.Namespace(input_folder=str(tag_dir), output_folder=str(tmp), num_extract_workers=workers,
-                              num_merge_workers=max(1, workers // 2), keep_temp_folder=False, strict=True,
-                              inject_missing_state=True)
+    source = checkpoint / f"{TMP_PREFIX}float32-moments-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
+        args = argparse.Namespace(input_folder=str(float32_moments(tag_dir, source)), output_folder=str(tmp),
+                                  num_extract_workers=workers, num_merge_workers=max(1, workers // 2),
+                                  keep_temp_folder=False, strict=True, inject_missing_state=True)
         ds_to_universal(args)
         write_text(tmp / SOURCE_RECORD, json.dumps(_source_record(tag_dir)))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
     final = checkpoint / UNIVERSAL_TAG
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     write_text(checkpoint / LATEST_UNIVERSAL, UNIVERSAL_TAG)
     return final
+
+
+def float32_moments(tag_dir: Path, scratch: Path) -> Path:
+    """The folder ds_to_universal reads: `tag_dir` itself, or, when its optimizer states hold AdamW8bitFused's
+    8-bit moments (train.optimizer=adamw8bit_fused), `scratch` with those states as float32 exp_avg and exp_avg_sq
+    (the Adam moments ds_to_universal re-partitions; `requantize_after_load` makes them 8-bit again) beside links
+    to the other files."""
+    import torch
+
+    rewritten = {}
+    for path in sorted(tag_dir.glob("*optim_states.pt")):
+        states = torch.load(path, map_location="cpu", weights_only=False)  # checked: refusal() passed before
+        if _dequantize_moments(states):
+            rewritten[path.name] = states
+    if not rewritten:
+        return tag_dir
+    scratch.mkdir(parents=True)
+    for path in tag_dir.iterdir():
+        if path.name in rewritten:
+            torch.save(rewritten[path.name], scratch / path.name)
+        else:
+            (scratch / path.name).symlink_to(path.resolve())
+    return scratch
+
+
+def _dequantize_moments(tree) -> bool:
+    """Every optimizer state in `tree` (nested dicts and lists) that holds 8-bit codes replaced in place by its
+    float32 moments -> whether there was one."""
+    from specdraft.kernels.adamw8bit import dequantized_state
+
+    found = False
+    children = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for key, child in list(children):
+        if isinstance(child, dict) and "exp_avg_codes" in child:
+            tree[key], found = dequantized_state(child), True
+        else:
+            found = _dequantize_moments(child) or found
+    return found
+
+
+def requantize_after_load(zero_optimizer) -> int:
+    """After a universal load: an AdamW8bitFused's float32 moments made 8-bit again (see `float32_moments`), and
+    the ZeRO optimizer's views of the float32 ones let go (it links the 8-bit ones after its next step) -> tensors
+    converted (0 for another optimizer)."""
+    from specdraft.kernels.adamw8bit import AdamW8bitFused
+
+    base = getattr(zero_optimizer, "optimizer", None)
+    converted = base.quantize_moments() if isinstance(base, AdamW8bitFused) else 0
+    if converted:
+        for group in getattr(zero_optimizer, "bit16_groups", []):
+            for param in group:
+                mapping = getattr(param, "_hp_mapping", None)
+                if mapping is not None and mapping.optim_fragment:
+                    mapping.optim_fragment.clear()
+        zero_optimizer._hp_optimizer_states_linked = False
+    return converted
 
 
 def drop_stale_files(checkpoint: Path, world_size: int) -> None:
@@ -164,6 +225,12 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
                 self.config.setdefault("checkpoint", {})["load_universal"] = True
                 self.restored_from = saved
         super().setup(trainer)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        client_state = super().load_checkpoint(checkpoint_path, weights_only)
+        if self.restored_from is not None:
+            requantize_after_load(self.deepspeed_engine.optimizer)
+        return client_state
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
         engine, zero_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.kernels.adamw8bit import (BLOCK, AdamW8bitFused, StepScalars, adamw8bit_step_reference, moments_of,
-                                         new_state)
+from specdraft.kernels.adamw8bit import (BLOCK, AdamW8bitFused, StepScalars, adamw8bit_step_reference,
+                                         dequantized_state, moments_of, new_state, quantized_state)
 from specdraft.kernels.adamw8bit import reference
 from specdraft.kernels.adamw8bit.triton_kernel import adamw8bit_step_triton
 
@@ -228,6 +228,40 @@ def test_state_is_8_bit_codes_and_block_scales():
         assert state_bytes == 2 * param.numel() + 8 * blocks <= 2.04 * param.numel()
     assert {k: v.dtype for k, v in optimizer.state[small].items() if k != "step"} == \
         {"exp_avg": torch.float32, "exp_avg_sq": torch.float32}
+
+
+def test_moments_as_float32_and_back_are_the_same_bits(monkeypatch):
+    """What a DeepSpeed universal checkpoint carries (float32 exp_avg, exp_avg_sq) and back, converted a chunk at a
+    time (a chunk of 2 blocks here, the tail a partial block): the same codes and scales."""
+    import specdraft.kernels.adamw8bit as adamw8bit
+
+    monkeypatch.setattr(adamw8bit, "CONVERT_CHUNK", 2 * BLOCK)
+    weight = torch.nn.Parameter(torch.randn(5 * BLOCK + 37))
+    optimizer = AdamW8bitFused([weight], lr=1e-2, min_quantized_numel=64)
+    for _ in range(3):
+        weight.grad = torch.randn_like(weight) * torch.rand_like(weight) ** 4  # moments of many magnitudes
+        optimizer.step()
+    state = optimizer.state[weight]
+    plain = dequantized_state(state)
+    assert set(plain) == {"step", "exp_avg", "exp_avg_sq"} and plain["exp_avg"].shape == weight.shape
+    again = quantized_state(plain)
+    assert set(again) == set(state) and all(torch.equal(again[key], state[key]) for key in state)
+
+
+def test_torch_adamw_state_loads_as_8_bit_moments():
+    """A checkpoint of torch's AdamW (train.optimizer=adamw, the default before auto) resumes under AdamW8bitFused:
+    its moments quantized (those of tensors under the threshold kept float32), its groups given this optimizer's
+    settings, and the next step taken."""
+    student, inputs, targets = _regression()
+    adamw = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    _train(student, inputs, targets, adamw, steps=2)
+    optimizer = AdamW8bitFused(student.parameters(), lr=1e-3, min_quantized_numel=64)
+    optimizer.load_state_dict(adamw.state_dict())
+    for param in student.parameters():
+        assert ("exp_avg_codes" in optimizer.state[param]) == (param.numel() >= 64), param.shape
+    assert optimizer.param_groups[0]["min_quantized_numel"] == 64
+    _train(student, inputs, targets, optimizer, steps=1)
+    assert int(optimizer.state[next(student.parameters())]["step"]) == 3
 
 
 def test_bad_inputs_are_named():

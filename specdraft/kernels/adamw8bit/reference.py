@@ -95,7 +95,7 @@ def num_blocks(numel: int) -> int:
     return -(-numel // BLOCK)
 
 
-def _blocks(flat: torch.Tensor) -> torch.Tensor:
+def as_blocks(flat: torch.Tensor) -> torch.Tensor:
     """[N] -> [NB, BLOCK], the tail padded with zeros (which change no absmax)."""
     padded = torch.zeros(num_blocks(flat.numel()) * BLOCK, dtype=flat.dtype, device=flat.device)
     padded[:flat.numel()] = flat
@@ -118,7 +118,7 @@ def _ratio(magnitude: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def dequantize_first(codes: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
     """int8 codes [N], absmax [NB] -> m [NB, BLOCK] float32 (padded)."""
-    level = _blocks(codes).float() * FIRST_STEP  # [NB, BLOCK] in [-1, 1]
+    level = as_blocks(codes).float() * FIRST_STEP  # [NB, BLOCK] in [-1, 1]
     return level * level.abs() * absmax[:, None]
 
 
@@ -131,7 +131,7 @@ def quantize_first(first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_second_root(codes: torch.Tensor, root_max: torch.Tensor) -> torch.Tensor:
     """uint8 codes [N], max sqrt(v) [NB] -> sqrt(v) [NB, BLOCK] float32 (padded)."""
-    level = (_blocks(codes).float() + 1.0) * SECOND_STEP  # [NB, BLOCK] in [1/256, 1]
+    level = (as_blocks(codes).float() + 1.0) * SECOND_STEP  # [NB, BLOCK] in [1/256, 1]
     return level * level * root_max[:, None]
 
 
@@ -180,7 +180,7 @@ def adamw8bit_step_reference(param: torch.Tensor, grad: torch.Tensor, moments: M
     numel = param.numel()
     first = dequantize_first(moments.first, moments.first_scales)  # [NB, BLOCK]
     root = dequantize_second_root(moments.second, moments.second_scales)  # [NB, BLOCK]
-    new_param, first, _, root = adam_update(_blocks(param.reshape(-1)), _blocks(grad.reshape(-1).float()), first,
+    new_param, first, _, root = adam_update(as_blocks(param.reshape(-1)), as_blocks(grad.reshape(-1).float()), first,
                                             root * root, scalars)
     param.copy_(new_param.reshape(-1)[:numel].view_as(param))
     first_codes, first_scales = quantize_first(first)
