@@ -1,6 +1,7 @@
-"""A training step reads no value back to the host except on the steps whose logs are written
-(train.log_every_steps): Lightning reads each logged value (and, at every step, every value ever logged for the
-progress bar), and each read makes the host wait for the device. Tiny target, CPU."""
+"""A training step reads no value back to the host except around validation and on the steps the progress bar
+refreshes (train.log_every_steps, after a validation: its logged tau_sim): each read makes the host wait for the
+device. The training metrics are read without waiting (specdraft.train.device_reads; tests/test_device_reads.py).
+Tiny target, CPU."""
 import lightning as L
 
 from specdraft.recipes import load_recipe
@@ -26,4 +27,4 @@ def test_only_logged_steps_read_values_back(tmp_path, tiny_target_dir, distilled
         run_train(load_recipe(recipe, []), extra_callbacks=[StepMarker(reads)])
     steps_with_reads = {step for step, count in reads.by_step.items() if count and step > 0}
     assert steps_with_reads <= {4, 6, 8, 12}, reads.by_step  # logged steps, and validation's at 6 and 12
-    assert steps_with_reads >= {4, 8, 12}
+    assert 6 in steps_with_reads  # the validation's reads are counted

@@ -20,6 +20,7 @@ from specdraft.kernels.adamw8bit import AdamW8bitFused
 from specdraft.layers.zero import gathered
 from specdraft.core.types import DraftBatch, DraftContext
 from specdraft.methods.base import MethodSpec
+from specdraft.train.device_reads import Deferred
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 from specdraft.train.timing import is_logged_step
 
@@ -39,6 +40,9 @@ class DraftModule(L.LightningModule):
         self.sharded_target = None  # ZeRO-3 with train.shard_target: the target, a submodule the engine gathers
         self.draft = None
         self._val_metrics = defaultdict(list)
+        self._train_metrics = Deferred()
+        self.train_metrics: dict = {}
+        """The last training metrics written (train/loss, train/tokens_per_s, the method's)."""
         self.tokens_seen, self._fit_started = 0, None
         """tokens_seen: the whole run's tokens, restored on resume (every checkpoint carries it)."""
         self._tokens_at_train_start = 0
@@ -125,16 +129,31 @@ class DraftModule(L.LightningModule):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
         if self._logs_this_step():
             elapsed = time.perf_counter() - self._fit_started
-            self.log_dict({f"train/{k}": v for k, v in result.metrics.items() if k != "loss"})
-            self.log("train/tokens_per_s", self.fit_tokens / max(elapsed, 1e-9))
-            self.log("train/loss", result.loss.detach())
+            metrics = {f"train/{k}": torch.as_tensor(v, device=result.loss.device) for k, v in result.metrics.items()
+                       if k != "loss"}
+            self._train_metrics.stash(self.trainer.global_step + 1, result.loss.device,
+                                      {**metrics, "train/loss": result.loss},
+                                      {"train/tokens_per_s": self.fit_tokens / max(elapsed, 1e-9)})
+        self._write_train_metrics(wait=False)  # off CUDA this step's; on a GPU an earlier one, once it landed
         return result.loss
 
     def _logs_this_step(self) -> bool:
-        """Whether this step's metrics are written (every train.log_every_steps optimizer steps). They are logged
-        only then, and never for the progress bar (train.progress.TrainProgress shows the written ones): Lightning
-        reads logged values back to the host, and each read waits for the device to finish the step."""
+        """Whether this step's metrics are written (every train.log_every_steps optimizer steps). They are read
+        back without waiting for the device (device_reads.Deferred) and written once they have landed, normally in
+        the next step, under their own step: Lightning's `self.log` would read them back at the end of the step,
+        each read waiting for the device to finish it."""
         return is_logged_step(self.trainer.global_step + 1, self.trainer.log_every_n_steps)
+
+    def _write_train_metrics(self, wait: bool) -> None:
+        """The training metrics that have landed (all with `wait`) to the logger, with their step as Lightning
+        numbers logged steps (optimizer steps done - 1), and to `train_metrics` (what the progress bar shows)."""
+        for stash in self._train_metrics.ready(wait):
+            self.train_metrics = stash.values
+            if self.logger is not None:
+                self.logger.log_metrics({**stash.values, "epoch": self.current_epoch}, step=stash.key - 1)
+
+    def on_train_end(self):
+        self._write_train_metrics(wait=True)
 
     def validation_step(self, batch, batch_idx):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)

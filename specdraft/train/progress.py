@@ -17,15 +17,16 @@ from specdraft.config import TrainConfig
 
 class TrainProgress(Callback):
     """One bar over the run's optimizer steps (a resumed run starts at its step), refreshed at the logged steps with
-    the last written values of `metrics`. Lightning reads a metric logged with prog_bar=True back to the host at the
-    end of every later step, each read waiting for the device; these are read at the logged steps only."""
+    the last written values of `metrics`: the module's training metrics (written once read back without waiting,
+    so those of the logged step before), the validation's logged ones. Lightning reads a metric logged with
+    prog_bar=True back to the host at the end of every later step, each read waiting for the device."""
 
     def __init__(self, cfg: TrainConfig, metrics: Sequence[str]):
         self.max_steps, self.every, self.metrics = cfg.max_steps, cfg.log_every_steps, tuple(metrics)
         self.bar: Optional[tqdm] = None
 
-    def _shown(self, trainer) -> dict:
-        logged = trainer.logged_metrics
+    def _shown(self, trainer, pl_module) -> dict:
+        logged = {**trainer.logged_metrics, **pl_module.train_metrics}
         return {name.split("/")[-1]: f"{float(logged[name]):.4g}" for name in self.metrics if name in logged}
 
     def on_train_start(self, trainer, pl_module):
@@ -37,12 +38,12 @@ class TrainProgress(Callback):
         step = trainer.global_step
         if self.bar is None or step == self.bar.n or (step % self.every and step < self.max_steps):
             return
-        self.bar.set_postfix(self._shown(trainer), refresh=False)
+        self.bar.set_postfix(self._shown(trainer, pl_module), refresh=False)
         self.bar.update(step - self.bar.n)
 
     def on_validation_end(self, trainer, pl_module):
         if self.bar is not None and not trainer.sanity_checking:
-            self.bar.set_postfix(self._shown(trainer))
+            self.bar.set_postfix(self._shown(trainer, pl_module))
             if trainer.global_step >= self.max_steps:  # the last validation: the line ends before Lightning's
                 self._close()                           # `max_steps reached` notice
 

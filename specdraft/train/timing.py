@@ -7,10 +7,11 @@
     fit_seconds   seconds from this fit's first training step start to the end of `step`, GPU work included
     tokens        tokens all ranks have read since this fit started (attention mask ones, not padding)
 
-The device is synchronized at those steps only, so the time is the end of the GPU's work, not of the host's
-queueing; other steps run without a sync. A resumed run appends its own lines (steps continue, fit_seconds
-and tokens restart at 0). `steady_rate` gives tokens/s over the logged steps after the warm-up ones (compiles,
-allocator growth).
+On a GPU the times are CUDA events recorded at those step ends (the end of the device's work, not of the host's
+queueing), read once they have passed (specdraft.train.device_reads): no step waits for the device. A line is
+written once its event has passed (within the next steps; the last ones when training ends). A resumed run appends
+its own lines (steps continue, fit_seconds and tokens restart at 0). `steady_rate` gives tokens/s over the logged
+steps after the warm-up ones (compiles, allocator growth).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-import torch
 from lightning.pytorch.callbacks import Callback
+
+from specdraft.train.device_reads import Deferred, Stash, elapsed_ms
 
 STEP_TIMES_FILE = "step_times.csv"
 COLUMNS = ("step", "fit_seconds", "tokens")
@@ -32,24 +34,40 @@ class StepTimes(Callback):
     def __init__(self, log_dir: Path, every_steps: int):
         self.path, self.every_steps = Path(log_dir) / STEP_TIMES_FILE, max(1, every_steps)
         self.rows: List[Tuple[int, float, int]] = []
+        self.marks = Deferred()
+        self._start: Optional[Stash] = None
         self._started: Optional[float] = None
         self._tokens_at_start = 0
+        self._last_marked = -1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._started is None:
             self._started = time.perf_counter()
+            self._start = Deferred().stash(0, pl_module.device, {})
             self._tokens_at_start = _tokens_before_this_batch(pl_module, batch, trainer.world_size)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        if not is_logged_step(step, self.every_steps) or (self.rows and self.rows[-1][0] == step):
-            return  # not an optimizer step boundary to log (or gradient accumulation in progress)
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        row = (step, time.perf_counter() - self._started, pl_module.tokens_seen - self._tokens_at_start)
-        self.rows.append(row)
-        if trainer.is_global_zero:
-            self._append(row)
+        if is_logged_step(step, self.every_steps) and step != self._last_marked:  # not within an accumulation
+            self._last_marked = step
+            self.marks.stash(step, pl_module.device, {}, {"seconds": time.perf_counter() - self._started,
+                                                          "tokens": pl_module.tokens_seen - self._tokens_at_start})
+        self._write(trainer, wait=False)
+
+    def on_train_end(self, trainer, pl_module):
+        self._write(trainer, wait=True)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._write(trainer, wait=False)  # what has passed; the device may be what failed
+
+    def _write(self, trainer, wait: bool) -> None:
+        """The rows whose step end has passed on the device (all with `wait`): to `rows`, and rank 0's to the file."""
+        for mark in self.marks.ready(wait):
+            seconds = mark.values["seconds"] if mark.event is None else elapsed_ms(self._start, mark) / 1e3
+            row = (mark.key, seconds, int(mark.values["tokens"]))
+            self.rows.append(row)
+            if trainer.is_global_zero:
+                self._append(row)
 
     def _append(self, row: Tuple[int, float, int]) -> None:
         new = not self.path.exists()

@@ -1,0 +1,71 @@
+"""Device values read back without making the host wait: the training metrics and step times of the logged steps.
+
+`.item()`, `float(tensor)` or `torch.cuda.synchronize()` inside a training step makes the host wait until the device
+has run every kernel queued so far; the device then idles through the host work that follows (the optimizer's
+launches, Lightning's bookkeeping, the next batch) until the next step's long kernels are queued. A `Deferred`
+stash instead copies the values into pinned host memory without blocking and records a CUDA event behind the copy
+(and behind the step's work); `ready()` hands back the stashes whose event has completed (a query, which never
+waits), normally within the next step, and `ready(wait=True)` the rest at the end of the fit. Off CUDA, a stash
+is ready at once.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, Dict, List, Optional
+
+import torch
+
+
+@dataclass
+class Stash:
+    key: int
+    """What the values belong to (the optimizer step)."""
+    values: Dict[str, float]
+    """Host numbers given with the stash; the device values join them once read."""
+    names: List[str]
+    """The device values' names, in the order of `host`."""
+    host: Optional[torch.Tensor]
+    """[len(names)] float32: pinned host memory the copy lands in (on CUDA), or the values themselves."""
+    event: Optional[torch.cuda.Event]
+    """Recorded behind the copy on CUDA (timing-enabled: `elapsed_ms` measures between stashes); None off CUDA."""
+
+
+class Deferred:
+    """Stashes of device values, handed back in order once their copies have landed."""
+
+    def __init__(self):
+        self.pending: Deque[Stash] = deque()
+
+    def stash(self, key: int, device: torch.device, tensors: Dict[str, torch.Tensor],
+              numbers: Optional[Dict[str, float]] = None) -> Stash:
+        """Start reading `tensors` (0-d, on `device`) back; `numbers` (host values) travel with them."""
+        names = list(tensors)
+        host = torch.stack([tensors[name].detach().float().reshape(()) for name in names]) if names else None
+        event = None
+        if torch.device(device).type == "cuda":
+            if host is not None:
+                pinned = torch.empty(host.shape, dtype=torch.float32, pin_memory=True)
+                host = pinned.copy_(host, non_blocking=True)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        stash = Stash(key, dict(numbers or {}), names, host, event)
+        self.pending.append(stash)
+        return stash
+
+    def ready(self, wait: bool = False) -> List[Stash]:
+        """The stashes whose values have landed (all of them with `wait`), oldest first, values filled in."""
+        done = []
+        while self.pending and (wait or self.pending[0].event is None or self.pending[0].event.query()):
+            stash = self.pending.popleft()
+            if stash.event is not None:
+                stash.event.synchronize()  # done already unless `wait`
+            if stash.host is not None:
+                stash.values.update(zip(stash.names, stash.host.tolist()))
+            done.append(stash)
+        return done
+
+
+def elapsed_ms(start: Stash, end: Stash) -> float:
+    """Device time between two landed CUDA stashes' events, in ms."""
+    return start.event.elapsed_time(end.event)
