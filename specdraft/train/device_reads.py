@@ -39,17 +39,21 @@ class Deferred:
 
     def stash(self, key: int, device: torch.device, tensors: Dict[str, torch.Tensor],
               numbers: Optional[Dict[str, float]] = None) -> Stash:
-        """Start reading `tensors` (0-d, on `device`) back; `numbers` (host values) travel with them."""
-        names = list(tensors)
+        """Start reading `tensors` (one element each) back; `numbers` (host values) travel with them, and so do
+        tensors that are not on `device` (read at once: on the host already)."""
+        device = torch.device(device)
+        numbers = dict(numbers or {})
+        numbers.update({name: float(value) for name, value in tensors.items() if value.device.type != device.type})
+        names = [name for name, value in tensors.items() if value.device.type == device.type]
         host = torch.stack([tensors[name].detach().float().reshape(()) for name in names]) if names else None
         event = None
-        if torch.device(device).type == "cuda":
+        if device.type == "cuda":
             if host is not None:
                 pinned = torch.empty(host.shape, dtype=torch.float32, pin_memory=True)
                 host = pinned.copy_(host, non_blocking=True)
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-        stash = Stash(key, dict(numbers or {}), names, host, event)
+        stash = Stash(key, numbers, names, host, event)
         self.pending.append(stash)
         return stash
 

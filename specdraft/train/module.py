@@ -129,11 +129,12 @@ class DraftModule(L.LightningModule):
         result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
         if self._logs_this_step():
             elapsed = time.perf_counter() - self._fit_started
-            metrics = {f"train/{k}": torch.as_tensor(v, device=result.loss.device) for k, v in result.metrics.items()
-                       if k != "loss"}
+            metrics = {f"train/{k}": v for k, v in result.metrics.items() if k != "loss"}
+            tensors = {k: v for k, v in metrics.items() if isinstance(v, torch.Tensor)}
+            numbers = {k: float(v) for k, v in metrics.items() if k not in tensors}  # a method's host values
             self._train_metrics.stash(self.trainer.global_step + 1, result.loss.device,
-                                      {**metrics, "train/loss": result.loss},
-                                      {"train/tokens_per_s": self.fit_tokens / max(elapsed, 1e-9)})
+                                      {**tensors, "train/loss": result.loss},
+                                      {**numbers, "train/tokens_per_s": self.fit_tokens / max(elapsed, 1e-9)})
         self._write_train_metrics(wait=False)  # off CUDA this step's; on a GPU an earlier one, once it landed
         return result.loss
 

@@ -43,15 +43,16 @@ class StepTimes(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._started is None:
             self._started = time.perf_counter()
-            self._start = Deferred().stash(0, pl_module.device, {})
+            self._start = Deferred().stash(0, trainer.strategy.root_device, {})
             self._tokens_at_start = _tokens_before_this_batch(pl_module, batch, trainer.world_size)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         if is_logged_step(step, self.every_steps) and step != self._last_marked:  # not within an accumulation
             self._last_marked = step
-            self.marks.stash(step, pl_module.device, {}, {"seconds": time.perf_counter() - self._started,
-                                                          "tokens": pl_module.tokens_seen - self._tokens_at_start})
+            tokens = pl_module.tokens_seen - self._tokens_at_start
+            self.marks.stash(step, trainer.strategy.root_device, {},
+                             {"seconds": time.perf_counter() - self._started, "tokens": tokens})
         self._write(trainer, wait=False)
 
     def on_train_end(self, trainer, pl_module):

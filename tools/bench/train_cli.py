@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--harness-warmup", type=int, default=2)
     parser.add_argument("--harness-steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=20, help="cli steps not timed (compiles, DeepSpeed's start)")
-    parser.add_argument("--steps", type=int, default=40, help="cli steps timed")
+    parser.add_argument("--steps", type=int, default=30, help="cli steps timed")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="one more cli row with these overrides (repeatable)")
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows a length (cycled)")
