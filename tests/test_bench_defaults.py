@@ -1,6 +1,5 @@
 """The defaults suite, tools/bench/defaults.py, on a tiny target on the CPU: distill once (the static engine),
-four short trainings (the settings before the fast defaults and the defaults, two seeds each, two processes at a
-time), each benched in the runtime; the per-run table and the verdict."""
+four short trainings (plain settings and the fast defaults, two seeds each, two processes at a time), each benched in the runtime; the per-run table and the verdict."""
 import json
 
 import pytest
@@ -23,11 +22,11 @@ def test_tiny_run(tmp_path, tiny_target_dir, distilled, capsys):
                             "--eval-max-new-tokens", "4", "--out", str(out), "--", "distill.max_new_tokens=16"])
     assert json.loads((out / "defaults.json").read_text())["runs"] == report["runs"]
     assert json.loads((out / "data" / "counts.json").read_text())["ok"] == 8
-    assert [r["run"] for r in report["runs"]] == ["before-s0", "before-s1", "defaults-s0", "defaults-s1"]
+    assert [r["run"] for r in report["runs"]] == ["plain-s0", "plain-s1", "defaults-s0", "defaults-s1"]
     for run in report["runs"]:
         assert run["train_exit"] == 0 and run["bench_exit"] == 0 and run["steps"] == 4, run
         assert run["tau_sim"] >= 1.0 and run["tau"] >= 1.0 and run["steps_per_s"] > 0
-    saved = (out / "runs" / "before-s1" / "recipe.yaml").read_text()
+    saved = (out / "runs" / "plain-s1" / "recipe.yaml").read_text()
     assert "optimizer: adamw\n" in saved and "activation_checkpointing: none" in saved and "seed: 1" in saved
     assert "activation_checkpointing: swiglu" in (out / "runs" / "defaults-s0" / "recipe.yaml").read_text()
     for measure in ("tau_sim", "tau", "steps_per_s"):

@@ -31,7 +31,9 @@ from tests.test_train_export_eval import make_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 4
-SETTINGS = dict(max_steps=2, val_every_steps=2, resume="auto", precision="32-true")
+SETTINGS = dict(max_steps=2, val_every_steps=2, resume="auto", precision="32-true", optimizer="adamw")
+"""AdamW: train.optimizer=auto's 8-bit moments are blocked per tensor on 1 GPU but per flat ZeRO partition on 2
+(and again after a universal resume), which moves weights by the moments' rounding, more than this test's 1%."""
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (torch.cuda.device_count() < 2)")]

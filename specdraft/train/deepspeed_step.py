@@ -3,7 +3,7 @@
 A host sync (`.item()`, `torch.cuda.synchronize()`) makes the host wait until the device has run every queued
 kernel; the device then idles through whatever host work comes next (the optimizer step's launches, Lightning's
 bookkeeping, the next batch) until the next step's first long kernels are queued. tools/bench/train.py's
-harness step has none. DeepSpeed ZeRO-1/2 (0.19), as Lightning configures it, had about seven a step for an
+harness step has none. DeepSpeed ZeRO-1/2 (0.19) with Lightning's configuration has about seven a step for an
 8B target's draft:
 
   - bf16.check_grad_overflow (on by default since 0.17): every step reads an overflow flag back

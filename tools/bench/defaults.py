@@ -1,29 +1,30 @@
 """Defaults suite: what training's fast defaults cost in acceptance. The SmolLM2 EAGLE-3 head is trained on the same
-distilled data, for the same steps, once with the settings before them and once with the defaults, two seeds each
-(the run-to-run noise), and each head decodes MT-bench in the runtime.
+distilled data, for the same steps, once with plain settings and once with the defaults, two seeds each (the
+run-to-run noise), and each head decodes MT-bench in the runtime.
 
     python tools/bench/defaults.py --prompts .data/train_prompts.jsonl --out OUT -- target.path=$GGUF
     python tools/bench/defaults.py --data DISTILLED --steps 600 --parallel 2 --out OUT -- target.path=$GGUF
 
 Settings:
-  before    train.compile=false train.activation_checkpointing=none train.optimizer=adamw
+  plain     train.compile=false train.activation_checkpointing=none train.optimizer=adamw (eager, every activation
+            kept, PyTorch's AdamW)
   defaults  the recipe as it is: compile auto (on CUDA), swiglu, optimizer auto (the fused 8-bit AdamW on CUDA)
 Stages, each `specdraft` in a process of its own, overrides after `--` given to every one:
   1. distill-data once (unless --data): the first --max-prompts of --prompts, distill.engine=static (the batched
      engine), distill.batch_size=--distill-batch, one shard; every run trains on it.
   2. train: each setting x --seeds (train.seed: the held-out split, the data order and the initial weights)
      with train.max_steps=--steps, train.micro_batch_size=--micro-batch, one validation at the last step.
-     --parallel runs that many at once on the one GPU, in the order before-s0, before-s1, defaults-s0, ...:
-     --parallel 2 runs each setting's seeds together (old and new each timed beside its twin), 4 runs all four
-     at once (the fastest; every run shares the GPU with the others, new and old alike).
+     --parallel runs that many at once on the one GPU, in the order plain-s0, plain-s1, defaults-s0, ...:
+     --parallel 2 runs each setting's seeds together (each run timed beside its twin), 4 runs all four at once
+     (the fastest; every run shares the GPU with the three others, plain and defaults alike).
   3. bench each run at T=0 on the first --eval-prompts MT-bench prompts (or --eval-file's), the runtime's
      default tree, the target the run trained with (`specdraft bench RUN --temperature 0 --no-hf
      --lossless-prompts 0`), --parallel at once (τ does not depend on the timing).
 Per run: held-out τ_sim (RUN/last/meta.json: the validation at the last step), MT-bench τ (bench.json), steps/s
 (RUN/logs/step_times.csv after the first fifth of the logged steps, the GPU shared as --parallel says). Per
 setting, the mean over the seeds; the seed-to-seed spread is the largest gap between two seeds of one setting. The
-verdict for each acceptance measure: "within noise" when the defaults' mean is within the spread of the settings
-before's, else "better" or "worse". OUT/defaults.json; each process's log in OUT/logs; the runs in OUT/runs.
+verdict for each measure: "within noise" when the defaults' mean is within the spread of the plain settings'
+mean, else "better" or "worse". OUT/defaults.json; each process's log in OUT/logs; the runs in OUT/runs.
 """
 from __future__ import annotations
 
@@ -37,14 +38,14 @@ from typing import Dict, List, Optional
 
 from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, write_report
 
-SETTINGS = {"before": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw"],
+SETTINGS = {"plain": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw"],
             "defaults": []}
 MEASURES = ("tau_sim", "tau")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="held-out τ_sim, MT-bench τ and steps/s: training before and with "
-                                                 "the fast defaults")
+    parser = argparse.ArgumentParser(description="held-out τ_sim, MT-bench τ and steps/s: training with plain "
+                                                 "settings and with the fast defaults")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for every stage, key=value (after --)")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "eagle3_smollm2.yaml")
     parser.add_argument("--prompts", type=Path, help="training prompts to distill (or --data)")
@@ -167,10 +168,10 @@ def verdict(results: List[dict]) -> dict:
             continue
         means = {setting: statistics.fmean(v) for setting, v in values.items()}
         spread = max(max(v) - min(v) for v in values.values())
-        difference = means["defaults"] - means["before"]
+        difference = means["defaults"] - means["plain"]
         outcome = "within noise" if abs(difference) <= spread else ("better" if difference > 0 else "worse")
         summary[measure] = {"means": means, "spread": spread, "difference": difference,
-                            "relative": difference / means["before"] if means["before"] else None,
+                            "relative": difference / means["plain"] if means["plain"] else None,
                             "verdict": outcome}
     return summary
 
@@ -185,10 +186,10 @@ def table(report: dict) -> str:
         if "means" not in found:
             lines.append([name, "", "", "", "", found["verdict"]])
             continue
-        lines.append([name, f"{found['means']['before']:.3f}", f"{found['means']['defaults']:.3f}",
+        lines.append([name, f"{found['means']['plain']:.3f}", f"{found['means']['defaults']:.3f}",
                       f"{found['difference']:+.3f} ({100 * (found['relative'] or 0):+.1f}%)",
                       f"{found['spread']:.3f}", found["verdict"]])
-    return text + "\n\n" + markdown_table(["measure", "before (mean)", "defaults (mean)", "difference",
+    return text + "\n\n" + markdown_table(["measure", "plain (mean)", "defaults (mean)", "difference",
                                            "seed-to-seed spread", "verdict"], lines)
 
 
