@@ -30,3 +30,42 @@ def test_a_gpu_stash_reads_nothing_until_it_lands():
     landed = reads.ready(wait=True)
     assert landed[0].values["norm"] == pytest.approx(busy.norm().item(), rel=1e-5)
     assert elapsed_ms(start, landed[0]) > 0
+
+
+def test_sigterm_stops_every_rank_one_step_after_rank_0_saw_it(monkeypatch):
+    """The SIGTERM flag Lightning broadcasts before each step of a run on several ranks (here one rank, the
+    broadcast and barrier stubbed): read a step later, so the step after the signal raises on every rank."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from specdraft.train.device_reads import SigtermFlag
+
+    broadcasts = []
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src: broadcasts.append(int(tensor)))
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: None)
+    trainer = SimpleNamespace(received_sigterm=False, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    flag = SigtermFlag(trainer)
+    flag()
+    trainer.received_sigterm = True
+    flag()  # the broadcast of this step carries the signal; the one read now did not
+    with pytest.raises(SIGTERMException):
+        flag()
+    assert broadcasts == [0, 1]
+
+
+def test_the_trainer_runs_the_flag_in_lightnings_place(tmp_path, tiny_target_dir, distilled):
+    """Lightning's training epoch loop calls `_broadcast_sigterm_tensor()` before each step on several ranks."""
+    import inspect
+
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    from specdraft.recipes import load_recipe
+    from specdraft.train.device_reads import SigtermFlag
+    from specdraft.train.trainer import build_trainer
+    from tests.test_train_export_eval import make_recipe
+
+    recipe = load_recipe(make_recipe(tmp_path, tiny_target_dir, distilled))
+    trainer = build_trainer(recipe.train, tmp_path / "run", recipe)
+    assert isinstance(trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor, SigtermFlag)
+    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(_TrainingEpochLoop.advance)

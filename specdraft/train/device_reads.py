@@ -73,3 +73,28 @@ class Deferred:
 def elapsed_ms(start: Stash, end: Stash) -> float:
     """Device time between two landed CUDA stashes' events, in ms."""
     return start.event.elapsed_time(end.event)
+
+
+class SigtermFlag:
+    """What Lightning (2.6) runs before every training step of a run on several ranks (`_broadcast_sigterm_tensor`
+    of its training epoch loop), without its two host syncs: it builds the flag from a host list on the GPU (a
+    copy the host waits for) and reads the broadcast back with `.item()`. Here the flag stays on the device and
+    each broadcast is read one step later, once it has landed (a wait on an event long passed): every rank stops
+    at the same step, one step after rank 0 saw SIGTERM, as Lightning's would (barrier, then SIGTERMException)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.flag, self.reads = trainer, None, Deferred()
+
+    def __call__(self) -> None:
+        import torch.distributed as dist
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if any(stash.values["sigterm"] for stash in self.reads.ready(wait=True)):
+            dist.barrier()
+            raise SIGTERMException()
+        device = self.trainer.strategy.root_device
+        if self.flag is None:
+            self.flag = torch.zeros(1, dtype=torch.int32, device=device)  # [1]
+        self.flag.fill_(1 if self.trainer.received_sigterm else 0)
+        dist.broadcast(self.flag, src=0)
+        self.reads.stash(0, device, {"sigterm": self.flag})

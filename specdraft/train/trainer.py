@@ -42,6 +42,7 @@ from specdraft.methods import get_method
 from specdraft.core.types import DraftContext
 from specdraft.targets import load_target_info
 from specdraft.train.deepspeed_step import step_config
+from specdraft.train.device_reads import SigtermFlag
 from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
 from specdraft.train.manifest import check_checkpoint_file
@@ -179,7 +180,7 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
                  FinishLastStep(cfg, run_dir / "checkpoints"), StepTimes(run_dir / "logs", cfg.log_every_steps),
                  CheckpointStep(),
                  TrainProgress(cfg, ("train/loss", "train/tokens_per_s", f"val/{monitor}")), *extra_callbacks]
-    return L.Trainer(
+    trainer = L.Trainer(
         accelerator="auto", devices=devices, num_nodes=cfg.num_nodes,
         strategy=_strategy(cfg, resume_from, trust_checkpoint),
         precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
@@ -189,6 +190,8 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
         callbacks=callbacks, logger=CSVLogger(run_dir, name="logs"), default_root_dir=run_dir,
         enable_model_summary=False, enable_progress_bar=False,  # TrainProgress draws the bar
     )
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = SigtermFlag(trainer)  # no host sync a step (ranks > 1)
+    return trainer
 
 
 def peak_memory(device: torch.device) -> Optional[int]:
