@@ -97,6 +97,16 @@ def test_a_compile_failure_names_the_key_to_turn_it_off(monkeypatch):
         Compiled(lambda x: x + 1, "the part")(torch.ones(2))
 
 
+def test_a_platform_without_torch_compile_names_the_key(monkeypatch):
+    def unsupported(fn, **kwargs):
+        raise RuntimeError("Dynamo is not supported on this Python")
+
+    monkeypatch.setattr(torch, "compile", unsupported)
+    with pytest.raises(SpecdraftError, match=r"^torch.compile of the part failed \(RuntimeError: Dynamo is not "
+                                             r"supported on this Python\); set train.compile=false"):
+        Compiled(lambda x: x + 1, "the part")(torch.ones(2))
+
+
 def _loss_and_grads(target, compiled, checkpointing, batch, device="cpu", autocast=False):
     from specdraft.methods.eagle3 import SPEC
 

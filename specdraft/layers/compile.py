@@ -41,13 +41,19 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         if self.compiled is None:
-            self.compiled = torch.compile(self.fn)
+            try:
+                self.compiled = torch.compile(self.fn)
+            except RuntimeError as err:  # torch.compile refuses this platform (its Python version, its OS)
+                raise self._failure(err) from err
         try:
             return self.compiled(*args, **kwargs)
         except _compile_errors() as err:
-            first_line = (str(err).strip().splitlines() or [""])[0][:300]
-            raise SpecdraftError(f"torch.compile of {self.what} failed ({type(err).__name__}: {first_line}); "
-                                 f"set {COMPILE_KEY}=false to run it eagerly") from err
+            raise self._failure(err) from err
+
+    def _failure(self, err: Exception) -> SpecdraftError:
+        first_line = (str(err).strip().splitlines() or [""])[0][:300]
+        return SpecdraftError(f"torch.compile of {self.what} failed ({type(err).__name__}: {first_line}); "
+                              f"set {COMPILE_KEY}=false to run it eagerly")
 
 
 _COMPILED: Dict[Callable, Compiled] = {}
