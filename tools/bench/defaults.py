@@ -24,7 +24,7 @@ Per run: held-out τ_sim (RUN/last/meta.json: the validation at the last step), 
 (RUN/logs/step_times.csv after the first fifth of the logged steps, the GPU shared as --parallel says). Per
 setting, the mean over the seeds; the seed-to-seed spread is the largest gap between two seeds of one setting. The
 verdict for each measure: "within noise" when the defaults' mean is within the spread of the plain settings'
-mean, else "better" or "worse". OUT/defaults.json; each process's log in OUT/logs; the runs in OUT/runs.
+mean, else "better" or "worse". OUT/defaults.json; each process's log in OUT/logs; the data and runs in --work.
 """
 from __future__ import annotations
 
@@ -60,8 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-file", type=Path, help="prompts to bench on (default: MT-bench's questions)")
     parser.add_argument("--eval-max-new-tokens", type=int, default=256)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per group of processes")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="OUT/defaults.json and OUT/logs")
+    parser.add_argument("--work", type=Path, help="the distilled data and the runs (default OUT/work)")
     args = parser.parse_args(argv)
+    args.work = args.work or args.out / "work"
     if (args.data is None) == (args.prompts is None):
         parser.error("give --prompts (distilled here) or --data (distilled before), not both")
     return args
@@ -106,7 +108,7 @@ def specdraft(*argv: str) -> List[str]:
 
 
 def distill(args) -> Path:
-    data = args.out / "data"
+    data = args.work / "data"
     prompts = args.prompts.resolve()
     argv = specdraft("distill-data", str(args.recipe), f"data.prompts=[{prompts}]",
                      f"data.max_samples={args.max_prompts}", "distill.engine=static",
@@ -119,13 +121,13 @@ def distill(args) -> Path:
 
 def train_argv(run: dict, data: Path, args) -> List[str]:
     return specdraft("train", str(args.recipe), f"distill.output_dir={data}",
-                     f"train.output_dir={args.out / 'runs' / run['run']}", f"train.seed={run['seed']}",
+                     f"train.output_dir={args.work / 'runs' / run['run']}", f"train.seed={run['seed']}",
                      f"train.max_steps={args.steps}", f"train.val_every_steps={args.steps}",
                      f"train.micro_batch_size={args.micro_batch}", *args.overrides, *SETTINGS[run["setting"]])
 
 
 def bench_argv(run: dict, args) -> List[str]:
-    directory = args.out / "runs" / run["run"]
+    directory = args.work / "runs" / run["run"]
     prompts = ["--prompts", str(args.eval_file.resolve())] if args.eval_file else []
     return specdraft("bench", str(directory), *prompts, "--max-prompts", str(args.eval_prompts),
                      "--max-new-tokens", str(args.eval_max_new_tokens), "--temperature", "0", "--no-hf",
@@ -149,7 +151,7 @@ def _read(path: Path) -> dict:
 
 
 def collect(run: dict, args, codes: Dict[str, int]) -> dict:
-    directory = args.out / "runs" / run["run"]
+    directory = args.work / "runs" / run["run"]
     last = _read(directory / "last" / "meta.json")
     return {**run, "train_exit": codes.get(f"train-{run['run']}"), "bench_exit": codes.get(f"bench-{run['run']}"),
             "steps": last.get("step"), "steps_per_s": steps_per_s(directory),

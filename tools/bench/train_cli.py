@@ -60,8 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows a length (cycled)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
-    parser.add_argument("--out", type=Path, required=True)
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, required=True, help="OUT/cli.json, OUT/harness.json, OUT/logs")
+    parser.add_argument("--work", type=Path, help="the target, rows and runs (checkpoints: GBs; default OUT/work)")
+    args = parser.parse_args(argv)
+    args.work = args.work or args.out / "work"
+    return args
 
 
 def variants(texts: List[str]) -> List[Tuple[str, List[str]]]:
@@ -124,7 +127,7 @@ def run_harness(args) -> dict:
 
 def cli_argv(args, recipe, seq_len: int, name: str, overrides: List[str], profile: bool) -> Tuple[list, Path]:
     """The `specdraft train` (or tools/profile_train.py) command of one cli row -> (argv, its train directory)."""
-    work = args.out / "work"
+    work = args.work
     run = work / "runs" / f"{name}-{seq_len}"
     warmup, steps = timed_steps(recipe, args.warmup, args.steps)
     where = [f"target.path={work / 'target'}", "target.random_init=true",
@@ -200,7 +203,7 @@ def main(argv=None) -> dict:
 
     args = parse_args(argv)
     spec = scale.CONFIGS[args.config]
-    work = args.out / "work"
+    work = args.work
     scale.write_target(work / "target", spec["target"])
     for seq_len in args.seq_lens:
         scale.write_rows(work / f"data-{seq_len}", args.rows, seq_len, spec["target"]["vocab_size"])
