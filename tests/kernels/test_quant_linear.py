@@ -62,12 +62,15 @@ def test_reference_is_the_float64_formula(bits):
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows, splits, with_bias", [(1, 3, True), (40, None, False)], ids=["gemv-split", "rows"])
-def test_triton_matches_reference_and_formula(bits, dtype, rows, splits, with_bias):
+@pytest.mark.parametrize("rows, forced, with_bias", [(1, {"splits": 3}, True), (3, {}, False), (40, {}, False),
+                                                     (2, {"gemv": False, "splits": 2}, True)],
+                         ids=["gemv-split", "gemv-rows", "dot", "dot-split"])
+def test_triton_matches_reference_and_formula(bits, dtype, rows, forced, with_bias):
     q = quantize(_weight(), bits)
     x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(1)).to(dtype)
     bias = torch.randn(OUT, generator=torch.Generator().manual_seed(2)).to(dtype) if with_bias else None
-    got, expected = quant_linear_triton(x, q, bias, splits=splits), quant_linear_reference(x, q, bias)
+    plan = launch_plan(rows, q, x.device, **forced)
+    got, expected = quant_linear_triton(x, q, bias, plan), quant_linear_reference(x, q, bias)
     exact = _formula(x, q, bias)
     assert got.dtype == dtype and got.shape == (rows, OUT)
     if dtype == torch.float32:
@@ -79,11 +82,17 @@ def test_triton_matches_reference_and_formula(bits, dtype, rows, splits, with_bi
         assert ((got.double() - exact).abs() <= ulp + (expected.double() - exact).abs()).all()
 
 
-def test_launch_plan_splits_large_gemvs_only():
-    big = quantize(torch.zeros(64, 8192), 8)  # 512 KiB: whole
-    assert launch_plan(1, big, torch.device("cpu"))[3] == 1
-    assert launch_plan(1, big, torch.device("cpu"), splits=4)[3:] == (4, 2048)
-    assert launch_plan(40, big, torch.device("cpu"))[:3] == (64, 64, 64)
+def test_launch_plan():
+    """Few rows are a gemv, more a dot; the input is split until the programs fill the GPU (8 on the CPU), each
+    split a whole number of blocks; forced fields win."""
+    cpu = torch.device("cpu")
+    wide = quantize(torch.zeros(4096, 8192), 4)  # 64 output blocks: no split
+    narrow = quantize(torch.zeros(64, 8192), 4)  # one output block: split, 64 groups in 8 parts
+    assert launch_plan(1, wide, cpu)[:2] == (True, 1) and launch_plan(1, wide, cpu).splits == 1
+    assert launch_plan(1, narrow, cpu)[4:6] == (8, 1024)
+    assert launch_plan(40, wide, cpu)[:4] == (False, 64, 64, 128)
+    assert launch_plan(1, narrow, cpu, splits=3)[4:6] == (3, 2816)
+    assert launch_plan(1, narrow, cpu, gemv=False, block_n=32, warps=8)[:3] == (False, 16, 32)
 
 
 def test_dispatch_shapes_and_bad_input(monkeypatch):
