@@ -84,21 +84,28 @@ def _nibbles_f32(codes):
 
 
 @triton.jit
-def _int4_gemv(x_row, w_rows, scale_ptr, min_ptr, n, in_n, scale_stride, k_begin, k_end, K_STEPS: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """One row's partial sums [BN] over K_STEPS groups of the input (BLOCK_K is the group)."""
+def _halves(x, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [ROWS, BK] -> its even and its odd columns, each [ROWS, BK/2] (the low and high nibbles' inputs)."""
+    return tl.split(tl.reshape(x, (ROWS, BLOCK_K // 2, 2)))
+
+
+@triton.jit
+def _int4_gemv(x_row, w_rows, scale_ptr, min_ptr, n, in_n, in_features, in_bytes, scale_stride, k_begin,
+               K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+    """One row's partial sums [BN] over K_STEPS groups of the input (BLOCK_K is the group). The masks compare
+    with the whole input (a split's steps never reach the next split's), so that the weights load in vectors."""
     acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
     for step in range(K_STEPS):
         k0 = k_begin + step * BLOCK_K
-        pairs = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # [BK/2] byte columns: input columns 2j and 2j + 1
-        even = 2 * pairs
-        in_even, in_odd = even < k_end, even + 1 < k_end
-        packed = tl.load(w_rows + pairs[None, :], mask=in_n[:, None] & in_even[None, :], other=0).to(tl.int32)
+        k = k0 + tl.arange(0, BLOCK_K)  # [BK]
+        pairs = k_begin // 2 + step * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # [BK/2] byte columns
+        packed = tl.load(w_rows + pairs[None, :], mask=in_n[:, None] & (pairs < in_bytes)[None, :],
+                         other=0).to(tl.int32)  # [BN, BK/2]: input columns 2j (low nibble) and 2j + 1 (high)
         group = k0 // BLOCK_K
         scale = tl.load(scale_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
         lowest = tl.load(min_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
-        x_even = tl.load(x_row + even, mask=in_even, other=0.0).to(tl.float32)[None, :]  # [1, BK/2]
-        x_odd = tl.load(x_row + even + 1, mask=in_odd, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(x_row + k, mask=k < in_features, other=0.0).to(tl.float32)[None, :]  # [1, BK]
+        x_even, x_odd = _halves(x, 1, BLOCK_K)
         w_even = _rounded_f32(_nibbles_f32(packed & 15) * scale + lowest, DTYPE)  # [BN, BK/2]
         w_odd = _rounded_f32(_nibbles_f32(packed >> 4) * scale + lowest, DTYPE)
         acc += w_even * x_even + w_odd * x_odd
@@ -106,14 +113,14 @@ def _int4_gemv(x_row, w_rows, scale_ptr, min_ptr, n, in_n, scale_stride, k_begin
 
 
 @triton.jit
-def _int8_gemv(x_row, w_rows, scale_ptr, n, in_n, k_begin, k_end, K_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+def _int8_gemv(x_row, w_rows, scale_ptr, n, in_n, in_features, k_begin, K_STEPS: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
     """One row's partial sums [BN] over K_STEPS blocks of the input."""
     scale = tl.load(scale_ptr + n, mask=in_n, other=0.0)[:, None]  # [BN, 1] float32
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for step in range(K_STEPS):
         k = k_begin + step * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
-        in_k = k < k_end
+        in_k = k < in_features
         codes = tl.load(w_rows + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0)  # [BN, BK] int8
         x = tl.load(x_row + k, mask=in_k, other=0.0).to(tl.float32)[None, :]
         acc += _rounded_f32(codes.to(tl.float32) * scale, DTYPE) * x
@@ -121,8 +128,8 @@ def _int8_gemv(x_row, w_rows, scale_ptr, n, in_n, k_begin, k_end, K_STEPS: tl.co
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, out_features, in_features, x_stride,
-                 data_stride, scale_stride, split_stride, K_STEPS: tl.constexpr, BITS: tl.constexpr,
+def _gemv_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, out_features, in_features, in_bytes,
+                 x_stride, data_stride, scale_stride, split_stride, K_STEPS: tl.constexpr, BITS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  INTERPRETED: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
@@ -131,14 +138,13 @@ def _gemv_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, out_fea
     split = tl.program_id(2)
     in_n = n < out_features
     k_begin = split * (K_STEPS * BLOCK_K)
-    k_end = tl.minimum(k_begin + K_STEPS * BLOCK_K, in_features)
     x_row = x_ptr + row * x_stride
     w_rows = data_ptr + n[:, None] * data_stride  # [BN, 1]
     if BITS == 8:
-        total = _int8_gemv(x_row, w_rows, scale_ptr, n, in_n, k_begin, k_end, K_STEPS, BLOCK_N, BLOCK_K, dtype)
+        total = _int8_gemv(x_row, w_rows, scale_ptr, n, in_n, in_features, k_begin, K_STEPS, BLOCK_N, BLOCK_K, dtype)
     else:
-        total = _int4_gemv(x_row, w_rows, scale_ptr, min_ptr, n, in_n, scale_stride, k_begin, k_end, K_STEPS,
-                           BLOCK_N, BLOCK_K, dtype)
+        total = _int4_gemv(x_row, w_rows, scale_ptr, min_ptr, n, in_n, in_features, in_bytes, scale_stride, k_begin,
+                           K_STEPS, BLOCK_N, BLOCK_K, dtype)
     at = row * out_features + n  # [BN] in a contiguous [rows, out] output
     if PARTIAL:
         tl.store(out_ptr + split * split_stride + at, total, mask=in_n)
@@ -149,8 +155,8 @@ def _gemv_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, out_fea
 
 
 @triton.jit
-def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, out_features, in_features, x_stride,
-                data_stride, scale_stride, split_stride, K_STEPS: tl.constexpr, BITS: tl.constexpr,
+def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, out_features, in_features, in_bytes,
+                x_stride, data_stride, scale_stride, split_stride, K_STEPS: tl.constexpr, BITS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
@@ -158,8 +164,7 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
     n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN]
     split = tl.program_id(2)
     in_m, in_n = m < rows, n < out_features
-    k_begin = split * (K_STEPS * BLOCK_K)
-    k_end = tl.minimum(k_begin + K_STEPS * BLOCK_K, in_features)
+    k_begin = split * (K_STEPS * BLOCK_K)  # a split's steps never reach the next's: masks compare with the input
     x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride  # [BM, 1]
     w_rows = data_ptr + n[:, None] * data_stride  # [BN, 1]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -167,7 +172,7 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
         scale = tl.load(scale_ptr + n, mask=in_n, other=0.0)[:, None]  # [BN, 1] float32
         for step in range(K_STEPS):  # constant trip count (the interpreter's loops need one); the tail is masked
             k = k_begin + step * BLOCK_K + tl.arange(0, BLOCK_K)  # [BK]
-            in_k = k < k_end
+            in_k = k < in_features
             x = tl.load(x_rows + k[None, :], mask=in_m[:, None] & in_k[None, :], other=0.0)  # [BM, BK]
             codes = tl.load(w_rows + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0)  # [BN, BK] int8
             w = _dot_weight(codes.to(tl.float32) * scale, dtype, UPCAST, INTERPRETED)
@@ -175,17 +180,17 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
     else:
         for step in range(K_STEPS):  # BLOCK_K is the group: one scale and one minimum a row
             k0 = k_begin + step * BLOCK_K
-            pairs = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # [BK/2] byte columns: input columns 2j and 2j + 1
-            even = 2 * pairs
-            in_even, in_odd = even < k_end, even + 1 < k_end
-            packed = tl.load(w_rows + pairs[None, :], mask=in_n[:, None] & in_even[None, :], other=0).to(tl.int32)
+            k = k0 + tl.arange(0, BLOCK_K)  # [BK]
+            pairs = k_begin // 2 + step * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # [BK/2] byte columns
+            packed = tl.load(w_rows + pairs[None, :], mask=in_n[:, None] & (pairs < in_bytes)[None, :],
+                             other=0).to(tl.int32)  # [BN, BK/2]
             group = k0 // BLOCK_K
             scale = tl.load(scale_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
             lowest = tl.load(min_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
             w_even = _dot_weight(_nibbles_f32(packed & 15) * scale + lowest, dtype, UPCAST, INTERPRETED)
             w_odd = _dot_weight(_nibbles_f32(packed >> 4) * scale + lowest, dtype, UPCAST, INTERPRETED)
-            x_even = tl.load(x_rows + even[None, :], mask=in_m[:, None] & in_even[None, :], other=0.0)  # [BM, BK/2]
-            x_odd = tl.load(x_rows + even[None, :] + 1, mask=in_m[:, None] & in_odd[None, :], other=0.0)
+            x = tl.load(x_rows + k[None, :], mask=in_m[:, None] & (k < in_features)[None, :], other=0.0)  # [BM, BK]
+            x_even, x_odd = _halves(x, BLOCK_M, BLOCK_K)
             acc += tl.dot(dot_operand(x_even, UPCAST), tl.trans(w_even), input_precision=DOT_PRECISION)
             acc += tl.dot(dot_operand(x_odd, UPCAST), tl.trans(w_odd), input_precision=DOT_PRECISION)
     at = m.to(tl.int64)[:, None] * out_features + n[None, :]  # [BM, BN] in a contiguous [rows, out] output
@@ -278,11 +283,12 @@ def quant_linear_triton(x: torch.Tensor, weight: QuantizedWeight, bias=None, pla
                  num_warps=plan.warps, num_stages=plan.stages)
     if plan.gemv:
         grid = (rows, triton.cdiv(out_features, plan.block_n), plan.splits)
-        _gemv_kernel[grid](*common, out_features, weight.in_features, *strides, **flags)
+        _gemv_kernel[grid](*common, out_features, weight.in_features, weight.data.shape[1], *strides, **flags)
     else:
         upcast = x.dtype == torch.bfloat16 and interpreted  # the interpreter multiplies bfloat16 bits as integers
         grid = (triton.cdiv(rows, plan.block_m), triton.cdiv(out_features, plan.block_n), plan.splits)
-        _dot_kernel[grid](*common, rows, out_features, weight.in_features, *strides, BLOCK_M=plan.block_m,
+        _dot_kernel[grid](*common, rows, out_features, weight.in_features, weight.data.shape[1], *strides,
+                          BLOCK_M=plan.block_m,
                           UPCAST=upcast, DOT_PRECISION="ieee" if upcast or x.dtype == torch.float32 else "tf32",
                           **flags)
     if plan.splits > 1:
