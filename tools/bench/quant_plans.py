@@ -24,8 +24,8 @@ from suite import child_env, finish, fmt, machine, markdown_table
 
 import torch
 
-GEMV_GRID = dict(block_n=(32, 64, 128), splits=(1, 2, 4, 8), warps=(4, 8))
-DOT_GRID = dict(block_n=(16, 32, 64), splits=(1, 2, 4), warps=(4,))
+GEMV_GRID = dict(block_n=(32, 64), splits=(1, 2, 4, 8), warps=(4, 8))
+DOT_GRID = dict(block_n=(32, 64, 128), splits=(1, 2, 4, 8), warps=(4, 8), stages=(3, 4))
 CALLS, REPLAYS = 20, 5
 
 
@@ -91,7 +91,8 @@ def graph_us(run, device: torch.device) -> float:
 
 def cases(args) -> List[tuple]:
     return [(geometry, name, shape, rows, bits) for geometry in args.geometry
-            for name, shape in layer_shapes(geometry).items() for rows in args.rows for bits in args.bits]
+            for name, shape in layer_shapes(geometry).items() for rows in args.rows for bits in args.bits
+            if not args.only or f"{geometry}:{rows}" in args.only]
 
 
 def time_case(case: tuple, device: torch.device, compile_only: bool) -> dict:
@@ -120,7 +121,7 @@ def time_case(case: tuple, device: torch.device, compile_only: bool) -> dict:
 def precompile(args) -> None:
     """The grid's kernels compiled in --jobs processes, each a share of the cases."""
     argv = [sys.executable, __file__, "--compile-only", "--geometry", *args.geometry, "--rows",
-            *map(str, args.rows), "--bits", *map(str, args.bits)]
+            *map(str, args.rows), "--bits", *map(str, args.bits), "--only", *args.only]
     workers = [subprocess.Popen([*argv, "--share", f"{i}/{args.jobs}"], env=child_env()) for i in range(args.jobs)]
     if any(worker.wait() != 0 for worker in workers):
         raise SystemExit("a compiling worker failed")
@@ -131,7 +132,8 @@ def table(results: List[dict]) -> str:
     for r in results:
         default, best = r["plans"][0], min(r["plans"], key=lambda t: t["us"])
         plan = best["plan"]
-        fields = f"{'gemv' if plan['gemv'] else 'dot'} n{plan['block_n']} s{plan['splits']} w{plan['warps']}"
+        fields = (f"{'gemv' if plan['gemv'] else 'dot'} n{plan['block_n']} s{plan['splits']} w{plan['warps']} "
+                  f"st{plan['stages']}")
         rows.append([r["geometry"], r["layer"], f"{r['in']}→{r['out']}", r["rows"], r["bits"], fmt(r["bf16_us"]),
                      fmt(default["us"]), fmt(best["us"]), fields, fmt(r["bytes"] / best["us"] / 1e3, ",.0f"),
                      fmt(r["bf16_us"] / best["us"], ".2f")])
@@ -143,6 +145,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description="quant_linear's launch plans against bf16, per layer and rows")
     parser.add_argument("--geometry", nargs="+", default=["llama3-8b", "smollm2"], choices=sorted(GEOMETRIES))
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 40])
+    parser.add_argument("--only", nargs="*", default=[], help="GEOMETRY:ROWS pairs to keep (default: every pair)")
     parser.add_argument("--bits", nargs="+", type=int, default=[4])
     parser.add_argument("--jobs", type=int, default=0, help="processes compiling the grid first (0: none)")
     parser.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
