@@ -83,16 +83,18 @@ def test_triton_matches_reference_and_formula(bits, dtype, rows, forced, with_bi
 
 
 def test_launch_plan():
-    """Few rows are a gemv, more a dot; the input is split until the programs fill the GPU (8 on the CPU), each
-    split a whole number of blocks; forced fields win."""
+    """int4: a small weight's decode step is a gemv, a large one's and many rows a dot; the input is split until
+    the programs fill the GPU (32 on the CPU), each split a whole number of blocks; forced fields win."""
     cpu = torch.device("cpu")
-    wide = quantize(torch.zeros(4096, 8192), 4)  # 64 output blocks: no split
-    narrow = quantize(torch.zeros(64, 8192), 4)  # one output block: split, 64 groups in 8 parts
-    assert launch_plan(1, wide, cpu)[:2] == (True, 1) and launch_plan(1, wide, cpu).splits == 1
+    small, large = quantize(torch.zeros(960, 576), 4), quantize(torch.zeros(4096, 8192), 4)
+    assert launch_plan(1, small, cpu)[:3] == (True, 1, 32) and launch_plan(1, small, cpu).splits == 1
+    assert launch_plan(1, large, cpu)[:3] == (False, 16, 128) and launch_plan(1, large, cpu).splits == 1
+    narrow = quantize(torch.zeros(64, 8192), 4)  # one block of outputs: 64 groups split in 8 parts of 8
     assert launch_plan(1, narrow, cpu)[4:6] == (8, 1024)
-    assert launch_plan(40, wide, cpu)[:4] == (False, 64, 64, 128)
+    assert launch_plan(40, small, cpu)[:4] == (False, 64, 32, 128)
     assert launch_plan(1, narrow, cpu, splits=3)[4:6] == (3, 2816)
-    assert launch_plan(1, narrow, cpu, gemv=False, block_n=32, warps=8)[:3] == (False, 16, 32)
+    assert launch_plan(1, small, cpu, gemv=False, block_n=64, warps=8)[:3] == (False, 16, 64)
+    assert launch_plan(3, quantize(torch.zeros(960, 576), 8), cpu)[:4] == (False, 16, 32, 256)
 
 
 def test_dispatch_shapes_and_bad_input(monkeypatch):
@@ -107,3 +109,20 @@ def test_dispatch_shapes_and_bad_input(monkeypatch):
         quant_linear_triton(x, quantize(_weight(), 4, group_size=96))
     with pytest.raises(SpecdraftError, match="8 or 4 bits"):
         quantize(_weight(), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("rows", [1, 3, 7, 40, 128])
+def test_default_plans_at_llama3_8b_shapes_on_gpu(bits, rows):
+    """Every linear layer of a Llama-3.1-8B-shaped target (q, k, v and gate, up fused) under its default plan:
+    the sizes where an index could pass 2^31 and where splits and block widths differ from the small cases."""
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(0)
+    for columns, outputs in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)):
+        q = quantize(torch.randn(outputs, columns, device=device, generator=generator) * 0.02, bits)
+        x = torch.randn(rows, columns, device=device, generator=generator, dtype=torch.bfloat16)
+        got, expected = quant_linear_triton(x, q), quant_linear_reference(x, q)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+        del q

@@ -5,14 +5,17 @@ int4 product of a 4-bit code and a float16 scale is exact in float32, so a fused
 reference's two steps do).
 
 Two kinds of program, by `LaunchPlan.gemv`:
-- gemv (a decode step: `GEMV_ROWS` rows or fewer): one row a program, the dequantized tile multiplied into a
-  float32 accumulator element by element and summed once at the end. A decode step is bound by the weights' bytes
-  and by the dequantization's instructions, not by multiply-adds, so no tensor-core tile is padded to 16 rows;
-  int4 codes become floats through their bits (or-ing them into 2^23's mantissa) rather than the slower
-  integer-to-float conversion. Rows beyond the first re-read the weights from L2 (their programs run side by side).
-- dot (a tree's verify, a prefill, training features): tiles of rows against tiles of outputs through tl.dot.
-Either splits the input columns into up to `MAX_SPLITS` parts when the output blocks alone would not fill the GPU,
-the parts summed in float32 by a second launch in a fixed order (the same bits every run).
+- gemv (an int4 decode step of a small weight: `GEMV_ROWS` rows or fewer): one row a program, the dequantized
+  tile multiplied into a float32 accumulator element by element and summed once at the end: no tensor-core tile
+  padded to 16 rows, the shortest program for a call its launch latency bounds. Rows beyond the first re-read the
+  weights from L2 (their programs run side by side).
+- dot (everything else: a large weight's decode step, a tree's verify, a prefill, training features): tiles of
+  rows against tiles of outputs through tl.dot.
+int4 codes become floats through their bits (or-ing them into 2^23's mantissa) rather than through the slower
+integer-to-float conversion, and the masks compare with the whole input so that the weights load in vectors.
+Either kind splits the input columns into up to `MAX_SPLITS` parts when the output blocks alone would not fill
+the GPU, the parts summed in float32 by a second launch in a fixed order (the same bits every run). The defaults
+of `launch_plan` come from `tools/bench/quant_plans.py` on an H200.
 """
 from typing import NamedTuple
 
@@ -28,8 +31,10 @@ from specdraft.kernels.rounding import dot_operand, round_as
 
 GEMV_ROWS = 4
 MAX_SPLITS = 8
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 8
 """Programs the splits aim at per streaming multiprocessor: a decode step needs many loads in flight."""
+SMALL_BYTES = 1 << 20
+"""Below this a weight's call is bound by its programs' latency rather than by its bytes."""
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -228,12 +233,23 @@ def _check(x: torch.Tensor, weight: QuantizedWeight, bias) -> None:
         raise SpecdraftError(f"quant_linear: bias {tuple(bias.shape)} does not fit {weight.out_features} outputs")
 
 
-def _default_blocks(rows: int, weight: QuantizedWeight, gemv: bool) -> tuple:
-    """(BLOCK_M, BLOCK_N, BLOCK_K) before any forcing."""
+def _int4_defaults(rows: int, weight: QuantizedWeight, gemv: bool) -> dict:
+    """Measured on an H200 (tools/bench/quant_plans.py): a small weight (a SmolLM2 layer) is bound by its
+    programs' latency, best in narrow blocks and, for a decode step, gemv programs of 8 warps; a large one by
+    bytes in flight, best in wide blocks of 4 warps and 3 stages."""
+    small = weight.data.numel() < SMALL_BYTES
     if gemv:
-        return 1, 64 if weight.bits == 4 else 32, weight.group_size if weight.bits == 4 else 256
-    block_k = weight.group_size if weight.bits == 4 else 64
-    return min(64, max(16, next_power_of_2(rows))), 64, block_k
+        return dict(block_m=1, block_n=32, block_k=weight.group_size, warps=8, stages=4)
+    block_n = 32 if small else 128 if rows <= 16 else 64
+    return dict(block_m=min(64, max(16, next_power_of_2(rows))), block_n=block_n, block_k=weight.group_size,
+                warps=4, stages=3)
+
+
+def _int8_defaults(rows: int, weight: QuantizedWeight, gemv: bool) -> dict:
+    """Wide input blocks for few rows (read the weights in long runs), square tiles for many."""
+    few = rows <= 16
+    return dict(block_m=1 if gemv else 16 if few else min(64, next_power_of_2(rows)), block_n=32 if few else 64,
+                block_k=256 if few else 64, warps=4, stages=4 if few else 3)
 
 
 def _default_splits(rows: int, out_features: int, block_m: int, block_n: int, k_blocks: int,
@@ -245,19 +261,19 @@ def _default_splits(rows: int, out_features: int, block_m: int, block_n: int, k_
 
 
 def launch_plan(rows: int, weight: QuantizedWeight, device: torch.device, **forced) -> LaunchPlan:
-    """The plan for `rows` rows (module docstring); keyword arguments force `LaunchPlan` fields (block_k and
-    per_split follow from the others)."""
-    gemv = forced.get("gemv", rows <= GEMV_ROWS)
-    block_m, block_n, block_k = _default_blocks(rows, weight, gemv)
-    block_m = 1 if gemv else forced.get("block_m", block_m)
-    block_n = forced.get("block_n", block_n)
-    k_blocks = triton.cdiv(weight.in_features, block_k)
-    splits = forced.get("splits") or _default_splits(rows, weight.out_features, block_m, block_n, k_blocks, device)
-    per_split = triton.cdiv(k_blocks, max(1, min(splits, k_blocks))) * block_k
-    warps = forced.get("warps", 4)
-    stages = forced.get("stages", 4 if gemv else 3)
-    return LaunchPlan(gemv, block_m, block_n, block_k, triton.cdiv(weight.in_features, per_split), per_split, warps,
-                      stages)
+    """The plan for `rows` rows (module docstring); keyword arguments force `LaunchPlan` fields (per_split
+    follows from the others)."""
+    small = weight.data.numel() < SMALL_BYTES
+    gemv = forced.pop("gemv", rows <= GEMV_ROWS and small and weight.bits == 4)
+    plan = (_int4_defaults if weight.bits == 4 else _int8_defaults)(rows, weight, gemv)
+    plan.update(forced)
+    if gemv:
+        plan["block_m"] = 1
+    k_blocks = triton.cdiv(weight.in_features, plan["block_k"])
+    splits = plan.pop("splits", None) or _default_splits(rows, weight.out_features, plan["block_m"],
+                                                         plan["block_n"], k_blocks, device)
+    per_split = triton.cdiv(k_blocks, max(1, min(splits, k_blocks))) * plan["block_k"]
+    return LaunchPlan(gemv=gemv, splits=triton.cdiv(weight.in_features, per_split), per_split=per_split, **plan)
 
 
 def quant_linear_triton(x: torch.Tensor, weight: QuantizedWeight, bias=None, plan: LaunchPlan = None) -> torch.Tensor:
