@@ -63,8 +63,10 @@ def test_reference_is_the_float64_formula(bits):
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, forced, with_bias", [(1, {"splits": 3}, True), (3, {}, False), (40, {}, False),
-                                                     (2, {"gemv": False, "splits": 2}, True)],
-                         ids=["gemv-split", "gemv-rows", "dot", "dot-split"])
+                                                     (2, {"gemv": False, "splits": 2}, True),
+                                                     (3, {"gemv": False, "swap": True}, True),
+                                                     (40, {"swap": True, "splits": 2}, False)],
+                         ids=["gemv-split", "gemv-rows", "dot", "dot-split", "swap", "swap-split"])
 def test_triton_matches_reference_and_formula(bits, dtype, rows, forced, with_bias):
     q = quantize(_weight(), bits)
     x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(1)).to(dtype)

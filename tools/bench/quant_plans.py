@@ -25,7 +25,7 @@ from suite import child_env, finish, fmt, machine, markdown_table
 import torch
 
 GEMV_GRID = dict(block_n=(32, 64), splits=(1, 2, 4, 8), warps=(4, 8))
-DOT_GRID = dict(block_n=(32, 64, 128), splits=(1, 2, 4, 8), warps=(4, 8), stages=(3, 4))
+DOT_GRID = dict(block_n=(32, 64, 128), splits=(1, 2, 4, 8), swap=(False, True))
 CALLS, REPLAYS = 20, 5
 
 
@@ -132,8 +132,8 @@ def table(results: List[dict]) -> str:
     for r in results:
         default, best = r["plans"][0], min(r["plans"], key=lambda t: t["us"])
         plan = best["plan"]
-        fields = (f"{'gemv' if plan['gemv'] else 'dot'} n{plan['block_n']} s{plan['splits']} w{plan['warps']} "
-                  f"st{plan['stages']}")
+        kind = "gemv" if plan["gemv"] else "dot-swap" if plan["swap"] else "dot"
+        fields = f"{kind} n{plan['block_n']} s{plan['splits']} w{plan['warps']} st{plan['stages']}"
         rows.append([r["geometry"], r["layer"], f"{r['in']}→{r['out']}", r["rows"], r["bits"], fmt(r["bf16_us"]),
                      fmt(default["us"]), fmt(best["us"]), fields, fmt(r["bytes"] / best["us"] / 1e3, ",.0f"),
                      fmt(r["bf16_us"] / best["us"], ".2f")])

@@ -49,6 +49,7 @@ class LaunchPlan(NamedTuple):
     per_split: int  # input columns a split (a multiple of block_k)
     warps: int
     stages: int
+    swap: bool = False  # dot programs: the weights as tl.dot's first operand (`_mma`)
 
 
 @triton.jit
@@ -160,10 +161,22 @@ def _gemv_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, out_fea
 
 
 @triton.jit
+def _mma(acc, x, w, SWAP: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc + x w^T ([BM, BN]), or with SWAP acc + w x^T ([BN, BM]): the dequantized weights as the first operand,
+    straight from registers, and the few rows as the second (a small M's tile then pads the rows, not the
+    weights)."""
+    if SWAP:
+        return acc + tl.dot(w, tl.trans(dot_operand(x, UPCAST)), input_precision=DOT_PRECISION)
+    else:
+        return acc + tl.dot(dot_operand(x, UPCAST), tl.trans(w), input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, out_features, in_features, in_bytes,
                 x_stride, data_stride, scale_stride, split_stride, K_STEPS: tl.constexpr, BITS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, INTERPRETED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                BLOCK_K: tl.constexpr, SWAP: tl.constexpr, UPCAST: tl.constexpr, INTERPRETED: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # [BN]
@@ -172,7 +185,10 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
     k_begin = split * (K_STEPS * BLOCK_K)  # a split's steps never reach the next's: masks compare with the input
     x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride  # [BM, 1]
     w_rows = data_ptr + n[:, None] * data_stride  # [BN, 1]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BITS == 8:
         scale = tl.load(scale_ptr + n, mask=in_n, other=0.0)[:, None]  # [BN, 1] float32
         for step in range(K_STEPS):  # constant trip count (the interpreter's loops need one); the tail is masked
@@ -181,7 +197,7 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
             x = tl.load(x_rows + k[None, :], mask=in_m[:, None] & in_k[None, :], other=0.0)  # [BM, BK]
             codes = tl.load(w_rows + k[None, :], mask=in_n[:, None] & in_k[None, :], other=0)  # [BN, BK] int8
             w = _dot_weight(codes.to(tl.float32) * scale, dtype, UPCAST, INTERPRETED)
-            acc += tl.dot(dot_operand(x, UPCAST), tl.trans(w), input_precision=DOT_PRECISION)
+            acc = _mma(acc, x, w, SWAP, UPCAST, DOT_PRECISION)
     else:
         for step in range(K_STEPS):  # BLOCK_K is the group: one scale and one minimum a row
             k0 = k_begin + step * BLOCK_K
@@ -196,15 +212,21 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
             w_odd = _dot_weight(_nibbles_f32(packed >> 4) * scale + lowest, dtype, UPCAST, INTERPRETED)
             x = tl.load(x_rows + k[None, :], mask=in_m[:, None] & (k < in_features)[None, :], other=0.0)  # [BM, BK]
             x_even, x_odd = _halves(x, BLOCK_M, BLOCK_K)
-            acc += tl.dot(dot_operand(x_even, UPCAST), tl.trans(w_even), input_precision=DOT_PRECISION)
-            acc += tl.dot(dot_operand(x_odd, UPCAST), tl.trans(w_odd), input_precision=DOT_PRECISION)
-    at = m.to(tl.int64)[:, None] * out_features + n[None, :]  # [BM, BN] in a contiguous [rows, out] output
-    inside = in_m[:, None] & in_n[None, :]
+            acc = _mma(acc, x_even, w_even, SWAP, UPCAST, DOT_PRECISION)
+            acc = _mma(acc, x_odd, w_odd, SWAP, UPCAST, DOT_PRECISION)
+    if SWAP:
+        at = m.to(tl.int64)[None, :] * out_features + n[:, None]  # [BN, BM] in a contiguous [rows, out] output
+        inside = in_n[:, None] & in_m[None, :]
+        bias_at = n[:, None]
+    else:
+        at = m.to(tl.int64)[:, None] * out_features + n[None, :]  # [BM, BN]
+        inside = in_m[:, None] & in_n[None, :]
+        bias_at = n[None, :]
     if PARTIAL:
         tl.store(out_ptr + split * split_stride + at, acc, mask=inside)
     else:
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + n, mask=in_n, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(bias_ptr + bias_at, mask=bias_at < out_features, other=0.0).to(tl.float32)
         tl.store(out_ptr + at, _as_dtype(acc, dtype, INTERPRETED), mask=inside)
 
 
@@ -304,7 +326,7 @@ def quant_linear_triton(x: torch.Tensor, weight: QuantizedWeight, bias=None, pla
         upcast = x.dtype == torch.bfloat16 and interpreted  # the interpreter multiplies bfloat16 bits as integers
         grid = (triton.cdiv(rows, plan.block_m), triton.cdiv(out_features, plan.block_n), plan.splits)
         _dot_kernel[grid](*common, rows, out_features, weight.in_features, weight.data.shape[1], *strides,
-                          BLOCK_M=plan.block_m,
+                          BLOCK_M=plan.block_m, SWAP=plan.swap,
                           UPCAST=upcast, DOT_PRECISION="ieee" if upcast or x.dtype == torch.float32 else "tf32",
                           **flags)
     if plan.splits > 1:
