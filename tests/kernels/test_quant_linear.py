@@ -115,16 +115,19 @@ def test_dispatch_shapes_and_bad_input(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("rows", [1, 3, 7, 40, 128])
-def test_default_plans_at_llama3_8b_shapes_on_gpu(bits, rows):
-    """Every linear layer of a Llama-3.1-8B-shaped target (q, k, v and gate, up fused) under its default plan:
-    the sizes where an index could pass 2^31 and where splits and block widths differ from the small cases."""
+@pytest.mark.parametrize("rows, forced", [(1, {}), (3, {}), (7, {}), (40, {}), (128, {}), (1, {"gemv": True}),
+                                          (3, {"gemv": True}), (2, {"swap": True, "gemv": False})])
+def test_plans_at_llama3_8b_shapes_on_gpu(bits, rows, forced):
+    """Every linear layer of a Llama-3.1-8B-shaped target (q, k, v and gate, up fused) under its default plan and
+    the other kinds: the sizes where an index could pass 2^31 and where splits and block widths differ from the
+    small cases."""
     device = torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(0)
     for columns, outputs in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)):
         q = quantize(torch.randn(outputs, columns, device=device, generator=generator) * 0.02, bits)
         x = torch.randn(rows, columns, device=device, generator=generator, dtype=torch.bfloat16)
-        got, expected = quant_linear_triton(x, q), quant_linear_reference(x, q)
+        plan = launch_plan(rows, q, device, **forced)
+        got, expected = quant_linear_triton(x, q, None, plan), quant_linear_reference(x, q)
         torch.cuda.synchronize()
         torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
         del q
