@@ -13,7 +13,8 @@ commit's bookkeeping: the path's cache slots, next tokens, host record, features
 (accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass attention over the prefix
 and the tree, flash-decoding style; a drafting step's over its scratch slots too), `draft_input` (the EAGLE-3
 draft layer's [norm(embedding) ; norm(hidden)] input: the gather, both norms and the join), `top_entropy` (a
-draft distribution's entropy over its top M tokens, what a tree scorer reads at each depth); in every decoder
+draft distribution's entropy over its top M tokens), `prune_children` (a tree scorer's pruning of a depth's
+children: C2T's FFN over their joint probability, their parent's top-M entropy and their depth, in one launch); in every decoder
 layer (the target's and the draft heads'), `rms_norm` ((residual add +) RMSNorm), `rope_cache` (rotary q and k +
 the KV-cache write) and `silu_mul` (SwiGLU's activation), one launch each, rounding where the unfused ops round
 (`rounding.py`); for bulk generation (decoding/batched.py), `ragged_attention` (each query over its own
