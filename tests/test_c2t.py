@@ -224,6 +224,19 @@ def test_an_export_without_its_draft_is_one_line_naming_it(trained, tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_an_export_of_unscaled_features_is_one_line(trained, tmp_path):
+    """A classifier exported before its features were scaled (no feature_scale) would score other numbers than it
+    was trained on: refused in one line."""
+    old = tmp_path / "export"
+    shutil.copytree(trained["export"], old)
+    tensors = load_file(old / "model.safetensors")
+    del tensors["feature_scale"]
+    save_file(tensors, str(old / "model.safetensors"))
+    with pytest.raises(SpecdraftError, match="reads unscaled features") as err:
+        load_runtime(old, RuntimeConfig(device="cpu"))
+    assert "\n" not in str(err.value)
+
+
 def test_a_base_without_a_draft_is_one_line_naming_it(trained, tiny_target_dir, chat_base_export, tmp_path, capsys):
     empty = tmp_path / "empty"
     shutil.copytree(chat_base_export, empty)

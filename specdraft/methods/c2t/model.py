@@ -45,14 +45,24 @@ def draft_digest(draft: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+def feature_scale(cfg: C2TConfig) -> torch.Tensor:
+    """[3]: what the classifier multiplies its features by first, so that each spans about [0, 1] (the joint
+    probability as it is, the entropy over ln M, the depth over the traced trees' depth). Unscaled, the depth
+    (up to 11) and the entropy (up to 6.9) swamp the joint probability, and Adam at 1e-3 takes far more steps
+    than a few hundred to undo it (on synthetic trees, a few hundred steps left the classifier ranking the
+    candidates a tree verifies worse than their joint probability alone does)."""
+    return torch.tensor([1.0, 1.0 / math.log(ENTROPY_TOP), 1.0 / cfg.trace_depth])
+
+
 class C2TClassifier(nn.Module):
     """The trained part of a C2T draft: [n, 3] features -> [n] logits. `base` (not a submodule: saved apart) is the
-    draft whose trees it prunes."""
+    draft whose trees it prunes. `feature_scale` (a buffer, exported) scales the features before the first layer."""
 
     def __init__(self, cfg: C2TConfig, ctx: DraftContext):
         super().__init__()
         self.hidden = nn.Linear(NUM_FEATURES, cfg.hidden_size)
         self.out = nn.Linear(cfg.hidden_size, 1)
+        self.register_buffer("feature_scale", feature_scale(cfg))
         object.__setattr__(self, "base", ctx.base)
 
     @functools.cached_property
@@ -62,11 +72,12 @@ class C2TClassifier(nn.Module):
         return draft_digest(self.base.draft) if self.base is not None else None
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:  # [n, 3] -> [n]
-        return self.out(torch.relu(self.hidden(features)))[:, 0]
+        return self.out(torch.relu(self.hidden(features * self.feature_scale)))[:, 0]
 
     def input_layer(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The first layer over the raw features -> (weight [Hc, 3], bias [Hc]): what the runtime's kernel applies."""
-        return self.hidden.weight, self.hidden.bias
+        """The first layer over the unscaled features, the scale folded in -> (weight [Hc, 3], bias [Hc]): what the
+        runtime's kernel applies."""
+        return self.hidden.weight * self.feature_scale[None, :], self.hidden.bias
 
 
 def _check_traces(classifier: C2TClassifier, batch: Dict) -> None:
@@ -81,9 +92,19 @@ def _check_traces(classifier: C2TClassifier, batch: Dict) -> None:
                 f"`specdraft distill-data` into a new distill.output_dir")
 
 
+def ranking_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """scores, labels [n] -> the probability that an accepted candidate outscores a rejected one (ROC AUC; ties
+    broken by position), whatever β: how well the classifier ranks, apart from where β cuts."""
+    ranks = scores.argsort().argsort().float() + 1  # [n] 1..n
+    accepted = labels > 0.5
+    positives, negatives = accepted.sum(), (~accepted).sum()
+    return (ranks[accepted].sum() - positives * (positives + 1) / 2) / (positives * negatives).clamp(min=1)
+
+
 def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutput:
     """Binary cross-entropy of the accepted label; metrics at β = method.threshold: recall (accepted candidates
-    kept), positive_rate (candidates kept), accuracy, and `recall_first`, which picks the best/ snapshot."""
+    kept), positive_rate (candidates kept), accuracy; `auc` (ranking_auc); and `recall_first` (recall, then the
+    lowest positive rate: recall - 1e-3 x positive rate), which picks the best/ snapshot as the paper does."""
     _check_traces(classifier, batch)
     features, labels = batch["features"], batch["labels"]  # [n, 3], [n]
     logits = classifier(features)
@@ -96,7 +117,7 @@ def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutp
         recall = (kept & accepted).sum() / accepted.sum().clamp(min=1)
         positive_rate = kept.float().mean()
         metrics = {"recall": recall, "positive_rate": positive_rate,
-                   "accuracy": (kept == accepted).float().mean(),
+                   "accuracy": (kept == accepted).float().mean(), "auc": ranking_auc(logits, labels),
                    "recall_first": recall - 1e-3 * positive_rate}
     return LossOutput(loss=loss, metrics=metrics)
 
