@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -46,9 +45,9 @@ from specdraft.config import RuntimeConfig  # noqa: E402
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 
-def write_recipe(args) -> Path:
+def write_recipe(args, per_batch: int = 1) -> Path:
     """The C2T recipe of this run (WORK/c2t.yaml): EXPORT as method.draft, the traces' and training's settings
-    (the batch's prompts are set once the traces are counted: `batch_prompts`)."""
+    (`per_batch` prompts a batch: written again once the traces are counted, `batch_prompts`)."""
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     steps = args.train_steps
@@ -60,7 +59,7 @@ method: {{name: c2t, draft: {Path(args.export).resolve()}, trace_depth: {args.tr
 data: {{prompts: [{Path(args.train_prompts_file).resolve()}], max_samples: {args.train_prompts}, max_length: 1024,
        too_long: skip, val_fraction: {args.val_fraction}}}
 distill: {{output_dir: {work / 'traces'}, max_new_tokens: {args.trace_tokens}, shard_size: 16}}
-train: {{output_dir: {work / 'run'}, max_steps: {steps}, micro_batch_size: 1, lr: 1.0e-3,
+train: {{output_dir: {work / 'run'}, max_steps: {steps}, micro_batch_size: {per_batch}, lr: 1.0e-3,
         warmup_steps: 1, weight_decay: 0.0, val_every_steps: {max(1, steps // 10)},
         log_every_steps: {max(1, steps // 10)}}}
 """)
@@ -94,7 +93,7 @@ def make_classifier(args) -> Dict:
     counts = run_distill(recipe, device=args.device if args.device != "auto" else None)
     traced = time.perf_counter()
     per_batch = batch_prompts(Path(recipe.distill.output_dir), args.batch_candidates)
-    recipe = replace(recipe, train=replace(recipe.train, micro_batch_size=per_batch))
+    recipe = load_recipe(write_recipe(args, per_batch))
     summary = run_train(recipe)
     trained = time.perf_counter()
     export = export_draft(recipe.train.output_dir, "hf", Path(args.work) / "export", dtype="float32")
