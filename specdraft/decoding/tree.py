@@ -232,11 +232,10 @@ class TreeExpansion:
         budget = min(self.shape.budget, cand_tokens.shape[0])
         select = _every_candidate if budget == cand_tokens.shape[0] else select_tree
         selection = select(cand_tokens, cand_parents, cand_scores, budget, depth)
-        tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
+        return DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
                          valid=selection.valid, tree_mask=selection.tree_mask,
                          joint_logprobs=selection.joint_logprobs, candidate_ids=selection.chosen,
                          sampled=self.sampled_drafts(selection.chosen, depth))
-        return tree
 
 
 class _Frontier(NamedTuple):
