@@ -94,10 +94,10 @@ def kangaroo_chain(draft: KangarooDraft, state: ChainState, num_tokens: int) -> 
 
 
 @torch.no_grad()
-def vispec_chain(draft: VispecDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+def vispec_prefix_step(draft: VispecDraft, state: ChainState):
     """Step 0 over the prefix in the draft's own columns (the training side's `draft_columns`: each image's span
     replaced by its stand-ins, which skip img_fc), column c reading the token after its target position p(c) at
-    rotary position p(c); then a chain, every fed-back state through img_fc with the last image's global feature."""
+    rotary position p(c) -> (its states [1, n', H], its keys, columns [n'], positions p [n'], global features)."""
     n = state.tokens.shape[1] - 1
     ones = torch.ones_like(state.tokens[:, :n])
     columns = draft_columns(draft, DraftBatch(state.tokens[:, :n], ones, ones, state.features))
@@ -110,6 +110,14 @@ def vispec_chain(draft: VispecDraft, state: ChainState, num_tokens: int) -> torc
     positions = cols if columns.batch.position_ids is None else columns.batch.position_ids[0, :kept]  # [n'] p(c)
     embeds = state.embed(state.tokens[:, positions + 1]).to(hidden.dtype)  # the token after each column's position
     hidden, kv = draft.step(hidden, embeds, positions, cols, [])
+    return hidden, kv, cols, positions, global_features
+
+
+@torch.no_grad()
+def vispec_chain(draft: VispecDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """`vispec_prefix_step`, then a chain, every fed-back state through img_fc with the last image's global
+    feature."""
+    hidden, kv, cols, positions, global_features = vispec_prefix_step(draft, state)
     last_global = global_features[:, -1:]
     return _chain_steps(draft, state, hidden[:, -1:], kv, cols[-1:], positions[-1:], num_tokens,
                         feed=lambda fed_back: draft.with_image(fed_back, last_global))

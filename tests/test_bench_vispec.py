@@ -1,6 +1,7 @@
 """The ViSpec suite, tools/bench/vispec.py, on the small VLM tools/build_small_vlm.py builds in its tiny mode (a tiny
 random language model; its drawn-image prompt sets), CPU, float32: distill with and without the answer instruction,
-ViSpec and EAGLE-3 trained on the same data, steps and seed, both benched against plain decoding; tables, JSON."""
+ViSpec and EAGLE-3 trained on the same data, steps and seed, both benched against plain decoding on prompts with
+the instruction; tables, JSON."""
 import json
 
 from tests.tools import load_tool
@@ -15,7 +16,7 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
     report = suite.main([str(vlm), "--out", str(tmp_path / "out"), "--distill-prompts", "4", "--length-prompts", "2",
                          "--max-new-tokens", "8", "--steps", "2", "--batch", "2", "--bench-prompts", "2",
                          "--bench-new-tokens", "8", "--lossless-prompts", "2", "--device", "cpu", "--dtype",
-                         "float32", "--max-len", "256", "data.max_length=256", "distill.batch_size=4",
+                         "float32", "--max-len", "320", "data.max_length=256", "distill.batch_size=4",
                          "distill.shard_size=4", "method.ttt_steps=2", "method.draft_vocab_size=256",
                          "data.val_fraction=0.25", "method.feature_layers=[1]"])  # a two-layer language model
     lengths = report["lengths"]
@@ -32,6 +33,8 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
     assert "num_queries" in recipes["vispec"] and "num_queries" not in recipes["eagle3"]
     assert all(f"output_dir: {tmp_path / 'out' / 'data'}" in text for text in recipes.values())  # the same data
     assert report["tau_ratio"] is not None
+    assert report["bench_instruction"] == lengths["instruction"]  # benched as trained: the instruction appended
     assert json.loads((tmp_path / "out" / "vispec.json").read_text())["tau_ratio"] == report["tau_ratio"]
     printed = capsys.readouterr().out
-    assert "| with, same prompts | 2 |" in printed and "| vispec | 2 |" in printed and "τ(ViSpec) / τ(EAGLE-3)" in printed
+    assert "| with, same prompts | 2 |" in printed and "| vispec | 2 |" in printed
+    assert "τ(ViSpec) / τ(EAGLE-3)" in printed and "bench prompts: with the instruction" in printed

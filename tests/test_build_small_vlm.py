@@ -104,3 +104,66 @@ def test_settings_override():
     assert settings.lora_steps == 5 and settings.tiny_lm
     with pytest.raises(SystemExit, match="unknown setting"):
         build_small_vlm.parse_settings(build_small_vlm.Settings(), ["nope=1"])
+
+
+vlm_long = load_tool("vlm_long")
+
+
+def test_long_descriptions_open_with_the_short_one_state_every_fact_and_mostly_depend_on_the_image():
+    scenes = vlm_scenes.random_scenes(300, seed=4)
+    for scene in scenes:
+        text = vlm_long.describe_long(scene)
+        assert text.startswith(vlm_scenes.describe(scene) + "\n\n")
+        assert all(vlm_long.score_long(vlm_scenes.facts(scene), text).values()), text
+    assert vlm_long.blind_share(scenes) > 0.4  # of the words a writer blind to the image gets wrong
+    words = [len(vlm_long.describe_long(scene).split()) for scene in scenes]
+    assert 60 < sum(words) / len(words) < 250 and max(words) < 320  # about 200 SmolLM2 tokens on average
+    other = vlm_scenes.random_scenes(1, seed=5)[0]
+    wrong = vlm_long.describe_long(other)
+    assert not all(vlm_long.score_long(vlm_scenes.facts(scenes[0]), wrong).values())
+
+
+def test_the_instruction_is_the_one_the_recipes_append():
+    from specdraft.recipes import load_recipe
+
+    root = build_small_vlm.Path(build_small_vlm.__file__).resolve().parents[1] / "recipes"
+    for name in ("vispec_smallvlm.yaml", "smoke/vispec_smallvlm.yaml", "vispec_llava16.yaml"):
+        assert load_recipe(root / name, []).distill.answer_instruction == vlm_long.INSTRUCTION
+
+
+def test_long_rows_are_what_distillation_sends(built):
+    """The builder's long-answer prompt is distillation's prompt with the instruction appended (with_instruction),
+    token for token; a long batch holds long answers."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from data_gen.image_prompts import with_instruction
+    from specdraft.data.sources import load_conversations
+    from specdraft.targets.chat import VisionChat
+
+    processor = AutoProcessor.from_pretrained(built)
+    conversation = load_conversations([str(built / "prompts" / "distill.jsonl")])[0]
+    prompt = vlm_scenes.PROMPTS[0]
+    assert conversation.messages[0]["content"] == f"<image>\n{prompt}"
+    messages = with_instruction(conversation, vlm_long.INSTRUCTION).messages[:1]  # the user turn
+    image = Image.open(conversation.images[0]).convert("RGB")
+    distilled = VisionChat(processor).ids(messages, [image], add_generation_prompt=True)
+    tokenizer, settings = processor.tokenizer, build_small_vlm.TINY
+    assert build_small_vlm.prompt_ids(tokenizer, vlm_long.long_prompt(prompt), settings) == distilled
+    scenes = vlm_scenes.random_scenes(8, seed=6)
+    pixels = build_small_vlm.draw_pixels(scenes, settings.image_size, 1)
+    pool = build_small_vlm.make_pool(scenes, pixels, tokenizer, settings, "cpu")
+    batch = build_small_vlm.caption_batch(pool, random.Random(0), 3, tokenizer.pad_token_id, "cpu", long=True)
+    answer = tokenizer.decode(batch["labels"][0][batch["labels"][0] >= 0], skip_special_tokens=True)
+    assert "\n\n" in answer and vlm_long.INSTRUCTION in tokenizer.decode(batch["input_ids"][0])
+    assert build_small_vlm.long_schedule(6, 0.5) == [False, True] * 3
+    assert build_small_vlm.long_schedule(4, 0.0) == [False] * 4
+
+
+def test_accuracy_reports_long_answers_beside_plain_ones(built):
+    long = json.loads((built / "accuracy.json").read_text())["long"]
+    assert long["instruction"] == vlm_long.INSTRUCTION and long["images"] == 2
+    assert long["lengths"]["with"]["answers"] == long["lengths"]["without"]["answers"] == 2
+    assert set(long["attributes"]) <= {"count", "colours", "shapes", "objects", "sizes", "word", "word_colour",
+                                       "word_row", "bar_count", "bar_colours", "tallest", "bar_values"}
+    assert "| with instruction | 2 |" in build_small_vlm.vlm_prompts.long_table({"long": long})

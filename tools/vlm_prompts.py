@@ -24,11 +24,13 @@ seeds apart from each other and from the model's training scenes.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+import vlm_long
 import vlm_scenes
 
 SPLIT_SEEDS = {"distill": 1, "test": 2}
@@ -82,27 +84,43 @@ def _user_turn(record: dict) -> str:
     return next(turn["value"] for turn in record["conversations"] if turn["from"] == "human")
 
 
-def describe_images(model_dir: Path, records: List[dict], image_root: Path, device: str, max_new_tokens: int,
-                    batch: int) -> List[str]:
-    """The saved VLM's greedy answers to each record's prompt over its image, loaded as any user loads a VLM."""
-    from PIL import Image
+def load_vlm(model_dir: Path, device: str):
+    """(model, processor) of a saved VLM, loaded as any user loads one (the processor padding on the left)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(model_dir)
     processor.tokenizer.padding_side = "left"
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    answers = []
+    return AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).to(device).eval(), processor
+
+
+def answer_lengths(generated: torch.Tensor, eos_id: int) -> List[int]:
+    """generated [B, N] (what follows each prompt) -> each answer's tokens before its end of turn (N if none)."""
+    ends = generated == eos_id
+    return torch.where(ends.any(1), ends.int().argmax(1), generated.shape[1]).tolist()
+
+
+def describe_images(vlm, records: List[dict], image_root: Path, device: str, max_new_tokens: int, batch: int,
+                    instruction: Optional[str] = None) -> Tuple[List[str], List[int]]:
+    """A loaded VLM's (load_vlm) greedy answers to each record's prompt over its image, `instruction` appended to
+    the prompt on a line of its own -> (answers, their lengths in tokens)."""
+    from PIL import Image
+
+    model, processor = vlm
+    answers, lengths = [], []
     for start in range(0, len(records), batch):
         chunk = records[start:start + batch]
-        texts = [processor.apply_chat_template([{"role": "user", "content": _user_turn(r)}],
-                                               add_generation_prompt=True) for r in chunk]
+        turns = [_user_turn(r) + (f"\n{instruction}" if instruction else "") for r in chunk]
+        texts = [processor.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True)
+                 for turn in turns]
         images = [Image.open(image_root / r["image"]).convert("RGB") for r in chunk]
         inputs = processor(images=images, text=texts, padding=True, return_tensors="pt").to(device)
         with torch.no_grad():
             output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        answers += processor.batch_decode(output[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    return answers
+        generated = output[:, inputs["input_ids"].shape[1]:]
+        answers += processor.batch_decode(generated, skip_special_tokens=True)
+        lengths += answer_lengths(generated, processor.tokenizer.eos_token_id)
+    return answers, lengths
 
 
 def _blind_scores(records: List[dict]) -> Dict[str, float]:
@@ -119,23 +137,55 @@ def _blind_scores(records: List[dict]) -> Dict[str, float]:
     return {name: sum(values) / len(values) for name, values in totals.items()}
 
 
-def accuracy(records: List[dict], answers: List[str]) -> dict:
-    """Per attribute: the share of descriptions stating it right, how many were scored, and chance."""
+def _short_score(facts: dict, answer: str) -> Dict[str, bool]:
+    return vlm_scenes.score(facts, vlm_scenes.read_description(answer))
+
+
+def accuracy(records: List[dict], answers: List[str], scorer: Callable[[dict, str], Dict[str, bool]] = _short_score,
+             chance: bool = True) -> dict:
+    """Per attribute: the share of descriptions stating it right (by `scorer`), how many were scored, and chance."""
     hits: Dict[str, List[bool]] = {}
     for record, answer in zip(records, answers):
-        for name, right in vlm_scenes.score(record["facts"], vlm_scenes.read_description(answer)).items():
+        for name, right in scorer(record["facts"], answer).items():
             hits.setdefault(name, []).append(right)
-    chance = _blind_scores(records)
+    blind = _blind_scores(records) if chance else {}
     return {name: {"accuracy": round(sum(values) / len(values), 4), "n": len(values),
-                   "chance": round(chance.get(name, 0.0), 4)} for name, values in hits.items()}
+                   **({"chance": round(blind.get(name, 0.0), 4)} if chance else {})} for name, values in hits.items()}
 
 
-def evaluate(model_dir: Path, prompt_set: Path, device: str, max_new_tokens: int, batch: int) -> dict:
-    """accuracy.json's content: the saved model's descriptions of a prompt set's images, scored."""
+def length_summary(lengths: List[int], limit: int) -> dict:
+    """The distribution of answer lengths (tokens), and the share of them at `limit`."""
+    ordered = sorted(lengths)
+    if not ordered:
+        return {"answers": 0}
+    return {"answers": len(ordered), "mean": round(statistics.fmean(ordered), 1), "median": statistics.median(ordered),
+            "p10": ordered[len(ordered) // 10], "p90": ordered[min(len(ordered) - 1, len(ordered) * 9 // 10)],
+            "max": ordered[-1], "at_limit": round(sum(n >= limit for n in ordered) / len(ordered), 4)}
+
+
+def long_answers(vlm, records: List[dict], root: Path, device: str, plain_lengths: List[int], max_new_tokens: int,
+                 batch: int) -> dict:
+    """accuracy.json's `long` section: the records answered with the instruction, their lengths beside the plain
+    answers' to the same prompts, and every attribute the long answers state (vlm_long.score_long)."""
+    answers, lengths = describe_images(vlm, records, root, device, max_new_tokens, batch, vlm_long.INSTRUCTION)
+    return {"instruction": vlm_long.INSTRUCTION, "images": len(records), "max_new_tokens": max_new_tokens,
+            "lengths": {"without": length_summary(plain_lengths[:len(records)], max_new_tokens),
+                        "with": length_summary(lengths, max_new_tokens)},
+            "attributes": accuracy(records, answers, vlm_long.score_long, chance=False),
+            "examples": [{"image": r["image"], "answer": a} for r, a in list(zip(records, answers))[:2]]}
+
+
+def evaluate(model_dir: Path, prompt_set: Path, device: str, max_new_tokens: int, batch: int, long_prompts: int = 0,
+             long_max_new_tokens: int = 512) -> dict:
+    """accuracy.json's content: the saved model's descriptions of a prompt set's images, scored; with
+    `long_prompts`, the first that many answered at length too (`long_answers`)."""
     records = read_prompt_set(prompt_set)
-    answers = describe_images(model_dir, records, prompt_set.parent, device, max_new_tokens, batch)
+    vlm = load_vlm(model_dir, device)
+    answers, lengths = describe_images(vlm, records, prompt_set.parent, device, max_new_tokens, batch)
+    long = long_answers(vlm, records[:long_prompts], prompt_set.parent, device, lengths, long_max_new_tokens, batch) \
+        if long_prompts else None
     return {"prompt_set": str(prompt_set.relative_to(model_dir)), "images": len(records),
-            "attributes": accuracy(records, answers),
+            "attributes": accuracy(records, answers), "long": long,
             "scoring": "an attribute is right when the description states it exactly as the drawn scene has it "
                        "(colours, shapes: the multiset over all shapes; objects: every colour-shape-position "
                        "triple); chance: the same score for the true description of another held-out image of "
@@ -148,4 +198,21 @@ def accuracy_table(result: dict) -> str:
     lines = ["| attribute | accuracy | chance | n |", "|---|---|---|---|"]
     for name, row in result["attributes"].items():
         lines.append(f"| {name} | {row['accuracy']:.3f} | {row['chance']:.3f} | {row['n']} |")
+    return "\n".join(lines)
+
+
+def long_table(result: dict) -> str:
+    """The `long` section as markdown: answer lengths with and without the instruction, then the long answers'
+    accuracy per attribute."""
+    long = result.get("long")
+    if not long:
+        return ""
+    lines = ["| answers | n | mean | median | p10 | p90 | max | at the limit |", "|---|---|---|---|---|---|---|---|"]
+    for label, key in (("without instruction", "without"), ("with instruction", "with")):
+        row = long["lengths"][key]
+        lines.append(f"| {label} | {row['answers']} | {row.get('mean', '-')} | {row.get('median', '-')} | "
+                     f"{row.get('p10', '-')} | {row.get('p90', '-')} | {row.get('max', '-')} | "
+                     f"{row.get('at_limit', '-')} |")
+    lines += ["", "| attribute (long answers) | accuracy | n |", "|---|---|---|"]
+    lines += [f"| {name} | {row['accuracy']:.3f} | {row['n']} |" for name, row in long["attributes"].items()]
     return "\n".join(lines)

@@ -1,6 +1,7 @@
-"""Drawn scenes whose facts are known, for tools/build_small_vlm.py: shapes (colour, kind, count, position on a
-3x3 grid), a rendered word, or a bar chart; each drawn with PIL, described by a fixed template, and read back
-from any description so that a model's answer can be scored fact by fact.
+"""Drawn scenes whose facts are known, for tools/build_small_vlm.py: shapes (colour, kind, size, count, position on
+a 3x3 grid), a rendered word (in one third of the image), or a bar chart (each bar's colour and value); each drawn
+with PIL, described by a fixed template, and read back from any description so that a model's answer can be scored
+fact by fact. tools/vlm_long.py describes the same scenes at length.
 
 A description names every fact of its scene:
   shapes  The image shows two shapes on a white background: a red circle in the top left corner and a blue
@@ -28,11 +29,16 @@ CELLS = ("in the top left corner", "at the top", "in the top right corner", "on 
          "on the right", "in the bottom left corner", "at the bottom", "in the bottom right corner")
 WORDS = ("apple", "cat", "dog", "sun", "tree", "boat", "fish", "bird", "house", "moon", "star", "car", "book",
          "cake", "milk", "rain", "snow", "door", "lamp", "ship")
-NUMBERS = ("zero", "one", "two", "three", "four", "five")
+NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+SIZES = ("small", "large")
+ROWS = ("top", "middle", "bottom")
+COLUMNS = ("left", "middle", "right")
 KINDS = ("shapes", "word", "chart")
 KIND_WEIGHTS = (0.7, 0.15, 0.15)
 MAX_SHAPES = 4
 BAR_COUNTS = (3, 4, 5)
+BAR_VALUES = tuple(range(2, 10))
+"""A bar's value: its height in tenths of the plot's height."""
 BACKGROUND = (250, 250, 250)
 PROMPTS = ("Describe this image.", "What do you see in this picture?", "Describe the image in detail.",
            "What is shown in this image?", "Tell me what this image shows.")
@@ -42,12 +48,14 @@ PROMPTS = ("Describe this image.", "What do you see in this picture?", "Describe
 class Scene:
     """One drawn image's facts; `objects` and `bars` are in reading order (left to right, top to bottom)."""
     kind: str
-    objects: Tuple[Tuple[str, str, int], ...] = ()
-    """(colour, shape, cell index 0-8) of each shape."""
+    objects: Tuple[Tuple[str, str, int, str], ...] = ()
+    """(colour, shape, cell index 0-8, size) of each shape."""
     word: str = ""
     word_colour: str = ""
-    bars: Tuple[Tuple[str, float], ...] = ()
-    """(colour, height as a share of the plot's height) of each bar; heights are distinct."""
+    word_row: int = 0
+    """The third of the image (ROWS) the word is written in."""
+    bars: Tuple[Tuple[str, int], ...] = ()
+    """(colour, value in BAR_VALUES) of each bar; values are distinct."""
     seed: int = field(default=0, compare=False)
     """Seeds the drawing's jitter (sizes, offsets, shades), so that one scene always draws the same image."""
 
@@ -56,16 +64,21 @@ def random_scene(rng: random.Random) -> Scene:
     kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
     seed = rng.randrange(1 << 30)
     if kind == "word":
-        return Scene(kind, word=rng.choice(WORDS), word_colour=rng.choice(COLOUR_NAMES), seed=seed)
+        return Scene(kind, word=rng.choice(WORDS), word_colour=rng.choice(COLOUR_NAMES), word_row=rng.randrange(3),
+                     seed=seed)
     if kind == "chart":
         count = rng.choice(BAR_COUNTS)
-        heights = rng.sample(range(2, 10), count)  # distinct: the tallest bar is unambiguous
+        values = rng.sample(BAR_VALUES, count)  # distinct: the tallest bar is unambiguous
         colours = rng.sample(COLOUR_NAMES, count)
-        return Scene(kind, bars=tuple((c, h / 10) for c, h in zip(colours, heights)), seed=seed)
+        return Scene(kind, bars=tuple(zip(colours, values)), seed=seed)
     count = rng.randint(1, MAX_SHAPES)
     cells = sorted(rng.sample(range(9), count))
-    return Scene(kind, objects=tuple((rng.choice(COLOUR_NAMES), rng.choice(SHAPES), cell) for cell in cells),
-                 seed=seed)
+    return Scene(kind, objects=tuple((rng.choice(COLOUR_NAMES), rng.choice(SHAPES), cell, rng.choice(SIZES))
+                                     for cell in cells), seed=seed)
+
+
+RADII = {"small": (0.26, 0.31), "large": (0.36, 0.42)}
+"""A shape's radius as a share of its grid cell, per size: apart enough to tell at 64 px."""
 
 
 def _shade(rng: random.Random, colour: str) -> Tuple[int, int, int]:
@@ -85,8 +98,8 @@ def _shape_points(shape: str, x: float, y: float, r: float) -> List[Tuple[float,
 
 def _draw_shapes(draw: ImageDraw.ImageDraw, scene: Scene, size: int, rng: random.Random) -> None:
     cell = size / 3
-    for colour, shape, index in scene.objects:
-        r = cell * rng.uniform(0.3, 0.4)
+    for colour, shape, index, scale in scene.objects:
+        r = cell * rng.uniform(*RADII[scale])
         x = cell * (index % 3 + 0.5) + rng.uniform(-0.08, 0.08) * cell
         y = cell * (index // 3 + 0.5) + rng.uniform(-0.08, 0.08) * cell
         fill = _shade(rng, colour)
@@ -110,8 +123,10 @@ def _font(pixels: int):
 def _draw_word(draw: ImageDraw.ImageDraw, scene: Scene, size: int, rng: random.Random) -> None:
     font = _font(max(6, round(size * rng.uniform(0.2, 0.26))))
     left, top, right, bottom = draw.textbbox((0, 0), scene.word, font=font)
+    third = size / 3  # the word's middle in its row's third, so that the row is what a reader sees
+    middle = rng.uniform(third * scene.word_row, third * (scene.word_row + 1))
     x = rng.uniform(0, max(0.0, size - (right - left))) - left
-    y = rng.uniform(0, max(0.0, size - (bottom - top))) - top
+    y = min(max(0.0, middle - (bottom - top) / 2), max(0.0, size - (bottom - top))) - top
     draw.text((x, y), scene.word, fill=_shade(rng, scene.word_colour), font=font)
 
 
@@ -119,9 +134,9 @@ def _draw_chart(draw: ImageDraw.ImageDraw, scene: Scene, size: int, rng: random.
     margin, base = 0.08 * size, 0.9 * size
     slot = (size - 2 * margin) / len(scene.bars)
     width = slot * rng.uniform(0.6, 0.8)
-    for number, (colour, height) in enumerate(scene.bars):
+    for number, (colour, value) in enumerate(scene.bars):
         x = margin + slot * number + (slot - width) / 2
-        draw.rectangle((x, base - height * 0.8 * size, x + width, base), fill=_shade(rng, colour))
+        draw.rectangle((x, base - value / 10 * 0.8 * size, x + width, base), fill=_shade(rng, colour))
     draw.line((margin / 2, base, size - margin / 2, base), fill=COLOURS["black"], width=max(1, size // 64))
 
 
@@ -139,11 +154,11 @@ def draw_array(scene: Scene, size: int) -> np.ndarray:
     return np.asarray(draw(scene, size), dtype=np.uint8).transpose(2, 0, 1).copy()
 
 
-def _listing(items: List[str]) -> str:
+def listing(items: List[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _article(word: str) -> str:
+def article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
@@ -155,23 +170,25 @@ def describe(scene: Scene) -> str:
     if scene.kind == "chart":
         tallest = max(scene.bars, key=lambda bar: bar[1])[0]
         return (f"The image shows a bar chart with {NUMBERS[len(scene.bars)]} bars, coloured "
-                f"{_listing([colour for colour, _ in scene.bars])} from left to right. "
+                f"{listing([colour for colour, _ in scene.bars])} from left to right. "
                 f"The tallest bar is the {tallest} one.")
     noun = "shape" if len(scene.objects) == 1 else "shapes"
-    items = [f"{_article(colour)} {colour} {shape} {CELLS[cell]}" for colour, shape, cell in scene.objects]
-    return f"The image shows {NUMBERS[len(scene.objects)]} {noun} on a white background: {_listing(items)}."
+    items = [f"{article(colour)} {colour} {shape} {CELLS[cell]}" for colour, shape, cell, _ in scene.objects]
+    return f"The image shows {NUMBERS[len(scene.objects)]} {noun} on a white background: {listing(items)}."
 
 
 def facts(scene: Scene) -> Dict[str, object]:
-    """The facts a description is scored on (JSON-able; the prompt set records them)."""
+    """The facts a description is scored on (JSON-able; the prompt set records them). Sizes, bar values and the
+    word's row are stated by the long description alone (tools/vlm_long.py)."""
     if scene.kind == "word":
-        return {"kind": "word", "word": scene.word, "word_colour": scene.word_colour}
+        return {"kind": "word", "word": scene.word, "word_colour": scene.word_colour, "word_row": ROWS[scene.word_row]}
     if scene.kind == "chart":
         return {"kind": "chart", "bar_count": len(scene.bars), "bar_colours": [c for c, _ in scene.bars],
-                "tallest": max(scene.bars, key=lambda bar: bar[1])[0]}
-    return {"kind": "shapes", "count": len(scene.objects), "colours": sorted(c for c, _, _ in scene.objects),
-            "shapes": sorted(s for _, s, _ in scene.objects),
-            "objects": sorted([c, s, CELLS[cell]] for c, s, cell in scene.objects)}
+                "tallest": max(scene.bars, key=lambda bar: bar[1])[0], "bar_values": [v for _, v in scene.bars]}
+    return {"kind": "shapes", "count": len(scene.objects), "colours": sorted(c for c, _, _, _ in scene.objects),
+            "shapes": sorted(s for _, s, _, _ in scene.objects),
+            "objects": sorted([c, s, CELLS[cell]] for c, s, cell, _ in scene.objects),
+            "sizes": [size for _, _, _, size in scene.objects]}
 
 
 _COLOUR = "|".join(COLOUR_NAMES)
@@ -188,7 +205,9 @@ def _number(match) -> object:
 
 
 def read_description(text: str) -> Dict[str, object]:
-    """The facts that a description states (None for one it does not state), in facts()' form."""
+    """The facts that a description states (None for one it does not state), in facts()' form; a long description
+    is read by its first paragraph, which is the short one."""
+    text = text.split("\n\n")[0]
     objects = _OBJECT.findall(text)
     word, bar_colours, tallest = _WORD.search(text), _BAR_COLOURS.search(text), _TALLEST.search(text)
     return {"count": _number(_COUNT.search(text)), "colours": sorted(c for c, _, _ in objects),
@@ -209,9 +228,11 @@ def score(truth: Dict[str, object], stated: Dict[str, object]) -> Dict[str, bool
 
 
 AUX_SLOTS = (("kind", len(KINDS)), ("count", MAX_SHAPES), *((f"cell{i}_colour", 1 + len(COLOURS)) for i in range(9)),
-             *((f"cell{i}_shape", 1 + len(SHAPES)) for i in range(9)), ("word", len(WORDS)),
-             ("word_colour", len(COLOURS)), ("bar_count", len(BAR_COUNTS)),
-             *((f"bar{i}_colour", len(COLOURS)) for i in range(max(BAR_COUNTS))), ("tallest", max(BAR_COUNTS)))
+             *((f"cell{i}_shape", 1 + len(SHAPES)) for i in range(9)),
+             *((f"cell{i}_size", 1 + len(SIZES)) for i in range(9)), ("word", len(WORDS)),
+             ("word_colour", len(COLOURS)), ("word_row", len(ROWS)), ("bar_count", len(BAR_COUNTS)),
+             *((f"bar{i}_colour", len(COLOURS)) for i in range(max(BAR_COUNTS))),
+             *((f"bar{i}_value", len(BAR_VALUES)) for i in range(max(BAR_COUNTS))), ("tallest", max(BAR_COUNTS)))
 """Classification slots (name, classes) that pre-train the vision tower: what a description would say."""
 IGNORE = -100
 
@@ -223,16 +244,19 @@ def aux_labels(scene: Scene) -> List[int]:
     if scene.kind == "shapes":
         labels["count"] = len(scene.objects) - 1
         for i in range(9):
-            labels[f"cell{i}_colour"] = labels[f"cell{i}_shape"] = 0
-        for colour, shape, cell in scene.objects:
+            labels[f"cell{i}_colour"] = labels[f"cell{i}_shape"] = labels[f"cell{i}_size"] = 0
+        for colour, shape, cell, size in scene.objects:
             labels[f"cell{cell}_colour"] = 1 + COLOUR_NAMES.index(colour)
             labels[f"cell{cell}_shape"] = 1 + SHAPES.index(shape)
+            labels[f"cell{cell}_size"] = 1 + SIZES.index(size)
     elif scene.kind == "word":
         labels["word"], labels["word_colour"] = WORDS.index(scene.word), COLOUR_NAMES.index(scene.word_colour)
+        labels["word_row"] = scene.word_row
     else:
         labels["bar_count"] = BAR_COUNTS.index(len(scene.bars))
-        for i, (colour, _) in enumerate(scene.bars):
+        for i, (colour, value) in enumerate(scene.bars):
             labels[f"bar{i}_colour"] = COLOUR_NAMES.index(colour)
+            labels[f"bar{i}_value"] = BAR_VALUES.index(value)
         labels["tallest"] = max(range(len(scene.bars)), key=lambda i: scene.bars[i][1])
     return [labels[name] for name, _ in AUX_SLOTS]
 

@@ -105,7 +105,7 @@ class _TreeConstants(NamedTuple):
     first_child: torch.Tensor  # [C] bool: the candidate is its parent's first child (sampled at T > 0)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.cache  # never evicted: the CUDA graphs of a shape read these at their capture's addresses
 def _tree_constants(shape: TreeShape, device: torch.device) -> _TreeConstants:
     k, long = shape.topk, dict(dtype=torch.long, device=device)
     slots_by_depth = 1 + torch.arange((shape.depth - 1) * k, **long).view(-1, k)

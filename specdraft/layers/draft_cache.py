@@ -7,7 +7,7 @@ from typing import Tuple
 
 import torch
 
-from specdraft.kernels.tree_attention import tree_attention
+from specdraft.kernels.tree_attention import MAX_WINDOW, tree_attention
 from specdraft.layers.blocks import rope_cos_sin
 
 
@@ -46,17 +46,35 @@ def ingest_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def ingest_slots(start: torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
-    """start [1] -> [rows] the slots start..start+rows-1 an ingest writes (one launch: the range is cached)."""
+    """start [1] -> [rows] the slots start..start+rows-1 an ingest writes (one launch for a cycle's rows: their
+    range is kept)."""
     return start + _row_index(rows, device)
 
 
-@functools.lru_cache(maxsize=16)
+# A CUDA graph reads a tensor at the address it had at the capture and holds no reference to it, so a tensor made
+# before the capture that a graph reads must live as long as the graph: these constants are never evicted (an
+# evicted row index is freed memory to the graphs that read it; once reused, their ingests write the drafter's keys
+# at whatever slots it holds, out of the cache). A cycle's few sizes (at most MAX_WINDOW rows) are kept; a prompt's
+# rows, one size per prefill length, are made in the call (in a captured prefill, the graph's own memory).
 def _row_index(rows: int, device: torch.device) -> torch.Tensor:
+    return _kept_row_index(rows, device) if rows <= MAX_WINDOW else torch.arange(rows, device=device)  # [rows]
+
+
+def _causal(rows: int, device: torch.device) -> torch.Tensor:
+    return _kept_causal(rows, device) if rows <= MAX_WINDOW else _causal_mask(rows, device)  # [M, M]
+
+
+@functools.cache
+def _kept_row_index(rows: int, device: torch.device) -> torch.Tensor:
     return torch.arange(rows, device=device)  # [rows]
 
 
-@functools.lru_cache(maxsize=16)
-def _causal(rows: int, device: torch.device) -> torch.Tensor:
+@functools.cache
+def _kept_causal(rows: int, device: torch.device) -> torch.Tensor:
+    return _causal_mask(rows, device)
+
+
+def _causal_mask(rows: int, device: torch.device) -> torch.Tensor:
     return torch.ones(rows, rows, dtype=torch.bool, device=device).tril()  # [M, M] row i sees rows 0..i
 
 

@@ -62,12 +62,17 @@ def test_reference_is_the_float64_formula(bits):
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows, splits, with_bias", [(1, 3, True), (40, None, False)], ids=["gemv-split", "rows"])
-def test_triton_matches_reference_and_formula(bits, dtype, rows, splits, with_bias):
+@pytest.mark.parametrize("rows, forced, with_bias", [(1, {"splits": 3}, True), (3, {}, False), (40, {}, False),
+                                                     (2, {"gemv": False, "splits": 2}, True),
+                                                     (3, {"gemv": False, "swap": True}, True),
+                                                     (40, {"swap": True, "splits": 2}, False)],
+                         ids=["gemv-split", "gemv-rows", "dot", "dot-split", "swap", "swap-split"])
+def test_triton_matches_reference_and_formula(bits, dtype, rows, forced, with_bias):
     q = quantize(_weight(), bits)
     x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(1)).to(dtype)
     bias = torch.randn(OUT, generator=torch.Generator().manual_seed(2)).to(dtype) if with_bias else None
-    got, expected = quant_linear_triton(x, q, bias, splits=splits), quant_linear_reference(x, q, bias)
+    plan = launch_plan(rows, q, x.device, **forced)
+    got, expected = quant_linear_triton(x, q, bias, plan), quant_linear_reference(x, q, bias)
     exact = _formula(x, q, bias)
     assert got.dtype == dtype and got.shape == (rows, OUT)
     if dtype == torch.float32:
@@ -79,11 +84,19 @@ def test_triton_matches_reference_and_formula(bits, dtype, rows, splits, with_bi
         assert ((got.double() - exact).abs() <= ulp + (expected.double() - exact).abs()).all()
 
 
-def test_launch_plan_splits_large_gemvs_only():
-    big = quantize(torch.zeros(64, 8192), 8)  # 512 KiB: whole
-    assert launch_plan(1, big, torch.device("cpu"))[3] == 1
-    assert launch_plan(1, big, torch.device("cpu"), splits=4)[3:] == (4, 2048)
-    assert launch_plan(40, big, torch.device("cpu"))[:3] == (64, 64, 64)
+def test_launch_plan():
+    """int4: a small weight's decode step is a gemv, a large one's and many rows a dot; the input is split until
+    the programs fill the GPU (32 on the CPU), each split a whole number of blocks; forced fields win."""
+    cpu = torch.device("cpu")
+    small, large = quantize(torch.zeros(960, 576), 4), quantize(torch.zeros(4096, 8192), 4)
+    assert launch_plan(1, small, cpu)[:3] == (True, 1, 32) and launch_plan(1, small, cpu).splits == 1
+    assert launch_plan(1, large, cpu)[:3] == (False, 16, 128) and launch_plan(1, large, cpu).splits == 1
+    narrow = quantize(torch.zeros(64, 8192), 4)  # one block of outputs: 64 groups split in 8 parts of 8
+    assert launch_plan(1, narrow, cpu)[4:6] == (8, 1024)
+    assert launch_plan(40, small, cpu)[:4] == (False, 64, 32, 128)
+    assert launch_plan(1, narrow, cpu, splits=3)[4:6] == (3, 2816)
+    assert launch_plan(1, small, cpu, gemv=False, block_n=64, warps=8)[:3] == (False, 16, 64)
+    assert launch_plan(3, quantize(torch.zeros(960, 576), 8), cpu)[:4] == (False, 16, 32, 256)
 
 
 def test_dispatch_shapes_and_bad_input(monkeypatch):
@@ -98,3 +111,23 @@ def test_dispatch_shapes_and_bad_input(monkeypatch):
         quant_linear_triton(x, quantize(_weight(), 4, group_size=96))
     with pytest.raises(SpecdraftError, match="8 or 4 bits"):
         quantize(_weight(), 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("rows, forced", [(1, {}), (3, {}), (7, {}), (40, {}), (128, {}), (1, {"gemv": True}),
+                                          (3, {"gemv": True}), (2, {"swap": True, "gemv": False})])
+def test_plans_at_llama3_8b_shapes_on_gpu(bits, rows, forced):
+    """Every linear layer of a Llama-3.1-8B-shaped target (q, k, v and gate, up fused) under its default plan and
+    the other kinds: the sizes where an index could pass 2^31 and where splits and block widths differ from the
+    small cases."""
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(0)
+    for columns, outputs in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)):
+        q = quantize(torch.randn(outputs, columns, device=device, generator=generator) * 0.02, bits)
+        x = torch.randn(rows, columns, device=device, generator=generator, dtype=torch.bfloat16)
+        plan = launch_plan(rows, q, device, **forced)
+        got, expected = quant_linear_triton(x, q, None, plan), quant_linear_reference(x, q)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+        del q

@@ -70,3 +70,31 @@ def test_the_suite_prints_each_variant_against_the_fixed_tree(export_dir, spec_b
     out = capsys.readouterr().out
     assert "svip,svip_threshold=0.1 / fixed" in out and "| mean |" in out
     assert json.loads((tmp_path / "policies.json").read_text())["categories"]["variants"][0] == "fixed"
+
+
+def _rates_report(rates, categories=("mt_bench", "summarization", "rag"), identical=10):
+    """A categories report with these tokens/s ({variant: rate, or {category: rate}})."""
+    rows = [{"category": c, "variant": v, "tokens_per_s": r if isinstance(r, (int, float)) else r[c],
+             "float32_identical": identical, "float32_prompts": 10} for c in categories for v, r in rates.items()]
+    return {"variants": list(rates), "rows": rows, "errors": []}
+
+
+def test_the_goal_lines_judge_the_issues_targets():
+    suite = load_tool("bench/policies")
+    report = _rates_report({"fixed": 100.0, "sam": {"mt_bench": 97.0, "summarization": 120.0, "rag": 116.0},
+                            "svip": 104.0, "ddd,depth=7": {"mt_bench": 110.0, "summarization": 104.0, "rag": 104.0}})
+    table = suite.category_goals(report)
+    for line in ("| sam | × fixed on summarization | 1.200 | ≥ 1.15 | met |",
+                 "| sam | × fixed on rag | 1.160 | ≥ 1.15 | met |",
+                 "| sam | × fixed, lowest other category | 0.970 | ≥ 0.98 | missed |",
+                 "| svip | × fixed, mean of the categories | 1.040 | ≥ 1.05 | missed |",
+                 "| ddd,depth=7 | × fixed, mean of the categories | 1.060 | ≥ 1.05 | met |",
+                 "| every variant | float32 identical to plain | 120/120 | all | met |"):
+        assert line in table
+    assert "float32 identical to plain | 108/120 | all | missed |" in suite.category_goals(
+        _rates_report({"fixed": 1.0, "sam": 1.0, "svip": 1.0, "ddd": 1.0}, identical=9))
+    sampling = {"variants": suite.SAMPLING_VARIANTS, "rows": [
+        {"variant": v, "speedup_vs_plain": s} for v, s in zip(suite.SAMPLING_VARIANTS, (1.6, 1.2, 0.95, 0.8))]}
+    assert suite.sampling_goals(sampling).splitlines()[2:] == [
+        "| fixed | × plain at T=1 | 1.600 | ≥ 1.5 | met |",
+        "| fixed,chain=true,depth=6 | × plain at T=1 | 0.950 | ≥ 1 | missed |"]  # point-mass drafts: no goal

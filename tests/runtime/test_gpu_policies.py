@@ -26,7 +26,7 @@ POLICIES = {
 }
 
 
-def _engine(name, use_graphs, dtype=torch.float32):
+def _engine(name, use_graphs, dtype=torch.float32, max_len=512):
     from transformers import LlamaForCausalLM
 
     shape, options = POLICIES[name]
@@ -38,8 +38,8 @@ def _engine(name, use_graphs, dtype=torch.float32):
     counts = torch.randint(0, 50, (info.vocab_size,))
     draft = Eagle3Draft(Eagle3Config(draft_vocab_size=200, init_std=0.3), DraftContext(info, counts))
     target = from_hf(model, info)
-    engine = SpecEngine(target, Eagle3Drafter(draft.eval().to("cuda", dtype), target), shape, 512,
-                        hf_rope_tables(model, 512), use_graphs, **options())
+    engine = SpecEngine(target, Eagle3Drafter(draft.eval().to("cuda", dtype), target), shape, max_len,
+                        hf_rope_tables(model, max_len), use_graphs, **options())
     return model, engine
 
 
@@ -58,3 +58,18 @@ def test_graphed_policies_equal_eager_ones(name):
         runs = [engine.generate(prompt, 48, temperature=1.0, generator=torch.Generator(device="cuda").manual_seed(seed))
                 for engine in (eager, graphed)]
         assert runs[1].tokens == runs[0].tokens and runs[1].drafted == runs[0].drafted
+
+
+@torch.no_grad()
+def test_engines_meeting_many_prompt_lengths_decode_as_eager_ones():
+    """Three policies' engines in one process meet 15 prefill lengths and their cycle sizes, then all of them again:
+    every graphed decoding equals the eager one (the prefill graphs find the constants they captured where they
+    were)."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (64 * k + 1,), generator=generator).tolist() for k in range(15)]
+    for name in ("sam", "ddd_tree", "svip_tree"):
+        _, eager = _engine(name, use_graphs=False, max_len=1024)
+        _, graphed = _engine(name, use_graphs=True, max_len=1024)
+        eager.prefill_rows = graphed.prefill_rows
+        for prompt in prompts + prompts:
+            assert graphed.generate(prompt, 16).tokens == eager.generate(prompt, 16).tokens

@@ -12,10 +12,17 @@ T=1 of both draft kinds with a tiny target and a tiny draft trained on its sampl
 the one loaded target; per category every prompt is decoded plainly once, then by every variant
 (`specdraft.runtime.categories`); the table has τ, tokens/s, the speedup over plain and the float32 check per
 category and variant, then each variant's mean speedup, then each variant against the first (the fixed tree) per
-category: the issue's goals (SAM ≥ 1.15× EAGLE-3 alone on summarization and RAG, ≥ 0.98× elsewhere; SVIP or DDD
-≥ 1.05× the fixed shape on average). `sampling`: the same at T=1 on the MT-bench category for the default tree and
-chain, each with sampled drafts (the runtime's default) and with point-mass drafts (`sample_drafts=false`).
-OUT/policies.json.
+category, then the issue's goals with a verdict each (SAM ≥ 1.15× EAGLE-3 alone on summarization and RAG, ≥ 0.98×
+on every other category; SVIP or DDD ≥ 1.05× the fixed shape on average; every row float32-identical).
+`sampling`: the same at T=1 on the MT-bench category for the default tree and chain, each with sampled drafts (the
+runtime's default) and with point-mass drafts (`sample_drafts=false`), and its goals (the default tree ≥ 1.5×
+plain, every default shape ≥ 1.0×). A variant that fails (to build, to warm up, on a prompt) is recorded in its
+part's `errors` and left out; the others go on. OUT/policies.json, rewritten after each part, and each part's
+OUT/policies-T{0,1}/bench_categories.json, rewritten after each category.
+
+Cost on one H200 (SmolLM2, 60 prompts, 128 tokens, six variants; estimated): loading ~30 s, the categories' warm-up
+~30 s, their timed runs ~45 s, the float32 check (10 prompts a category: plain and every variant again, and the
+float32 runtimes' graph captures) ~80 s, the sampling part ~20 s: about 3.5 minutes in all.
 """
 from __future__ import annotations
 
@@ -25,13 +32,14 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from suite import finish, fmt, machine, markdown_table, run_parts, write_report
 
 import torch
 
 from specdraft.config import RuntimeConfig
+from specdraft.runtime.categories import parse_variant
 
 CATEGORY_VARIANTS = ["fixed", "sam", "sam,sam_merge=true", "svip", "ddd", "ddd,depth=7"]
 SAMPLING_VARIANTS = ["fixed", "fixed,sample_drafts=false", "fixed,chain=true,depth=6",
@@ -63,44 +71,107 @@ class Parts:
             lambda: load_parts(args.export, replace(self.base, dtype="float32"), args.target))
 
     def runtimes(self, variants: List[str]):
-        """-> ({variant: runtime}, variant -> its float32 runtime, built once)."""
+        """-> ({variant: runtime}, variant -> its float32 runtime, built once, [a variant that could not be built:
+        its error, recorded as run_categories records one])."""
         from specdraft.runtime.categories import variant_configs
         from specdraft.runtime.load import build_runtime
 
         configs = variant_configs(self.base, variants)
         float32 = functools.lru_cache(maxsize=None)(
             lambda name: build_runtime(*self.float32_loaded(), replace(configs[name], dtype="float32")))
-        return {name: build_runtime(*self.loaded, cfg) for name, cfg in configs.items()}, float32
+        runtimes, errors = {}, []
+        for name, cfg in configs.items():
+            try:
+                runtimes[name] = build_runtime(*self.loaded, cfg)
+            except Exception as err:  # noqa: BLE001 (recorded; the other variants go on)
+                errors.append({"variant": name, "category": None, "temperature": None, "stage": "build",
+                               "error": f"{type(err).__name__}: {err}"})
+        return runtimes, float32, errors
 
 
 def run_part(parts: Parts, variants: List[str], temperature: float, categories=None) -> dict:
     from specdraft.runtime.categories import CategorySettings, run_categories
 
     args = parts.args
-    runtimes, float32 = parts.runtimes(variants)
-    settings = CategorySettings(prompts=args.prompts, per_category=args.per_category, variants=variants,
+    runtimes, float32, errors = parts.runtimes(variants)
+    if not runtimes:
+        return {"variants": [], "rows": [], "errors": errors, "complete": False, "seconds": 0.0}
+    settings = CategorySettings(prompts=args.prompts, per_category=args.per_category, variants=list(runtimes),
                                 temperatures=(temperature,), max_new_tokens=args.max_new_tokens,
                                 lossless_prompts=args.lossless_prompts, categories=categories)
     started = time.perf_counter()
     report = run_categories(runtimes, settings, args.out / f"policies-T{temperature:g}", load_float32=float32)
-    return {**report, "seconds": time.perf_counter() - started}
+    return {**report, "errors": errors + report["errors"], "seconds": time.perf_counter() - started}
 
 
-def against_first(report: dict) -> str:
-    """Each variant's tokens/s over the first variant's (the fixed tree), per category: the goals' ratios."""
+def ratios_to_first(report: dict) -> Dict[str, Dict[str, Optional[float]]]:
+    """{variant: {category: its tokens/s over the first variant's (the fixed tree)}} for every later variant."""
     variants, rows = report["variants"], report["rows"]
     categories = list(dict.fromkeys(row["category"] for row in rows))
     rate = {(row["category"], row["variant"]): row["tokens_per_s"] for row in rows}
-    lines, means = [], {v: [] for v in variants[1:]}
-    for category in categories:
-        base = rate.get((category, variants[0]))
-        ratios = [rate[(category, v)] / base if base and rate.get((category, v)) else None for v in variants[1:]]
-        for variant, ratio in zip(variants[1:], ratios):
-            if ratio is not None:
-                means[variant].append(ratio)
-        lines.append([category, *(fmt(r, ".3f") for r in ratios)])
-    lines.append(["mean", *(fmt(sum(m) / len(m) if m else None, ".3f") for m in means.values())])
-    return markdown_table(["category", *(f"{v} / {variants[0]}" for v in variants[1:])], lines)
+    def ratio(category: str, variant: str) -> Optional[float]:
+        base, own = rate.get((category, variants[0])), rate.get((category, variant))
+        return own / base if base and own else None
+
+    return {variant: {category: ratio(category, variant) for category in categories} for variant in variants[1:]}
+
+
+def _mean(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def against_first(report: dict) -> str:
+    """Each variant's tokens/s over the first variant's (the fixed tree), per category, and their mean."""
+    ratios, first = ratios_to_first(report), report["variants"][0]
+    categories = list(next(iter(ratios.values()), {}))
+    lines = [[category, *(fmt(by[category], ".3f") for by in ratios.values())] for category in categories]
+    lines.append(["mean", *(fmt(_mean(by.values()), ".3f") for by in ratios.values())])
+    return markdown_table(["category", *(f"{v} / {first}" for v in ratios)], lines)
+
+
+def _verdict(value: Optional[float], goal: float) -> str:
+    return "n/a" if value is None else ("met" if value >= goal else "missed")
+
+
+def category_goals(report: dict) -> str:
+    """The issue's T=0 goals against the first variant (the fixed tree): each SAM variant ≥ 1.15× on summarization
+    and RAG and ≥ 0.98× on every other category; SVIP or DDD ≥ 1.05× on average; every row float32-identical on
+    all its checked prompts."""
+    lines = []
+    for variant, by in ratios_to_first(report).items():
+        policy = parse_variant(variant)["policy"]
+        if policy == "sam":
+            for category in ("summarization", "rag"):
+                lines.append([variant, f"× fixed on {category}", fmt(by.get(category), ".3f"), "≥ 1.15",
+                              _verdict(by.get(category), 1.15)])
+            others = [r for c, r in by.items() if c not in ("summarization", "rag")]
+            low = min(others) if others and None not in others else None
+            lines.append([variant, "× fixed, lowest other category", fmt(low, ".3f"), "≥ 0.98", _verdict(low, 0.98)])
+        elif policy in ("svip", "ddd"):
+            mean = _mean(by.values()) if None not in by.values() else None
+            lines.append([variant, "× fixed, mean of the categories", fmt(mean, ".3f"), "≥ 1.05",
+                          _verdict(mean, 1.05)])
+    checked = [(r["float32_identical"], r["float32_prompts"]) for r in report["rows"]]
+    exact = bool(checked) and all(i is not None and i == n for i, n in checked) and not report.get("errors")
+    lines.append(["every variant", "float32 identical to plain", f"{sum(i or 0 for i, _ in checked)}/"
+                  f"{sum(n or 0 for _, n in checked)}", "all", "met" if exact else "missed"])
+    return markdown_table(["variant", "goal", "measured", "target", "verdict"], lines)
+
+
+def sampling_goals(report: dict) -> str:
+    """The issue's T=1 goals: the default tree with its default (sampled) drafts ≥ 1.5× plain, and every default
+    shape (each variant whose drafts are the default) ≥ 1.0×; point-mass rows are comparisons, not goals."""
+    speedup = {row["variant"]: row["speedup_vs_plain"] for row in report["rows"]}
+    lines = []
+    for variant in report["variants"]:
+        overrides = parse_variant(variant)
+        if overrides["policy"] != "fixed" or overrides.get("sample_drafts", True) is False:
+            continue
+        goal = 1.5 if set(overrides) == {"policy"} else 1.0  # the default tree; any other shape
+        lines.append([variant, "× plain at T=1", fmt(speedup.get(variant), ".3f"), f"≥ {goal:g}",
+                      _verdict(speedup.get(variant), goal)])
+    return markdown_table(["variant", "goal", "measured", "target", "verdict"], lines)
 
 
 def gpu_main(argv: List[str], parts_run=("categories", "sampling")) -> dict:
@@ -118,10 +189,12 @@ def gpu_main(argv: List[str], parts_run=("categories", "sampling")) -> dict:
     if "categories" in parts_run:
         report["categories"] = run_part(parts, args.variants, 0.0)
         write_report(args.out, report, "policies")
-        tables += [categories_table(report["categories"]), against_first(report["categories"])]
+        tables += [categories_table(report["categories"]), against_first(report["categories"]),
+                   category_goals(report["categories"])]
     if "sampling" in parts_run:
         report["sampling"] = run_part(parts, args.sampling_variants, 1.0, categories=("mt_bench",))
-        tables += [categories_table(report["sampling"])]
+        write_report(args.out, report, "policies")
+        tables += [categories_table(report["sampling"]), sampling_goals(report["sampling"])]
     return finish("\n\n".join(tables), args.out, report, "policies")
 
 

@@ -2,7 +2,7 @@
 same regenerated long answers, for the same steps with the same seed, and benched against plain decoding on
 held-out images.
 
-    python tools/bench/vispec.py runs/small_vlm --out runs/bench/vispec        # about 6 minutes on one H100
+    python tools/bench/vispec.py runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
 image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --prompts DIR. In this process:
@@ -11,23 +11,28 @@ image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --
      the answer-length distribution with and without it, on the same prompts;
   2. train: ViSpec (the recipe) and EAGLE-3 (the recipe's EAGLE-3 settings) on that data, --steps steps each, one
      seed; export both;
-  3. bench: each draft against plain decoding in the runtime on the first --bench-prompts test images at T=0
-     (τ, tokens/s, speedup; the runtime's dtype), then speculative against plain decoding in float32 on the first
-     --lossless-prompts of them, token for token.
-Prints markdown tables and writes OUT/vispec.json (rewritten after every stage). Trailing key=value arguments
-override the recipe for every stage.
+  3. bench: each draft against plain decoding in the runtime on the first --bench-prompts test images at T=0, the
+     instruction appended as in training (--plain-bench: the plain question) (τ, tokens/s, speedup; the runtime's
+     dtype), then speculative against plain decoding in float32 on the first --lossless-prompts of them, token for
+     token.
+Prints markdown tables and writes OUT/vispec.json (rewritten after every stage, with each stage's seconds).
+Trailing key=value arguments override the recipe for every stage. Both drafts train by EAGLE-3's training-time test
+(method.ttt_steps unrolled steps, each fed the draft's own states from the step before).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from suite import fmt, machine, markdown_table, write_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the small VLM's prompt helpers
+from vlm_prompts import length_summary  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vispec_smallvlm.yaml"
 
@@ -57,23 +62,13 @@ def eagle3_twin(recipe, out: Path):
 
 
 def answer_lengths(distill_dir: Path) -> Dict[int, int]:
-    """{prompt index: answer tokens} of a distilled set (its rows' loss-mask sums)."""
+    """{prompt index: answer tokens} of a distilled set (its rows' loss-mask sums: the end of turn included)."""
     from datasets import load_from_disk
 
     from specdraft.data.format import dataset_dir
 
     rows = load_from_disk(str(dataset_dir(distill_dir)))
     return {int(index): int(sum(mask)) for index, mask in zip(rows["index"], rows["loss_mask"])}
-
-
-def length_summary(lengths: List[int], limit: int) -> dict:
-    """The distribution of answer lengths (tokens, the end-of-turn tokens included)."""
-    if not lengths:
-        return {"answers": 0}
-    ordered = sorted(lengths)
-    return {"answers": len(ordered), "mean": statistics.fmean(ordered), "median": statistics.median(ordered),
-            "p10": ordered[len(ordered) // 10], "p90": ordered[min(len(ordered) - 1, len(ordered) * 9 // 10)],
-            "max": ordered[-1], "at_limit": sum(n >= limit for n in ordered) / len(ordered)}
 
 
 def distill_stage(args, out: Path, report: dict):
@@ -122,11 +117,21 @@ class Targets:
         return self.loaded[dtype]
 
 
-def bench_draft(export: Path, targets: Targets, args) -> dict:
+def bench_inputs(runtime, args, instruction: Optional[str]) -> list:
+    """The first --bench-prompts test prompts with their images, `instruction` (None: none) appended to each user
+    turn on a line of its own, as distillation appends it."""
+    from specdraft.data.images import load_images
+    from specdraft.runtime.answers import bench_prompts
+
+    turns, _, images = bench_prompts(str(args.prompt_dir / "test.jsonl"), args.bench_prompts)
+    return [runtime.prompt(f"{turn}\n{instruction}" if instruction else turn, load_images(paths))
+            for turn, paths in zip(turns, images)]
+
+
+def bench_draft(export: Path, targets: Targets, args, instruction: Optional[str]) -> dict:
     """One draft's bench at T=0 against plain decoding, and its float32 lossless check."""
-    from specdraft.config import RuntimeConfig
     from specdraft.drafts import load_draft
-    from specdraft.runtime.bench import BenchSettings, encode_prompts, lossless_in_float32, run_temperature
+    from specdraft.runtime.bench import BenchSettings, lossless_in_float32, run_temperature
     from specdraft.runtime.load import build_runtime
 
     loaded = load_draft(export)
@@ -139,7 +144,7 @@ def bench_draft(export: Path, targets: Targets, args) -> dict:
         return build_runtime(loaded, targets.get(loaded.target_config, dtype), config)
 
     runtime = runtime_in(args.dtype)
-    prompts, _ = encode_prompts(runtime, settings.prompts, settings.max_prompts)
+    prompts = bench_inputs(runtime, args, instruction)
     run = run_temperature(runtime, prompts, settings, 0.0, [])
     check = lossless_in_float32(runtime, prompts, settings, lambda: runtime_in("float32"))
     keys = ("tau", "acceptance_by_position", "tokens_per_s", "tokens_per_s_plain", "speedup_vs_plain", "lossless",
@@ -149,9 +154,11 @@ def bench_draft(export: Path, targets: Targets, args) -> dict:
 
 def bench_stage(out: Path, args, report: dict) -> None:
     targets = Targets(args.device)
+    instruction = None if args.plain_bench else report["lengths"]["instruction"]
+    report["bench_instruction"] = instruction
     for name, run in report["runs"].items():
         started = time.perf_counter()
-        run["bench"] = bench_draft(out / name / "export", targets, args)
+        run["bench"] = bench_draft(out / name / "export", targets, args, instruction)
         run["bench_seconds"] = time.perf_counter() - started
 
 
@@ -173,6 +180,8 @@ def tables(report: dict) -> str:
     text = markdown_table(["answers", "n", "mean", "median", "p10", "p90", "max", "at the limit"], length_rows)
     text += "\n\n" + markdown_table(["draft", "steps", "held-out τ_sim", "τ", "spec tok/s", "plain tok/s",
                                      "speedup", "float32 lossless"], run_rows)
+    if "bench_instruction" in report:
+        text += f"\n\nbench prompts: {'with' if report['bench_instruction'] else 'without'} the instruction"
     if report.get("tau_ratio") is not None:
         text += f"\n\nτ(ViSpec) / τ(EAGLE-3) = {report['tau_ratio']:.3f}"
     return text
@@ -186,14 +195,16 @@ def _args(argv: Optional[List[str]]):
     parser.add_argument("--prompts", dest="prompt_dir", type=Path, default=None,
                         help="the folder of distill.jsonl and test.jsonl (default: VLM/prompts)")
     parser.add_argument("--recipe", type=Path, default=RECIPE)
-    parser.add_argument("--distill-prompts", type=int, default=512)
+    parser.add_argument("--distill-prompts", type=int, default=768)
     parser.add_argument("--length-prompts", type=int, default=64, help="prompts regenerated without the instruction")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=16, help="training micro-batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bench-prompts", type=int, default=20)
-    parser.add_argument("--bench-new-tokens", type=int, default=256)
+    parser.add_argument("--bench-new-tokens", type=int, default=384)
+    parser.add_argument("--plain-bench", action="store_true",
+                        help="bench the test prompts as they are (default: with the instruction, as trained)")
     parser.add_argument("--lossless-prompts", type=int, default=10)
     parser.add_argument("--max-len", type=int, default=2048, help="runtime cache slots")
     parser.add_argument("--device", default=None, help="default: cuda if there is one, else cpu")

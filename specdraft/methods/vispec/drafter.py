@@ -2,9 +2,9 @@
 
 `begin` reads the prompt's image context (IMAGE_EMBEDS [P, H], IMAGE_MASK [P]), runs the image adaptor, and fills
 tables indexed by the target's cache slot, so that `ingest` (captured in CUDA graphs) reads them with static
-shapes: each slot's column in the draft's cache (image positions without a stand-in go to a slot no one reads,
-`trash`; slots past the prompt shift down by the positions the images dropped), its stand-in and whether it has
-one, and its global feature. Rotary positions stay the target's. Each drafting step reads the last image's global
+shapes: each slot's column in the draft's cache (dropped image columns go to a slot no one reads, `trash`; slots
+past the prompt shift down by the columns the images dropped), its stand-in and whether it has one, and its global
+feature. Rotary positions stay the target's. Each drafting step reads the last image's global
 feature through img_fc. A prompt without images (no context) drafts as EAGLE-3 does with zero global features.
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""ViSpec's training: the batch in the draft's own sequence (each image's span replaced by its stand-ins, the other
-image positions dropped; every column keeps its position id and reads the global feature of the latest image before
-it), then EAGLE-3's training-time test over it, the draft fed back its own states (its loss, specdraft.methods.
-eagle3.loss, with this unroll: stand-ins in step 0, img_fc before every step)."""
+"""ViSpec's training: the batch in the draft's own sequence (each image's span replaced by its stand-ins, its other
+columns dropped; every column keeps its position id, reads the embedding of the token after its position, as the
+runtime's drafter does, and the global feature of the latest image before it), then EAGLE-3's training-time test
+over it, the draft fed back its own states (its loss, specdraft.methods.eagle3.loss, with this unroll: stand-ins in
+step 0, img_fc before every step)."""
 from __future__ import annotations
 
 import functools
@@ -21,14 +22,24 @@ class DraftColumns:
     """A batch in the draft's sequence: the compressed batch, and what each of its columns reads of the images."""
 
     batch: DraftBatch  # input_ids, masks, features and position ids (the target's) at the kept columns [B, T'],
-    # then padding (T' = T: the batch keeps its width)
+    # then padding (T' = T: the batch keeps its width); hidden_states[0] is shifted (`_next_token_embeds`)
     standin_mask: torch.Tensor  # [B, T'] bool: the column stands in for an image
     standins: torch.Tensor  # [B, T', H] its stand-in (zeros where none)
     global_features: torch.Tensor  # [B, T', H] the global feature of the latest image before it (zeros if none)
 
 
+def _next_token_embeds(embeds: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """embeds [B, T, H] (the embeddings of the batch's tokens), index [B, T'] (the kept positions) -> [B, T', H]
+    whose column c + 1 holds the embedding of the token after kept position c: the training-time test's step 0
+    pairs column c with column c + 1's embedding, and a dropped span must not change which token that is (the
+    runtime's drafter reads each position's next token)."""
+    after_previous = torch.cat([index[:, :1], index[:, :-1] + 1], dim=1).clamp(max=embeds.shape[1] - 1)  # [B, T']
+    return take_columns(embeds, after_previous)
+
+
 def _take_features(features: TargetFeatures, index: torch.Tensor) -> TargetFeatures:
     hidden_states: Dict[int, torch.Tensor] = {i: take_columns(h, index) for i, h in features.hidden_states.items()}
+    hidden_states[0] = _next_token_embeds(features.hidden_states[0], index)
     final_hidden = None if features.final_hidden is None else take_columns(features.final_hidden, index)
     return replace(features, hidden_states=hidden_states, final_hidden=final_hidden, context={})
 

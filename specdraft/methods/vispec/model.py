@@ -2,11 +2,16 @@
 
 Image adaptor: `num_queries` learned queries attend over one image's token embeddings (the image features the
 target's projector made: IMAGE_EMBEDS' rows on the image's span, RMS-normed). The first num_queries - 1 outputs
-stand in for the image's span in the draft's sequence, at the span's last positions (keeping their position ids);
-the other image positions have no column in the draft's sequence. The last output is the image's global feature.
-img_fc (2H -> H) joins the global feature of the latest image before a column (zeros before any) with every hidden
-state the decoder layer reads, the draft's own fed-back states included; it starts as [I | 0], so that a fresh draft
-is EAGLE-3's.
+stand in for the image's span in the draft's sequence, at the span's last columns (keeping their position ids); the
+span's other columns are dropped from the draft's sequence. The last output is the image's global feature. img_fc
+(2H -> H) joins the global feature of the latest image before a column (zeros before any) with every hidden state
+the decoder layer reads, the draft's own fed-back states included; it starts as [I | 0], so that a fresh draft is
+EAGLE-3's.
+
+A draft column pairs the target's features at position t with the embedding of token t + 1 (EAGLE's pairing), so,
+as in ViSpec, an image's span in the draft's sequence is the columns whose next token is one of the image's: target
+positions start - 1 .. end - 2. The column at the image's last position (the target's state after reading the whole
+image, with the first token after it) is a text column, reading the image's global feature.
 
 `column_maps` says, in the target's positions, which columns the draft keeps and what each reads of the images; the
 loss compresses a batch with it (specdraft.methods.vispec.loss), the runtime's drafter fills its per-slot tables
@@ -118,18 +123,24 @@ class ColumnMaps:
 
 
 def column_maps(image_mask: torch.Tensor, spans: ImageSpans, num_queries: int) -> ColumnMaps:
-    """image_mask [B, T] and its spans -> ColumnMaps. Each span keeps its last min(Q - 1, length) positions as
-    stand-ins, outputs 0..Q-2 of the adaptor in order (a span shorter than Q - 1 takes the last of them); every
-    position from a span's end on reads that span's global feature (output Q - 1), until the next span's end."""
+    """image_mask [B, T] and its spans -> ColumnMaps. An image's columns are the positions whose next token is one
+    of its tokens (start - 1 .. end - 2; the module's docstring says why); of them, the last min(Q - 1, count) are
+    stand-ins, outputs 0..Q-2 of the adaptor in order (fewer columns than Q - 1 take the last outputs), the others
+    are dropped; every position from end - 1 on reads the image's global feature (output Q - 1), until the next
+    image's columns end."""
     stand = num_queries - 1
     standin = torch.full(image_mask.shape, -1, dtype=torch.long, device=image_mask.device)
     global_feature = torch.full_like(standin, -1)
+    dropped = torch.zeros_like(image_mask)
     for index, (row, start, end) in enumerate(zip(*(t.tolist() for t in (spans.rows, spans.starts, spans.ends)))):
-        count = min(stand, end - start)
+        first_column, end_column = max(start - 1, 0), end - 1
+        dropped[row, first_column:end_column] = True
+        count = min(stand, end_column - first_column)
         first = index * num_queries
-        standin[row, end - count:end] = torch.arange(first + stand - count, first + stand, device=standin.device)
-        global_feature[row, end:] = first + stand
-    return ColumnMaps(kept=~image_mask | (standin >= 0), standin=standin, global_feature=global_feature)
+        standin[row, end_column - count:end_column] = torch.arange(first + stand - count, first + stand,
+                                                                   device=standin.device)
+        global_feature[row, end_column:] = first + stand
+    return ColumnMaps(kept=~dropped | (standin >= 0), standin=standin, global_feature=global_feature)
 
 
 def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
