@@ -39,8 +39,8 @@ class ProbeHead(nn.Module):
 class KeepAll:
     threshold = 0.0
 
-    def keep(self, joint_logprobs, parent_entropy, depth):
-        return joint_logprobs > -float("inf")
+    def prune(self, child_logprobs, parent_scores, parent_logits, depth):
+        return child_logprobs
 
 
 class ProbeMaker:

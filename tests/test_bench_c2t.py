@@ -29,18 +29,24 @@ def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_bas
         "--train-prompts", str(_prompts(tmp_path / "train.jsonl", CHAT_PROMPTS[:6])),
         "--mt-bench", str(_prompts(tmp_path / "mt.jsonl", CHAT_PROMPTS[6:8])), "--spec-bench", str(spec_bench),
         "--tasks", "qa", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--num-train", "6",
-        "--trace-tokens", "16", "--trace-depth", "3", "--trace-topk", "2", "--epochs", "2", "--batch-prompts", "2",
-        "--shapes", "3,2,6", "3,3,10", "--betas", "0.3", "0.7", "--max-prompts", "2", "--per-task", "1",
+        "--trace-tokens", "16", "--trace-depth", "3", "--trace-topk", "2", "--train-steps", "12",
+        "--batch-candidates", "40", "--shapes", "3,2,6", "3,3,6", "--betas", "0.3", "0.7", "--large-betas", "0.5",
+        "--max-prompts", "2", "--per-task", "1",
         "--max-new-tokens", "12", "--lossless-prompts", "1", "--device", "cpu", "--dtype", "float32",
         "--max-len", "256"])
-    assert report["classifier"]["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
+    classifier = report["classifier"]
+    assert classifier["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
+    assert classifier["train_steps"] == 12 and classifier["batch_prompts"] >= 1
+    assert 0.0 <= classifier["held_out"]["auc"] <= 1.0 and "recall" in classifier["held_out"]
     rows = report["rows"]
     assert [(r["prompts"], r["shape"], r["beta"]) for r in rows] == [
         ("MT-bench", "3,2,6", None), ("MT-bench", "3,2,6", 0.3), ("MT-bench", "3,2,6", 0.7),
-        ("MT-bench", "3,3,10", None), ("MT-bench", "3,3,10", 0.3), ("MT-bench", "3,3,10", 0.7),
+        ("MT-bench", "3,3,6", None), ("MT-bench", "3,3,6", 0.5),
         ("Spec-Bench qa", "3,2,6", None), ("Spec-Bench qa", "3,2,6", 0.5)]
     assert all(r["lossless_bf16_prompts"] == r["prompt_count"] for r in rows)  # float32 here: always equal
-    assert rows[0]["verified_per_cycle"] == 6 and rows[3]["verified_per_cycle"] == 10
-    assert report["lossless_float32"]["lossless"] and report["goal"]
+    assert rows[0]["verified_per_cycle"] == rows[3]["verified_per_cycle"] == 6
+    assert all(r["verified_per_cycle"] <= 6 for r in rows)
+    assert report["lossless_float32"]["lossless"] and report["goal"][0].startswith("- classifier:")
+    assert any(line.startswith("- tree 3,3,6") for line in report["goal"])
     assert json.loads((tmp_path / "out" / "c2t.json").read_text())["rows"] == rows
     assert "| prompts | tree | β | verified/cycle |" in capsys.readouterr().out

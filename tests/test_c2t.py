@@ -16,8 +16,10 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext
 from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.drafts import load_draft
-from specdraft.methods.c2t import C2TClassifier, C2TConfig, ClassifierScorer, draft_digest
-from specdraft.methods.c2t.model import candidate_features
+from specdraft.kernels.prune_children import child_inputs
+from specdraft.methods.c2t import C2TClassifier, C2TConfig, ClassifierScorer, collate_traces, draft_digest
+from specdraft.methods.c2t.model import ENTROPY_TOP, candidate_features
+from specdraft.methods.c2t.traces import TraceRecorder
 from specdraft.runtime.load import load_runtime
 from tests.distilled import CHAT_PROMPTS
 
@@ -129,15 +131,63 @@ def test_scorer_computes_the_classifier_and_takes_a_new_threshold_in_place():
     cfg = C2TConfig(draft="x")
     classifier = C2TClassifier(cfg, DraftContext(target=None))
     scorer = ClassifierScorer(classifier, cfg, torch.device("cpu"))
-    joint, entropy = -torch.rand(7) * 3, torch.rand(7) * 4
+    child_logprobs, parent_scores, parent_logits = -torch.rand(3, 4) * 3, -torch.rand(3), torch.randn(3, 50)
     for depth in (1, 4):
-        expected = classifier(candidate_features(joint, entropy, torch.full((7,), depth)))
-        torch.testing.assert_close(scorer.logits(joint, entropy, depth), expected)
-    cut = scorer._cut
+        joint, entropy = child_inputs(child_logprobs, parent_scores, parent_logits, ENTROPY_TOP)
+        features = candidate_features(joint.flatten(), entropy[:, None].expand_as(joint).flatten(),
+                                      torch.full((12,), depth))
+        kept = torch.sigmoid(classifier(features)).view(3, 4) >= cfg.threshold
+        pruned = scorer.prune(child_logprobs, parent_scores, parent_logits, depth)
+        assert torch.equal(pruned > -float("inf"), kept)
+        torch.testing.assert_close(pruned[kept], child_logprobs[kept])
+    cut = scorer.weights.cut
     scorer.threshold = 0.0
-    assert scorer.keep(joint, entropy, 2).all() and scorer._cut is cut  # the same tensor: graphs see it
+    assert torch.equal(scorer.prune(child_logprobs, parent_scores, parent_logits, 2), child_logprobs)
+    assert scorer.weights.cut is cut  # the same tensor: graphs see it
     scorer.threshold = 1.0
-    assert not scorer.keep(joint, entropy, 2).any()
+    assert (scorer.prune(child_logprobs, parent_scores, parent_logits, 2) == -float("inf")).all()
+
+
+class _Both:
+    """The runtime's scorer and the trace recorder given the same inputs at every depth: what the recorder keeps
+    (as a trace row stores it) beside the runtime's decision (kept: a log-probability above -inf)."""
+
+    def __init__(self, scorer):
+        self.scorer, self.recorder, self.kept = scorer, TraceRecorder(), []
+        self.threshold, self.chain_threshold = scorer.threshold, scorer.chain_threshold
+
+    def prune(self, child_logprobs, parent_scores, parent_logits, depth):
+        self.recorder.prune(child_logprobs, parent_scores, parent_logits, depth)
+        pruned = self.scorer.prune(child_logprobs, parent_scores, parent_logits, depth)
+        self.kept.append((pruned > -float("inf")).flatten())
+        return pruned
+
+
+@pytest.mark.parametrize("kernels", ["reference", pytest.param("auto", marks=pytest.mark.triton_kernels)])
+def test_training_reads_the_features_the_runtime_scores(trained, monkeypatch, kernels):
+    """A few pruned cycles: every candidate's features as a trace row records them, read back by training's
+    collate and classifier, give the runtime scorer's own decision (the fused kernel's, or its reference's)."""
+    monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+    runtime = load_runtime(trained["export"], RuntimeConfig(device="cpu", dtype="float32", max_len=256, **SHAPE))
+    engine, classifier = runtime.engine, load_draft(trained["export"]).draft
+    both = _Both(engine.tree_scorer)
+    engine.set_tree_scorer(both)
+    engine.prefill(torch.tensor(runtime.encode_chat(CHAT_PROMPTS[0])), 0.0)
+    kept, decided = 0, 0
+    for _ in range(4):
+        tree = engine.build_tree()
+        engine.accept_and_commit(engine.acceptance(0.0), tree, engine.verify_forward(tree))
+        joint, entropy, depths = both.recorder.take()
+        row = {"joint_logprob": joint.tolist(), "entropy": entropy.tolist(), "depth": depths.tolist(),
+               "label": [0] * joint.shape[0], "draft": "d", "draft_digest": "x"}
+        with torch.no_grad():
+            logits = classifier(collate_traces([row])["features"])  # [C - 1] as training computes them
+        runtime_kept = torch.cat(both.kept)
+        both.kept = []
+        clear = (torch.sigmoid(logits) - both.threshold).abs() > 1e-5
+        assert torch.equal((torch.sigmoid(logits) >= both.threshold)[clear], runtime_kept[clear])
+        kept, decided = kept + int(runtime_kept.sum()), decided + runtime_kept.numel()
+    assert 0 < kept < decided  # the classifier dropped some candidates, kept others
 
 
 def test_a_budget_of_every_candidate_verifies_the_whole_expansion(chat_base_export, tiny_target_dir):
@@ -171,6 +221,19 @@ def test_an_export_without_its_draft_is_one_line_naming_it(trained, tmp_path):
     (broken / "config.json").write_text(json.dumps(config))
     with pytest.raises(SpecdraftError, match="carries no draft to prune") as err:
         load_runtime(broken, RuntimeConfig(device="cpu"))
+    assert "\n" not in str(err.value)
+
+
+def test_an_export_of_unscaled_features_is_one_line(trained, tmp_path):
+    """A classifier exported before its features were scaled (no feature_scale) would score other numbers than it
+    was trained on: refused in one line."""
+    old = tmp_path / "export"
+    shutil.copytree(trained["export"], old)
+    tensors = load_file(old / "model.safetensors")
+    del tensors["feature_scale"]
+    save_file(tensors, str(old / "model.safetensors"))
+    with pytest.raises(SpecdraftError, match="reads unscaled features") as err:
+        load_runtime(old, RuntimeConfig(device="cpu"))
     assert "\n" not in str(err.value)
 
 

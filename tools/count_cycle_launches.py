@@ -10,7 +10,10 @@ fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GP
     TRITON_INTERPRET=1 python tools/count_cycle_launches.py --config smollm2 --shapes 6 6,8,48 5,8,32 \\
         --out runs/cycle_launches
 
-Prints a table and writes OUT/cycle_launches.json. With --depth-stops, each tree shape's cycle also as a policy
+Prints a table and writes OUT/cycle_launches.json; each row counts the cycle's host syncs too (reads of values and
+ops of data-dependent shapes, `LaunchCounter.syncs`: a graphed cycle holds none). With --prune BETA, each tree
+shape also drafted with a C2T tree scorer at β (`specdraft.methods.c2t`): the scorer's launches a cycle against
+the unpruned tree's. With --depth-stops, each tree shape's cycle also as a policy
 that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
 at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
 the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad.
@@ -21,7 +24,7 @@ import argparse
 import collections
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -89,22 +92,35 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
                       device.type == "cuda", **options)
 
 
-def _counted(fn):
+def _counted(fn, syncs: Optional[List[str]] = None):
+    """fn() -> (its output, its launches); the host syncs among them appended to `syncs`."""
     from specdraft.decoding.launches import LaunchCounter
 
     with torch.no_grad(), LaunchCounter() as counter:
         out = fn()
+    if syncs is not None:
+        syncs += counter.syncs
     return out, counter.launches
 
 
-def cycle_launches(engine) -> Dict[str, List[str]]:
-    """One cycle after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch names}."""
+def cycle_launches(engine, syncs: Optional[List[str]] = None) -> Dict[str, List[str]]:
+    """One cycle after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch names}; the
+    cycle's host syncs appended to `syncs`."""
     from specdraft.runtime.profile import draft_phase, verify_phase
 
-    drafted, draft = _counted(lambda: draft_phase(engine))
-    (tree, verified), verify = _counted(lambda: verify_phase(engine, drafted))
-    _, book = _counted(lambda: engine.accept_and_commit(engine.acceptance(0.0), tree, verified))
+    drafted, draft = _counted(lambda: draft_phase(engine), syncs)
+    (tree, verified), verify = _counted(lambda: verify_phase(engine, drafted), syncs)
+    _, book = _counted(lambda: engine.accept_and_commit(engine.acceptance(0.0), tree, verified), syncs)
     return {"draft": draft, "verify": verify, "bookkeeping": book}
+
+
+def pruning_scorer(beta: float, device: torch.device = torch.device("cpu")):
+    """A C2T tree scorer (a classifier of random weights: launches do not depend on them) at threshold β."""
+    from specdraft.core.types import DraftContext
+    from specdraft.methods.c2t import C2TClassifier, C2TConfig, ClassifierScorer
+
+    cfg = C2TConfig(draft="random", threshold=beta)
+    return ClassifierScorer(C2TClassifier(cfg, DraftContext(target=None)), cfg, device)
 
 
 def plain_step_launches(engine) -> List[str]:
@@ -114,19 +130,24 @@ def plain_step_launches(engine) -> List[str]:
     return _counted(lambda: sample_token(engine.plain_step(engine.root.clone()), 0.0, None))[1]
 
 
-def count(config: str, shape_texts: List[str]) -> dict:
+def count(config: str, shape_texts: List[str], prune: Optional[float] = None) -> dict:
+    """Each shape's cycle (and with `prune`, each tree shape's again with a C2T scorer at that β) -> the report."""
     prompt = torch.randint(0, CONFIGS[config][0]["vocab_size"], (16,), generator=torch.Generator().manual_seed(0))
     rows, plain = [], None
-    for text in shape_texts:
-        engine = build_engine(config, parse_shape(text))
+    runs = [(text, None) for text in shape_texts]
+    runs += [(text, prune) for text in shape_texts if prune is not None and parse_shape(text).topk > 1]
+    for text, beta in runs:
+        engine = build_engine(config, parse_shape(text), tree_scorer=None if beta is None else pruning_scorer(beta))
         engine.prefill(prompt, 0.0)
         if plain is None:
             plain = plain_step_launches(engine)
             engine.prefill(prompt, 0.0)
         cycle_launches(engine)  # a first cycle builds what is cached per shape, as a graph's warm-up runs do
-        phases = cycle_launches(engine)
+        syncs: List[str] = []
+        phases = cycle_launches(engine, syncs)
         total = sum(len(names) for names in phases.values())
-        rows.append({"shape": text, **{name: len(names) for name, names in phases.items()}, "cycle": total,
+        rows.append({"shape": text, "prune_threshold": beta, **{name: len(names) for name, names in phases.items()},
+                     "cycle": total, "host_syncs": len(syncs), "sync_ops": sorted(set(syncs)),
                      "cycle_over_plain": total / len(plain), "tau_for_goal": SPEEDUP_GOAL * total / len(plain),
                      **{f"{name}_ops": dict(collections.Counter(names).most_common())
                         for name, names in phases.items()}})
@@ -168,11 +189,13 @@ class _ForcedStop:
 
 def table(report: dict) -> str:
     lines = [f"{report['config']} ({report['layers']} layers): a plain step launches {report['plain_step']}",
-             f"{'shape':>10} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'x plain':>8} "
-             f"{'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
+             f"{'shape':>10} {'pruned':>7} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'syncs':>6} "
+             f"{'x plain':>8} {'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
     for row in report["rows"]:
-        lines.append(f"{row['shape']:>10} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
-                     f"{row['cycle']:>6} {row['cycle_over_plain']:>8.2f} {row['tau_for_goal']:>12.2f}")
+        pruned = "-" if row["prune_threshold"] is None else f"β {row['prune_threshold']:g}"
+        lines.append(f"{row['shape']:>10} {pruned:>7} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
+                     f"{row['cycle']:>6} {row['host_syncs']:>6} {row['cycle_over_plain']:>8.2f} "
+                     f"{row['tau_for_goal']:>12.2f}")
     for row in report.get("depth_stops", []):
         lines.append(f"{row['shape']:>10} stopping at depth {row['stop_depth']}: {row['cycle']} launches in "
                      f"{row['graphs']} graphs, {row['flag_reads']} flag reads")
@@ -184,12 +207,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="smollm2")
     parser.add_argument("--shapes", nargs="+", default=["6", "6,8,48", "5,8,32"],
                         help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for tools/bench/runtime.py")
+    parser.add_argument("--prune", type=float, default=None, metavar="BETA",
+                        help="each tree shape also pruned by a C2T tree scorer (random weights) at this β")
     parser.add_argument("--depth-stops", action="store_true",
                         help="each tree shape also grown by a depth-stop policy, stopped at each depth")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
     check_shapes(parser, args.shapes)
-    report = count(args.config, args.shapes)
+    report = count(args.config, args.shapes, args.prune)
     if args.depth_stops:
         prompt = torch.randint(0, CONFIGS[args.config][0]["vocab_size"], (16,),
                                generator=torch.Generator().manual_seed(0))

@@ -83,7 +83,9 @@ class DrafterCaps:
 
 class TreeScorer(Protocol):
     """Decides, after each depth's expansion, which candidates stay in the tree (the rest become padding that
-    nothing selects or accepts). Static shapes: a mask, never a shorter tensor."""
+    nothing selects or accepts). It runs inside the captured cycle: static shapes (dropped children score -inf,
+    never a shorter tensor), no host sync, and whatever it reads of a child it computes from what `prune` is given
+    (so that the features it was trained on and those it scores are one computation)."""
 
     threshold: float
     """β: candidates scored below it are dropped (the runtime sets it from runtime.prune_threshold). Setting it
@@ -92,9 +94,12 @@ class TreeScorer(Protocol):
     """The scorer's own β for chains, where dropping a drafted token ends the chain there (an early exit); the
     runtime uses it when runtime.prune_threshold is not given."""
 
-    def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
-        """joint_logprobs [c] (the draft's log-probability of the path to each candidate), parent_entropy [c]
-        (the entropy of each candidate's parent's draft distribution), depth (a Python int, 1-based) -> [c] bool."""
+    def prune(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, parent_logits: torch.Tensor,
+              depth: int) -> torch.Tensor:
+        """p expanded parents' top-k children at `depth` (a Python int, 1-based): child_logprobs [p, k] float32 (the
+        draft's log-probability of each child), parent_scores [p] float32 (each parent's joint log-probability,
+        the path's from the root), parent_logits [p, Vd] (the draft logits the children were drawn from) ->
+        [p, k] float32: child_logprobs with the dropped children at -inf."""
 
 
 class NodeJudge(Protocol):

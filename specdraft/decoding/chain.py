@@ -6,8 +6,9 @@ where another stop rule says so, stop_rules.py: SVIP's entropy bound, Dynamic De
 that token is not drafted, and the cycle verifies only the k' tokens drafted before it (k' = 0 verifies the
 root alone, a plain decoding step). A dynamic exit (dynamic_exit.py) caps the depth per cycle as well. Both
 save draft steps and verify rows; any drafter can use them, the engine never asks which method it runs. With a
-tree scorer (core/drafting.py) the chain ends, the same way, at the first token the scorer drops (its features:
-the chain's joint log-probability up to it, the entropy of the distribution it was drawn from, its depth).
+tree scorer (core/drafting.py) the chain ends, the same way, at the first token the scorer drops (each token the
+one child of its parent: its log-probability, the chain's joint log-probability before it, the logits it was
+drawn from, its depth).
 
 Verification: the chain's k'+1 nodes (root and drafts) in one target pass with causal attention. If the drafter
 has `verify_start_layer` ℓ (drafter.py), the pass starts at layer ℓ from the states the drafter computed
@@ -33,7 +34,7 @@ from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.host_reader import HostReader
 from specdraft.decoding.sampled_drafts import SampledDrafts, sampled_children
 from specdraft.decoding.stop_rules import ConfidenceStop, StopRule
-from specdraft.decoding.tree import DraftTree, parent_entropy
+from specdraft.decoding.tree import DraftTree
 
 
 class ChainCycles:
@@ -103,8 +104,9 @@ class ChainCycles:
         stop = self.stop_rule.chain(logits, score, path) if self.stop_rule is not None else torch.zeros_like(
             score, dtype=torch.bool)
         scorer = self.engine.tree_scorer
-        if scorer is not None:
-            stop = stop | ~scorer.keep(path.sum(0, keepdim=True), parent_entropy(logits), depth)
+        if scorer is not None:  # the token is the one child of its parent, the chain before it
+            kept = scorer.prune(score.view(1, 1), path[:-1].sum(0, keepdim=True), logits, depth)  # [1, 1]
+            stop = stop | (kept[0] == float("-inf"))
         return stop
 
     def _first(self) -> torch.Tensor:

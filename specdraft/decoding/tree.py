@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -30,7 +30,6 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
-from specdraft.kernels.top_entropy import top_entropy
 from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
 from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled_children
 
@@ -38,8 +37,6 @@ from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled
 logger = logging.getLogger(__name__)
 CHAIN_DEPTH = 6
 """A chain's drafts when none are asked for."""
-ENTROPY_TOP = 1000
-"""M: a tree scorer reads the entropy of a parent's draft distribution over its M most probable tokens (C2T)."""
 
 
 @dataclass(frozen=True)
@@ -133,22 +130,12 @@ def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) 
     return paths | (torch.arange(paths.shape[1], device=paths.device)[None, :] == own[:, None])
 
 
-def parent_entropy(draft_logits: torch.Tensor, top: int = ENTROPY_TOP) -> torch.Tensor:
-    """draft_logits [k, Vd] -> [k] float32: the entropy of each row's draft distribution over its `top` most
-    probable tokens (renormalised), what a TreeScorer reads of a candidate's parent (kernels.top_entropy)."""
-    return top_entropy(draft_logits, top)
-
-
 def _scored(scorer: Optional[TreeScorer], child_logprobs: torch.Tensor, parent_scores: torch.Tensor,
             draft_logits: torch.Tensor, depth: int) -> torch.Tensor:
     """child_logprobs [p, k] of p parents' top-k children -> the same with the children the scorer drops at -inf
-    (their joint log-probabilities, and every descendant's, become -inf: pruned, never selected as real nodes)."""
-    if scorer is None:
-        return child_logprobs
-    joint = parent_scores[:, None] + child_logprobs  # [p, k]
-    entropy = parent_entropy(draft_logits)[:, None].expand_as(joint)  # [p, k]
-    keep = scorer.keep(joint.flatten(), entropy.flatten(), depth).view_as(joint)
-    return torch.where(keep, child_logprobs, float("-inf"))
+    (their joint log-probabilities, and every descendant's, become -inf: never expanded, and padding if the
+    selection takes them, `select_tree`)."""
+    return child_logprobs if scorer is None else scorer.prune(child_logprobs, parent_scores, draft_logits, depth)
 
 
 class TreeExpansion:
@@ -245,11 +232,10 @@ class TreeExpansion:
         budget = min(self.shape.budget, cand_tokens.shape[0])
         select = _every_candidate if budget == cand_tokens.shape[0] else select_tree
         selection = select(cand_tokens, cand_parents, cand_scores, budget, depth)
-        tree = DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
+        return DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
                          valid=selection.valid, tree_mask=selection.tree_mask,
                          joint_logprobs=selection.joint_logprobs, candidate_ids=selection.chosen,
                          sampled=self.sampled_drafts(selection.chosen, depth))
-        return tree if self.scorer is None else _pruned_as_padding(tree)
 
 
 class _Frontier(NamedTuple):
@@ -278,9 +264,9 @@ def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_posi
 def _every_candidate(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand_scores: torch.Tensor, budget: int,
                      max_depth: int) -> TreeSelection:
     """`select_tree` where the budget keeps every candidate: node i is candidate i (no sort, and no selection
-    kernel, which is sized for the budgets trees are verified at)."""
+    kernel, which is sized for the budgets trees are verified at); a candidate a scorer dropped (-inf) is padding."""
     reach = ancestry(cand_parents, max_depth)  # [C, C]
-    valid = reach[:, 0]
+    valid = reach[:, 0] & (cand_scores > float("-inf"))
     eye = torch.eye(budget, dtype=torch.bool, device=reach.device)
     return TreeSelection(tokens=cand_tokens, parents=torch.where(valid, cand_parents, -1),
                          depths=torch.where(valid, reach.sum(1) - 1, 1), valid=valid,
@@ -288,12 +274,3 @@ def _every_candidate(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand
                          joint_logprobs=torch.where(valid, cand_scores, float("-inf")),
                          chosen=torch.arange(budget, device=reach.device))
 
-
-def _pruned_as_padding(tree: DraftTree) -> DraftTree:
-    """Nodes whose joint log-probability is -inf (dropped by the scorer, or under a dropped node) as the selection
-    pads: under no parent, at depth 1, seeing themselves alone, never accepted."""
-    pruned = ~torch.isfinite(tree.joint_logprobs)  # [N] (the root scores 0)
-    eye = torch.eye(pruned.shape[0], dtype=torch.bool, device=pruned.device)
-    return replace(tree, parents=torch.where(pruned, -1, tree.parents), depths=torch.where(pruned, 1, tree.depths),
-                   valid=tree.valid & ~pruned,
-                   tree_mask=torch.where(pruned[:, None], eye, tree.tree_mask & ~pruned[None, :]))

@@ -9,16 +9,18 @@ Ops: `soft_ce` (training loss); for the runtime, `draft_topk` (log-softmax + top
 vocabulary), `tree_frontier.advance_frontier` (a tree expansion step's joint scores, next frontier and gathers),
 `tree_select.select_tree` (the tree kept after the expansion: its best candidates, parents, depths and mask),
 `tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `path_commit.commit_path` (the
-commit's bookkeeping: the path's cache slots, next tokens, host record, features, new root), `kv_compact.compact_kv`
-(accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass attention over the prefix
-and the tree, flash-decoding style; a drafting step's over its scratch slots too), `draft_input` (the EAGLE-3
-draft layer's [norm(embedding) ; norm(hidden)] input: the gather, both norms and the join), `top_entropy` (a
-draft distribution's entropy over its top M tokens, what a tree scorer reads at each depth); in every decoder
-layer (the target's and the draft heads'), `rms_norm` ((residual add +) RMSNorm), `rope_cache` (rotary q and k +
-the KV-cache write) and `silu_mul` (SwiGLU's activation), one launch each, rounding where the unfused ops round
-(`rounding.py`); for bulk generation (decoding/batched.py), `ragged_attention` (each query over its own
-sequence's slots of a cache that holds many). The runtime ops are CUDA-graph capturable: static shapes, no host sync, per-call scalars as device
-tensors. `python tools/bench/kernels.py` times each against its reference on a GPU.
+commit's bookkeeping: the path's cache slots, next tokens, host record, features, new root),
+`kv_compact.compact_kv` (accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass
+attention over the prefix and the tree, flash-decoding style; a drafting step's over its scratch slots too),
+`draft_input` (the EAGLE-3 draft layer's [norm(embedding) ; norm(hidden)] input: the gather, both norms and the
+join), `top_entropy` (a draft distribution's entropy over its top M tokens), `prune_children` (a tree scorer's
+pruning of a depth's children: C2T's FFN over their joint probability, their parent's top-M entropy and their
+depth, in one launch); in every decoder layer (the target's and the draft heads'), `rms_norm` ((residual add +)
+RMSNorm), `rope_cache` (rotary q and k + the KV-cache write) and `silu_mul` (SwiGLU's activation), one launch each,
+rounding where the unfused ops round (`rounding.py`); for bulk generation (decoding/batched.py), `ragged_attention`
+(each query over its own sequence's slots of a cache that holds many). The runtime ops are CUDA-graph capturable:
+static shapes, no host sync, per-call scalars as device tensors.
+`python tools/bench/kernels.py` times each against its reference on a GPU.
 For training, `adamw8bit` is one tensor's AdamW step from blockwise 8-bit moments (and `AdamW8bitFused`, the
 optimizer of train.optimizer=adamw8bit_fused).
 """

@@ -61,3 +61,20 @@ def test_selected_padding_is_never_accepted_by_the_verify():
     accepted, accept_length, bonus = verify_greedy(target_logits, tree.tokens, tree.parents, 3)
     assert tree.tokens[5] == tokens[5] and not tree.valid[5]
     assert accepted.tolist() == [0, -1, -1, -1] and accept_length.item() == 0 and bonus.item() == tokens[5]
+
+
+def test_candidates_a_scorer_dropped_are_padding():
+    """Candidates scored -inf (a tree scorer dropped them, and their descendants with them) taken because fewer
+    than the budget were kept: padding in both, like a tie's orphan; the kept ones are the tree they were."""
+    tokens, parents, scores = expansion_candidates(4, 4, torch.Generator().manual_seed(3))
+    dropped = scores.clone()
+    dropped[1] = dropped[parents == 1] = -float("inf")  # depth 1's first child and its children
+    keep_all = dropped > -float("inf")
+    dropped[(torch.arange(scores.shape[0]) > 8) & keep_all] = -float("inf")  # 7 real candidates left
+    got = select_tree_triton(tokens, parents, dropped, 12, 4)
+    _assert_same(got, select_tree_reference(tokens, parents, dropped, 12, 4))
+    real = dropped[got.chosen] > -float("inf")
+    assert torch.equal(got.valid, real) and got.valid.sum() == 8  # the root and 7
+    assert (got.parents[~real] == -1).all() and (got.depths[~real] == 1).all()
+    assert torch.equal(got.tree_mask[~real], torch.eye(12, dtype=torch.bool)[~real])
+    assert not got.tree_mask[real][:, ~real].any()  # no real node sees a dropped one

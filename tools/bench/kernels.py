@@ -98,6 +98,26 @@ def entropy_cases(models, rows_list, device, top=1000):
                        _same(lambda e, g: torch.allclose(e, g, rtol=1e-4, atol=1e-4)))
 
 
+def prune_cases(models, rows_list, device, top=1000, hidden=48):
+    """prune_children (C2T's pruning of one depth: the parents' top-M entropy, the FFN and the cut) at the draft
+    vocabularies, k = rows children a parent, about half of them dropped."""
+    from specdraft.kernels.prune_children.reference import ScorerWeights, prune_children_reference
+    from specdraft.kernels.prune_children.triton_kernel import prune_children_triton
+
+    for vocab in sorted({v for model in models.values() for v in model["draft_vocabs"]}):
+        for rows in rows_list:
+            logits = torch.randn(rows, vocab, device=device).mul_(4).bfloat16()
+            children = torch.log_softmax(logits.float(), -1).topk(rows, -1).values  # [p, k]
+            parents = -torch.rand(rows, device=device)
+            weights = ScorerWeights(torch.randn(hidden, 3, device=device), torch.randn(hidden, device=device),
+                                    torch.randn(hidden, device=device) / hidden ** 0.5, torch.zeros(1, device=device),
+                                    torch.zeros(1, device=device))
+            args = (children, parents, logits, 3, weights, top)
+            yield Case("prune_children", f"p=k={rows} Vd={vocab} M={top} Hc={hidden}",
+                       lambda a=args: prune_children_reference(*a), lambda a=args: prune_children_triton(*a),
+                       _same(lambda e, g: (torch.isinf(e) == torch.isinf(g)).float().mean() > 0.99))
+
+
 def verify_cases(models, nodes_list, device, depth_limit=8):
     from specdraft.kernels.tree_verify.reference import verify_greedy_reference
     from specdraft.kernels.tree_verify.triton_kernel import verify_greedy_triton
@@ -308,7 +328,9 @@ def all_cases(device: torch.device, ops: set):
               "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device),
               "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device),
               "commit_path": lambda: commit_cases(models, (3,) if tiny else (5, 6), device),
-              "top_entropy": lambda: entropy_cases(models, (4,) if tiny else (8, 10), device, 100 if tiny else 1000)}
+              "top_entropy": lambda: entropy_cases(models, (4,) if tiny else (8, 10), device, 100 if tiny else 1000),
+              "prune_children": lambda: prune_cases(models, (4,) if tiny else (8, 10), device,
+                                                    100 if tiny else 1000)}
     for op, make in makers.items():
         if op in ops:
             yield from make()
@@ -361,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="runs/bench", help="a directory (OUT/kernels.json) or a .json path")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
-                                         "silu_mul,draft_input,advance_frontier,select_tree,commit_path,top_entropy")
+                                         "silu_mul,draft_input,advance_frontier,select_tree,commit_path,top_entropy,"
+                                         "prune_children")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
 """The spec of a draft tree's selection (runtime/tree.py, after the expansion): the root and the `budget - 1`
 candidates of highest joint score (ties: the lower candidate index first), in candidate order, with each node's
-parent among them, its depth, its tree-attention row, and whether its path reaches the root (a candidate whose
-ancestor fell out on a tie is padding: it hangs under no node (parent -1, as the root: no verify matches it),
-sits at depth 1, sees itself alone, scores -inf)."""
+parent among them, its depth, its tree-attention row, and whether it is a real node: its path reaches the root and
+it scores above -inf. Padding (a candidate whose ancestor fell out on a tie, or one a tree scorer dropped, scored
+-inf, taken when fewer candidates than the budget were kept) hangs under no node (parent -1, as the root: no
+verify matches it), sits at depth 1, sees itself alone, scores -inf."""
 from typing import NamedTuple
 
 import torch
@@ -12,7 +13,7 @@ class TreeSelection(NamedTuple):
     tokens: torch.Tensor  # [N] int64 target ids; node 0 is the root
     parents: torch.Tensor  # [N] int64 parent node, -1 for the root and for padding
     depths: torch.Tensor  # [N] int64, 0 for the root, 1 for padding
-    valid: torch.Tensor  # [N] bool: False for padding
+    valid: torch.Tensor  # [N] bool: False for padding (a real node's ancestors are real: a child scores <= its parent)
     tree_mask: torch.Tensor  # [N, N] bool: node i sees node j (j is i or an ancestor)
     joint_logprobs: torch.Tensor  # [N] float32: the path's draft log-probability (0 for the root, -inf: padding)
     chosen: torch.Tensor  # [N] int64 ascending: each node's candidate index
@@ -45,7 +46,7 @@ def select_tree_reference(cand_tokens: torch.Tensor, cand_parents: torch.Tensor,
     is_root = torch.arange(budget, device=device) == 0
     parents = torch.where(is_root, -1, node_of[cand_parents[chosen].clamp(min=0)])  # [N], -1: parent not kept
     reach = ancestry(parents, max_depth)  # [N, N]
-    valid = reach[:, 0]  # the path reaches the root
+    valid = reach[:, 0] & (cand_scores[chosen] > float("-inf"))  # the path reaches the root; not dropped
     tree_mask = reach & valid[:, None] | torch.eye(budget, dtype=torch.bool, device=device)  # [N, N]
     return TreeSelection(tokens=cand_tokens[chosen], parents=torch.where(valid, parents, -1),
                          depths=torch.where(valid, reach.sum(1) - 1, 1), valid=valid, tree_mask=tree_mask,

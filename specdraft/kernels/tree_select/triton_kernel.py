@@ -44,7 +44,9 @@ def _select_kernel(cand_tokens_ptr, cand_parents_ptr, cand_scores_ptr, count, no
     for _ in range(HOPS):  # one step up the parents each (-1 matches no column)
         reach = reach | (ancestor[:, None] == columns[None, :])
         ancestor = tl.load(parent_node_ptr + tl.maximum(ancestor, 0), mask=is_node & (ancestor >= 0), other=-1)
-    valid = tl.sum(tl.where(reach & (columns[None, :] == 0), 1, 0), 1) > 0  # [BLOCK_N] reaches the root
+    joint = tl.load(cand_scores_ptr + chosen, mask=is_node, other=0.0)
+    reaches = tl.sum(tl.where(reach & (columns[None, :] == 0), 1, 0), 1) > 0  # [BLOCK_N] reaches the root
+    valid = reaches & (joint > -float("inf"))  # and no scorer dropped it
     depth = tl.sum(reach.to(tl.int64), 1) - 1
     rows = (reach & valid[:, None]) | (node[:, None] == columns[None, :])
     in_mask = is_node[:, None] & (columns[None, :] < BUDGET)
@@ -53,7 +55,6 @@ def _select_kernel(cand_tokens_ptr, cand_parents_ptr, cand_scores_ptr, count, no
     tl.store(parents_ptr + node, tl.where(valid & (node != 0), parent, -1), mask=is_node)
     tl.store(depths_ptr + node, tl.where(valid, depth, 1), mask=is_node)
     tl.store(valid_ptr + node, valid.to(tl.uint8), mask=is_node)
-    joint = tl.load(cand_scores_ptr + chosen, mask=is_node, other=0.0)
     tl.store(joint_ptr + node, tl.where(valid, joint, float("-inf")), mask=is_node)
 
 

@@ -24,7 +24,7 @@ def c2t_to_hf(classifier: C2TClassifier, cfg: C2TConfig, target: TargetInfo, pro
 
 
 def c2t_hf_keys(classifier: C2TClassifier, target: TargetInfo) -> List[str]:
-    return ["hidden.weight", "hidden.bias", "out.weight", "out.bias"]
+    return ["hidden.weight", "hidden.bias", "out.weight", "out.bias", "feature_scale"]
 
 
 def c2t_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
@@ -34,6 +34,9 @@ def c2t_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
     if ctx.base is None:
         raise SpecdraftError(f"this C2T export carries no draft to prune (no draft/ named in its config.json; it "
                              f"was trained over {cfg.draft}); export its run again with `specdraft export`")
+    if "feature_scale" not in tensors:
+        raise SpecdraftError(f"this C2T export's classifier (over {cfg.draft}) reads unscaled features, which this "
+                             f"runtime no longer scores: train and export it again")
     classifier = C2TClassifier(cfg, ctx)
     classifier.load_state_dict(tensors)
     return cfg, classifier

@@ -2,16 +2,17 @@
 
 The classifier reads three features of a drafted candidate, none of them a hidden state (so one classifier
 serves every prompt and dataset of its draft): the joint probability of its path (the product of the draft's
-probabilities from the root), the entropy of its parent's draft distribution over its 1,000 most probable tokens
-(`specdraft.decoding.tree.parent_entropy`), and its depth. Two linear layers with a ReLU between them give one
-logit; sigmoid(logit) >= β keeps the candidate.
+probabilities from the root), the entropy of its parent's draft distribution over its 1,000 most probable tokens,
+and its depth (1-based). Two linear layers with a ReLU between them give one logit; sigmoid(logit) >= β keeps the
+candidate. Traces record, and training reads, what `kernels.prune_children` computes at run time (`child_inputs`,
+then `ffn_features`): one computation of the features for both.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import math
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,17 +20,19 @@ from torch import nn
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext, LossOutput
+from specdraft.kernels.prune_children import ScorerWeights, ffn_features, prune_children
 from specdraft.methods.c2t.config import C2TConfig
 
 NUM_FEATURES = 3  # joint probability, parent entropy, depth
-MAX_DEPTH = 128
-"""The deepest candidate the scorer scores (its depth term is precomputed per depth)."""
+ENTROPY_TOP = 1000
+"""M: the parent entropy is over its draft distribution's M most probable tokens (renormalised)."""
 
 
 def candidate_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor,
                        depths: torch.Tensor) -> torch.Tensor:
-    """joint_logprobs, parent_entropy, depths [n] -> the classifier's input [n, 3] float32."""
-    return torch.stack([joint_logprobs.float().exp(), parent_entropy.float(), depths.float()], dim=-1)
+    """joint_logprobs, parent_entropy, depths [n] (as traces record them) -> the classifier's input [n, 3] float32
+    (`kernels.prune_children.ffn_features`, what the runtime scores)."""
+    return ffn_features(joint_logprobs, parent_entropy, depths)
 
 
 def draft_digest(draft: nn.Module) -> str:
@@ -42,14 +45,24 @@ def draft_digest(draft: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+def feature_scale(cfg: C2TConfig) -> torch.Tensor:
+    """[3]: what the classifier multiplies its features by first, so that each spans about [0, 1] (the joint
+    probability as it is, the entropy over ln M, the depth over the traced trees' depth). Unscaled, the depth
+    (up to 11) and the entropy (up to 6.9) swamp the joint probability, and Adam at 1e-3 takes far more steps
+    than a few hundred to undo it (on synthetic trees, a few hundred steps left the classifier ranking the
+    candidates a tree verifies worse than their joint probability alone does)."""
+    return torch.tensor([1.0, 1.0 / math.log(ENTROPY_TOP), 1.0 / cfg.trace_depth])
+
+
 class C2TClassifier(nn.Module):
     """The trained part of a C2T draft: [n, 3] features -> [n] logits. `base` (not a submodule: saved apart) is the
-    draft whose trees it prunes."""
+    draft whose trees it prunes. `feature_scale` (a buffer, exported) scales the features before the first layer."""
 
     def __init__(self, cfg: C2TConfig, ctx: DraftContext):
         super().__init__()
         self.hidden = nn.Linear(NUM_FEATURES, cfg.hidden_size)
         self.out = nn.Linear(cfg.hidden_size, 1)
+        self.register_buffer("feature_scale", feature_scale(cfg))
         object.__setattr__(self, "base", ctx.base)
 
     @functools.cached_property
@@ -59,7 +72,12 @@ class C2TClassifier(nn.Module):
         return draft_digest(self.base.draft) if self.base is not None else None
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:  # [n, 3] -> [n]
-        return self.out(torch.relu(self.hidden(features)))[:, 0]
+        return self.out(torch.relu(self.hidden(features * self.feature_scale)))[:, 0]
+
+    def input_layer(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The first layer over the unscaled features, the scale folded in -> (weight [Hc, 3], bias [Hc]): what the
+        runtime's kernel applies."""
+        return self.hidden.weight * self.feature_scale[None, :], self.hidden.bias
 
 
 def _check_traces(classifier: C2TClassifier, batch: Dict) -> None:
@@ -74,9 +92,19 @@ def _check_traces(classifier: C2TClassifier, batch: Dict) -> None:
                 f"`specdraft distill-data` into a new distill.output_dir")
 
 
+def ranking_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """scores, labels [n] -> the probability that an accepted candidate outscores a rejected one (ROC AUC; ties
+    broken by position), whatever β: how well the classifier ranks, apart from where β cuts."""
+    ranks = scores.argsort().argsort().float() + 1  # [n] 1..n
+    accepted = labels > 0.5
+    positives, negatives = accepted.sum(), (~accepted).sum()
+    return (ranks[accepted].sum() - positives * (positives + 1) / 2) / (positives * negatives).clamp(min=1)
+
+
 def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutput:
     """Binary cross-entropy of the accepted label; metrics at β = method.threshold: recall (accepted candidates
-    kept), positive_rate (candidates kept), accuracy, and `recall_first`, which picks the best/ snapshot."""
+    kept), positive_rate (candidates kept), accuracy; `auc` (ranking_auc); and `recall_first` (recall, then the
+    lowest positive rate: recall - 1e-3 x positive rate), which picks the best/ snapshot as the paper does."""
     _check_traces(classifier, batch)
     features, labels = batch["features"], batch["labels"]  # [n, 3], [n]
     logits = classifier(features)
@@ -89,7 +117,7 @@ def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutp
         recall = (kept & accepted).sum() / accepted.sum().clamp(min=1)
         positive_rate = kept.float().mean()
         metrics = {"recall": recall, "positive_rate": positive_rate,
-                   "accuracy": (kept == accepted).float().mean(),
+                   "accuracy": (kept == accepted).float().mean(), "auc": ranking_auc(logits, labels),
                    "recall_first": recall - 1e-3 * positive_rate}
     return LossOutput(loss=loss, metrics=metrics)
 
@@ -104,19 +132,18 @@ def logit(probability: float) -> float:
 
 
 class ClassifierScorer:
-    """The runtime's TreeScorer (core/drafting.py) over a trained classifier, in float32 on the engine's device.
-    β lives in a device tensor (as its logit), so a new threshold reaches CUDA graphs captured before; the depth
-    term of the first layer is precomputed per depth, so a depth's scoring is five launches."""
+    """The runtime's TreeScorer (core/drafting.py) over a trained classifier, in float32 on the engine's device: a
+    depth's pruning is one launch (`kernels.prune_children`: the parents' entropies, the FFN and the cut), with no
+    host sync. β lives in a device tensor (as its logit), so a new threshold reaches CUDA graphs captured before."""
 
     def __init__(self, classifier: C2TClassifier, cfg: C2TConfig, device: torch.device):
         as32 = dict(device=device, dtype=torch.float32)
-        first, bias = classifier.hidden.weight.detach().to(**as32), classifier.hidden.bias.detach().to(**as32)
-        self.weight_pe = first[:, :2].T.contiguous()  # [2, Hc]: joint probability and parent entropy
-        depths = torch.arange(1, MAX_DEPTH + 1, **as32)
-        self.bias_by_depth = bias + depths[:, None] * first[:, 2]  # [MAX_DEPTH, Hc]
-        self.weight_out = classifier.out.weight.detach().to(**as32).T.contiguous()  # [Hc, 1]
-        self.bias_out = classifier.out.bias.detach().to(**as32)  # [1]
-        self._cut = torch.zeros(1, **as32)  # logit(β)
+        hidden_weight, hidden_bias = classifier.input_layer()
+        self.weights = ScorerWeights(hidden_weight=hidden_weight.detach().to(**as32).contiguous(),
+                                     hidden_bias=hidden_bias.detach().to(**as32).contiguous(),
+                                     out_weight=classifier.out.weight.detach()[0].to(**as32).contiguous(),
+                                     out_bias=classifier.out.bias.detach().to(**as32),
+                                     cut=torch.zeros(1, **as32))  # logit(β)
         self.threshold = cfg.threshold
         self.chain_threshold = cfg.chain_threshold
 
@@ -129,18 +156,11 @@ class ClassifierScorer:
         if not 0.0 <= value <= 1.0:
             raise SpecdraftError(f"the prune threshold must be in [0, 1], got {value}")
         self._threshold = float(value)
-        self._cut.fill_(logit(self._threshold))
+        self.weights.cut.fill_(logit(self._threshold))
 
-    def logits(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
-        """[c], [c], a depth (Python int) -> [c] the classifier's logits (what C2TClassifier computes)."""
-        if not 1 <= depth <= MAX_DEPTH:
-            raise SpecdraftError(f"C2T scores candidates at depths 1..{MAX_DEPTH}, got depth {depth}")
-        pe = torch.stack([joint_logprobs.float().exp(), parent_entropy.float()], dim=-1)  # [c, 2]
-        hidden = torch.addmm(self.bias_by_depth[depth - 1], pe, self.weight_pe).relu_()  # [c, Hc]
-        return torch.addmm(self.bias_out, hidden, self.weight_out)[:, 0]
-
-    def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
-        return self.logits(joint_logprobs, parent_entropy, depth) >= self._cut
+    def prune(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, parent_logits: torch.Tensor,
+              depth: int) -> torch.Tensor:
+        return prune_children(child_logprobs, parent_scores, parent_logits, depth, self.weights, ENTROPY_TOP)
 
 
 def collate_traces(rows: List[Dict]) -> Dict:

@@ -19,9 +19,10 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
+from specdraft.kernels.prune_children import child_inputs
 from specdraft.methods.base import RecordContext
 from specdraft.methods.c2t.config import C2TConfig
-from specdraft.methods.c2t.model import draft_digest
+from specdraft.methods.c2t.model import ENTROPY_TOP, draft_digest
 from specdraft.targets.load import eos_token_ids
 
 
@@ -49,7 +50,9 @@ def trace_shape(cfg: C2TConfig) -> TreeShape:
 
 
 class TraceRecorder:
-    """A TreeScorer that keeps every candidate and records what it was given, one call per depth."""
+    """A TreeScorer that keeps every candidate and records what the runtime's scorer computes of each (its joint
+    log-probability, its parent's entropy: `kernels.prune_children.child_inputs`, the same numbers), one call per
+    depth."""
 
     threshold = 0.0
     chain_threshold = 0.0
@@ -57,9 +60,11 @@ class TraceRecorder:
     def __init__(self):
         self.calls: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
 
-    def keep(self, joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depth: int) -> torch.Tensor:
-        self.calls.append((joint_logprobs.float(), parent_entropy.float(), depth))
-        return torch.ones_like(joint_logprobs, dtype=torch.bool)
+    def prune(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, parent_logits: torch.Tensor,
+              depth: int) -> torch.Tensor:
+        joint, entropy = child_inputs(child_logprobs, parent_scores, parent_logits, ENTROPY_TOP)  # [p, k], [p]
+        self.calls.append((joint.flatten(), entropy[:, None].expand_as(joint).flatten(), depth))
+        return child_logprobs
 
     def take(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The recorded calls since the last take, joined -> joint_logprobs, parent_entropy, depths [C - 1]: one
