@@ -31,15 +31,21 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
     report = suite.main([str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3",
                          "train.val_every_steps=3", "train.micro_batch_size=2", "train.warmup_steps=1",
                          "--target", str(tiny_target_dir), "--train-prompts", str(train), "--heldout-prompts",
-                         str(heldout), "--thresholds", "0.9", "0", "--max-new-tokens", "8", "--shape", "3",
-                         "--lossless-prompts", "1", "--work", str(tmp_path / "work")])
+                         str(heldout), "--thresholds", "0.9", "0", "--precision-targets", "0.5", "--max-new-tokens",
+                         "8", "--shape", "3", "--lossless-prompts", "1", "--work", str(tmp_path / "work")])
     labels = report["labels"]
     assert labels["prompts"] == labels["labelled_prompts"] == 4 and labels["labels"] > 0
     assert labels["positives"] + labels["negatives"] == labels["labels"] and labels["check_errors"] == 0
+    heldout = report["heldout_labels"]
+    chosen = heldout["threshold_for_precision"]["0.5"]
+    assert heldout["labels"] > 0 and [point["threshold"] for point in heldout["curve"]] == sorted({0.0, 0.9, chosen})
     bench = report["bench"]
     assert bench["lossless"] is False and bench["lossless_float32"]["identical"] == 1
-    assert [run["judge_threshold"] for run in bench["judge_sweep"]] == [0.9, 0.0]
-    assert bench["judge_sweep"][1]["tau"] == 4.0  # δ = 0 accepts the whole chain
+    assert bench["settings"]["dtype"] == "float32"
+    sweep = [run["judge_threshold"] for run in bench["judge_sweep"]]
+    assert sweep == sorted({0.0, 0.9, *([chosen] if chosen < 1 else [])})
+    assert bench["judge_sweep"][0]["tau"] == 4.0  # δ = 0 accepts the whole chain
     assert json.loads((tmp_path / "work" / "judge.json").read_text())["labels"] == labels
     out = capsys.readouterr().out
     assert "| exact |" in out and "| δ=0 | 4.00 |" in out and "goal (retained accuracy >= 98%)" in out
+    assert "target and draft in float32" in out and "held-out labels:" in out

@@ -16,13 +16,16 @@ from specdraft.core.types import DraftContext
 from specdraft.data import checks
 from specdraft.data.sandbox import run_python
 from specdraft.data.sources import load_conversations
+from specdraft.decoding.accept import draft_choices, verify_judged
 from specdraft.decoding.engine import GenerationResult, SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
-from specdraft.decoding.tree import TreeShape
+from specdraft.decoding.tree import DraftTree, TreeShape
 from specdraft.drafts import load_base
 from specdraft.methods import METHODS
 from specdraft.methods.base import RecordContext
-from specdraft.methods.judge import JudgeConfig, JudgeHead, JudgeMiner, judge_collate, judge_loss, mismatches
+from specdraft.methods.judge import (JudgeConfig, JudgeHead, JudgeMiner, judge_collate, judge_loss, label_curve,
+                                     mismatches, threshold_for_precision)
+from specdraft.methods.judge.mining import Greedy, best_child, static_generator
 from specdraft.recipes import load_recipe, save_recipe
 from specdraft.runtime.bench import BenchSettings, format_table, run_bench
 from specdraft.runtime.load import load_runtime, set_judge_threshold
@@ -189,6 +192,48 @@ def test_the_loss_balances_classes_and_logs_recall():
     assert float(empty.loss.detach()) == 0.0 and empty.loss.requires_grad
 
 
+def test_the_static_engine_continues_branches_as_generate_does(target):
+    """The batched static engine (a GPU's default) and Hugging Face generate: the same continuations, and the same
+    state at each prompt's last token, in float32."""
+    eos = eos_token_ids(target.model, target.tokenizer)
+    prompts = [target.tokenizer(text)["input_ids"] for text in ("question?", "a longer question here?", "q")]
+    static = static_generator(target, "static", 2, 64, "cpu")
+    assert static is not None and static_generator(target, "auto", 2, 64, "cpu") is None  # auto: static on a GPU
+    hf_answers, hf_states = Greedy(target, eos, 2).continuations(prompts, 6)
+    answers, states = Greedy(target, eos, 2, static).continuations(prompts, 6)
+    assert answers == hf_answers and states.dtype == torch.float16 and states.shape == (3, target.info.hidden_size)
+    torch.testing.assert_close(states.float(), hf_states.float(), atol=2e-2, rtol=2e-3)
+    torch.testing.assert_close(states[1].float(), _final_state(target.model, prompts[1]), atol=2e-2, rtol=2e-3)
+
+
+def test_unsolved_prompts_are_skipped_before_speculative_decoding(tmp_path, monkeypatch, target, base):
+    monkeypatch.setitem(checks.CHECKS, "always", _always)
+    miner, _ = _miner(target, base)
+    decoded = []
+    generate = miner.engine.generate
+    monkeypatch.setattr(miner.engine, "generate", lambda *args, **kwargs: decoded.append(1) or generate(*args, **kwargs))
+    records = [{"prompt": "wrong?", "check": "number", "answer": 123456789}, {"prompt": "right?", "check": "always"}]
+    prompts = write_prompts(tmp_path / "prompts.jsonl", records)
+    rows, problems = miner.records(dict(enumerate(load_conversations([str(prompts)]))))
+    assert [row["index"] for row in rows] == [1] and [problem["status"] for problem in problems] == ["skipped"]
+    assert len(decoded) == 1  # the solved prompt alone
+
+
+def test_the_label_curve_and_the_delta_for_a_precision_target():
+    scores = torch.tensor([0.99, 0.95, 0.9, 0.8, 0.7, 0.6])
+    labels = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    high, low = label_curve(scores, labels, [0.92, 0.5])
+    assert high == {"threshold": 0.92, "accepted": 2 / 6, "precision": 1.0, "recall": 0.5, "false_accepts": 0}
+    assert low["precision"] == pytest.approx(4 / 6) and low["recall"] == 1.0 and low["false_accepts"] == 2
+    assert label_curve(scores, labels, [0.999])[0]["precision"] is None
+    assert threshold_for_precision(scores, labels, 1.0) == pytest.approx(0.9)  # the top two, then a negative
+    assert threshold_for_precision(scores, labels, 0.8) == pytest.approx(0.6)  # four of the top five
+    assert threshold_for_precision(scores, labels, 0.5) == 0.0  # every label
+    assert threshold_for_precision(scores, 1 - labels, 0.9) == 1.0  # none: nothing beyond exact decoding
+    tied = threshold_for_precision(torch.tensor([0.9, 0.9, 0.5]), torch.tensor([1.0, 0.0, 1.0]), 1.0)
+    assert tied == 1.0  # a cut never splits a tie
+
+
 def _info(hidden):
     from specdraft.core.types import TargetInfo
 
@@ -218,18 +263,45 @@ def test_delta_one_is_exactly_lossless_and_delta_zero_accepts_every_depth(target
     never = _judged_engine(target, base, shape, 1.0).generate(prompt, 24, eos)
     assert never.tokens == reference.tokens == plain.tokens and never.accepted == reference.accepted
     everything = _judged_engine(target, base, shape, 0.0).generate(prompt, 24, eos, trace=True)
-    assert everything.accepted == [_deepest(row) for row in everything.trace]  # the whole drafted depth, each cycle
+    assert everything.accepted == [_draft_path(row) for row in everything.trace]  # the draft's own path, each cycle
+    assert any(length > 1 for length in everything.accepted)
     with pytest.raises(SpecdraftError, match="learned acceptance .* decodes greedily; got temperature 1") as err:
         _judged_engine(target, base, shape, 0.5).generate(prompt, 8, eos, temperature=1.0)
     assert "\n" not in str(err.value)
 
 
-def _deepest(row: dict) -> int:
-    """The depth of the deepest valid node of one cycle's traced tree."""
-    depths = [0] * len(row["parents"])
-    for node, parent in enumerate(row["parents"]):  # a parent comes before its children
-        depths[node] = depths[parent] + 1 if parent >= 0 else 0
-    return max(depth for depth, valid in zip(depths, row["valid"]) if valid)
+def _draft_path(row: dict) -> int:
+    """How deep the path of the draft's own choices (each node's most probable child) goes in one cycle's tree."""
+    depth, node = 0, best_child(row, 0)
+    while node is not None:
+        depth, node = depth + 1, best_child(row, node)
+    return depth
+
+
+def test_the_judge_decides_on_the_draft_s_own_choice_alone():
+    """Root 0; its children 1 (the draft's choice) and 2; 3 under 1. Target argmax: 9 everywhere (no exact match)."""
+    tree = DraftTree(tokens=torch.tensor([0, 5, 6, 7, 0]), parents=torch.tensor([-1, 0, 0, 1, -1]),
+                     depths=torch.tensor([0, 1, 1, 2, 0]), valid=torch.tensor([True, True, True, True, False]),
+                     tree_mask=torch.ones(5, 5, dtype=torch.bool),
+                     joint_logprobs=torch.tensor([0.0, -0.5, -1.0, -0.9, 0.0]))
+    assert draft_choices(tree).tolist() == [False, True, False, True, False]
+    logits = torch.zeros(5, 10)
+    logits[:, 9] = 1.0
+
+    class Scores:
+        threshold = 0.5
+
+        def __init__(self, values):
+            self.values = torch.tensor(values)
+
+        def scores(self, hidden):
+            return self.values
+
+    hidden = torch.zeros(5, 4)
+    nodes, length, _ = verify_judged(logits, hidden, tree, 2, Scores([0.0, 0.9, 0.99, 0.9, 1.0]))
+    assert nodes.tolist() == [0, 1, 3] and length.item() == 2
+    nodes, length, _ = verify_judged(logits, hidden, tree, 2, Scores([0.0, 0.1, 0.99, 0.9, 1.0]))
+    assert nodes.tolist() == [0, -1, -1] and length.item() == 0  # the sibling scores high, but is not the draft's
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,11 @@ serves the tree cycle, the chain cycle and the evaluator (which decodes through 
 - `RejectionSampling` (T > 0): recursive rejection sampling on the device (`sampling.py`); the output has the
   target's distribution.
 - `JudgedGreedy` (T = 0, opt-in, lossy): a node is accepted if the target's argmax at its parent is its token
-  **or** the draft's `NodeJudge` scores the target's own state at the node above δ (Judge decoding, Bachmann et
-  al., arXiv:2501.19309). At each depth the walk takes the exact child if there is one, else the judged child of
-  the highest score; the first node where neither passes ends the run.
+  **or** it is its parent's most probable child under the draft and the draft's `NodeJudge` scores the target's
+  own state at the node above δ (Judge decoding, Bachmann et al., arXiv:2501.19309). At each depth the walk takes
+  the exact child if there is one, else the judged one; the first node where neither passes ends the run. Only the
+  draft's own choice is judged: that is the token a chain drafts and the one the judge's labels are mined on
+  (methods/judge/mining.py); a tree's other children are candidates it never learned to score.
 
 Every policy returns (accepted_nodes [depth_limit + 1] (-1 padded, node 0 the root), accept_length [1], bonus [1])
 with static shapes and no host sync, so that a cycle stays one CUDA graph. A policy's randomness is drawn
@@ -89,8 +91,8 @@ def verify_judged(target_logits: torch.Tensor, target_hidden: torch.Tensor, tree
     has_parent = tree.parents >= 0  # the root and padding have none
     exact = has_parent & (tree.tokens == target_next[tree.parents.clamp(min=0)])  # [N]
     scores = judge.scores(target_hidden).float()  # [N]
-    judged = has_parent & (scores > judge.threshold)
-    rank = torch.where(exact, 2.0, torch.where(judged, scores, -1.0))  # exact first, then the best judged
+    judged = has_parent & draft_choices(tree) & (scores > judge.threshold)
+    rank = torch.where(exact, 2.0, torch.where(judged, scores, -1.0))  # exact first, then the judged one
     node = torch.zeros(1, dtype=torch.long, device=target_next.device)
     walking = torch.ones(1, dtype=torch.bool, device=target_next.device)
     accepted = [node]
@@ -103,6 +105,16 @@ def verify_judged(target_logits: torch.Tensor, target_hidden: torch.Tensor, tree
         walking = step
     accepted_nodes = torch.cat(accepted)  # [depth_limit + 1]
     return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), target_next.index_select(0, node)
+
+
+def draft_choices(tree: DraftTree) -> torch.Tensor:
+    """[N] bool: the node is its parent's most probable child under the draft (the highest joint log-probability
+    among its valid siblings; ties all count). The root and padding are not."""
+    parents = tree.parents.clamp(min=0)  # [N]
+    candidate = (tree.parents >= 0) & tree.valid
+    logprobs = torch.where(candidate, tree.joint_logprobs.float(), float("-inf"))  # [N]
+    best = torch.full_like(logprobs, float("-inf")).scatter_reduce(0, parents, logprobs, "amax")  # [N] per parent
+    return candidate & (logprobs >= best.index_select(0, parents))
 
 
 def acceptance_for(temperature: float, judge: Optional[NodeJudge] = None) -> Acceptance:

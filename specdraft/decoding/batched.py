@@ -84,9 +84,10 @@ class BatchedDecoder:
         return hidden + pending
 
     def prefill(self, prompts: Sequence[Sequence[int]], rows: Sequence[int], temperature: float, top_p: float,
-                generator: Optional[torch.Generator]) -> torch.Tensor:
+                generator: Optional[torch.Generator], states: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
         """Prompts into the given rows, packed in one forward (eager) -> [k] their first new tokens (on the device,
-        also the rows' newest tokens)."""
+        also the rows' newest tokens). `states`, when given, gets the prompts' last states [k, H] appended (the
+        last layer's output before the final norm)."""
         lengths = [len(prompt) for prompt in prompts]
         host = torch.tensor([list(chain.from_iterable(prompts)), [p for n in lengths for p in range(n)],
                              [r for r, n in zip(rows, lengths) for _ in range(n)]], dtype=torch.long)  # [3, N]
@@ -94,6 +95,8 @@ class BatchedDecoder:
         ends = _to_device(torch.tensor([rows, lengths], dtype=torch.long), self.device)  # [2, k]
         last = torch.cumsum(ends[1], 0) - 1  # [k] each prompt's last token
         hidden = self.forward(tokens, positions, token_rows).index_select(0, last)  # [k, H]
+        if states is not None:
+            states.append(hidden)
         uniforms = self._draw(len(prompts), temperature, generator)
         first = sample_rows(self.target.logits(hidden), temperature, top_p, uniforms)  # [k]
         self.row_token.index_copy_(0, ends[0], first)
@@ -230,9 +233,11 @@ class BatchedGenerator:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_ids: Sequence[int] = (),
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> List[List[int]]:
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 last_states: Optional[Dict[int, torch.Tensor]] = None) -> List[List[int]]:
         """prompts: token ids -> each answer's new tokens, up to (not including) its first EOS, at most
-        max_new_tokens. Sampling (T > 0) draws from a generator seeded with `seed`."""
+        max_new_tokens. Sampling (T > 0) draws from a generator seeded with `seed`. `last_states`, when given,
+        gets {prompt index: [H] the target's state at its last token, before the final norm} (on the device)."""
         if not prompts or max_new_tokens < 1:
             return [[] for _ in prompts]
         rows = min(self.batch_size, len(prompts))
@@ -247,7 +252,10 @@ class BatchedGenerator:
             count = batch.refill_size(self.refill)
             if count:
                 requests, rows_taken = batch.take(count)
-                first = self.decoder.prefill([prompts[r] for r in requests], rows_taken, *sample)
+                kept: Optional[List[torch.Tensor]] = None if last_states is None else []
+                first = self.decoder.prefill([prompts[r] for r in requests], rows_taken, *sample, kept)
+                if kept:
+                    last_states.update(zip(requests, kept[0]))
                 in_flight.append(_Staged.of(first, requests))
             live = sorted(batch.holder)
             if live:

@@ -1,19 +1,24 @@
 """Judge suite: learned acceptance beside a trained draft, end to end, with its quality cost measured. Labels are
 mined on the task suite's training templates (`specdraft distill-data` with recipes/judge_smollm2.yaml: each
-mismatch branched and checked), the head is fitted (`train`) and exported, then `specdraft bench` runs the
-held-out templates at T=0: exact acceptance, then each δ of the sweep, each against plain decoding in the same
-run, every answer checked by its program.
+mismatch branched and checked), the head is fitted (`train`) and exported and scored on the labels of its
+validation prompts (the δ reaching each --precision-targets there joins the sweep), then `specdraft bench` runs
+the held-out templates at T=0: exact acceptance, then each δ of the sweep, each against plain decoding in the
+same run, every answer checked by its program. Everything runs in float32 unless --dtype says otherwise: there
+exact decoding is plain decoding token for token, so a lost answer is the judge's doing (in bf16 a verify's
+rounding flips near-tied argmaxes, which alone cost a few percent of retained accuracy).
 
     python3 tools/bench/judge.py $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
     python3 tools/bench/judge.py EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
 
 EXPORT is the draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export of the same target); key=value
 arguments override the judge recipe (every stage). The table has, per acceptance rule: τ, τ against the exact
-rule's, tokens/s, speedup over plain decoding, plain and judged accuracy, retained accuracy (the share of the
-prompts plain decoding solves that the rule still solves), answers identical to plain decoding, and lossless.
-Above it: the labels mined (prompts labelled of those given, positives, negatives, checks that failed), the
-head's held-out accuracy, recall and specificity, and below it the float32 check of exact decoding and the goal
-(the highest τ ratio at a retained accuracy of at least 98%). WORK/judge.json (or --out).
+rule's, tokens/s, speedup over plain decoding, precision and recall on the held-out labels, plain and judged
+accuracy, retained accuracy (the share of the prompts plain decoding solves that the rule still solves), answers
+identical to plain decoding, and lossless. Above it: the labels mined (prompts labelled of those given,
+positives, negatives, checks that failed), the head's validation accuracy, recall and specificity, its scores'
+percentiles on positives and negatives and the δ chosen per precision target, the dtype; below it the float32
+check of exact decoding and the goal (the highest τ ratio at a retained accuracy of at least 98%).
+WORK/judge.json (or --out).
 """
 from __future__ import annotations
 
@@ -30,6 +35,9 @@ import torch
 from specdraft.core.io import write_json
 
 GOAL_RETAINED = 0.98
+TRAIN_PROMPTS = 3000
+THRESHOLDS = [0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
+PRECISION_TARGETS = [0.99, 0.995]
 
 
 def _cli(argv: List[str], seconds: Dict[str, float]) -> None:
@@ -57,21 +65,64 @@ def shape_flags(shape: str) -> List[str]:
 
 
 def run_stages(args, work: Path) -> Dict[str, float]:
-    """distill-data (mined labels), train, export, then bench on the held-out prompts -> each stage's seconds."""
+    """distill-data (mined labels), train, export, the head on its held-out labels (the δ of each precision
+    target joins the sweep), then bench on the held-out prompts -> each stage's seconds."""
     target = [f"target.path={args.target}"] if args.target else []
     overrides = [f"method.draft={args.export}", f"data.prompts=[{args.train_prompts}]",
                  f"distill.output_dir={work / 'labels'}", f"train.output_dir={work / 'train'}",
-                 f"distill.max_new_tokens={args.max_new_tokens}", *target, *args.overrides]
+                 f"distill.max_new_tokens={args.max_new_tokens}", f"target.dtype={args.dtype}", *target,
+                 *args.overrides]
     seconds: Dict[str, float] = {}
     _cli(["distill-data", str(args.recipe), *overrides], seconds)
     _cli(["train", str(args.recipe), *overrides], seconds)
     _cli(["export", str(work / "train"), "--format", "hf", "--out", str(work / "export")], seconds)
+    labels = heldout_labels(work, args.thresholds, args.precision_targets)
+    write_json(work / "heldout_labels.json", labels)
     bench = ["bench", str(work / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature", "0",
              "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts", str(args.lossless_prompts),
-             "--judge-threshold", *map(str, args.thresholds), *shape_flags(args.shape), "--out", str(work / "bench")]
+             "--dtype", args.dtype, "--judge-threshold", *map(str, sweep(args.thresholds, labels)),
+             *shape_flags(args.shape), "--out", str(work / "bench")]
     _cli([*bench, *(["--target", args.target] if args.target else [])], seconds)
     write_json(work / "stage_seconds.json", seconds)
     return seconds
+
+
+def heldout_labels(work: Path, thresholds: List[float], precision_targets: List[float]) -> dict:
+    """The trained head on the labels of its validation prompts (the train stage's split): scores of positives
+    and negatives, precision and recall at each δ, and the δ that reaches each precision target on them."""
+    from specdraft.drafts import load_draft
+    from specdraft.methods.judge import LinearJudge, judge_collate, label_curve, threshold_for_precision
+    from specdraft.recipes import load_recipe
+    from specdraft.train.data import load_distilled, split_distilled
+
+    recipe = load_recipe(work / "train" / "recipe.yaml")
+    dirs = [recipe.distill.output_dir, *recipe.train.extra_distilled]
+    dataset = load_distilled(dirs, all_columns=True)
+    _, val_idx = split_distilled(dirs, len(dataset), recipe.data.val_fraction, recipe.train.seed)
+    batch = judge_collate(list(dataset.select(val_idx)))
+    labels = batch["labels"]
+    with torch.no_grad():
+        scores = LinearJudge(load_draft(work / "train").draft).scores(batch["hidden"]) if len(labels) else labels
+    chosen = {str(target): threshold_for_precision(scores, labels, target) for target in precision_targets}
+    positive = labels > 0.5
+    return {"labels": len(labels), "positives": int(positive.sum()),
+            "score_quantiles": {name: _quantiles(scores[mask]) for name, mask in
+                                (("positive", positive), ("negative", ~positive))},
+            "curve": label_curve(scores, labels, sorted({*thresholds, *chosen.values()})),
+            "threshold_for_precision": chosen}
+
+
+def _quantiles(values: torch.Tensor) -> Optional[List[float]]:
+    """The 10th, 25th, 50th, 75th and 90th percentiles (None for no values)."""
+    if len(values) == 0:
+        return None
+    return [round(float(q), 4) for q in torch.quantile(values.float(), torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9]))]
+
+
+def sweep(thresholds: List[float], labels: dict) -> List[float]:
+    """The δ benched: those asked for and those chosen for a precision target (below 1: 1 is exact decoding)."""
+    chosen = [value for value in labels["threshold_for_precision"].values() if value < 1.0]
+    return sorted({*thresholds, *chosen})
 
 
 def label_stats(labels_dir: Path) -> dict:
@@ -102,32 +153,52 @@ def collect(args, work: Path) -> dict:
     bench, seconds = _read(work / "bench" / "bench.json"), _read(work / "stage_seconds.json")
     head = _read(work / "train" / "best" / "meta.json").get("metrics", {})
     return {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
-            "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts,
+            "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
-            "labels": label_stats(work / "labels"),
+            "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
             "head": {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")},
             "stage_seconds": seconds, "bench": bench, "goal": goal(bench)}
 
 
+def _label_cells(heldout: dict, threshold: Optional[float]) -> List[str]:
+    """The held-out labels' precision and recall at δ (dashes for exact decoding or a δ not on the curve)."""
+    point = next((p for p in heldout.get("curve") or [] if p["threshold"] == threshold), {})
+    return [fmt(point.get("precision"), ".3f"), fmt(point.get("recall"), ".3f")]
+
+
+def _heldout_line(heldout: dict) -> str:
+    quantiles = heldout.get("score_quantiles") or {}
+    chosen = ", ".join(f"precision {target}: δ={value:.4g}"
+                       for target, value in (heldout.get("threshold_for_precision") or {}).items())
+    return (f"held-out labels: {heldout.get('labels')} ({heldout.get('positives')} positive); score percentiles "
+            f"10/25/50/75/90% positives {quantiles.get('positive')}, negatives {quantiles.get('negative')}; "
+            f"chosen {chosen or '-'}")
+
+
 def table(report: dict) -> str:
     bench, labels, head = report["bench"], report["labels"], report["head"]
+    heldout = report.get("heldout_labels") or {}
     exact = next(run for run in bench["runs"] if run["temperature"] == 0)
     rows = []
     for run in [exact, *bench["judge_sweep"]]:
         answers = run.get("answers") or {}
-        name = "exact" if "judge_threshold" not in run else f"δ={run['judge_threshold']:g}"
+        name = "exact" if "judge_threshold" not in run else f"δ={run['judge_threshold']:.4g}"
         rows.append([name, fmt(run["tau"], ".2f"), fmt(run["tau"] / exact["tau"], ".2f"), fmt(run["tokens_per_s"]),
-                     fmt(run["speedup_vs_plain"], ".2f"), fmt(answers.get("accuracy_plain"), ".3f"),
-                     fmt(answers.get("accuracy"), ".3f"), fmt(answers.get("retained_accuracy"), ".3f"),
-                     f"{run['lossless_prompts']}/{run['prompts']}", run["lossless"]])
+                     fmt(run["speedup_vs_plain"], ".2f"), *_label_cells(heldout, run.get("judge_threshold")),
+                     fmt(answers.get("accuracy_plain"), ".3f"), fmt(answers.get("accuracy"), ".3f"),
+                     fmt(answers.get("retained_accuracy"), ".3f"), f"{run['lossless_prompts']}/{run['prompts']}",
+                     run["lossless"]])
     check, reached = bench.get("lossless_float32") or {}, report["goal"]
     lines = [f"labels: {labels['labels']} ({labels['positives']} positive, {labels['negatives']} negative) from "
              f"{labels['labelled_prompts']} of {labels['prompts']} prompts ({labels['skipped']} skipped, "
              f"{labels['errors']} errors, {labels['check_errors']} failed branch checks)",
              f"head, held out: accuracy {fmt(head['acc'], '.3f')}, recall {fmt(head['recall'], '.3f')}, "
-             f"specificity {fmt(head['specificity'], '.3f')}", "",
-             markdown_table(["acceptance", "τ", "τ / exact", "tok/s", "speedup vs plain", "plain accuracy",
-                             "accuracy", "retained accuracy", "identical to plain", "lossless"], rows), "",
+             f"specificity {fmt(head['specificity'], '.3f')}", _heldout_line(heldout),
+             f"target and draft in {bench.get('settings', {}).get('dtype', report.get('dtype'))}: accuracies and "
+             f"speedups against plain decoding in the same dtype", "",
+             markdown_table(["acceptance", "τ", "τ / exact", "tok/s", "speedup vs plain", "label precision",
+                             "label recall", "plain accuracy", "accuracy", "retained accuracy", "identical to plain",
+                             "lossless"], rows), "",
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
              "goal (retained accuracy >= 98%): " + ("none of the δ keeps it" if reached is None else
                                                      f"δ={reached['judge_threshold']:g}, τ {reached['tau_ratio']:.2f}x "
@@ -142,9 +213,14 @@ def main(argv=None) -> dict:
     parser.add_argument("overrides", nargs="*", help="judge recipe overrides for every stage, key=value")
     parser.add_argument("--target", default=None, help="the target (default: the recipe's, the packaged SmolLM2)")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "judge_smollm2.yaml")
-    parser.add_argument("--train-prompts", default="tasks:train:300", help="prompts labels are mined on")
+    parser.add_argument("--train-prompts", default=f"tasks:train:{TRAIN_PROMPTS}", help="prompts labels are mined on")
     parser.add_argument("--heldout-prompts", default="tasks:heldout:100", help="prompts the sweep is benched on")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.9, 0.95, 0.98])
+    parser.add_argument("--thresholds", type=float, nargs="+", default=THRESHOLDS)
+    parser.add_argument("--precision-targets", type=float, nargs="*", default=PRECISION_TARGETS,
+                        help="each adds to the sweep the δ reaching this precision on the held-out labels")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                        help="target and draft dtype of mining and the bench (float32: exact decoding is plain "
+                             "decoding, so retained accuracy measures the judge alone)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--shape", default="5,8,40", help="DEPTH,TOPK,BUDGET (a tree) or DEPTH (a chain)")
     parser.add_argument("--lossless-prompts", type=int, default=10, help="exact decoding checked in float32")

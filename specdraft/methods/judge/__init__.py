@@ -21,6 +21,8 @@ from specdraft.methods.judge.model import (
     judge_loss,
     judge_runtime,
     judge_to_hf,
+    label_curve,
+    threshold_for_precision,
 )
 
 SPEC = MethodSpec(
@@ -40,4 +42,4 @@ SPEC = MethodSpec(
 )
 
 __all__ = ["SPEC", "JudgeConfig", "JudgeHead", "JudgeMiner", "LinearJudge", "judge_collate", "judge_loss",
-           "mismatches"]
+           "label_curve", "mismatches", "threshold_for_precision"]

@@ -1,15 +1,16 @@
 """The judge's data stage (`specdraft distill-data`): labels mined from prompts whose answers a program checks,
 as AutoJudge does (Garipov et al., arXiv:2504.20039), and labels a user supplies.
 
-Mined: the base draft drafts for the target on each prompt (speculative decoding at T=0, exact acceptance, the
-runtime's default tree), which gives the target's own answer. A prompt without a check, or whose answer fails its
-check, is skipped (the suite keeps the items the target solves); a check that fails itself (a crash, a time-out)
-makes the prompt an error. At every mismatch (a cycle whose draft's own next token, the most probable child of the
+Mined: the target answers a shard's prompts greedily, all at once (`Greedy`: the static batched engine on a GPU,
+else Hugging Face `generate`). A prompt without a check, or whose answer fails its check, is skipped (the suite
+keeps the items the target solves); a check that fails itself (a crash, a time-out) makes the prompt an error.
+On each solved prompt the base draft drafts for the target (speculative decoding at T=0, exact acceptance, the
+runtime's default tree, traced: one prompt at a time, so only on those). At every mismatch (a cycle whose draft's own next token, the most probable child of the
 last accepted node, is not the target's), the run branches: the draft's token is accepted, the target continues
 greedily from it, and the check labels the mismatch 1 if the answer is still correct, 0 if not. A branch whose
 check fails itself labels nothing and is counted (`check_errors`), never as a positive. Each label keeps the
 target's last-layer state before the final norm at the drafted token, what the judge reads at run time; the
-states come from the branch's own first forward (batched, `branch_batch_size` at a time).
+states come from the branch's own first forward (`Greedy`, `branch_batch_size` branches at a time).
 
 Supplied (a prompt record that carries `labels`, in any prompt file of data.prompts):
     {"prompt": "What is 2 + 3?", "labels": [{"prefix": "2 + 3 = ", "candidate": "5", "label": 1},
@@ -33,6 +34,7 @@ import torch
 from specdraft.core.errors import SpecdraftError
 from specdraft.data.checks import Check, check_of, verdict
 from specdraft.data.sources import source_records
+from specdraft.decoding.batched import BatchedGenerator, batched_generator, unsupported_reason
 from specdraft.decoding.engine import GenerationResult, SpecEngine
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
@@ -121,19 +123,60 @@ def first_final_states(model) -> Iterator[List[torch.Tensor]]:
         handle.remove()
 
 
-def continue_branches(target, branches: List[Branch], batch_size: int, eos_ids: List[int]) -> None:
-    """Each branch's greedy continuation (up to its room) and the target's final state at its drafted token,
-    `batch_size` branches of similar length at a time."""
-    order = sorted(range(len(branches)), key=lambda i: len(branches[i].prefix))
-    for start in range(0, len(order), batch_size):
-        chunk = [branches[i] for i in order[start:start + batch_size]]
-        room = max(1, max(branch.room for branch in chunk))
-        with first_final_states(target.model) as kept:
-            continued = greedy_continuations(target.model, [branch.prefix for branch in chunk], room, eos_ids,
-                                             target.tokenizer.pad_token_id)
-        last = kept[0][:, -1].float().clamp(-FLOAT16_MAX, FLOAT16_MAX).half().cpu()  # [B, H] left padding: the end
-        for branch, tokens, state in zip(chunk, continued, last):
-            branch.continuation, branch.hidden = tokens[:max(0, branch.room)], state
+class Greedy:
+    """The target's greedy continuations of many prompts, with its state at each prompt's last token (the last
+    layer's output before the final norm): the static batched engine (specdraft.decoding.batched: a static KV cache,
+    CUDA graphs, continuous batching) where `static` is given, else Hugging Face `generate`, `batch_size` prompts
+    of similar length at a time."""
+
+    def __init__(self, target, eos_ids: List[int], batch_size: int, static: Optional[BatchedGenerator] = None):
+        self.target, self.eos_ids, self.batch_size, self.static = target, eos_ids, batch_size, static
+
+    def continuations(self, prompts: List[List[int]], max_new_tokens: int) -> Tuple[List[List[int]], torch.Tensor]:
+        """-> each prompt's continuation (cut before EOS, at most max_new_tokens), states [P, H] float16 (CPU)."""
+        if not prompts:
+            return [], torch.zeros(0, self.target.info.hidden_size, dtype=torch.float16)
+        if self.static is not None:
+            states: Dict[int, torch.Tensor] = {}
+            continued = self.static.generate(prompts, max_new_tokens, self.eos_ids, last_states=states)
+            return continued, _half(torch.stack([states[i] for i in range(len(prompts))]))
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        continued, last = [[] for _ in prompts], [None] * len(prompts)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start:start + self.batch_size]
+            with first_final_states(self.target.model) as kept:
+                tokens = greedy_continuations(self.target.model, [prompts[i] for i in chunk], max_new_tokens,
+                                              self.eos_ids, self.target.tokenizer.pad_token_id)
+            for i, answer, state in zip(chunk, tokens, _half(kept[0][:, -1])):  # left padding: the end
+                continued[i], last[i] = answer, state
+        return continued, torch.stack(last)
+
+
+def _half(states: torch.Tensor) -> torch.Tensor:
+    """[N, H] -> float16 on the CPU, clamped to its range (what the records store)."""
+    return states.float().clamp(-FLOAT16_MAX, FLOAT16_MAX).half().cpu()
+
+
+def static_generator(target, engine: str, batch_size: int, max_len: int, device: str) -> Optional[BatchedGenerator]:
+    """The static batched engine where `engine` (distill.engine) picks it: static, or auto on a GPU for a target
+    it reproduces; None for Hugging Face `generate`."""
+    if engine == "hf":
+        return None
+    reason = unsupported_reason(target.model, target.info, max_len)
+    if engine == "static" and reason:
+        raise SpecdraftError(f"distill.engine=static cannot run target {target.info.name_or_path}: {reason}; "
+                             f"use distill.engine=hf or auto")
+    if reason or (engine == "auto" and torch.device(device).type != "cuda"):
+        return None
+    return batched_generator(target.model, target.info, batch_size)
+
+
+def continue_branches(greedy: Greedy, branches: List[Branch]) -> None:
+    """Each branch's greedy continuation (up to its room) and the target's final state at its drafted token."""
+    room = max([1, *(branch.room for branch in branches)])
+    continued, states = greedy.continuations([branch.prefix for branch in branches], room)
+    for branch, tokens, state in zip(branches, continued, states):
+        branch.continuation, branch.hidden = tokens[:max(0, branch.room)], state
 
 
 class JudgeMiner:
@@ -144,6 +187,9 @@ class JudgeMiner:
         self.target = ctx.target
         self.eos_ids = eos_token_ids(ctx.target.model, ctx.target.tokenizer)
         self.engine = self._engine()
+        static = static_generator(ctx.target, ctx.distill.engine, cfg.branch_batch_size,
+                                  ctx.data.max_length + ctx.distill.max_new_tokens + 1, ctx.device)
+        self.greedy = Greedy(ctx.target, self.eos_ids, cfg.branch_batch_size, static)
         self._records: Dict[str, list] = {}
 
     def _engine(self) -> SpecEngine:
@@ -169,16 +215,21 @@ class JudgeMiner:
         return list(encoded["input_ids"])
 
     def records(self, conversations) -> Tuple[List[dict], List[dict]]:
-        problems, prompts = [], []
+        problems, prompts, checked = [], [], []
         for conversation in conversations.values():
             try:
-                prompts.append(self._prompt(conversation))
+                prompt = self._prompt(conversation)
             except _Unlabelled as unlabelled:
-                problems.append({"source": conversation.source, "index": conversation.index,
-                                 "status": unlabelled.status, "reason": str(unlabelled)})
-                self.ctx.progress(1)
-        branches = [branch for prompt in prompts for branch in prompt.branches]
-        continue_branches(self.target, branches, self.cfg.branch_batch_size, self.eos_ids)
+                self._problem(problems, conversation, unlabelled)
+                continue
+            (checked if isinstance(prompt, Check) else prompts).append((conversation, prompt))
+        for conversation, check, answer in self._solved(checked, problems):
+            try:
+                prompts.append((conversation, self._mined(conversation, check, answer)))
+            except _Unlabelled as unlabelled:
+                self._problem(problems, conversation, unlabelled)
+        prompts = [prompt for _, prompt in prompts]
+        continue_branches(self.greedy, [branch for prompt in prompts for branch in prompt.branches])
         self._label(prompts)
         rows = []
         for prompt in prompts:
@@ -186,27 +237,49 @@ class JudgeMiner:
             self.ctx.progress(1)
         return rows, problems
 
-    def _prompt(self, conversation) -> Prompt:
+    def _problem(self, problems: List[dict], conversation, unlabelled: "_Unlabelled") -> None:
+        problems.append({"source": conversation.source, "index": conversation.index, "status": unlabelled.status,
+                         "reason": str(unlabelled)})
+        self.ctx.progress(1)
+
+    def _prompt(self, conversation):
+        """A supplied prompt's labels (a Prompt), or the Check of a prompt to mine."""
         record = self.record_of(conversation)
         if isinstance(record, dict) and "labels" in record:
             return self._supplied(conversation, record)
         check = check_of(record)
         if check is None:
             raise _Unlabelled("skipped", "the prompt has no answer check (specdraft.data.checks)")
-        return self._mined(conversation, check)
+        return check
 
-    def _mined(self, conversation, check: Check) -> Prompt:
+    def _solved(self, checked: List[tuple], problems: List[dict]) -> List[tuple]:
+        """(conversation, check, greedy answer) of the prompts whose greedy answer, made for all of them at once,
+        passes its check: speculative decoding (one prompt at a time) runs on those alone. The rest are skipped (a
+        failed answer) or errors (a check that failed itself)."""
+        answers, _ = self.greedy.continuations([self.prompt_ids(conversation) for conversation, _ in checked],
+                                               self.ctx.distill.max_new_tokens)
+        outcomes = self._verdicts([(check, self._text(answer)) for (_, check), answer in zip(checked, answers)])
+        solved = []
+        for (conversation, check), answer, outcome in zip(checked, answers, outcomes):
+            if outcome:
+                solved.append((conversation, check, answer))
+            else:
+                self._problem(problems, conversation, _unsolved(outcome))
+        return solved
+
+    def _mined(self, conversation, check: Check, greedy_answer: List[int]) -> Prompt:
+        """Speculative decoding with the draft (traced), each mismatch a branch. Its answer is checked again where
+        it differs from the batched greedy one (a near-tied argmax rounded the other way, below float32)."""
         prompt_ids, budget = self.prompt_ids(conversation), self.ctx.distill.max_new_tokens
         try:
             result = self.engine.generate(prompt_ids, budget, self.eos_ids, trace=True)
         except SpecdraftError as err:
             raise _Unlabelled("skipped", str(err)) from None
-        solved = verdict(check, self._text(result.tokens), self.cfg.check_timeout_s)
-        if solved is None:
-            raise _Unlabelled("error", "the check of the target's own answer failed (a crash or a time-out)")
-        if not solved:
-            raise _Unlabelled("skipped", "the target's own answer fails its check")
         answer = result.tokens
+        if answer != greedy_answer:
+            solved = verdict(check, self._text(answer), self.cfg.check_timeout_s)
+            if not solved:
+                raise _unsolved(solved)
         branches = [Branch(prefix=prompt_ids + answer[:t] + [token], answer=answer[:t] + [token],
                            room=budget - t - 1 if token not in self.eos_ids else 0, position=t, draft_token=token,
                            target_token=answer[t]) for t, token in mismatches(result)]
@@ -232,19 +305,26 @@ class JudgeMiner:
     def _text(self, tokens: List[int]) -> str:
         return self.target.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def _label(self, prompts: List[Prompt]) -> None:
-        """Each mined branch's verdict (checks run on a few threads: code checks wait on their subprocess)."""
-        jobs = [(prompt.check, branch) for prompt in prompts if prompt.check is not None for branch in prompt.branches]
+    def _verdicts(self, jobs: List[Tuple[Check, str]]) -> List[Optional[bool]]:
+        """Each (check, answer text)'s verdict, None where the check failed itself (checks run on a few threads:
+        code checks wait on their subprocess)."""
         timeout = self.cfg.check_timeout_s
-
-        def judged(job) -> Optional[bool]:
-            check, branch = job
-            return verdict(check, self._text(branch.answer + branch.continuation), timeout)
-
         with ThreadPoolExecutor(CHECK_THREADS) as pool:
-            outcomes = list(pool.map(judged, jobs))
-        for (_, branch), outcome in zip(jobs, outcomes):
+            return list(pool.map(lambda job: verdict(job[0], job[1], timeout), jobs))
+
+    def _label(self, prompts: List[Prompt]) -> None:
+        """Each mined branch's verdict on its answer: the drafted token, then the target's greedy continuation."""
+        mined = [(prompt.check, branch) for prompt in prompts if prompt.check is not None for branch in prompt.branches]
+        outcomes = self._verdicts([(check, self._text(branch.answer + branch.continuation)) for check, branch in mined])
+        for (_, branch), outcome in zip(mined, outcomes):
             branch.label = None if outcome is None else int(outcome)
+
+
+def _unsolved(outcome: Optional[bool]) -> "_Unlabelled":
+    """Why the target's own answer labels nothing: it fails its check, or the check failed itself."""
+    if outcome is None:
+        return _Unlabelled("error", "the check of the target's own answer failed (a crash or a time-out)")
+    return _Unlabelled("skipped", "the target's own answer fails its check")
 
 
 class _Unlabelled(Exception):

@@ -100,6 +100,35 @@ def judge_loss(draft: JudgeHead, batch: Dict[str, torch.Tensor], cfg: JudgeConfi
     return LossOutput(loss=torch.stack(parts).mean(), metrics=metrics)
 
 
+def label_curve(scores: torch.Tensor, labels: torch.Tensor, thresholds: List[float]) -> List[Dict[str, float]]:
+    """scores, labels [N] (held-out labels) -> per δ: the share of labels the judge accepts (score > δ), precision
+    (positives among them; None when it accepts none), recall (positives accepted) and false accepts."""
+    positive = labels > 0.5
+    curve = []
+    for threshold in thresholds:
+        accepted = scores > threshold
+        count = int(accepted.sum())
+        curve.append({"threshold": threshold, "accepted": count / max(1, len(labels)),
+                      "precision": float(positive[accepted].float().mean()) if count else None,
+                      "recall": float(accepted[positive].float().mean()) if positive.any() else None,
+                      "false_accepts": int((accepted & ~positive).sum())})
+    return curve
+
+
+def threshold_for_precision(scores: torch.Tensor, labels: torch.Tensor, precision: float) -> float:
+    """The δ that accepts the most held-out labels (those scored above it) at a precision of at least `precision`:
+    the score below the longest run of top scores that keeps it; 1 (nothing beyond exact) when none does."""
+    order = torch.argsort(scores, descending=True)
+    ranked, hits = scores[order], (labels[order] > 0.5).float()
+    kept = torch.cumsum(hits, 0) / torch.arange(1, len(hits) + 1)  # [N] precision of the top k
+    distinct = torch.cat([ranked[1:] < ranked[:-1], torch.ones(1, dtype=torch.bool)])  # a cut between scores
+    good = torch.nonzero((kept >= precision) & distinct).flatten()
+    if len(good) == 0:
+        return 1.0
+    last = int(good[-1])
+    return float(ranked[last + 1]) if last + 1 < len(ranked) else 0.0
+
+
 def judge_to_hf(draft: JudgeHead, cfg: JudgeConfig, target: TargetInfo, section) -> tuple:
     config = {"architectures": [ARCHITECTURE], "hidden_size": target.hidden_size,
               "specdraft": {"method": "judge", "method_config": asdict(cfg)}}
