@@ -209,9 +209,8 @@ def test_the_static_engine_continues_branches_as_generate_does(target):
 def test_unsolved_prompts_are_skipped_before_speculative_decoding(tmp_path, monkeypatch, target, base):
     monkeypatch.setitem(checks.CHECKS, "always", _always)
     miner, _ = _miner(target, base)
-    decoded = []
-    generate = miner.engine.generate
-    monkeypatch.setattr(miner.engine, "generate", lambda *args, **kwargs: decoded.append(1) or generate(*args, **kwargs))
+    decoded, generate = [], miner.engine.generate
+    monkeypatch.setattr(miner.engine, "generate", lambda *args, **kw: decoded.append(1) or generate(*args, **kw))
     records = [{"prompt": "wrong?", "check": "number", "answer": 123456789}, {"prompt": "right?", "check": "always"}]
     prompts = write_prompts(tmp_path / "prompts.jsonl", records)
     rows, problems = miner.records(dict(enumerate(load_conversations([str(prompts)]))))

@@ -119,6 +119,36 @@ def extract_price(rng):
                  "number", price)
 
 
+def extract_id(rng):
+    name, code = rng.choice(NAMES), rng.randint(1000, 9999)
+    return _item(f"Name: {name}\nID: {code}\nCity: {rng.choice(CITIES)}\n\nWhat is the ID number?", "number", code)
+
+
+def extract_pet(rng):
+    owner, animal, age = rng.choice(NAMES), rng.choice(ANIMALS), rng.randint(2, 15)
+    return _item(f"Owner: {owner}\nPet: {animal}\nAge: {age}\n\nWhat kind of animal is the pet?", "text", animal,
+                 reject=[owner])
+
+
+def extract_product(rng):
+    item, price = rng.choice(FRUITS), rng.randint(2, 30)
+    color = rng.choice([color for color in COLORS if color != item])  # "orange" is both
+    return _item(f"Product: {item}\nColor: {color}\nPrice: {price} dollars\n\nWhich product is this?", "text", item,
+                 reject=[color])
+
+
+def json_country(rng):
+    country, city = rng.choice(CAPITALS[:6])
+    return _item(f'Write a JSON object with the key "country" set to "{country}" and the key "capital" set to '
+                 f'"{city}".', "json", {"country": country, "capital": city})
+
+
+def json_year(rng):
+    title, year = rng.choice(NAMES), rng.randint(1950, 2020)
+    return _item(f'Write a JSON object with the key "title" set to "{title}" and the key "year" set to {year}.',
+                 "json", {"title": title, "year": year})
+
+
 # ---- held-out templates -----------------------------------------------------------------------------------
 def subtract(rng):
     a = rng.randint(20, 90)
@@ -195,7 +225,8 @@ def count_colors(rng):
 TEMPLATES: Dict[str, List[Template]] = {  # the kinds SmolLM2-135M-Instruct mostly solves come twice
     "train": [add, largest, extract_age, extract_city, extract_price, json_person, capital, multiply, km_to_m,
               hours_to_minutes, sort_numbers, reverse_words, count_items, add, largest, extract_age, extract_city,
-              extract_price, json_person],
+              extract_price, json_person, extract_id, extract_pet, extract_product, json_country, json_year,
+              extract_id, extract_pet, extract_product, json_country, json_year],
     "heldout": [json_city, json_three, extract_email, extract_phone, capital_of, extract_name, smallest, sum_of,
                 extract_color, subtract, kg_to_g, sort_descending, count_colors, json_city, json_three, extract_email,
                 extract_phone, capital_of],

@@ -175,6 +175,13 @@ def _heldout_line(heldout: dict) -> str:
             f"chosen {chosen or '-'}")
 
 
+def _goal_text(reached: Optional[dict]) -> str:
+    if reached is None:
+        return "none of the δ keeps it"
+    return (f"δ={reached['judge_threshold']:.4g}, τ {reached['tau_ratio']:.2f}x the exact τ, retained "
+            f"{reached['retained_accuracy']:.3f}")
+
+
 def table(report: dict) -> str:
     bench, labels, head = report["bench"], report["labels"], report["head"]
     heldout = report.get("heldout_labels") or {}
@@ -200,9 +207,7 @@ def table(report: dict) -> str:
                              "label recall", "plain accuracy", "accuracy", "retained accuracy", "identical to plain",
                              "lossless"], rows), "",
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
-             "goal (retained accuracy >= 98%): " + ("none of the δ keeps it" if reached is None else
-                                                     f"δ={reached['judge_threshold']:g}, τ {reached['tau_ratio']:.2f}x "
-                                                     f"the exact τ, retained {reached['retained_accuracy']:.3f}"),
+             "goal (retained accuracy >= 98%): " + _goal_text(reached),
              "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
     return "\n".join(lines)
 

@@ -5,12 +5,13 @@ Mined: the target answers a shard's prompts greedily, all at once (`Greedy`: the
 else Hugging Face `generate`). A prompt without a check, or whose answer fails its check, is skipped (the suite
 keeps the items the target solves); a check that fails itself (a crash, a time-out) makes the prompt an error.
 On each solved prompt the base draft drafts for the target (speculative decoding at T=0, exact acceptance, the
-runtime's default tree, traced: one prompt at a time, so only on those). At every mismatch (a cycle whose draft's own next token, the most probable child of the
-last accepted node, is not the target's), the run branches: the draft's token is accepted, the target continues
-greedily from it, and the check labels the mismatch 1 if the answer is still correct, 0 if not. A branch whose
-check fails itself labels nothing and is counted (`check_errors`), never as a positive. Each label keeps the
-target's last-layer state before the final norm at the drafted token, what the judge reads at run time; the
-states come from the branch's own first forward (`Greedy`, `branch_batch_size` branches at a time).
+runtime's default tree, traced: one prompt at a time, so only on those). At every mismatch (a cycle whose draft's
+own next token, the most probable child of the last accepted node, is not the target's), the run branches: the
+draft's token is accepted, the target continues greedily from it, and the check labels the mismatch 1 if the
+answer is still correct, 0 if not. A branch whose check fails itself labels nothing and is counted
+(`check_errors`), never as a positive. Each label keeps the target's last-layer state before the final norm at
+the drafted token, what the judge reads at run time; the states come from the branch's own first forward
+(`Greedy`, `branch_batch_size` branches at a time).
 
 Supplied (a prompt record that carries `labels`, in any prompt file of data.prompts):
     {"prompt": "What is 2 + 3?", "labels": [{"prefix": "2 + 3 = ", "candidate": "5", "label": 1},
@@ -222,13 +223,15 @@ class JudgeMiner:
             except _Unlabelled as unlabelled:
                 self._problem(problems, conversation, unlabelled)
                 continue
-            (checked if isinstance(prompt, Check) else prompts).append((conversation, prompt))
+            if isinstance(prompt, Check):
+                checked.append((conversation, prompt))
+            else:
+                prompts.append(prompt)
         for conversation, check, answer in self._solved(checked, problems):
             try:
-                prompts.append((conversation, self._mined(conversation, check, answer)))
+                prompts.append(self._mined(conversation, check, answer))
             except _Unlabelled as unlabelled:
                 self._problem(problems, conversation, unlabelled)
-        prompts = [prompt for _, prompt in prompts]
         continue_branches(self.greedy, [branch for prompt in prompts for branch in prompt.branches])
         self._label(prompts)
         rows = []
