@@ -21,6 +21,7 @@ CHECKPOINTING = ("none", "swiglu", "selective", "full")
 CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
 OPTIMIZERS = ("auto", "adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
+CUDA_GRAPHS = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd")
 MAX_RETRIEVED = 32
@@ -212,6 +213,15 @@ class TrainConfig:
     the target's layers, a quantized target; true: wherever training runs; false: never (eager). The first
     steps compile (and a new sequence length may recompile). A compile failure stops training with a one-line
     error naming this key (set it to false to train eagerly). docs/training.md gives the speed-ups."""
+    cuda_graphs: str = "auto"
+    """Capture each training step's forward and backward (the frozen target's forward, the draft's loss and
+    gradients) in a CUDA graph, one per batch shape, and replay it: one launch instead of thousands, for drafts
+    whose steps are too short to keep the GPU busy from Python (specdraft.train.graphs). The optimizer, the
+    clipping and the LR schedule run as they do without it. auto (the default): on one CUDA device outside
+    DeepSpeed, with activation checkpointing none or swiglu, online features of a text target and a method whose
+    loss declares itself graph-safe (EAGLE-3); elsewhere eager. The first two batches of each shape run eagerly,
+    then one capture (fewer shapes: a larger data.pad_to_multiple); a capture that fails trains eagerly (auto) or
+    stops with an error naming this key (true). false: never."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -234,6 +244,8 @@ class TrainConfig:
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         self.compile = str(self.compile).lower()
         _check_choice("train.compile", self.compile, COMPILE)
+        self.cuda_graphs = str(self.cuda_graphs).lower()
+        _check_choice("train.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
         self.shard_target = str(self.shard_target).lower()
         _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
         if self.deepspeed and not self.strategy.startswith("deepspeed"):
