@@ -45,3 +45,16 @@ def test_a_failing_row_is_reported_and_the_others_run(bench, tmp_path, monkeypat
 def test_graph_rows_need_a_warmup_that_reaches_the_capture(bench, tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--config", "tiny", "--device", "cpu", "--warmup", "2", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_cli_part_times_specdraft_train_and_reports_a_graph_row_that_cannot_run(bench, tmp_path, capsys):
+    """`specdraft train` on the CPU: defaults runs and is timed; train.cuda_graphs=true is the row's one-line error."""
+    report = bench.cli_main(["--config", "tiny", "--device", "cpu", "--recipe", "recipes/smoke/eagle3_smollm2.yaml",
+                             "--seq-len", "64", "--batch", "2", "--rows", "defaults", "graphs", "--warmup", "5",
+                             "--steps", "5", "--out", str(tmp_path)])
+    defaults, graphs = report["rows"]
+    assert defaults["status"] == "ok" and defaults["steps_per_s"] > 0 and defaults["vs_defaults"] == 1.0
+    assert graphs["status"].startswith("error: exit 2") and "train.cuda_graphs=true needs a CUDA device" in \
+        graphs["status"]
+    assert "| defaults | ok |" in capsys.readouterr().out

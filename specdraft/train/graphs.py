@@ -20,7 +20,6 @@ allocated while the others replay.
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -127,14 +126,6 @@ def rerun_capture(run: Callable[[], tuple], pool=None) -> Tuple[Callable[[], Non
     return replay, outputs
 
 
-def _uncached_autocast(device_type: str):
-    """Autocast as it is, without its cast cache (which a capture must not fill: it is emptied at the autocast
-    region's exit, and the graph would keep reading freed casts)."""
-    if not torch.is_autocast_enabled(device_type):
-        return nullcontext()
-    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
-
-
 def _shape_key(leaves: Sequence, spec) -> tuple:
     return (str(spec), *((None if leaf is None else (tuple(leaf.shape), leaf.dtype, leaf.device)) for leaf in leaves))
 
@@ -178,10 +169,13 @@ class StepGraphs:
         metrics = dict(zip(captured.metric_names, captured.metrics.clone().unbind()))  # one copy for all
         return LossOutput(loss=loss, metrics=metrics)
 
-    def _forward_backward(self, batch: Dict, device_type: str) -> tuple:
-        """The loss, its metrics stacked, and the parameters' gradients: what a graph computes."""
-        with _uncached_autocast(device_type):
-            result = self.loss_fn(batch)
+    def _forward_backward(self, batch: Dict) -> tuple:
+        """The loss, its metrics stacked, and the parameters' gradients: what a graph computes. Autocast's cached
+        casts of the weights are dropped first: a capture that found one from an earlier run would record no cast,
+        and every replay would read that run's weights. (Autocast without its cache would do too, but torch.compile
+        guards on that setting: every compiled part would compile again.)"""
+        torch.clear_autocast_cache()
+        result = self.loss_fn(batch)
         names = sorted(result.metrics)
         if not all(isinstance(result.metrics[name], torch.Tensor) for name in names):
             raise NotCapturable("a metric of the loss is a host value")
@@ -193,11 +187,9 @@ class StepGraphs:
     def _capture(self, key: tuple, leaves: Sequence, spec) -> Optional[Captured]:
         inputs = [None if leaf is None else leaf.detach().clone() for leaf in leaves]  # outside the graph's pool
         batch = tree_unflatten(inputs, spec)
-        device_type = next(leaf.device.type for leaf in inputs if leaf is not None)
         try:
-            replay, (loss, names, metrics, grads) = self.capture(
-                lambda: self._forward_backward(batch, device_type), self.pool)
-        except (NotCapturable, RuntimeError) as err:
+            replay, (loss, names, metrics, grads) = self.capture(lambda: self._forward_backward(batch), self.pool)
+        except Exception as err:  # CUDA's refusal, out of memory, torch.compile's error inside the capture
             self._give_up(err)
             return None
         self.graphs[key] = Captured(replay, inputs, loss, names, metrics, tuple(grads))
@@ -208,9 +200,17 @@ class StepGraphs:
     def _give_up(self, err: Exception) -> None:
         first_line = (str(err).strip().splitlines() or [""])[0][:300]
         self.failed = f"{type(err).__name__}: {first_line}"
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if self.strict:
+        if self.strict or not self._device_usable():
             raise SpecdraftError(f"capturing the training step in a CUDA graph failed ({self.failed}); set "
                                  f"{GRAPHS_KEY}=false to train eagerly") from err
         log.warning("%s=auto: capturing the training step failed (%s); training eagerly", GRAPHS_KEY, self.failed)
+
+    @staticmethod
+    def _device_usable() -> bool:
+        """Whether the device still runs work after a failed capture (an invalidated capture is not sticky)."""
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            return True
+        except RuntimeError:
+            return False

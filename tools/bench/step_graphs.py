@@ -4,6 +4,9 @@ one GPU, at a fixed batch shape.
     python tools/bench/step_graphs.py --out runs/bench                        # SmolLM2 head, B 16 x T 1024
     python tools/bench/step_graphs.py --seq-lens 512 --out runs/bench/t512    # a shorter padded length
     python tools/bench/step_graphs.py --config tiny --device cpu --out /tmp/bench
+    python tools/bench/step_graphs.py cli --out runs/bench                    # the same through `specdraft train`
+    python tools/bench/step_graphs.py cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \
+        --seq-len 64 --batch 2 --out /tmp/bench
 
 One step is what `specdraft train` runs for a micro-batch (without Lightning): the frozen target's forward (bf16,
 online features), the EAGLE-3 head's 7 TTT steps forward and backward, gradient clipping at 0.5, the optimizer
@@ -23,21 +26,33 @@ Rows (--rows, in this order at each T):
 On a CPU the graph rows run StepGraphs' bookkeeping with `rerun_capture` (no graph: the same figures as eager).
 
 Per row: steps/s and tokens/s over --steps timed steps run back to back (after --warmup untimed ones, which
-compile and capture), the ratio to `plain` of this run, and from --profile more steps under torch.profiler the
+compile and capture), the ratios to `plain` and to `defaults` of this run, and from --profile more steps under torch.profiler the
 host's launch calls per step (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, ...), the
 kernels the device ran and its busy share of the step. Graph rows also compare one replay with the eager loss and
 gradients of the same batch and weights (relative differences: bf16 autocast in both). A row that fails reports
 its error and the next row runs. Writes OUT/step_graphs.json.
+
+`cli`: `specdraft train RECIPE` itself (Lightning, the data loader, the recipe's settings) in a process per row,
+on tools/bench/scale.py's random target of the same shapes (target.random_init) and --rows synthetic distilled
+rows of exactly --seq-len tokens, train.micro_batch_size=--batch, train.devices=1, --warmup + --steps steps and
+one validation at the end. Rows: plain, defaults (both with train.cuda_graphs=false) and graphs
+(train.cuda_graphs=true: a capture that fails is the row's error). steps/s and tokens/s from RUN/logs/
+step_times.csv after the warm-up steps, the ratio to plain (or defaults) of this call. OUT/step_graphs_cli.json;
+each process's log in OUT/logs.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from suite import finish, fmt, machine, markdown_table, sibling
+from pathlib import Path
+
+from suite import finish, fmt, machine, markdown_table, run_parts, sibling
 
 import torch
 
@@ -206,14 +221,17 @@ def _free(cuda: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def add_ratios(results: List[dict]) -> None:
-    """Each row's steps/s over plain's at the same T (this run), and its device busy share of the step."""
-    plain = {r["seq_len"]: r.get("steps_per_s") for r in results if r["row"] == "plain" and r["status"] == "ok"}
-    for r in results:
-        base = plain.get(r["seq_len"])
-        r["vs_plain"] = r["steps_per_s"] / base if r["status"] == "ok" and base else None
-        busy = r.get("device_busy_ms")
-        r["device_busy_share"] = busy / r["step_ms"] if busy and r.get("step_ms") else None
+def add_ratios(results: List[dict], busy: bool = True) -> None:
+    """Each row's steps/s over plain's and over defaults' at the same T (this run), and its device busy share of
+    the step."""
+    for base_row in ("plain", "defaults"):
+        base = {r["seq_len"]: r["steps_per_s"] for r in results if r["row"] == base_row and r["status"] == "ok"}
+        for r in results:
+            ok = r["status"] == "ok" and base.get(r["seq_len"]) and r.get("steps_per_s")
+            r[f"vs_{base_row}"] = r["steps_per_s"] / base[r["seq_len"]] if ok else None
+    for r in results if busy else []:
+        busy_ms = r.get("device_busy_ms")
+        r["device_busy_share"] = busy_ms / r["step_ms"] if busy_ms and r.get("step_ms") else None
 
 
 def table(report: dict) -> str:
@@ -223,13 +241,13 @@ def table(report: dict) -> str:
             r.get("replay_check_error", "")[:60]
         rows.append([r["row"], r["seq_len"], r["status"][:120], fmt(r.get("steps_per_s"), ".2f"),
                      fmt(r.get("tokens_per_s"), ",.0f"), fmt(r.get("step_ms"), ".1f"),
-                     fmt(r.get("vs_plain"), ".2f") + ("x" if r.get("vs_plain") else ""),
+                     *(fmt(r.get(key), ".2f") + ("x" if r.get(key) else "") for key in ("vs_plain", "vs_defaults")),
                      fmt(r.get("launch_calls_per_step"), ".0f"), fmt(r.get("kernels_per_step"), ".0f"),
                      fmt(None if r.get("device_busy_share") is None else 100 * r["device_busy_share"], ".0f"),
                      fmt(r.get("peak_gib_beyond_resident"), ".2f"), check])
     head = (f"{report['machine']}, torch {report['torch']}, {report['config']} target, batch {report['batch']} rows "
             f"x T tokens, {report['ttt_steps']} TTT steps, draft vocabulary {report['draft_vocab']}\n\n")
-    return head + markdown_table(["row", "T", "status", "steps/s", "tokens/s", "step ms", "x plain", "launch calls",
+    return head + markdown_table(["row", "T", "status", "steps/s", "tokens/s", "step ms", "x plain", "x defaults", "launch calls",
                                   "kernels", "device busy %", "GiB beyond weights",
                                   "replay vs eager: loss / grad rel. diff"], rows) + "\n\n" + goal_line(report)
 
@@ -240,8 +258,9 @@ def goal_line(report: dict) -> str:
         return f"goal (a graph row >= {GOAL:g}x plain's steps/s): no graph row ran"
     top = max(best, key=lambda r: r["vs_plain"])
     verdict = "met" if top["vs_plain"] >= GOAL else "not met"
+    against_defaults = f", {top['vs_defaults']:.2f}x defaults'" if top.get("vs_defaults") else ""
     return f"goal (a graph row >= {GOAL:g}x plain's steps/s): {verdict}: {top['row']} T={top['seq_len']} " \
-           f"{top['vs_plain']:.2f}x"
+           f"{top['vs_plain']:.2f}x plain's{against_defaults}"
 
 
 def run(args) -> dict:
@@ -285,5 +304,86 @@ def main(argv: Optional[List[str]] = None) -> dict:
     return finish(table(report), args.out, report, "step_graphs")
 
 
+CLI_OVERRIDES = {"plain": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw",
+                           "train.cuda_graphs=false"],
+                 "defaults": ["train.cuda_graphs=false"],
+                 "graphs": ["train.cuda_graphs=true"]}
+
+
+def cli_argv(args, name: str, work: Path) -> list:
+    from specdraft.recipes import load_recipe
+
+    steps = args.warmup + args.steps
+    where = [f"target.path={work / 'target'}", "target.random_init=true", f"distill.output_dir={work / 'data'}",
+             f"train.output_dir={work / 'runs' / name}", f"train.max_steps={steps}", f"train.val_every_steps={steps}",
+             f"train.micro_batch_size={args.batch}", "train.devices=1", "train.log_every_steps=5",
+             "train.accumulate_grad_batches=1"]
+    if load_recipe(args.recipe).data.max_length < args.seq_len:
+        where.append(f"data.max_length={args.seq_len}")
+    return [sys.executable, "-m", "specdraft.cli", "train", str(args.recipe), *where, *CLI_OVERRIDES[name]]
+
+
+def measure_cli(args, name: str, work: Path) -> dict:
+    """One `specdraft train` row -> steps/s and tokens/s after the warm-up steps, or its failure."""
+    from specdraft.train.timing import read_step_times
+
+    scale = sibling("scale")
+    result = {"row": name, "overrides": CLI_OVERRIDES[name], "status": "ok", "seq_len": args.seq_len}
+    log_path = args.out / "logs" / f"cli-{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        try:
+            code = scale.run_process_group(cli_argv(args, name, work), scale._environment(args.device), log,
+                                           args.timeout)
+        except subprocess.TimeoutExpired:
+            return {**result, "status": f"timeout after {args.timeout} s"}
+    if code != 0:
+        return {**result, "status": f"error: exit {code}: {' / '.join(scale._tail(log_path, 2).splitlines())[-300:]}"}
+    rows = [row for row in read_step_times(work / "runs" / name / "logs" / "step_times.csv") if row[0] >= args.warmup]
+    if len(rows) < 2:
+        return {**result, "status": "error: too few logged steps after the warm-up"}
+    (step0, seconds0, tokens0), (step1, seconds1, tokens1) = rows[0], rows[-1]
+    return {**result, "steps_per_s": (step1 - step0) / (seconds1 - seconds0),
+            "tokens_per_s": (tokens1 - tokens0) / (seconds1 - seconds0)}
+
+
+def cli_table(report: dict) -> str:
+    rows = [[r["row"], r["status"][:160], fmt(r.get("steps_per_s"), ".2f"), fmt(r.get("tokens_per_s"), ",.0f"),
+             *(fmt(r.get(key), ".2f") + ("x" if r.get(key) else "") for key in ("vs_plain", "vs_defaults"))]
+            for r in report["rows"]]
+    return (f"{report['machine']}, `specdraft train {report['recipe']}`, {report['config']} target (random), "
+            f"micro-batch {report['batch']} x {report['seq_len']} tokens, steps after {report['warmup']}\n\n"
+            + markdown_table(["row", "status", "steps/s", "tokens/s", "x plain", "x defaults"], rows))
+
+
+def cli_main(argv: Optional[List[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description="`specdraft train` with and without train.cuda_graphs")
+    parser.add_argument("--config", choices=("smollm2", "tiny"), default="smollm2", help="tools/bench/scale.py's")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--recipe", type=Path, default=Path(__file__).resolve().parents[2] / "recipes" /
+                        "eagle3_smollm2.yaml")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--rows", nargs="+", choices=list(CLI_OVERRIDES), default=["defaults", "graphs"])
+    parser.add_argument("--data-rows", type=int, default=64, help="synthetic distilled rows (cycled)")
+    parser.add_argument("--warmup", type=int, default=20, help="steps not timed (compiles, the capture)")
+    parser.add_argument("--steps", type=int, default=40, help="steps timed")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per process")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    scale = sibling("scale")
+    shape = scale.CONFIGS[args.config]["target"]
+    work = args.out / "work"
+    scale.write_target(work / "target", shape)
+    scale.write_rows(work / "data", args.data_rows, args.seq_len, shape["vocab_size"])
+    report = {"machine": machine(args.device), "recipe": str(args.recipe), "config": args.config, "batch": args.batch,
+              "seq_len": args.seq_len, "warmup": args.warmup, "steps": args.steps, "rows": []}
+    for name in args.rows:
+        report["rows"].append(measure_cli(args, name, work))
+        print(f"cli {name}: {report['rows'][-1]['status'][:200]}", flush=True)
+    add_ratios(report["rows"], busy=False)
+    return finish(cli_table(report), args.out, report, "step_graphs_cli")
+
+
 if __name__ == "__main__":
-    main()
+    run_parts({"step": main, "cli": cli_main})
