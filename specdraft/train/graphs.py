@@ -14,8 +14,8 @@ Triton's first launches), one more runs on a side stream before the capture, as 
 
 A capture needs the step to read nothing back to the host and to keep its shapes for a given batch shape; a
 capture that fails falls back to eager steps (train.cuda_graphs=auto) or stops with an error naming the key
-(true). Graphs of every shape share one memory pool: replays never overlap, and each graph's outputs stay
-allocated while the others replay.
+(true). Graphs of every shape share one memory pool (replays never overlap, and each graph's outputs stay
+allocated while the others replay) and one set of gradient buffers: more shapes cost little memory.
 """
 from __future__ import annotations
 
@@ -144,6 +144,8 @@ class StepGraphs:
         self.seen: Dict[tuple, int] = {}
         self.failed: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+        self.grad_buffers: Optional[List[torch.Tensor]] = None
+        """Every graph's gradients land in these, made once outside the graphs' pool: one set for all shapes."""
 
     def __call__(self, batch: Dict) -> LossOutput:
         leaves, spec = tree_flatten(batch)
@@ -182,10 +184,16 @@ class StepGraphs:
         metrics = torch.stack([result.metrics[name].detach().float().reshape(()) for name in names]) if names \
             else result.loss.detach().float().new_zeros(0)
         grads = torch.autograd.grad(result.loss, self.params, allow_unused=True)
-        return result.loss.detach(), names, metrics, grads
+        for buffer, grad in zip(self.grad_buffers, grads):
+            if grad is not None:
+                buffer.copy_(grad)
+        kept = [None if grad is None else buffer for buffer, grad in zip(self.grad_buffers, grads)]
+        return result.loss.detach(), names, metrics, kept
 
     def _capture(self, key: tuple, leaves: Sequence, spec) -> Optional[Captured]:
         inputs = [None if leaf is None else leaf.detach().clone() for leaf in leaves]  # outside the graph's pool
+        if self.grad_buffers is None:
+            self.grad_buffers = [torch.empty_like(param) for param in self.params]
         batch = tree_unflatten(inputs, spec)
         try:
             replay, (loss, names, metrics, grads) = self.capture(lambda: self._forward_backward(batch), self.pool)

@@ -26,11 +26,11 @@ Rows (--rows, in this order at each T):
 On a CPU the graph rows run StepGraphs' bookkeeping with `rerun_capture` (no graph: the same figures as eager).
 
 Per row: steps/s and tokens/s over --steps timed steps run back to back (after --warmup untimed ones, which
-compile and capture), the ratios to `plain` and to `defaults` of this run, and from --profile more steps under torch.profiler the
-host's launch calls per step (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, ...), the
-kernels the device ran and its busy share of the step. Graph rows also compare one replay with the eager loss and
-gradients of the same batch and weights (relative differences: bf16 autocast in both). A row that fails reports
-its error and the next row runs. Writes OUT/step_graphs.json.
+compile and capture), the ratios to `plain` and to `defaults` of this run, and from --profile more steps under
+torch.profiler the host's launch calls per step (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch,
+cudaMemcpyAsync, ...), the kernels the device ran and its busy share of the step. Graph rows also compare one
+replay with the eager loss and gradients of the same batch and weights (relative differences: bf16 autocast in
+both). A row that fails reports its error and the next row runs. Writes OUT/step_graphs.json.
 
 `cli`: `specdraft train RECIPE` itself (Lightning, the data loader, the recipe's settings) in a process per row,
 on tools/bench/scale.py's random target of the same shapes (target.random_init) and --rows synthetic distilled
@@ -43,7 +43,6 @@ each process's log in OUT/logs.
 from __future__ import annotations
 
 import argparse
-import gc
 import subprocess
 import sys
 import time
@@ -176,7 +175,7 @@ def launches(step: Step, cuda: bool, steps: int) -> dict:
 def run_row(bench, setting: Setting, batch_size: int, seq_len: int, args) -> dict:
     result = {"row": setting.name, "seq_len": seq_len, "batch": batch_size, "status": "ok", "graphs": setting.graphs,
               "checkpointing": setting.checkpointing}
-    _free(bench.cuda)
+    train._free_memory(bench.cuda)
     resident = torch.cuda.memory_allocated() if bench.cuda else 0
     step = None
     try:
@@ -199,7 +198,7 @@ def run_row(bench, setting: Setting, batch_size: int, seq_len: int, args) -> dic
     except Exception as err:  # a failing row is reported, the others still run
         result["status"] = f"error: {type(err).__name__}: {_first_line(err)}"[:300]
     step = None
-    _free(bench.cuda)
+    train._free_memory(bench.cuda)
     return result
 
 
@@ -213,12 +212,6 @@ def _guarded(measure, name: str) -> dict:
         return measure()
     except Exception as err:
         return {f"{name}_error": f"{type(err).__name__}: {_first_line(err)}"[:200]}
-
-
-def _free(cuda: bool) -> None:
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
 
 
 def add_ratios(results: List[dict], busy: bool = True) -> None:
@@ -247,8 +240,8 @@ def table(report: dict) -> str:
                      fmt(r.get("peak_gib_beyond_resident"), ".2f"), check])
     head = (f"{report['machine']}, torch {report['torch']}, {report['config']} target, batch {report['batch']} rows "
             f"x T tokens, {report['ttt_steps']} TTT steps, draft vocabulary {report['draft_vocab']}\n\n")
-    return head + markdown_table(["row", "T", "status", "steps/s", "tokens/s", "step ms", "x plain", "x defaults", "launch calls",
-                                  "kernels", "device busy %", "GiB beyond weights",
+    return head + markdown_table(["row", "T", "status", "steps/s", "tokens/s", "step ms", "x plain", "x defaults",
+                                  "launch calls", "kernels", "device busy %", "GiB beyond weights",
                                   "replay vs eager: loss / grad rel. diff"], rows) + "\n\n" + goal_line(report)
 
 
