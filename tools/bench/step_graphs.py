@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 
 from pathlib import Path
 
-from suite import finish, fmt, machine, markdown_table, run_parts, sibling
+from suite import finish, fmt, machine, markdown_table, run_parts, sibling, write_report
 
 import torch
 
@@ -188,6 +188,8 @@ def run_row(bench, setting: Setting, batch_size: int, seq_len: int, args) -> dic
             result.update(step_ms=seconds * 1e3, steps_per_s=1 / seconds, tokens_per_s=batch_size * seq_len / seconds,
                           peak_gib_beyond_resident=(torch.cuda.max_memory_allocated() - resident) / 2 ** 30
                           if bench.cuda else None)
+            print(f"  {setting.name} T={seq_len}: {result['steps_per_s']:.2f} steps/s, "
+                  f"{result['tokens_per_s']:,.0f} tokens/s (then the check and the profile)", flush=True)
             if step.graphs is not None:
                 result["captured_graphs"] = len(step.graphs.graphs)
                 result.update(_guarded(step.replay_check, "replay_check"))
@@ -257,19 +259,22 @@ def goal_line(report: dict) -> str:
 
 
 def run(args) -> dict:
+    """Every row at every length; the report is rewritten after each row (a crash keeps the rows before it)."""
     started = time.perf_counter()
     bench = train.Bench(train.CONFIGS[args.config], args.device)
-    results = []
+    report = {"machine": machine(args.device), "torch": torch.__version__, "config": args.config,
+              "batch": args.batch, "ttt_steps": train.TTT_STEPS, "draft_vocab": bench.draft_vocab,
+              "warmup": args.warmup, "steps": args.steps, "rows": []}
     for seq_len in args.seq_lens or train.CONFIGS[args.config]["seq_lens"]:
         if bench.cuda:
             torch._dynamo.reset()  # each length compiles afresh, as a run of that length would
         for name in args.rows:
-            results.append(run_row(bench, SETTINGS[name], args.batch, seq_len, args))
-            print(f"[{time.perf_counter() - started:6.1f} s] {name} T={seq_len}: {results[-1]['status']}", flush=True)
-    add_ratios(results)
-    return {"machine": machine(args.device), "torch": torch.__version__, "config": args.config, "batch": args.batch,
-            "ttt_steps": train.TTT_STEPS, "draft_vocab": bench.draft_vocab, "warmup": args.warmup,
-            "steps": args.steps, "seconds": time.perf_counter() - started, "rows": results}
+            report["rows"].append(run_row(bench, SETTINGS[name], args.batch, seq_len, args))
+            add_ratios(report["rows"])
+            report["seconds"] = time.perf_counter() - started
+            write_report(args.out, report, "step_graphs")
+            print(f"[{report['seconds']:6.1f} s] {name} T={seq_len}: {report['rows'][-1]['status']}", flush=True)
+    return report
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
