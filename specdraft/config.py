@@ -218,8 +218,8 @@ class TrainConfig:
     gradients) in a CUDA graph, one per batch shape, and replay it: one launch instead of thousands, for drafts
     whose steps are too short to keep the GPU busy from Python (specdraft.train.graphs). The optimizer, the
     clipping and the LR schedule run as they do without it. auto (the default): on one CUDA device outside
-    DeepSpeed, with activation checkpointing none or swiglu, online features of a text target and a method whose
-    loss declares itself graph-safe (EAGLE-3); elsewhere eager. The first two batches of each shape run eagerly,
+    DeepSpeed, with activation checkpointing none or swiglu, online features of a text target in unpacked rows and a
+    method whose loss declares itself graph-safe (EAGLE-3); elsewhere eager. The first two batches of each shape run eagerly,
     then one capture (fewer shapes: a larger data.pad_to_multiple); a capture that fails trains eagerly (auto) or
     stops with an error naming this key (true). false: never."""
     shard_target: str = "auto"

@@ -127,7 +127,8 @@ NEEDS = dict(cuda=True, single_device=True, strategy="auto", checkpointing="swig
     ({}, None), ({"cuda": False}, "a CUDA device"), ({"single_device": False}, "one device"),
     ({"strategy": "deepspeed_stage_2"}, "no DeepSpeed strategy"),
     ({"checkpointing": "full"}, "train.activation_checkpointing in ['none', 'swiglu'] (got full)"),
-    ({"features_graph_safe": False}, "data.features=online"), ({"method_graph_safe": False}, "a method whose loss")])
+    ({"features_graph_safe": False}, "data.features=online"), ({"method_graph_safe": False}, "a method whose loss"),
+    ({"unpacked_rows": False}, "unpacked rows")])
 def test_settings_resolve_auto_quietly_and_true_with_an_error_naming_the_key(change, unmet):
     needs = GraphNeeds(**{**NEEDS, **change})
     assert graphs_enabled("auto", needs) is (unmet is None)

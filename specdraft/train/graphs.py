@@ -47,6 +47,7 @@ class GraphNeeds:
     checkpointing: str
     features_graph_safe: bool
     method_graph_safe: bool
+    unpacked_rows: bool = True
 
     def unmet(self) -> List[str]:
         checks = [(self.cuda, "a CUDA device"), (self.single_device, "one device (not DDP)"),
@@ -54,7 +55,9 @@ class GraphNeeds:
                   (self.checkpointing in GRAPH_CHECKPOINTING,
                    f"train.activation_checkpointing in {list(GRAPH_CHECKPOINTING)} (got {self.checkpointing})"),
                   (self.features_graph_safe, "data.features=online on a text target, not sharded"),
-                  (self.method_graph_safe, "a method whose loss declares graph_safe_loss")]
+                  (self.method_graph_safe, "a method whose loss declares graph_safe_loss"),
+                  (self.unpacked_rows, "unpacked rows (data.pack_length=null: with packed rows the target reads "
+                                       "their position ids back to the host)")]
         return [reason for met, reason in checks if not met]
 
 

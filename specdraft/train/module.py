@@ -137,15 +137,19 @@ class DraftModule(L.LightningModule):
         hands the replayed gradients to the parameters), else computed here."""
         if not self._graphs_resolved:
             self._graphs_resolved = True
-            cfg, device = self.train_cfg, self.trainer.strategy.root_device
-            needs = GraphNeeds(cuda=torch.device(device).type == "cuda", single_device=self.trainer.world_size == 1,
-                               strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
-                               features_graph_safe=self.features is not None and self.features.graph_safe,
-                               method_graph_safe=self.spec.graph_safe_loss)
-            if graphs_enabled(cfg.cuda_graphs, needs):
-                params = [param for group in self._param_groups() for param in group["params"]]
-                self.step_graphs = StepGraphs(self._loss, params, strict=cfg.cuda_graphs == "true")
+            self._set_up_step_graphs(packed=isinstance(batch, dict) and batch.get("position_ids") is not None)
         return self._loss(batch) if self.step_graphs is None else self.step_graphs(batch)
+
+    def _set_up_step_graphs(self, packed: bool) -> None:
+        """train.cuda_graphs resolved for this run (at its first step: `packed`, whether its rows are packed)."""
+        cfg, device = self.train_cfg, self.trainer.strategy.root_device
+        needs = GraphNeeds(cuda=torch.device(device).type == "cuda", single_device=self.trainer.world_size == 1,
+                           strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
+                           features_graph_safe=self.features is not None and self.features.graph_safe,
+                           method_graph_safe=self.spec.graph_safe_loss, unpacked_rows=not packed)
+        if graphs_enabled(cfg.cuda_graphs, needs):
+            params = [param for group in self._param_groups() for param in group["params"]]
+            self.step_graphs = StepGraphs(self._loss, params, strict=cfg.cuda_graphs == "true")
 
     def training_step(self, batch, batch_idx):
         result = self._train_loss(batch)
