@@ -28,9 +28,9 @@ On a CPU the graph rows run StepGraphs' bookkeeping with `rerun_capture` (no gra
 Per row: steps/s and tokens/s over --steps timed steps run back to back (after --warmup untimed ones, which
 compile and capture), the ratios to `plain` and to `defaults` of this run, and from --profile more steps under
 torch.profiler the host's launch calls per step (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch,
-cudaMemcpyAsync, ...), the kernels the device ran and its busy share of the step. Graph rows also compare one
-replay with the eager loss and gradients of the same batch and weights (relative differences: bf16 autocast in
-both). A row that fails reports its error and the next row runs. Writes OUT/step_graphs.json.
+cudaMemcpyAsync, ...), the kernels the device ran, the host's waits for it (syncs, reads back) and its busy
+share of the step. Graph rows also compare one replay with the eager loss and gradients of the same batch and
+weights (relative differences: bf16 autocast in both). A row that fails reports its error and the next row runs. Writes OUT/step_graphs.json.
 
 `cli`: `specdraft train RECIPE` itself (Lightning, the data loader, the recipe's settings) in a process per row,
 on tools/bench/scale.py's random target of the same shapes (target.random_init) and --rows synthetic distilled
@@ -169,7 +169,8 @@ def launches(step: Step, cuda: bool, steps: int) -> dict:
     report = op_report(profiler, steps, top=5)
     calls = sum(event.count for event in profiler.key_averages() if event.key in LAUNCH_CALLS)
     return {"launch_calls_per_step": calls / steps, "kernels_per_step": report["kernel_launches_per_step"],
-            "device_busy_ms": report["device_busy_ms"]}
+            "device_busy_ms": report["device_busy_ms"],
+            "host_waits_per_step": sum(report["host_waits_per_step"].values())}
 
 
 def run_row(bench, setting: Setting, batch_size: int, seq_len: int, args) -> dict:
@@ -238,12 +239,13 @@ def table(report: dict) -> str:
                      fmt(r.get("tokens_per_s"), ",.0f"), fmt(r.get("step_ms"), ".1f"),
                      *(fmt(r.get(key), ".2f") + ("x" if r.get(key) else "") for key in ("vs_plain", "vs_defaults")),
                      fmt(r.get("launch_calls_per_step"), ".0f"), fmt(r.get("kernels_per_step"), ".0f"),
+                     fmt(r.get("host_waits_per_step"), "g"),
                      fmt(None if r.get("device_busy_share") is None else 100 * r["device_busy_share"], ".0f"),
                      fmt(r.get("peak_gib_beyond_resident"), ".2f"), check])
     head = (f"{report['machine']}, torch {report['torch']}, {report['config']} target, batch {report['batch']} rows "
             f"x T tokens, {report['ttt_steps']} TTT steps, draft vocabulary {report['draft_vocab']}\n\n")
     return head + markdown_table(["row", "T", "status", "steps/s", "tokens/s", "step ms", "x plain", "x defaults",
-                                  "launch calls", "kernels", "device busy %", "GiB beyond weights",
+                                  "launch calls", "kernels", "host waits", "device busy %", "GiB beyond weights",
                                   "replay vs eager: loss / grad rel. diff"], rows) + "\n\n" + goal_line(report)
 
 
