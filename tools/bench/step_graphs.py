@@ -30,7 +30,8 @@ compile and capture), the ratios to `plain` and to `defaults` of this run, and f
 torch.profiler the host's launch calls per step (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch,
 cudaMemcpyAsync, ...), the kernels the device ran, the host's waits for it (syncs, reads back) and its busy
 share of the step. Graph rows also compare one replay with the eager loss and gradients of the same batch and
-weights (relative differences: bf16 autocast in both). A row that fails reports its error and the next row runs. Writes OUT/step_graphs.json.
+weights (relative differences: bf16 autocast in both). A row that fails reports its error and the next row
+runs. Writes OUT/step_graphs.json (after every row).
 
 `cli`: `specdraft train RECIPE` itself (Lightning, the data loader, the recipe's settings) in a process per row,
 on tools/bench/scale.py's random target of the same shapes (target.random_init) and --rows synthetic distilled
