@@ -24,7 +24,7 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
         assert row["vs_plain"] > 0 and "launch_calls_per_step" in row and row["kernels_per_step"] == 0
         assert not row["compiled"] and row["optimizer"] == "adamw"  # compile and the fused AdamW: CUDA only
     graphs = [r for r in report["rows"] if r["graphs"]]
-    assert len(graphs) == 2 and all(r["captured_graphs"] == 1 for r in graphs)
+    assert len(graphs) == 3 and all(r["captured_graphs"] == 1 for r in graphs)
     assert all(r["loss_rel_delta"] < 1e-5 and r["grad_rel_delta"] < 1e-4 for r in graphs)
     printed = capsys.readouterr().out
     assert "| plain | 32 | ok |" in printed and "1.00x" in printed

@@ -23,6 +23,8 @@ Rows (--rows, in this order at each T):
   graphs        defaults with train.cuda_graphs: the loss's forward and backward (the target's forward
                 included) captured once and replayed (specdraft.train.graphs.StepGraphs); optimizer eager
   graphs-eager  graphs without torch.compile (what compiling still buys inside a graph)
+  graphs-draft  graphs with the target's forward eager, outside the graph: the draft's loss alone replayed (what
+                the target's share of the launches is; a fallback should the whole step not capture)
 On a CPU the graph rows run StepGraphs' bookkeeping with `rerun_capture` (no graph: the same figures as eager).
 
 Per row: steps/s and tokens/s over --steps timed steps run back to back (after --warmup untimed ones, which
@@ -57,7 +59,7 @@ from suite import finish, fmt, machine, markdown_table, run_parts, sibling, writ
 import torch
 
 from specdraft.config import TrainConfig
-from specdraft.core.types import DraftBatch, DraftContext
+from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
 from specdraft.layers.compile import compile_enabled
 from specdraft.train.features import OnlineFeatures
 from specdraft.train.graphs import StepGraphs, cuda_capture, rerun_capture
@@ -79,6 +81,8 @@ class Setting:
     checkpointing: str
     optimizer: str
     graphs: bool
+    draft_only: bool = False
+    """The graph holds the draft's loss alone; the target's forward runs eagerly before it."""
 
 
 SETTINGS = {s.name: s for s in (
@@ -86,6 +90,7 @@ SETTINGS = {s.name: s for s in (
     Setting("defaults", True, "swiglu", "auto", False),
     Setting("graphs", True, "swiglu", "auto", True),
     Setting("graphs-eager", False, "swiglu", "auto", True),
+    Setting("graphs-draft", True, "swiglu", "auto", True, draft_only=True),
 )}
 
 
@@ -108,19 +113,38 @@ class Step:
         ones = torch.ones_like(ids)
         self.batch = {"input_ids": ids, "loss_mask": ones, "attention_mask": ones}
         self.features = OnlineFeatures(bench.target, bench.layers)  # compiled or not by compiled_target
+        self.draft_only = setting.draft_only
         capture = cuda_capture if bench.cuda else rerun_capture
-        self.graphs = StepGraphs(self.eager_loss, self.params, strict=True, capture=capture) if setting.graphs \
-            else None
+        graphed = self.draft_loss if setting.draft_only else self.eager_loss
+        self.graphs = StepGraphs(graphed, self.params, strict=True, capture=capture) if setting.graphs else None
 
     def eager_loss(self, batch: Dict):
         features = self.features(batch)
         draft_batch = DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features)
         return self.bench.spec.loss(self.draft, draft_batch, self.cfg)
 
+    def draft_loss(self, batch: Dict):
+        """The loss of a batch that carries the target's features (`with_features`)."""
+        features = TargetFeatures(hidden_states=batch["hidden_states"], final_hidden=batch["final_hidden"],
+                                  lm_head=self.bench.target.get_output_embeddings().weight)
+        draft_batch = DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features)
+        return self.bench.spec.loss(self.draft, draft_batch, self.cfg)
+
+    def with_features(self, batch: Dict) -> Dict:
+        """The batch and the target's features of it (its forward, eager, outside any graph)."""
+        features = self.features(batch)
+        return {**batch, "hidden_states": features.hidden_states, "final_hidden": features.final_hidden}
+
+    def loss(self, batch: Dict):
+        """The step's loss: eager, replayed whole, or (draft_only) the target eager and the draft replayed."""
+        if self.graphs is None:
+            return self.eager_loss(batch)
+        return self.graphs(self.with_features(batch) if self.draft_only else batch)
+
     def step(self) -> None:
         """What Lightning runs for one optimizer step: loss, backward, clipping, optimizer, schedule, zero_grad."""
         with self.bench.autocast():
-            result = (self.graphs or self.eager_loss)(self.batch)
+            result = self.loss(self.batch)
         result.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 0.5)
         self.optimizer.step()
@@ -133,7 +157,7 @@ class Step:
             eager = self.eager_loss(self.batch)
         eager_grads = torch.autograd.grad(eager.loss, self.params, allow_unused=True)
         with self.bench.autocast():
-            replayed = self.graphs(self.batch)
+            replayed = self.loss(self.batch)
         replayed_grads = torch.autograd.grad(replayed.loss, self.params, allow_unused=True)
         grad_delta = max(float((r - e).norm() / e.norm().clamp(min=1e-12))
                          for r, e in zip(replayed_grads, eager_grads) if e is not None)
