@@ -54,7 +54,7 @@ from typing import Dict, List, Optional
 
 from pathlib import Path
 
-from suite import finish, fmt, machine, markdown_table, run_parts, sibling, write_report
+from suite import REPO, finish, fmt, machine, markdown_table, run_parts, sibling, write_report
 
 import torch
 
@@ -385,8 +385,7 @@ def cli_main(argv: Optional[List[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description="`specdraft train` with and without train.cuda_graphs")
     parser.add_argument("--config", choices=("smollm2", "tiny"), default="smollm2", help="tools/bench/scale.py's")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--recipe", type=Path, default=Path(__file__).resolve().parents[2] / "recipes" /
-                        "eagle3_smollm2.yaml")
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "eagle3_smollm2.yaml")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rows", nargs="+", choices=list(CLI_OVERRIDES), default=["defaults", "graphs"])
