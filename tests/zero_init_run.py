@@ -16,8 +16,8 @@ compares them with the same models built plainly. For tests/test_zero_init.py.
         as two_ranks, with the engine's weights kept whole as train.zero3_persist=auto does on a GPU
         (specdraft.train.zero3): every weight persistent and whole, no ZeRO-3 hook on any module (nor on a frozen
         target held beside the engine, as the online feature source holds it), PyTorch's own linear, nothing
-        gathered in a forward or backward, the weights still whole after `gathered` reads and writes them, and
-        the plain draft's weights after 3 steps
+        gathered in a forward or backward, the weights still whole after `gathered` reads and writes them and
+        after a checkpoint's save and load, and the plain draft's weights after 3 steps
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.zero_init_run target TARGET_DIR [no-guard]
         the frozen target as train.shard_target builds it (bf16) against load_target's (bf16): its buffers and
         the features it gives; no-guard: with a Transformers that lacks prevent_arange_dtype_change
@@ -232,7 +232,28 @@ def whole_weights(cases: dict) -> None:
             optimizer.zero_grad()
             _read_and_write_gathered(sharded)
             _check_whole(name, root, target_model, f"after step {step}")
+        _save_and_load(engine, name)
+        _check_whole(name, root, target_model, "after a checkpoint's save and load")
         _compare_two_ranks(name, plain, sharded, initial, 0)
+
+
+def _save_and_load(engine, name: str) -> None:
+    """A checkpoint saved and loaded again (as every train.val_every_steps and on resume): ZeRO-3 partitions every
+    weight for both and gathers the persistent ones after."""
+    import tempfile
+
+    directory = os.path.join(tempfile.gettempdir(), f"zero3-whole-{os.environ['MASTER_PORT']}-{name}")
+    engine.save_checkpoint(directory, tag="step")
+    if not os.listdir(os.path.join(directory, "step")):
+        print("differs", name, "no checkpoint written", flush=True)
+    load_path, _ = engine.load_checkpoint(directory, tag="step")
+    if load_path is None:
+        print("differs", name, "checkpoint not loaded", flush=True)
+    torch.distributed.barrier()
+    if int(os.environ["RANK"]) == 0:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _bound_target(spec, plain, sharded):
