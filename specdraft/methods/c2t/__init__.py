@@ -7,13 +7,14 @@ the candidate's path, the entropy of its parent's draft distribution (top 1,000)
 trains on traces of the runtime's own tree drafting, every candidate labelled by whether the target accepted it
 (`traces`, `specdraft distill-data`); BCE, the best/ snapshot by recall first (`recall_first`). At run time it is
 the tree scorer of the base draft's drafter (`export.c2t_runtime`): after each depth's expansion the candidates it
-scores below β (method.threshold, runtime.prune_threshold) become padding that nothing selects or accepts, so
-the tree keeps its static shape and the target verifies fewer real tokens; pruning only removes candidates, so
-decoding stays lossless. In a chain the same rule ends the drafting (method.chain_threshold).
+scores below β (method.threshold, runtime.prune_threshold) are dropped, and the target verifies only the kept ones
+(runtime.prune_verify kept: padded to a multiple of 8 rows, decoding/sized_verify.py); pruning only removes
+candidates, so decoding stays lossless. In a chain the same rule ends the drafting (method.chain_threshold).
 
-Beyond the paper: the tree the target verifies is still the `budget` best kept candidates by joint probability
+Beyond the paper: the tree the target verifies is at most the `budget` best kept candidates by joint probability
 (EAGLE-2's rerank, a cap), drafting runs every depth (static shapes), and the frontier of each depth is its top-k
-kept candidates by joint probability.
+kept candidates by joint probability. runtime.prune_at selection scores the budget's selection of the unpruned
+tree instead (decoding/tree.py).
 """
 from specdraft.methods.base import ExportFormat, MethodSpec, RecordStage
 from specdraft.methods.c2t.config import C2TConfig, base_draft_path
