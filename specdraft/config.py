@@ -17,10 +17,12 @@ QUANTIZATIONS = ("none", "int8", "int4", "8bit", "4bit")
 RUNTIME_QUANTIZATIONS = ("none", "int8", "int4")  # the weight-only ones, which every stage runs
 FEATURE_MODES = ("online", "offline", "hybrid")
 SHARD_TARGET = ("auto", "true", "false")
+ZERO3_PERSIST = ("auto", "true", "false")
 CHECKPOINTING = ("none", "swiglu", "selective", "full")
 CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
 OPTIMIZERS = ("auto", "adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
+CUDA_GRAPHS = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd")
 PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
@@ -214,6 +216,15 @@ class TrainConfig:
     the target's layers, a quantized target; true: wherever training runs; false: never (eager). The first
     steps compile (and a new sequence length may recompile). A compile failure stops training with a one-line
     error naming this key (set it to false to train eagerly). docs/training.md gives the speed-ups."""
+    cuda_graphs: str = "auto"
+    """Capture each training step's forward and backward (the frozen target's forward, the draft's loss and
+    gradients) in a CUDA graph, one per batch shape, and replay it: one launch instead of thousands, for drafts
+    whose steps are too short to keep the GPU busy from Python (specdraft.train.graphs). The optimizer, the
+    clipping and the LR schedule run as they do without it. auto (the default): on one CUDA device outside
+    DeepSpeed, with activation checkpointing none or swiglu, online features of a text target in unpacked rows and a
+    method whose loss declares itself graph-safe (EAGLE-3); elsewhere eager. The first two batches of each shape run eagerly,
+    then one capture (fewer shapes: a larger data.pad_to_multiple); a capture that fails trains eagerly (auto) or
+    stops with an error naming this key (true). false: never."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -221,6 +232,15 @@ class TrainConfig:
     whole bf16 copy on every GPU outside DeepSpeed's engine (no communication, the target's full size in memory
     on each GPU). auto shards when the target's weights would take more than half of a GPU's memory. Other
     strategies and features always replicate; true is an error with them."""
+    zero3_persist: str = "auto"
+    """Under deepspeed_stage_3: true keeps the weights DeepSpeed's engine holds (the draft's, and the target's when
+    sharded) whole on every GPU between steps (DeepSpeed's persistent parameters), while the optimizer state and
+    gradients stay partitioned; the updated weights are all-gathered once after each optimizer step, as ZeRO-1/2
+    do, and the forward and backward gather nothing and run without ZeRO-3's per-module hooks. It costs the
+    weights' whole size on each GPU instead of 1/N of it (EAGLE-3 at Llama-3.1-8B shapes: 0.85 GB bf16). false:
+    DeepSpeed's default (weights under 1e5 elements whole, the others gathered as their modules run and released
+    after the backward). auto (the default): true when the engine's weights take at most 1/16 of the GPU's memory
+    (a sharded large target does not). A `stage3_param_persistence_threshold` in train.deepspeed overrides it."""
     deepspeed: Dict[str, Any] = field(default_factory=dict)
     """DeepSpeed config entries merged over specdraft's own (deepspeed_* strategies only), for instance
     `train.deepspeed.zero_optimization.reduce_bucket_size=500000000`. DeepSpeed validates them."""
@@ -236,8 +256,12 @@ class TrainConfig:
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         self.compile = str(self.compile).lower()
         _check_choice("train.compile", self.compile, COMPILE)
+        self.cuda_graphs = str(self.cuda_graphs).lower()
+        _check_choice("train.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
         self.shard_target = str(self.shard_target).lower()
         _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
+        self.zero3_persist = str(self.zero3_persist).lower()
+        _check_choice("train.zero3_persist", self.zero3_persist, ZERO3_PERSIST)
         if self.deepspeed and not self.strategy.startswith("deepspeed"):
             raise SpecdraftError(f"train.deepspeed configures DeepSpeed: it needs a deepspeed_* train.strategy, "
                                  f"got {self.strategy}")

@@ -30,6 +30,7 @@ def test_tiny_run(tmp_path, tiny_target_dir, distilled, capsys):
         assert run["tau_sim"] >= 1.0 and run["tau"] >= 1.0 and run["steps_per_s"] > 0
     saved = (work / "runs" / "plain-s1" / "recipe.yaml").read_text()
     assert "optimizer: adamw\n" in saved and "activation_checkpointing: none" in saved and "seed: 1" in saved
+    assert "cuda_graphs: 'false'" in saved
     assert "activation_checkpointing: swiglu" in (work / "runs" / "defaults-s0" / "recipe.yaml").read_text()
     for measure in ("tau_sim", "tau", "steps_per_s"):
         assert report["verdict"][measure]["verdict"] in ("within noise", "better", "worse")

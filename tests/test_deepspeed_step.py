@@ -72,3 +72,48 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
     assert ours["last_grad_norm"] > 0.05  # the steps were clipped
     for mine, reference in zip(ours["weights"], theirs["weights"]):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)
+
+
+def test_zero3_persist_auto_keeps_weights_whole_up_to_a_sixteenth_of_the_gpu():
+    from specdraft.train.zero3 import persist_weights, persistence_config, weight_bytes
+
+    module = torch.nn.Linear(1024, 512, bias=False).bfloat16()  # 1 MiB of weights
+    assert weight_bytes(module) == 2 ** 20
+    assert persist_weights("auto", module, device_memory=16 * 2 ** 20)
+    assert not persist_weights("auto", module, device_memory=16 * 2 ** 20 - 1)
+    assert persist_weights("true", module, device_memory=0) and not persist_weights("false", module, 2 ** 40)
+    assert persistence_config(module) == {"stage3_param_persistence_threshold": 1024 * 512}
+
+
+def test_an_eagle3_draft_at_llama_8b_shapes_is_kept_whole_on_an_80gb_gpu():
+    """What docs/training.md states: 425M weights, 0.85 GB in bf16, under 1/16 of an 80 GB card."""
+    from transformers import LlamaConfig
+
+    from specdraft.core.types import DraftContext, TargetInfo
+    from specdraft.methods import get_method
+    from specdraft.train.zero3 import persist_weights, weight_bytes
+
+    shape = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=14336, vocab_size=128256)
+    info = TargetInfo.from_hf_config(LlamaConfig(**shape), "llama8b")
+    spec, ctx = get_method("eagle3"), DraftContext(target=info, token_counts=torch.ones(info.vocab_size))
+    with torch.device("meta"):  # shapes only
+        draft = spec.build(spec.config(ttt_steps=7, draft_vocab_size=32000), ctx).bfloat16()
+    assert sum(p.numel() for p in draft.parameters()) == 424_689_664
+    assert weight_bytes(draft) == 849_379_328
+    assert persist_weights("auto", draft, device_memory=80 * 10 ** 9)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="builds the DeepSpeed strategy, which a GPU machine runs")
+def test_the_trainer_passes_zero3_persist_unless_train_deepspeed_sets_a_threshold(monkeypatch):
+    from specdraft.train import trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert trainer._strategy(TrainConfig(strategy="deepspeed_stage_3"), None).zero3_persist == "auto"
+    assert trainer._strategy(TrainConfig(strategy="deepspeed_stage_3", zero3_persist=False), None).zero3_persist \
+        == "false"
+    own = {"zero_optimization": {"stage3_param_persistence_threshold": 100}}
+    strategy = trainer._strategy(TrainConfig(strategy="deepspeed_stage_3", deepspeed=own), None)
+    assert strategy.zero3_persist == "false"  # the recipe's threshold decides
+    assert strategy.config["zero_optimization"]["stage3_param_persistence_threshold"] == 100

@@ -74,3 +74,13 @@ def test_zero3_on_two_ranks_trains_as_one_process_and_gathers_each_weight_once_p
     EAGLE-3 with 7 unrolls gathers its weights about 7.8 times a step."""
     cases = {"eagle3": {"ttt_steps": 7, "draft_vocab_size": 256}, "poss": CASES["poss"]}
     assert differences("two_ranks", json.dumps(cases), ranks=2) == []
+
+
+@pytest.mark.slow
+def test_zero3_with_whole_weights_trains_without_module_hooks_or_gathers():
+    """train.zero3_persist (specdraft.train.zero3), on 2 ranks: every draft's weights persistent and whole, no
+    ZeRO-3 hook on any module of the engine or of the frozen target held beside it, PyTorch's linear, no all-gather
+    in a forward or backward, the weights still whole after the validation's `gathered` read and a `gathered`
+    write (before, DeepSpeed's context partitioned them on exit and nothing gathered them again) and after a
+    checkpoint's save and load, and after 3 steps the plain draft's weights."""
+    assert differences("whole_weights", json.dumps(CASES), ranks=2) == []

@@ -12,15 +12,27 @@ from typing import Optional
 from torch import nn
 
 
+@contextlib.contextmanager
 def gathered(params, modifier_rank: Optional[int] = 0):
     """A context in which ZeRO-3 partitioned parameters are whole (a no-op for plain ones): what rank
-    `modifier_rank` writes in it is kept and shared; None gathers them read-only (every rank reads them whole)."""
-    params = list(params)
-    if not any(hasattr(p, "ds_id") for p in params):
-        return contextlib.nullcontext()
+    `modifier_rank` writes in it is kept and shared; None gathers them read-only (every rank reads them whole).
+
+    Parameters whole before it (ZeRO-3's persistent ones, specdraft.train.zero3) are whole after it too: DeepSpeed's
+    context partitions everything it was given on exit, and with every weight persistent no module hook would
+    gather them again. Read-only, they are left out; written, they are gathered again after the write."""
+    params = [p for p in params if hasattr(p, "ds_id")]
+    whole = [p for p in params if p.ds_status.name == "AVAILABLE"]
+    if modifier_rank is None:
+        params = [p for p in params if p.ds_status.name != "AVAILABLE"]
+    if not params:
+        yield
+        return
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank):
+        yield
+    if whole and modifier_rank is not None:
+        whole[0].all_gather(whole)
 
 
 def init_linear_normal_(module: nn.Module, std: float) -> None:

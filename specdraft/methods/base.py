@@ -104,6 +104,10 @@ class MethodSpec:
     """Optimizer groups; default: every parameter that requires grad."""
     monitor: str = "tau_sim"
     """The validation metric (of the loss's) whose highest value picks the best/ snapshot."""
+    graph_safe_loss: bool = False
+    """Whether `loss` on a batch of fixed shapes reads nothing back to the host, keeps its shapes, gives only
+    tensor metrics and depends on nothing but the batch and the draft's weights (no step count, no host state):
+    train.cuda_graphs=auto may then capture its forward and backward in a CUDA graph and replay it."""
     reads_embeddings: bool = True
     """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
     the target's embedding table to recompute them from the token ids."""

@@ -74,6 +74,9 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
 class OnlineFeatures:
     """The frozen target runs on every batch."""
 
+    graph_safe = True
+    """Whether a CUDA graph may capture it with the step (train.cuda_graphs): no host work per batch."""
+
     def __init__(self, model: torch.nn.Module, layers: List[int], compile: str = "false"):
         """compile: train.compile (auto compiles the decoder layers on CUDA, unless quantized)."""
         self.model, self.layers, self.compile = model, list(layers), compile
@@ -98,6 +101,8 @@ class VisionOnlineFeatures(OnlineFeatures):
     """A vision-language target on every batch: each row's images (names under the distilled folders) are read and
     run through its vision tower and projector, then its language model (specdraft.targets.vision)."""
 
+    graph_safe = False  # reads each batch's images on the host
+
     def __init__(self, model: torch.nn.Module, processor, layers: List[int], distill_dirs: List[str],
                  compile: str = "false"):
         super().__init__(model, layers, compile)
@@ -115,6 +120,8 @@ class ShardedOnlineFeatures(OnlineFeatures):
     submodule, so that DeepSpeed's engine gathers each layer's weights as it runs (and prefetches the next); the
     engine's optimizer never sees them (frozen). The LM head, which the loss reads outside any forward, is
     gathered once into a whole copy on every GPU."""
+
+    graph_safe = False  # DeepSpeed's engine gathers the weights in each forward
 
     def __init__(self, build: Callable[[], torch.nn.Module], layers: List[int]):
         super().__init__(None, layers)
@@ -146,6 +153,8 @@ class OfflineFeatures:
     """Features read with the batch (batch["features"]: {name: [B, T, H]}); keeps the LM head [V, H] and, when
     index 0 is not stored, the embedding table [V, H] to look the embeddings up."""
 
+    graph_safe = False  # not yet captured with a step: its batches carry the features from the host
+
     def __init__(self, lm_head: torch.Tensor, embed_tokens: Optional[torch.Tensor], stored: List[int],
                  cfg: TargetConfig):
         self.lm_head, self.embed_tokens, self.stored, self.cfg = lm_head, embed_tokens, list(stored), cfg
@@ -168,6 +177,8 @@ class OfflineFeatures:
 
 class HybridFeatures:
     """Online with a write-through cache of every batch's features; reads the cache when the batch has them."""
+
+    graph_safe = False  # writes each batch's features to disk
 
     def __init__(self, online: OnlineFeatures, offline: OfflineFeatures, store: FeatureStore, num_rows: int):
         self.online, self.offline, self.store, self.num_rows = online, offline, store, num_rows

@@ -22,6 +22,7 @@ from specdraft.core.types import DraftBatch, DraftContext
 from specdraft.methods.base import MethodSpec
 from specdraft.train.device_reads import Deferred
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
+from specdraft.train.graphs import GraphNeeds, StepGraphs, graphs_enabled
 from specdraft.train.timing import is_logged_step
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class DraftModule(L.LightningModule):
         self.tokens_seen, self._fit_started = 0, None
         """tokens_seen: the whole run's tokens, restored on resume (every checkpoint carries it)."""
         self._tokens_at_train_start = 0
+        self.step_graphs: Optional[StepGraphs] = None
+        """The training steps' CUDA graphs (train.cuda_graphs), set up at the first step; None: eager steps."""
+        self._graphs_resolved = False
 
     @property
     def target_model(self):
@@ -125,8 +129,30 @@ class DraftModule(L.LightningModule):
         """What the rates count in one batch: its real tokens, or the records of a method trained on its own."""
         return len(next(iter(batch.values()))) if self.features is None else int(batch["attention_mask"].sum())
 
+    def _loss(self, batch):
+        return self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
+
+    def _train_loss(self, batch):
+        """The step's loss, replayed from a CUDA graph when train.cuda_graphs captures it (its backward then
+        hands the replayed gradients to the parameters), else computed here."""
+        if not self._graphs_resolved:
+            self._graphs_resolved = True
+            self._set_up_step_graphs(packed=isinstance(batch, dict) and batch.get("position_ids") is not None)
+        return self._loss(batch) if self.step_graphs is None else self.step_graphs(batch)
+
+    def _set_up_step_graphs(self, packed: bool) -> None:
+        """train.cuda_graphs resolved for this run (at its first step: `packed`, whether its rows are packed)."""
+        cfg, device = self.train_cfg, self.trainer.strategy.root_device
+        needs = GraphNeeds(cuda=torch.device(device).type == "cuda", single_device=self.trainer.world_size == 1,
+                           strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
+                           features_graph_safe=self.features is not None and self.features.graph_safe,
+                           method_graph_safe=self.spec.graph_safe_loss, unpacked_rows=not packed)
+        if graphs_enabled(cfg.cuda_graphs, needs):
+            params = [param for group in self._param_groups() for param in group["params"]]
+            self.step_graphs = StepGraphs(self._loss, params, strict=cfg.cuda_graphs == "true")
+
     def training_step(self, batch, batch_idx):
-        result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
+        result = self._train_loss(batch)
         if self._logs_this_step():
             elapsed = time.perf_counter() - self._fit_started
             metrics = {f"train/{k}": v for k, v in result.metrics.items() if k != "loss"}
@@ -157,7 +183,7 @@ class DraftModule(L.LightningModule):
         self._write_train_metrics(wait=True)
 
     def validation_step(self, batch, batch_idx):
-        result = self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
+        result = self._loss(batch)
         for name, value in result.metrics.items():  # kept on the device: no sync per batch
             self._val_metrics[name].append(torch.as_tensor(value, device=self.trainer.strategy.root_device)
                                            .detach().float())
@@ -168,10 +194,14 @@ class DraftModule(L.LightningModule):
         for name, value in means.items():  # sync_dist averages the ranks' means
             self.log(name, value, sync_dist=True)
 
+    def _param_groups(self) -> list:
+        """The optimizer's parameter groups: the method's, or every parameter of the draft that requires grad."""
+        return self.spec.param_groups(self.draft) if self.spec.param_groups else \
+            [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
+
     def configure_optimizers(self):
         cfg = self.train_cfg
-        groups = self.spec.param_groups(self.draft) if self.spec.param_groups else \
-            [{"params": [p for p in self.draft.parameters() if p.requires_grad]}]
+        groups = self._param_groups()
         name = optimizer_choice(cfg, self.trainer.strategy.root_device,
                                 [param for group in groups for param in group["params"]])
         optimizer = build_optimizer(name, groups, lr=cfg.lr, weight_decay=cfg.weight_decay)

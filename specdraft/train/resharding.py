@@ -39,6 +39,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX, write_text
 from specdraft.train.deepspeed_step import clip_on_device
 from specdraft.train.manifest import refusal, sign_checkpoint
+from specdraft.train.zero3 import drop_module_hooks, persist_weights, persistence_config
 
 log = logging.getLogger(__name__)
 
@@ -194,13 +195,17 @@ def drop_stale_files(checkpoint: Path, world_size: int) -> None:
 class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it, once it is
     known to be this user's (its signed manifest) or `trust_checkpoint` (the command line's flag) says so; it signs
-    every checkpoint it saves. Its ZeRO-1/2 optimizer clips gradients without a host sync (deepspeed_step.py)."""
+    every checkpoint it saves. Its ZeRO-1/2 optimizer clips gradients without a host sync (deepspeed_step.py); under
+    ZeRO-3, `zero3_persist` (train.zero3_persist: auto, true, false) keeps the engine's weights whole (zero3.py)."""
 
-    def __init__(self, *args, resume_from: Optional[str] = None, trust_checkpoint: bool = False, **kwargs):
+    def __init__(self, *args, resume_from: Optional[str] = None, trust_checkpoint: bool = False,
+                 zero3_persist: str = "false", **kwargs):
         super().__init__(*args, **kwargs)
-        self.resume_from, self.trust_checkpoint = resume_from, trust_checkpoint
+        self.resume_from, self.trust_checkpoint, self.zero3_persist = resume_from, trust_checkpoint, zero3_persist
         self.restored_from: Optional[ZeroLayout] = None
         """The saved layout when the checkpoint was loaded universally (resharded), else None."""
+        self.whole_weights = False
+        """ZeRO-3 keeps every weight of the engine whole and runs without its module hooks (zero3.py)."""
 
     def check_resume_trusted(self) -> None:
         """Rank 0 checks the checkpoint's manifest and every rank learns the verdict, before anything is unpickled."""
@@ -233,9 +238,19 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
         return client_state
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        if self.zero_stage_3 and self._persist(model):
+            self.config["zero_optimization"].update(persistence_config(model))
         engine, zero_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
         clip_on_device(zero_optimizer)
+        self.whole_weights = self.zero_stage_3 and drop_module_hooks(zero_optimizer, engine.module)
         return engine, zero_optimizer
+
+    def _persist(self, model) -> bool:
+        import torch
+
+        memory = torch.cuda.get_device_properties(self.root_device).total_memory if self.zero3_persist == "auto" \
+            else 0
+        return persist_weights(self.zero3_persist, model, memory)
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
         filepath = self.broadcast(filepath)  # every rank writes into rank 0's path

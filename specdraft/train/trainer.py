@@ -50,6 +50,7 @@ from specdraft.train.module import DraftModule
 from specdraft.train.progress import CheckpointStep, TrainProgress, interrupted_message
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy, is_deepspeed_checkpoint
 from specdraft.train.timing import StepTimes
+from specdraft.train.zero3 import user_threshold
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,9 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bo
     if not torch.cuda.is_available():
         raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
     stage = int(cfg.strategy[-1])
+    persist = "false" if user_threshold(cfg.deepspeed) is not None else cfg.zero3_persist  # the recipe's own wins
     strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
-                                           exclude_frozen_parameters=True)
+                                           zero3_persist=persist, exclude_frozen_parameters=True)
     merge_config(strategy.config, step_config(stage, _precision(cfg)))  # no host syncs a step (deepspeed_step.py)
     merge_config(strategy.config, cfg.deepspeed)
     return strategy

@@ -84,6 +84,26 @@ def test_triton_matches_reference_and_formula(bits, dtype, rows, forced, with_bi
         assert ((got.double() - exact).abs() <= ulp + (expected.double() - exact).abs()).all()
 
 
+def _nan_after(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a storage that goes on with NaNs: a read past its end shows in the output."""
+    store = torch.full((t.numel() + 256,), float("nan"), dtype=t.dtype)
+    store[:t.numel()] = t.flatten()
+    return store[:t.numel()].view_as(t)
+
+
+@pytest.mark.parametrize("forced", [{"splits": 3}, {"gemv": False, "splits": 3}], ids=["gemv", "dot"])
+def test_int4_split_tail_reads_no_scales_past_the_input(forced):
+    """Five groups in three splits of two: the last split's second step lies past the input, and reads neither the
+    last row's scales nor its minima beyond their end (on a GPU, past an allocation's end: an illegal address)."""
+    q = quantize(_weight(), 4)
+    q = q._replace(scales=_nan_after(q.scales), mins=_nan_after(q.mins))
+    x = torch.randn(2, IN, generator=torch.Generator().manual_seed(1))
+    plan = launch_plan(2, q, x.device, **forced)
+    assert plan.splits * plan.per_split > IN
+    torch.testing.assert_close(quant_linear_triton(x, q, None, plan), quant_linear_reference(x, q),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_launch_plan():
     """int4: a small weight's decode step is a gemv, a large one's and many rows a dot; the input is split until
     the programs fill the GPU (32 on the CPU), each split a whole number of blocks; forced fields win."""

@@ -6,9 +6,10 @@ run-to-run noise), and each head decodes MT-bench in the runtime.
     python tools/bench/defaults.py --data DISTILLED --steps 600 --parallel 2 --out OUT -- target.path=$GGUF
 
 Settings:
-  plain     train.compile=false train.activation_checkpointing=none train.optimizer=adamw (eager, every activation
-            kept, PyTorch's AdamW)
-  defaults  the recipe as it is: compile auto (on CUDA), swiglu, optimizer auto (the fused 8-bit AdamW on CUDA)
+  plain     train.compile=false train.activation_checkpointing=none train.optimizer=adamw train.cuda_graphs=false
+            (eager, every activation kept, PyTorch's AdamW)
+  defaults  the recipe as it is: compile auto (on CUDA), swiglu, optimizer auto (the fused 8-bit AdamW on CUDA),
+            cuda_graphs auto (each step replayed as a CUDA graph on CUDA)
 Stages, each `specdraft` in a process of its own, overrides after `--` given to every one:
   1. distill-data once (unless --data): the first --max-prompts of --prompts, distill.engine=static (the batched
      engine), distill.batch_size=--distill-batch, one shard; every run trains on it.
@@ -38,7 +39,8 @@ from typing import Dict, List, Optional
 
 from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, write_report
 
-SETTINGS = {"plain": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw"],
+SETTINGS = {"plain": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw",
+                      "train.cuda_graphs=false"],
             "defaults": []}
 MEASURES = ("tau_sim", "tau")
 

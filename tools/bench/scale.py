@@ -7,7 +7,7 @@ train` (`train`, the default); and the host work ZeRO-3 adds on a CPU: a draft's
     python tools/bench/scale.py --config tiny --device cpu --out /tmp/bench     # tiny model, CPU, ddp
     python tools/bench/scale.py --gpus 1,2 --strategies deepspeed_stage_3 --profile 2 --out DIR   # where it goes
     python tools/bench/scale.py --gpus 1,4 --warmup 5 --steps 30 --phases --out DIR  # every rank's phases
-    python tools/bench/scale.py zero3-host --steps 300 --out DIR                 # CPU
+    python tools/bench/scale.py zero3-host --steps 300 --out DIR                 # CPU: 2, 3, 3-whole
     python tools/bench/scale.py target-linear --steps 200 --out DIR              # CPU
     python tools/bench/scale.py cli --out DIR      # specdraft train with recipes/eagle3_llama3.yaml beside the harness
 
@@ -27,11 +27,14 @@ run measures ddp with 1 and 2 processes.
 
 `cli`: tools/bench/train_cli.py (its docstring says what it runs).
 
-`zero3-host`: each stage runs in a process of its own: one DeepSpeed rank (gloo) trains a tiny EAGLE-3 draft (7
-TTT unrolls) under the ZeRO-2 or the ZeRO-3 engine, on one fixed random batch. Before each step, a fixed piece of
+`zero3-host`: each engine runs in a process of its own: one DeepSpeed rank (gloo) trains a tiny EAGLE-3 draft (7
+TTT unrolls) on one fixed random batch under ZeRO-2, ZeRO-3 with the draft's weights partitioned (`3`: what a draft
+larger than the GPU's 1/16 gets, train.zero3_persist=false) or ZeRO-3 with them whole and no module hooks
+(`3-whole`: train.zero3_persist=auto on a GPU, specdraft.train.zero3). Before each step, a fixed piece of
 pure-Python work (tools/profile_train.host_canary_ms) times the host's own pace: a forward that slows whenever
-the canary does is bound by a host whose speed varies, not by more work. Tables, per stage, the forward's
-main-thread CPU ms (median, p90), the canary's ms and their correlation; OUT/zero3_host.json has every step's.
+the canary does is bound by a host whose speed varies, not by more work. Tables, per engine, the forward's
+main-thread CPU ms (median, p90), its Python calls (counted in the last step: a measure the host's pace leaves
+alone), the canary's ms and their correlation; OUT/zero3_host.json has every step's.
 
 `target-linear`: ZeRO-3 (its default `memory_efficient_linear`) replaces `torch.nn.functional.linear` process-wide
 with an autograd Function, which every linear of the frozen target would pay (a Python call, argument binding by
@@ -45,6 +48,7 @@ went through DeepSpeed's Function. OUT/target_linear.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import socket
@@ -327,14 +331,22 @@ def train_main(argv=None) -> dict:
 ZERO3_WARMUP = 10  # steps left out of the statistics (DeepSpeed records its parameter trace in the first)
 
 
-def zero3_worker(stage: int, steps: int) -> dict:
-    """One rank, `steps` steps under ZeRO-`stage` -> every step's forward CPU ms and canary ms."""
+ZERO3_ENGINES = ("2", "3", "3-whole")
+"""zero3-host's engines: ZeRO-2; ZeRO-3 with the draft's weights partitioned (as a draft above DeepSpeed's 1e5-element
+persistence threshold has them, train.zero3_persist=false) and gathered by its module hooks; ZeRO-3 with them whole
+and no module hooks (train.zero3_persist=auto on a GPU, specdraft.train.zero3)."""
+
+
+def zero3_worker(engine_name: str, steps: int) -> dict:
+    """One rank, `steps` steps under one of ZERO3_ENGINES -> every step's forward CPU ms and canary ms, and the
+    Python calls of the last forward (a count the host's pace does not change)."""
     import torch
 
     sys.path.insert(0, str(REPO / "tools"))
     from profile_train import host_canary_ms
 
     from specdraft.core.types import DraftContext, TargetInfo
+    from specdraft.train.zero3 import drop_module_hooks, persistence_config
     from tests import zero_init_run
     from tests.tiny import tiny_llama_config
 
@@ -342,25 +354,46 @@ def zero3_worker(stage: int, steps: int) -> dict:
     zero_init_run._init()
     import deepspeed
 
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage},
+    stage = int(engine_name[0])
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 0} if stage == 3 else {"stage": 2}
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0, "zero_optimization": zero,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
     info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
     ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
     spec, cfg, plain, partitioned = zero_init_run._plain_and_sharded(
         "eagle3", {"ttt_steps": 7, "draft_vocab_size": 256}, ctx, {**config, "zero_optimization": {"stage": 3}})
-    draft = partitioned if stage == 3 else plain
-    engine, *_ = deepspeed.initialize(model=zero_init_run._LossModule(spec, cfg, draft), config=config,
-                                      model_parameters=draft.parameters())
+    if stage == 2:  # zero.Init above put DeepSpeed's linear in place: ZeRO-2 runs PyTorch's
+        torch.nn.functional.linear = torch._C._nn.linear
+    module = zero_init_run._LossModule(spec, cfg, partitioned if stage == 3 else plain)
+    if engine_name == "3-whole":
+        zero.update(persistence_config(module))
+    engine, zero_optimizer, *_ = deepspeed.initialize(model=module, config=config,
+                                                      model_parameters=module.parameters())
+    if engine_name == "3-whole":
+        drop_module_hooks(zero_optimizer, engine.module)
     batch = zero_init_run._random_batch(spec, cfg, info, torch.Generator().manual_seed(0), rows=1)
-    forward_ms, canary_ms = [], []
-    for _ in range(steps):
+    forward_ms, canary_ms, calls = [], [], []
+    for step in range(steps):
         canary_ms.append(host_canary_ms())
         started = time.thread_time()
-        loss = engine(batch)
+        with _python_calls(calls, counting=step == steps - 1):
+            loss = engine(batch)
         forward_ms.append(1e3 * (time.thread_time() - started))
         engine.backward(loss)
         engine.step()
-    return {"stage": stage, "forward_cpu_ms_each": forward_ms, "canary_ms_each": canary_ms}
+    return {"engine": engine_name, "forward_cpu_ms_each": forward_ms, "canary_ms_each": canary_ms,
+            "forward_python_calls": len(calls)}
+
+
+@contextlib.contextmanager
+def _python_calls(calls: list, counting: bool):
+    """Appends one entry to `calls` per Python function call while the block runs (when `counting`)."""
+    if counting:
+        sys.setprofile(lambda frame, event, arg: calls.append(1) if event == "call" else None)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
 
 
 def _free_port() -> int:
@@ -369,12 +402,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_zero3_stage(stage: int, steps: int) -> dict:
+def run_zero3_engine(engine: str, steps: int) -> dict:
     env = child_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, __file__, "zero3-host", "--worker", str(stage), "--steps", str(steps)],
+    done = subprocess.run([sys.executable, __file__, "zero3-host", "--worker", engine, "--steps", str(steps)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise SystemExit(f"ZeRO-{stage} worker failed:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"ZeRO-{engine} worker failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -400,29 +433,35 @@ def _quantile(values: list, q: float) -> float:
 
 
 def zero3_table(results: list) -> str:
-    rows = [[f"ZeRO-{r['stage']}", f"{r['summary']['forward_cpu_ms_median']:.2f}",
-             f"{r['summary']['forward_cpu_ms_p90']:.2f}", f"{r['summary']['canary_ms_median']:.3f}",
-             f"{r['summary']['canary_ms_p90']:.3f}", fmt(r["summary"]["correlation"], ".2f")] for r in results]
-    return markdown_table(["engine", "forward CPU ms, median", "p90", "canary ms, median", "p90",
-                           "forward-canary correlation"], rows)
+    rows = [[f"ZeRO-{r['engine']}", f"{r['summary']['forward_cpu_ms_median']:.2f}",
+             f"{r['summary']['forward_cpu_ms_p90']:.2f}", f"{r['forward_python_calls']:,}",
+             f"{r['summary']['canary_ms_median']:.3f}", f"{r['summary']['canary_ms_p90']:.3f}",
+             fmt(r["summary"]["correlation"], ".2f")] for r in results]
+    return markdown_table(["engine", "forward CPU ms, median", "p90", "Python calls a forward", "canary ms, median",
+                           "p90", "forward-canary correlation"], rows)
 
 
 def zero3_host_main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description="the host work ZeRO-3 adds to a draft's forward (CPU)")
-    parser.add_argument("--steps", type=int, default=300, help=f"steps per stage (the first {ZERO3_WARMUP} not "
+    parser.add_argument("--steps", type=int, default=300, help=f"steps per engine (the first {ZERO3_WARMUP} not "
                                                                 "counted)")
-    parser.add_argument("--stages", default="2,3")
+    parser.add_argument("--engines", default=",".join(ZERO3_ENGINES),
+                        help="2: ZeRO-2; 3: ZeRO-3, the draft's weights partitioned; 3-whole: ZeRO-3, whole weights "
+                             "and no module hooks (train.zero3_persist)")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=ZERO3_ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         print(json.dumps(zero3_worker(args.worker, args.steps)))
         return {}
     if args.out is None or args.steps <= ZERO3_WARMUP:
         parser.error(f"--out is required and --steps must exceed {ZERO3_WARMUP}")
+    engines = args.engines.split(",")
+    if not set(engines) <= set(ZERO3_ENGINES):
+        parser.error(f"--engines {args.engines}: each one of {', '.join(ZERO3_ENGINES)}")
     results = []
-    for stage in (int(s) for s in args.stages.split(",")):
-        result = run_zero3_stage(stage, args.steps)
+    for engine in engines:
+        result = run_zero3_engine(engine, args.steps)
         results.append({**result, "summary": zero3_summary(result)})
     report = {"machine": machine("cpu"), "steps": args.steps, "warmup_steps": ZERO3_WARMUP, "results": results}
     return finish(zero3_table(results), args.out, report, "zero3_host")

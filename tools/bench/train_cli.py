@@ -39,7 +39,7 @@ from suite import REPO, finish, fmt, machine, markdown_table, sibling, write_rep
 
 scale = sibling("scale")
 
-HARNESS_CONFIGS = {"llama8b": "llama3-8b", "tiny": "tiny"}
+HARNESS_CONFIGS = {"llama8b": "llama3-8b", "smollm2": "smollm2", "tiny": "tiny"}
 """The scaling suite's target shapes -> tools/bench/train.py's configuration of the same target."""
 OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 

@@ -108,8 +108,9 @@ def _int4_gemv(x_row, w_rows, scale_ptr, min_ptr, n, in_n, in_features, in_bytes
         packed = tl.load(w_rows + pairs[None, :], mask=in_n[:, None] & (pairs < in_bytes)[None, :],
                          other=0).to(tl.int32)  # [BN, BK/2]: input columns 2j (low nibble) and 2j + 1 (high)
         group = k0 // BLOCK_K
-        scale = tl.load(scale_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
-        lowest = tl.load(min_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
+        in_group = in_n & (k0 < in_features)  # a split's steps past the input read no scales (the last row's end)
+        scale = tl.load(scale_ptr + n * scale_stride + group, mask=in_group, other=0.0).to(tl.float32)[:, None]
+        lowest = tl.load(min_ptr + n * scale_stride + group, mask=in_group, other=0.0).to(tl.float32)[:, None]
         x = tl.load(x_row + k, mask=k < in_features, other=0.0).to(tl.float32)[None, :]  # [1, BK]
         x_even, x_odd = _halves(x, 1, BLOCK_K)
         w_even = _rounded_f32(_nibbles_f32(packed & 15) * scale + lowest, DTYPE)  # [BN, BK/2]
@@ -206,8 +207,9 @@ def _dot_kernel(x_ptr, data_ptr, scale_ptr, min_ptr, bias_ptr, out_ptr, rows, ou
             packed = tl.load(w_rows + pairs[None, :], mask=in_n[:, None] & (pairs < in_bytes)[None, :],
                              other=0).to(tl.int32)  # [BN, BK/2]
             group = k0 // BLOCK_K
-            scale = tl.load(scale_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
-            lowest = tl.load(min_ptr + n * scale_stride + group, mask=in_n, other=0.0).to(tl.float32)[:, None]
+            in_group = in_n & (k0 < in_features)  # past the input (a split's tail): no scales read
+            scale = tl.load(scale_ptr + n * scale_stride + group, mask=in_group, other=0.0).to(tl.float32)[:, None]
+            lowest = tl.load(min_ptr + n * scale_stride + group, mask=in_group, other=0.0).to(tl.float32)[:, None]
             w_even = _dot_weight(_nibbles_f32(packed & 15) * scale + lowest, dtype, UPCAST, INTERPRETED)
             w_odd = _dot_weight(_nibbles_f32(packed >> 4) * scale + lowest, dtype, UPCAST, INTERPRETED)
             x = tl.load(x_rows + k[None, :], mask=in_m[:, None] & (k < in_features)[None, :], other=0.0)  # [BM, BK]

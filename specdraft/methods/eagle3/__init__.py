@@ -44,6 +44,7 @@ SPEC = MethodSpec(
     runtime=eagle3_runtime,
     warm_start=eagle3_warm_start,
     initialize=eagle3_initialize,
+    graph_safe_loss=True,
 )
 
 __all__ = ["KV", "SPEC", "Eagle3Config", "Eagle3DecoderLayer", "Eagle3Draft", "Eagle3Drafter", "TTTInputs",
