@@ -96,8 +96,8 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
                      help="drafts that score their tree (C2T): drop candidates scored below BETA (default: the "
                           "draft's own)")
     cmd.add_argument("--prune-at", default=None, choices=PRUNE_AT,
-                     help="where that draft drops candidates: as each depth is expanded, or from the budget's "
-                          "selection (default expansion)")
+                     help="where that draft drops candidates: from the budget's selection, or as each depth is "
+                          "expanded (default selection)")
     cmd.add_argument("--prune-verify", default=None, choices=PRUNE_VERIFY,
                      help="verify only the candidates it keeps, padded to a multiple of 8 rows, or always the "
                           "budget's rows (default kept)")

@@ -321,10 +321,12 @@ class RuntimeConfig:
     prune_threshold: Optional[float] = None
     """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped (in a chain,
     the first one ends it); None: the draft's own default (its chain default for chains)."""
-    prune_at: str = "expansion"
-    """Trees, for a draft that scores its tree: expansion (each depth's children scored under β are dropped as it is
-    drafted, so the frontier and the budget go to the kept ones: the paper's) or selection (EAGLE-2's tree and its
-    budget best by joint probability, then the selected nodes scored under β dropped, with their descendants)."""
+    prune_at: str = "selection"
+    """Trees, for a draft that scores its tree: selection (EAGLE-2's tree and its budget best by joint probability,
+    then the selected nodes scored under β dropped, with their descendants) or expansion (each depth's children
+    scored under β dropped as it is drafted, so the frontier and the budget go to the kept ones: the paper's). On
+    SmolLM2's MT-bench trees both kept the same τ at each β, and expansion refilled the budget with candidates the
+    target did not accept: selection verified fewer tokens for it."""
     prune_verify: str = "kept"
     """Trees, for a draft that scores its tree: kept (the target verifies only the candidates the scorer keeps,
     padded to a multiple of 8 rows: a CUDA graph per size, and one host read a cycle between drafting and

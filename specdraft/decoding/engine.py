@@ -126,7 +126,7 @@ class SpecEngine:
                  overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None,
                  intermediate: Optional[IntermediateModel] = None, sample_drafts: bool = True,
                  chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None,
-                 prune_at: str = "expansion", prune_verify: str = "kept"):
+                 prune_at: str = "selection", prune_verify: str = "kept"):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
         self.prune_at, self.prune_verify = _checked_prune_options(prune_at, prune_verify)
         self.sample_drafts = sample_drafts  # at T > 0, each expanded node's first child sampled (sampled_drafts.py)

@@ -10,12 +10,12 @@ its parent's, so the kept set is closed under ancestors (ties are repaired expli
 
 A chain of k drafts is the same procedure with top-1 at each depth and budget k + 1.
 
-A tree scorer (C2T) prunes where `prune_at` says: "expansion" (the paper's): a child scored under β is dropped
-as the depth is expanded (-inf: never a frontier node, never selected), so the frontier and the budget go to
-the kept candidates; "selection": the expansion and the `budget` best by joint probability stay EAGLE-2's, and
-the scorer then drops the selected nodes under β (and their descendants). Either way the dropped nodes become
-padding. A pruned tree may be verified at a size below its budget (`verify_sizes`, engine.py): `kept_first` moves
-its real nodes ahead of the padding, and `tree_rows` cuts it to a size.
+A tree scorer (C2T) prunes where `prune_at` says: "selection" (the runtime's default): the expansion and the
+`budget` best by joint probability stay EAGLE-2's, and the scorer then drops the selected nodes under β (and their
+descendants); "expansion" (the paper's): a child scored under β is dropped as the depth is expanded (-inf: never a
+frontier node, never selected), so the frontier and the budget go to the kept candidates. Either way the dropped
+nodes become padding. A pruned tree may be verified at a size below its budget (`verify_sizes`, sized_verify.py):
+`kept_first` moves its real nodes ahead of the padding, and `tree_rows` cuts it to a size.
 
 Candidate states (`keep_states`, for a drafter whose verify may start above the target's shallow layers): after
 `first` and after each `step`, the drafter runs the depth's new candidates (all of them, not just the frontier:
@@ -153,7 +153,7 @@ class TreeExpansion:
 
     def __init__(self, drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
                  keep_states: bool = False, scorer: Optional[TreeScorer] = None, draws: Optional[DraftDraws] = None,
-                 prune_at: str = "expansion"):
+                 prune_at: str = "selection"):
         self.drafter, self.shape, self.root, self.root_position = drafter, shape, root, root_position
         self.keep_states, self.scorer, self.draws, self.prune_at = keep_states, scorer, draws, prune_at
         self.const = _tree_constants(shape, root.device)
@@ -272,7 +272,7 @@ class _Frontier(NamedTuple):
 
 def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
                keep_states: bool = False, scorer: Optional[TreeScorer] = None,
-               draws: Optional[DraftDraws] = None, prune_at: str = "expansion") -> DraftTree:
+               draws: Optional[DraftDraws] = None, prune_at: str = "selection") -> DraftTree:
     """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
     keep_states: the drafter keeps every candidate's shallow state (module docstring); scorer: drops candidates
     after each depth's expansion or from the selection (`prune_at`, module docstring), and those selected anyway
