@@ -258,7 +258,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--spec-bench", default=None, help="a directory of spec_bench_<task>.jsonl (none: skipped)")
     parser.add_argument("--work", default="runs/c2t_suite")
     parser.add_argument("--out", default="runs/bench")
-    parser.add_argument("--num-train", dest="train_prompts", type=int, default=48,
+    parser.add_argument("--num-train", dest="train_prompts", type=int, default=40,
                         help="prompts traced (64 took 155 s on an H200; the classifier has 241 parameters)")
     parser.add_argument("--trace-tokens", type=int, default=128, help="new tokens a traced prompt")
     parser.add_argument("--trace-depth", type=int, default=11)
@@ -272,17 +272,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tree shapes DEPTH,TOPK,BUDGET; the first is the baseline of the goal's checks; the "
                              "others draft larger trees, pruned to at most a budget (the defaults draft in 64 and 61 "
                              "scratch slots: 64 is the most the Triton tree attention takes)")
-    parser.add_argument("--betas", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8],
+    parser.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.6, 0.7],
                         help="β swept on the first shape in each place of --prune-at (pruning during the expansion "
-                             "kept at least the budget of 40 up to β 0.6, docs/benchmarks.md)")
-    parser.add_argument("--prune-at", nargs="+", default=["expansion", "selection"], choices=PRUNE_AT,
+                             "kept at least the budget of 40 up to β 0.6, docs/benchmarks.md; from the selection, "
+                             "a cut starts at lower β)")
+    parser.add_argument("--prune-at", nargs="+", default=["selection", "expansion"], choices=PRUNE_AT,
                         help="where the classifier prunes in the first shape's runs (runtime.prune_at)")
-    parser.add_argument("--static-beta", type=float, default=0.7,
+    parser.add_argument("--static-beta", type=float, default=0.5,
                         help="one first-shape run at this β verifying the budget's rows (runtime.prune_verify "
                              "budget): what verifying only the kept candidates saves (a negative value: none)")
-    parser.add_argument("--large-betas", type=float, nargs="+", default=[0.6, 0.8],
+    parser.add_argument("--large-betas", type=float, nargs="+", default=[0.4, 0.6],
                         help="β swept on the larger shapes")
-    parser.add_argument("--beta", type=float, default=0.7, help="β of the float32 check and the Spec-Bench rows")
+    parser.add_argument("--beta", type=float, default=0.5, help="β of the float32 check and the Spec-Bench rows")
     parser.add_argument("--max-prompts", type=int, default=80, help="MT-bench prompts")
     parser.add_argument("--per-task", type=int, default=5, help="Spec-Bench prompts a task")
     parser.add_argument("--tasks", nargs="+", default=list(SPEC_BENCH_TASKS))
