@@ -302,12 +302,12 @@ def _every_candidate(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand
 def _drop_unkept(selection: TreeSelection, keep: torch.Tensor) -> TreeSelection:
     """keep [N] bool, the scorer's choice per selected node -> the selection with every node that is not kept, or
     has an ancestor that is not, as padding (parent -1, depth 1, sees itself alone, -inf)."""
-    lost = (selection.tree_mask & ~keep[None, :]).any(1)  # a valid node's row: itself and its ancestors
-    valid = selection.valid & ~lost
+    lost = (selection.tree_mask > keep[None, :]).any(1)  # an ancestor (or itself) not kept; bool: True > False
+    valid = selection.valid > lost
     eye = torch.eye(valid.shape[0], dtype=torch.bool, device=valid.device)
     return selection._replace(parents=torch.where(valid, selection.parents, -1),
                               depths=torch.where(valid, selection.depths, 1), valid=valid,
-                              tree_mask=selection.tree_mask & valid[:, None] | eye,
+                              tree_mask=torch.where(valid[:, None], selection.tree_mask, eye),
                               joint_logprobs=torch.where(valid, selection.joint_logprobs, float("-inf")))
 
 
