@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import List, Optional
 
 from specdraft.core.console import quiet_dependencies
+from specdraft.config import PRUNE_AT, PRUNE_VERIFY
 from specdraft.core.errors import Interrupted, SpecdraftError
 
 
@@ -94,6 +95,12 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     cmd.add_argument("--prune-threshold", type=float, default=None, metavar="BETA",
                      help="drafts that score their tree (C2T): drop candidates scored below BETA (default: the "
                           "draft's own)")
+    cmd.add_argument("--prune-at", default=None, choices=PRUNE_AT,
+                     help="where that draft drops candidates: from the budget's selection, or as each depth is "
+                          "expanded (default selection)")
+    cmd.add_argument("--prune-verify", default=None, choices=PRUNE_VERIFY,
+                     help="verify only the candidates it keeps, padded to a multiple of 8 rows, or always the "
+                          "budget's rows (default kept)")
     if judge_sweep:
         cmd.add_argument("--judge-threshold", type=float, nargs="+", default=None, dest="judge_thresholds",
                          metavar="DELTA", help="drafts that ship a judge: a greedy run at each DELTA after the exact "
@@ -140,8 +147,9 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
 
 
 RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
-                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "judge_threshold", "policy",
-                 "sam_min_match", "sam_draft", "sam_merge", "sam_corpus", "svip_threshold", "ddd_threshold",
+                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "prune_at", "prune_verify",
+                 "judge_threshold", "policy", "sam_min_match", "sam_draft", "sam_merge", "sam_corpus", "svip_threshold",
+                 "ddd_threshold",
                  "sample_drafts", "overlap", "quantization", "intermediate", "max_len", "cuda_graphs")
 """The runtime flags, by their RuntimeConfig field names."""
 

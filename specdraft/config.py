@@ -25,6 +25,8 @@ COMPILE = ("auto", "true", "false")
 CUDA_GRAPHS = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd")
+PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
+PRUNE_VERIFY = ("kept", "budget")  # what a pruned tree's verify holds (decoding/sized_verify.py)
 MAX_RETRIEVED = 32
 
 
@@ -319,6 +321,16 @@ class RuntimeConfig:
     prune_threshold: Optional[float] = None
     """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped (in a chain,
     the first one ends it); None: the draft's own default (its chain default for chains)."""
+    prune_at: str = "selection"
+    """Trees, for a draft that scores its tree: selection (EAGLE-2's tree and its budget best by joint probability,
+    then the selected nodes scored under β dropped, with their descendants) or expansion (each depth's children
+    scored under β dropped as it is drafted, so the frontier and the budget go to the kept ones: the paper's). On
+    SmolLM2's MT-bench trees both kept the same τ at each β, and expansion refilled the budget with candidates the
+    target did not accept: selection verified fewer tokens for it."""
+    prune_verify: str = "kept"
+    """Trees, for a draft that scores its tree: kept (the target verifies only the candidates the scorer keeps,
+    padded to a multiple of 8 rows: a CUDA graph per size, and one host read a cycle between drafting and
+    verifying) or budget (always the budget's rows, the dropped candidates as padding)."""
     judge_threshold: Optional[float] = None
     """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
     target's argmax differs (lossy, greedy only); None: exact acceptance."""
@@ -366,6 +378,8 @@ class RuntimeConfig:
 
     def __post_init__(self):
         _check_choice("runtime.dtype", self.dtype, DTYPES)
+        _check_choice("runtime.prune_at", self.prune_at, PRUNE_AT)
+        _check_choice("runtime.prune_verify", self.prune_verify, PRUNE_VERIFY)
         if self.quantization is not None:
             _check_choice("runtime.quantization", self.quantization, RUNTIME_QUANTIZATIONS)
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold < 1.0:

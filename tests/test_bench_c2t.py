@@ -1,5 +1,5 @@
 """The C2T suite end to end on the tiny target and its chat-trained EAGLE-3 head, CPU, float32: traces, training,
-export, the MT-bench sweep over two shapes, one Spec-Bench task, the float32 check and the goal's lines (a check
+export, the MT-bench runs over two shapes (pruned in both places, the verify sized or the budget's), one Spec-Bench task, the float32 check and the goal's lines (a check
 that it runs and tables what it measured, not a measurement)."""
 import json
 
@@ -31,6 +31,7 @@ def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_bas
         "--tasks", "qa", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--num-train", "6",
         "--trace-tokens", "16", "--trace-depth", "3", "--trace-topk", "2", "--train-steps", "12",
         "--batch-candidates", "40", "--shapes", "3,2,6", "3,3,6", "--betas", "0.3", "0.7", "--large-betas", "0.5",
+        "--static-beta", "0.7", "--beta", "0.7",
         "--max-prompts", "2", "--per-task", "1",
         "--max-new-tokens", "12", "--lossless-prompts", "1", "--device", "cpu", "--dtype", "float32",
         "--max-len", "256"])
@@ -39,14 +40,18 @@ def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_bas
     assert classifier["train_steps"] == 12 and classifier["batch_prompts"] >= 1
     assert 0.0 <= classifier["held_out"]["auc"] <= 1.0 and "recall" in classifier["held_out"]
     rows = report["rows"]
-    assert [(r["prompts"], r["shape"], r["beta"]) for r in rows] == [
-        ("MT-bench", "3,2,6", None), ("MT-bench", "3,2,6", 0.3), ("MT-bench", "3,2,6", 0.7),
-        ("MT-bench", "3,3,6", None), ("MT-bench", "3,3,6", 0.5),
-        ("Spec-Bench qa", "3,2,6", None), ("Spec-Bench qa", "3,2,6", 0.5)]
+    assert [(r["prompts"], r["shape"], r["beta"], r["prune_at"], r["prune_verify"]) for r in rows] == [
+        ("MT-bench", "3,2,6", None, None, None), ("MT-bench", "3,2,6", 0.3, "selection", "kept"),
+        ("MT-bench", "3,2,6", 0.7, "selection", "kept"), ("MT-bench", "3,2,6", 0.3, "expansion", "kept"),
+        ("MT-bench", "3,2,6", 0.7, "expansion", "kept"), ("MT-bench", "3,2,6", 0.7, "selection", "budget"),
+        ("MT-bench", "3,3,6", None, None, None), ("MT-bench", "3,3,6", 0.5, "selection", "kept"),
+        ("Spec-Bench qa", "3,2,6", None, None, None), ("Spec-Bench qa", "3,2,6", 0.7, "selection", "kept")]
     assert all(r["lossless_bf16_prompts"] == r["prompt_count"] for r in rows)  # float32 here: always equal
-    assert rows[0]["verified_per_cycle"] == rows[3]["verified_per_cycle"] == 6
-    assert all(r["verified_per_cycle"] <= 6 for r in rows)
+    assert rows[0]["verified_per_cycle"] == rows[6]["verified_per_cycle"] == 6
+    assert all(r["verified_per_cycle"] <= r["verify_rows_per_cycle"] <= 6 for r in rows)
+    assert rows[5]["verify_rows_per_cycle"] == 6 and rows[2]["verified_per_cycle"] == rows[5]["verified_per_cycle"]
     assert report["lossless_float32"]["lossless"] and report["goal"][0].startswith("- classifier:")
     assert any(line.startswith("- tree 3,3,6") for line in report["goal"])
+    assert any(line.startswith("- Spec-Bench qa, β=0.7") for line in report["goal"])
     assert json.loads((tmp_path / "out" / "c2t.json").read_text())["rows"] == rows
-    assert "| prompts | tree | β | verified/cycle |" in capsys.readouterr().out
+    assert "| prompts | tree | β | verified/cycle | verify rows |" in capsys.readouterr().out

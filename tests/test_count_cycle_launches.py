@@ -1,5 +1,6 @@
 """tools/count_cycle_launches.py on a tiny target: every phase of a cycle counted, against a plain step; a tree
-pruned by a C2T scorer costs one launch a depth more, and no cycle syncs with the host."""
+pruned by a C2T scorer during the expansion costs one launch a depth more (from the selection, a few more), and
+no cycle syncs with the host."""
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from tests.tools import load_tool
 def test_a_cycle_is_counted_phase_by_phase_against_a_plain_step(tmp_path, capsys):
     tool = load_tool("count_cycle_launches")
     report = tool.main(["--config", "tiny", "--shapes", "3", "3,2,6", "--prune", "0.5", "--out", str(tmp_path)])
-    chain, tree, pruned = report["rows"]
+    chain, tree, pruned, selected = report["rows"]
     assert report["plain_step"] > 0 and "triton:_rms_norm_kernel" in report["plain_ops"]
     assert chain["verify"] == report["plain_step"]  # one target pass and its argmax, whatever the chain's length
     for row in (chain, tree):
@@ -20,7 +21,9 @@ def test_a_cycle_is_counted_phase_by_phase_against_a_plain_step(tmp_path, capsys
     assert tree["draft_ops"]["triton:_select_kernel"] == 1  # the tree's selection is one launch
     assert all(row["host_syncs"] == 0 for row in report["rows"])  # each cycle fits one CUDA graph
     assert pruned["prune_threshold"] == 0.5 and pruned["draft_ops"]["triton:_prune_children_kernel"] == 3
-    assert pruned["draft"] == tree["draft"] + 3  # the scorer costs one launch a depth
+    assert pruned["prune_at"] == "expansion" and pruned["draft"] == tree["draft"] + 3  # one launch a depth
+    assert selected["prune_at"] == "selection" and selected["draft_ops"]["triton:_prune_children_kernel"] == 3
+    assert selected["draft"] <= tree["draft"] + 3 + 18  # and its mask, dropped from the selection
     assert "topk" not in tree["draft_ops"] and "sort" not in tree["draft_ops"]
     assert json.loads((tmp_path / "cycle_launches.json").read_text()) == report
     assert "tau for 2.5x" in capsys.readouterr().out

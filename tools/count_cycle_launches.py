@@ -12,9 +12,10 @@ fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GP
 
 Prints a table and writes OUT/cycle_launches.json; each row counts the cycle's host syncs too (reads of values and
 ops of data-dependent shapes, `LaunchCounter.syncs`: a graphed cycle holds none). With --prune BETA, each tree
-shape also drafted with a C2T tree scorer at β (`specdraft.methods.c2t`): the scorer's launches a cycle against
-the unpruned tree's. With --depth-stops, each tree shape's cycle also as a policy
-that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
+shape also drafted with a C2T tree scorer at β (`specdraft.methods.c2t`), pruning from the selection and during
+the expansion (runtime.prune_at): the scorer's launches a cycle against the unpruned tree's (the phases of the
+budget's verify: a sized verify's drafting adds `tree.kept_first`). With --depth-stops, each tree shape's cycle
+also as a policy that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
 at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
 the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad.
 """
@@ -31,6 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
+from specdraft.config import PRUNE_AT, RuntimeConfig  # noqa: E402
 from specdraft.core.io import write_json  # noqa: E402
 
 CONFIGS = {  # target geometry (Hugging Face LlamaConfig fields) and the head's draft vocabulary
@@ -134,10 +136,12 @@ def count(config: str, shape_texts: List[str], prune: Optional[float] = None) ->
     """Each shape's cycle (and with `prune`, each tree shape's again with a C2T scorer at that β) -> the report."""
     prompt = torch.randint(0, CONFIGS[config][0]["vocab_size"], (16,), generator=torch.Generator().manual_seed(0))
     rows, plain = [], None
-    runs = [(text, None) for text in shape_texts]
-    runs += [(text, prune) for text in shape_texts if prune is not None and parse_shape(text).topk > 1]
-    for text, beta in runs:
-        engine = build_engine(config, parse_shape(text), tree_scorer=None if beta is None else pruning_scorer(beta))
+    runs = [(text, None, None) for text in shape_texts]
+    runs += [(text, prune, place) for text in shape_texts for place in PRUNE_AT
+             if prune is not None and parse_shape(text).topk > 1]
+    for text, beta, place in runs:
+        engine = build_engine(config, parse_shape(text), tree_scorer=None if beta is None else pruning_scorer(beta),
+                              prune_at=place or RuntimeConfig.prune_at)
         engine.prefill(prompt, 0.0)
         if plain is None:
             plain = plain_step_launches(engine)
@@ -146,7 +150,8 @@ def count(config: str, shape_texts: List[str], prune: Optional[float] = None) ->
         syncs: List[str] = []
         phases = cycle_launches(engine, syncs)
         total = sum(len(names) for names in phases.values())
-        rows.append({"shape": text, "prune_threshold": beta, **{name: len(names) for name, names in phases.items()},
+        rows.append({"shape": text, "prune_threshold": beta, "prune_at": place,
+                     **{name: len(names) for name, names in phases.items()},
                      "cycle": total, "host_syncs": len(syncs), "sync_ops": sorted(set(syncs)),
                      "cycle_over_plain": total / len(plain), "tau_for_goal": SPEEDUP_GOAL * total / len(plain),
                      **{f"{name}_ops": dict(collections.Counter(names).most_common())
@@ -189,11 +194,11 @@ class _ForcedStop:
 
 def table(report: dict) -> str:
     lines = [f"{report['config']} ({report['layers']} layers): a plain step launches {report['plain_step']}",
-             f"{'shape':>10} {'pruned':>7} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'syncs':>6} "
+             f"{'shape':>10} {'pruned':>11} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'syncs':>6} "
              f"{'x plain':>8} {'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
     for row in report["rows"]:
-        pruned = "-" if row["prune_threshold"] is None else f"β {row['prune_threshold']:g}"
-        lines.append(f"{row['shape']:>10} {pruned:>7} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
+        pruned = "-" if row["prune_threshold"] is None else f"{row['prune_at'][:3]} β {row['prune_threshold']:g}"
+        lines.append(f"{row['shape']:>10} {pruned:>11} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
                      f"{row['cycle']:>6} {row['host_syncs']:>6} {row['cycle_over_plain']:>8.2f} "
                      f"{row['tau_for_goal']:>12.2f}")
     for row in report.get("depth_stops", []):

@@ -83,7 +83,8 @@ class DrafterCaps:
 
 class TreeScorer(Protocol):
     """Decides, after each depth's expansion, which candidates stay in the tree (the rest become padding that
-    nothing selects or accepts). It runs inside the captured cycle: static shapes (dropped children score -inf,
+    nothing selects or accepts; the engine may instead apply its choice to the budget's selection, and verifies
+    only what stays: runtime.prune_at, prune_verify). It runs inside the captured cycle: static shapes (dropped children score -inf,
     never a shorter tensor), no host sync, and whatever it reads of a child it computes from what `prune` is given
     (so that the features it was trained on and those it scores are one computation)."""
 

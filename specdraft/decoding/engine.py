@@ -2,8 +2,8 @@
 
 One cycle, all on the device with static shapes (so that on a GPU it is one CUDA graph, see graphs.py):
   1. the drafter builds the tree from the root (the newest confirmed token), `tree.build_tree` (a draft's tree
-     scorer may drop candidates after each depth: they become padding, and the host reads how many nodes the
-     cycle verified with its tokens, `GenerationResult.drafted`);
+     scorer may drop candidates, `prune_at`: they become padding, and the host reads how many nodes the
+     cycle verified, `GenerationResult.drafted`);
   2. the target runs the tree's N nodes at cache slots P..P+N-1 with tree attention (P = confirmed tokens
      before the root), capturing the hidden states the drafter reads;
   3. acceptance, by the engine's policy for the temperature (`accept.py`): at T=0 the deepest path whose
@@ -26,6 +26,9 @@ A drafting policy (`drafting_policy.py`: retrieval drafts from a suffix automato
 that stop growing early, `depth_stop.py`) may choose each cycle on the host instead of the fixed one; a chain's stop
 rule (`stop_rules.py`: η, SVIP's entropy bound, DDD's mass) is its exit. At T > 0 each expanded node's first child
 is sampled from the draft and tested against its probability (`sampled_drafts.py`, `sample_drafts`).
+With a tree scorer the verify holds only what it keeps (`prune_verify` "kept", the default; sized_verify.py): the
+cycle is two graphs, the drafting and a verify of the kept nodes padded to a multiple of 8, the host reading their
+count between the two; "budget": the one graph of the budget's rows, the pruned ones as padding.
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
 prompt length rounded up to `PREFILL_ROWS` (captured the first time a length is met; padding rows follow the
@@ -50,7 +53,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.core.drafting import Drafter, IntermediateModel, NodeJudge, TreeScorer
-from specdraft.core.errors import SpecdraftError
+from specdraft.config import PRUNE_AT, PRUNE_VERIFY
+from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.path_commit import commit_path
 from specdraft.decoding.accept import Acceptance, acceptance_for
@@ -64,6 +68,7 @@ from specdraft.decoding.sampling import sample_token
 from specdraft.decoding.target import TargetModel
 from specdraft.decoding.sampled_drafts import DraftDraws, draw_gumbel
 from specdraft.decoding.stop_rules import StopRule
+from specdraft.decoding.sized_verify import SizedVerify
 from specdraft.decoding.tree import DraftTree, TreeExpansion, TreeShape, build_tree
 
 
@@ -83,6 +88,8 @@ class GenerationResult:
     accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
     drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (exits, pruning vary it)
     exits: List[int] = field(default_factory=list)  # the drafter's exit index per cycle (dynamic_exit.ExitChoice)
+    verify_rows: List[Optional[int]] = field(default_factory=list)  # rows the verify ran per cycle, padding
+    # included (a tree's; None for a chain's or a drafting policy's cycles)
     seconds: float = 0.0
     trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
 
@@ -103,8 +110,10 @@ class SpecEngine:
     Chain options: `exit_threshold` η (0: off), `dynamic_exit` (DEL's draft length), `reuse_shallow` (verify
     from the drafter's `verify_start_layer` when it declares shallow layers). Tree options: `reuse_shallow_tree`,
     the same for trees when the drafter declares the tree hooks (core/drafting.py); off by default (module
-    docstring: what it costs); `tree_scorer`, which may drop candidates after each depth's expansion (in a chain:
-    end it, chain.py; `set_tree_scorer` swaps it). `judge`: learned, lossy acceptance at T=0 (accept.py).
+    docstring: what it costs); `tree_scorer`, which may drop candidates (in a chain: end it,
+    chain.py; `set_tree_scorer` swaps it) during the expansion or from the selection (`prune_at`, tree.py), the
+    verify then holding the kept ones alone (`prune_verify` "kept", module docstring) or the budget ("budget").
+    `judge`: learned, lossy acceptance at T=0 (accept.py).
     `overlap` (both loops): one step in flight while the host reads the one before; off, each step is read before
     the next is queued (to time one against the other). `intermediate`: a small model that narrows each drafted
     tree to a sequence (hierarchy.py; trees, T=0). `sample_drafts`: at T > 0, sampled first children
@@ -116,8 +125,10 @@ class SpecEngine:
                  dynamic_exit: bool = False, reuse_shallow: bool = True, reuse_shallow_tree: bool = False,
                  overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None,
                  intermediate: Optional[IntermediateModel] = None, sample_drafts: bool = True,
-                 chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None):
+                 chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None,
+                 prune_at: str = "selection", prune_verify: str = "kept"):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
+        self.prune_at, self.prune_verify = _checked_prune_options(prune_at, prune_verify)
         self.sample_drafts = sample_drafts  # at T > 0, each expanded node's first child sampled (sampled_drafts.py)
         self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
         self.device = target.device
@@ -151,15 +162,24 @@ class SpecEngine:
             policy.attach(self)
         self.most_tokens = max(shape.depth, policy.max_depth() if policy is not None else 0) + 1  # a cycle's most
         self._reader = HostReader(self.most_tokens + 2, self.device)  # count, tokens, then a pruned tree's nodes
+        self.sized = SizedVerify(self) if drafter is not None else None  # a pruned tree's cycles (sized_verify.py)
+        self.verify_rows: Optional[int] = None  # the rows the verify of the cycle just queued runs
 
     def set_tree_scorer(self, scorer: Optional[TreeScorer]) -> None:
         """Draft with `scorer` from the next cycle on (None: unpruned); each scorer's cycles have graphs of their
         own (`scored_key`)."""
         self.tree_scorer = scorer
 
+    def set_prune_options(self, prune_at: Optional[str] = None, prune_verify: Optional[str] = None) -> None:
+        """Where the tree scorer drops candidates and what the verify holds, from the next cycle on (None: as
+        before); each has graphs of its own (`scored_key`)."""
+        self.prune_at, self.prune_verify = _checked_prune_options(prune_at or self.prune_at,
+                                                                  prune_verify or self.prune_verify)
+
     def scored_key(self, key: str) -> str:
-        """The key of a graph whose body may run the tree scorer: one graph per scorer (and one without)."""
-        return key if self.tree_scorer is None else f"{key}:scorer{id(self.tree_scorer)}"
+        """The key of a graph whose body may run the tree scorer: one graph per scorer and place it prunes at (and
+        one without)."""
+        return key if self.tree_scorer is None else f"{key}:scorer{id(self.tree_scorer)}@{self.prune_at}"
 
     def set_exit_threshold(self, eta: float) -> None:
         """η for chains: stop drafting once the draft's top-1 probability falls below it (0: never)."""
@@ -308,13 +328,13 @@ class SpecEngine:
     def expansion(self, draws: Optional[DraftDraws] = None) -> TreeExpansion:
         """A tree expansion from the root (tree.py), with the tree scorer when there is one."""
         return TreeExpansion(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
-                             self.tree_scorer, draws)
+                             self.tree_scorer, draws, self.prune_at)
 
     def build_tree(self, draws: Optional[DraftDraws] = None) -> DraftTree:
         """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one; draws: its
         sampled drafts at T > 0. With an intermediate model, the chain it keeps of the tree (hierarchy.py)."""
         tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
-                          self.tree_scorer, draws)
+                          self.tree_scorer, draws, self.prune_at)
         return tree if self.stage is None else self.stage.narrow(tree, self.prefix_len)
 
     def verify_forward(self, tree: DraftTree, reuse: bool = True):
@@ -402,6 +422,12 @@ class SpecEngine:
         tree = self.build_tree(self.draws(policy, gumbel))
         return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
 
+    def sizes_verify(self) -> bool:
+        """Whether a tree cycle verifies only the candidates its scorer keeps (module docstring): a scorer, and
+        prune_verify "kept", on a tree verified from layer 0 and not narrowed by an intermediate model."""
+        return (self.tree_scorer is not None and self.prune_verify == "kept" and self.chain is None
+                and not self.tree_start_layer and self.stage is None)
+
     def cycle(self, temperature: float, generator) -> Tuple[CycleOutput, Optional[int]]:
         """One cycle -> (its output, the drafted tokens it verified; None where the host reads them from the
         output: a pruned tree's): the drafting policy's when there is one."""
@@ -419,6 +445,10 @@ class SpecEngine:
                 if self.drafter.caps.exit_layers:
                     self.drafter.select_exit(self.exit_index)
             return self.chain.cycle(policy, generator, max_depth)
+        if self.sizes_verify():
+            out, drafted, self.verify_rows = self.sized.cycle(policy, generator)
+            return out, drafted
+        self.verify_rows = self.shape.budget if self.stage is None else self.shape.depth + 1
         args = self.cycle_args(policy, self.shape.budget, generator)
         return self.graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy),
                             *args), self.drafted_count(self.shape.budget)
@@ -461,11 +491,12 @@ class SpecEngine:
         while not done:
             may_end = len(generated) + most_per_cycle * len(queued) >= max_new_tokens  # by the cycles in flight
             if not (queued and may_end):  # else read them first: no cycle runs past the last token asked for
+                self.verify_rows = None
                 out, drafted = self.cycle(temperature, generator)
-                queued.append((self._reader.stage(out.for_host), drafted, self.exit_index, out))
+                queued.append((self._reader.stage(out.for_host), drafted, self.exit_index, self.verify_rows, out))
                 if len(queued) <= ahead:
                     continue
-            slot, drafted, exit_index, out = queued.popleft()
+            slot, drafted, exit_index, verify_rows, out = queued.popleft()
             host = self._reader.read(slot, read)  # the one host wait of a cycle
             new_tokens = host[1:1 + host[0]]
             drafted = host[-1] - 1 if drafted is None else drafted  # a pruned tree's valid nodes, less the root
@@ -476,6 +507,7 @@ class SpecEngine:
             result.accepted.append(host[0] - 1)
             result.drafted.append(drafted)
             result.exits.append(exit_index)
+            result.verify_rows.append(verify_rows)
             if self.dynamic_exit is not None:
                 self.dynamic_exit.update(exit_index, drafted, host[0] - 1)
             if trace:
@@ -533,6 +565,14 @@ class SpecEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _checked_prune_options(prune_at: str, prune_verify: str) -> Tuple[str, str]:
+    """(prune_at, prune_verify), or one line naming the bad one and the valid ones."""
+    for name, value, valid in (("prune_at", prune_at, PRUNE_AT), ("prune_verify", prune_verify, PRUNE_VERIFY)):
+        if value not in valid:
+            raise choices_error(f"runtime.{name}", value, valid)
+    return prune_at, prune_verify
 
 
 def _finished(generated: List[int], new_tokens: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> bool:

@@ -33,6 +33,13 @@ class CallGraph:
         with torch.cuda.graph(self.graph):
             self.output = self.fn(*self.inputs)
 
+    def ready(self) -> "CallGraph":
+        """Captured now when it is not yet (its warm-up runs leave the state as it was; nothing is replayed), so that
+        a later first call only replays it."""
+        if self.graph is None:
+            self._capture()
+        return self
+
     def __call__(self, *args: torch.Tensor):
         for static, value in zip(self.inputs, args):
             static.copy_(value)

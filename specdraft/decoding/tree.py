@@ -10,6 +10,13 @@ its parent's, so the kept set is closed under ancestors (ties are repaired expli
 
 A chain of k drafts is the same procedure with top-1 at each depth and budget k + 1.
 
+A tree scorer (C2T) prunes where `prune_at` says: "selection" (the runtime's default): the expansion and the
+`budget` best by joint probability stay EAGLE-2's, and the scorer then drops the selected nodes under β (and their
+descendants); "expansion" (the paper's): a child scored under β is dropped as the depth is expanded (-inf: never a
+frontier node, never selected), so the frontier and the budget go to the kept candidates. Either way the dropped
+nodes become padding. A pruned tree may be verified at a size below its budget (`verify_sizes`, sized_verify.py):
+`kept_first` moves its real nodes ahead of the padding, and `tree_rows` cuts it to a size.
+
 Candidate states (`keep_states`, for a drafter whose verify may start above the target's shallow layers): after
 `first` and after each `step`, the drafter runs the depth's new candidates (all of them, not just the frontier:
 any may be selected) through its shallow layers with its own `tree_candidates` hook, each attending to its
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -37,6 +44,11 @@ from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled
 logger = logging.getLogger(__name__)
 CHAIN_DEPTH = 6
 """A chain's drafts when none are asked for."""
+VERIFY_STEP = 8
+"""A pruned tree's verify sizes are the multiples of this up to its budget, and the budget (`verify_sizes`): at most
+7 padding rows a cycle, and a CUDA graph per size (5 at budget 40). A verify's time is about flat in its rows at
+such sizes (docs/benchmarks.md: on a Llama-8B-shaped target 4.65 ms for 1 row, 4.95 for 16, 5.59 for 40), so finer
+sizes would save little and capture more graphs; coarser ones would verify up to 15 padding rows."""
 
 
 @dataclass(frozen=True)
@@ -130,14 +142,6 @@ def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) 
     return paths | (torch.arange(paths.shape[1], device=paths.device)[None, :] == own[:, None])
 
 
-def _scored(scorer: Optional[TreeScorer], child_logprobs: torch.Tensor, parent_scores: torch.Tensor,
-            draft_logits: torch.Tensor, depth: int) -> torch.Tensor:
-    """child_logprobs [p, k] of p parents' top-k children -> the same with the children the scorer drops at -inf
-    (their joint log-probabilities, and every descendant's, become -inf: never expanded, and padding if the
-    selection takes them, `select_tree`)."""
-    return child_logprobs if scorer is None else scorer.prune(child_logprobs, parent_scores, draft_logits, depth)
-
-
 class TreeExpansion:
     """The expansion's state from depth to depth. `first` drafts depth 1 under the root; `advance(d)` expands depth
     d's frontier into depth d + 1's candidates; `candidates(d)` are those of depths 0..d. The one-graph cycle runs
@@ -148,11 +152,13 @@ class TreeExpansion:
     sampled (sampled_drafts.py)."""
 
     def __init__(self, drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
-                 keep_states: bool = False, scorer: Optional[TreeScorer] = None, draws: Optional[DraftDraws] = None):
+                 keep_states: bool = False, scorer: Optional[TreeScorer] = None, draws: Optional[DraftDraws] = None,
+                 prune_at: str = "selection"):
         self.drafter, self.shape, self.root, self.root_position = drafter, shape, root, root_position
-        self.keep_states, self.scorer, self.draws = keep_states, scorer, draws
+        self.keep_states, self.scorer, self.draws, self.prune_at = keep_states, scorer, draws, prune_at
         self.const = _tree_constants(shape, root.device)
         pieces = shape.depth + 1  # piece d: depth d's candidates (piece 0 the root)
+        self.kept = [None] * pieces  # with prune_at "selection": piece d's candidates the scorer keeps, [n] bool
         self.tokens, self.parents, self.scores = [None] * pieces, [None] * pieces, [None] * pieces
         self.expanded, self.logprobs = [None] * pieces, [None] * pieces  # piece d: depth d's frontier, its log q
         self.frontiers = [None] * pieces  # depth d's frontier (each depth's own: a graph reads the one before)
@@ -168,11 +174,25 @@ class TreeExpansion:
         gumbel = self.draws.gumbel[row:row + logits.shape[0]]  # [r, Vd]
         return sampled_children(logits, self.drafter.d2t, k, gumbel, self.draws.temperature)
 
+    def _scored(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, draft_logits: torch.Tensor,
+                depth: int) -> torch.Tensor:
+        """child_logprobs [p, k] of p parents' top-k children at `depth` -> the scores the expansion goes on with:
+        with prune_at "expansion", the children the scorer drops at -inf (their joint log-probabilities, and every
+        descendant's, become -inf: never expanded, and padding if the selection takes them); with "selection",
+        unchanged, the scorer's choice kept aside for `select` (self.kept[depth])."""
+        if self.scorer is None:
+            return child_logprobs
+        pruned = self.scorer.prune(child_logprobs, parent_scores, draft_logits, depth)
+        if self.prune_at == "expansion":
+            return pruned
+        self.kept[depth] = (pruned > float("-inf")).flatten()  # [p * k], the candidates' order
+        return child_logprobs
+
     def first(self) -> None:
         k, const, drafter = self.shape.topk, self.const, self.drafter
         logits, hidden = drafter.first(self.root, self.root_position)  # [1, Vd], [1, Hd]
         scores, tokens, logprobs = self._children(logits, 0)  # [1, k]
-        scores = _scored(self.scorer, scores, const.root_score, logits, 1)
+        scores = self._scored(scores, const.root_score, logits, 1)
         self.tokens[:2], self.parents[:2] = [self.root, tokens[0]], [const.root_parent, const.first_parents]
         self.scores[:2], self.expanded[0], self.logprobs[0] = [const.root_score, scores[0]], const.root_id, logprobs
         frontier = _Frontier(tokens[0], scores[0], const.first_ids, hidden.expand(k, -1),  # [k, Hd]
@@ -194,7 +214,7 @@ class TreeExpansion:
         positions = self.positions[depth - 1:depth].expand(k)  # [k]
         logits, hidden = self.drafter.step(depth, old.hidden, old.tokens, positions, slots, old.visible)  # [k, Vd]
         child_scores, child_tokens, logprobs = self._children(logits, 1 + (depth - 1) * k)  # [k, k] each
-        child_scores = _scored(self.scorer, child_scores, old.scores, logits, depth + 1)
+        child_scores = self._scored(child_scores, old.scores, logits, depth + 1)
         base = 1 + k + (depth - 1) * k * k  # the candidate index of this depth's first child
         next_slots = 1 + depth * k if depth + 1 < shape.depth else None  # the next frontier's scratch slots
         frontier = advance_frontier(child_scores, child_tokens, old.scores, old.ids, base, hidden, old.visible,
@@ -232,6 +252,9 @@ class TreeExpansion:
         budget = min(self.shape.budget, cand_tokens.shape[0])
         select = _every_candidate if budget == cand_tokens.shape[0] else select_tree
         selection = select(cand_tokens, cand_parents, cand_scores, budget, depth)
+        if self.scorer is not None and self.prune_at == "selection":
+            kept = torch.cat([torch.ones_like(self.const.root_id, dtype=torch.bool), *self.kept[1:depth + 1]])  # [C]
+            selection = _drop_unkept(selection, kept[selection.chosen])
         return DraftTree(tokens=selection.tokens, parents=selection.parents, depths=selection.depths,
                          valid=selection.valid, tree_mask=selection.tree_mask,
                          joint_logprobs=selection.joint_logprobs, candidate_ids=selection.chosen,
@@ -249,12 +272,12 @@ class _Frontier(NamedTuple):
 
 def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
                keep_states: bool = False, scorer: Optional[TreeScorer] = None,
-               draws: Optional[DraftDraws] = None) -> DraftTree:
+               draws: Optional[DraftDraws] = None, prune_at: str = "selection") -> DraftTree:
     """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
     keep_states: the drafter keeps every candidate's shallow state (module docstring); scorer: drops candidates
-    after each depth's expansion, and those selected anyway (fewer than the budget kept) become padding; draws:
-    sampled drafts at T > 0 (sampled_drafts.py)."""
-    expansion = TreeExpansion(drafter, shape, root, root_position, keep_states, scorer, draws)
+    after each depth's expansion or from the selection (`prune_at`, module docstring), and those selected anyway
+    become padding; draws: sampled drafts at T > 0 (sampled_drafts.py)."""
+    expansion = TreeExpansion(drafter, shape, root, root_position, keep_states, scorer, draws, prune_at)
     expansion.first()
     for depth in range(1, shape.depth):
         expansion.advance(depth)
@@ -274,3 +297,51 @@ def _every_candidate(cand_tokens: torch.Tensor, cand_parents: torch.Tensor, cand
                          joint_logprobs=torch.where(valid, cand_scores, float("-inf")),
                          chosen=torch.arange(budget, device=reach.device))
 
+
+
+def _drop_unkept(selection: TreeSelection, keep: torch.Tensor) -> TreeSelection:
+    """keep [N] bool, the scorer's choice per selected node -> the selection with every node that is not kept, or
+    has an ancestor that is not, as padding (parent -1, depth 1, sees itself alone, -inf)."""
+    lost = (selection.tree_mask > keep[None, :]).any(1)  # an ancestor (or itself) not kept; bool: True > False
+    valid = selection.valid > lost
+    eye = torch.eye(valid.shape[0], dtype=torch.bool, device=valid.device)
+    return selection._replace(parents=torch.where(valid, selection.parents, -1),
+                              depths=torch.where(valid, selection.depths, 1), valid=valid,
+                              tree_mask=torch.where(valid[:, None], selection.tree_mask, eye),
+                              joint_logprobs=torch.where(valid, selection.joint_logprobs, float("-inf")))
+
+
+def verify_sizes(budget: int, step: int = VERIFY_STEP) -> Tuple[int, ...]:
+    """The sizes a pruned tree of `budget` nodes is verified at: the multiples of `step` below it, then it."""
+    return (*range(step, budget, step), budget)
+
+
+def verify_size(kept: int, sizes: Tuple[int, ...]) -> int:
+    """The smallest of `sizes` (ascending) that holds `kept` real nodes (the largest when none does)."""
+    return next((size for size in sizes if size >= kept), sizes[-1])
+
+
+def kept_first(tree: DraftTree) -> DraftTree:
+    """The same tree with its real nodes first (in their order: a parent still comes before its children) and the
+    padding after them, so that its first n rows hold every real node for any n >= their count (`tree_rows`)."""
+    order = torch.sort((~tree.valid).to(torch.uint8), stable=True).indices  # [N] new node i is old node order[i]
+    new_of = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
+    parents = tree.parents[order]  # [N] old indices, -1 for the root and padding
+    sampled = tree.sampled
+    if sampled is not None:
+        sampled = replace(sampled, rows=sampled.rows[order], sampled=sampled.sampled[order])
+    return DraftTree(tokens=tree.tokens[order], parents=torch.where(parents >= 0, new_of[parents.clamp(min=0)], -1),
+                     depths=tree.depths[order], valid=tree.valid[order],
+                     tree_mask=tree.tree_mask[order][:, order], joint_logprobs=tree.joint_logprobs[order],
+                     candidate_ids=None if tree.candidate_ids is None else tree.candidate_ids[order], sampled=sampled)
+
+
+def tree_rows(tree: DraftTree, rows: int) -> DraftTree:
+    """The first `rows` nodes of a `kept_first` tree (its real nodes, then padding up to `rows`)."""
+    sampled = tree.sampled
+    if sampled is not None:
+        sampled = replace(sampled, rows=sampled.rows[:rows], sampled=sampled.sampled[:rows])
+    return DraftTree(tokens=tree.tokens[:rows], parents=tree.parents[:rows], depths=tree.depths[:rows],
+                     valid=tree.valid[:rows], tree_mask=tree.tree_mask[:rows, :rows].contiguous(),
+                     joint_logprobs=tree.joint_logprobs[:rows],
+                     candidate_ids=None if tree.candidate_ids is None else tree.candidate_ids[:rows], sampled=sampled)

@@ -3,9 +3,11 @@
 token ids or PromptInputs (an image prompt set's, for a vision-language target: `encode_prompts`).
 
 Every run reports the tokens the target verified per cycle (`verified_per_cycle`: the tree's valid nodes, root
-included). For a draft that scores its tree (DrafterCaps.scores_tree), the bench also sweeps the scorer's
-threshold β (runtime.prune_threshold) at T=0: the unpruned tree, then each β, on the same prompts against the
-same plain decoding (`prune_sweep`), and bench.png plots τ against the verified tokens.
+included) and the rows its verify ran (`verify_rows_per_cycle`: padding included, the budget's for a fixed tree,
+the kept nodes' size for a pruned one, engine.py; None for chains and drafting policies). For a draft that scores
+its tree (DrafterCaps.scores_tree), the bench also sweeps the scorer's threshold β (runtime.prune_threshold) at
+T=0: the unpruned tree, then each β, on the same prompts against the same plain decoding (`prune_sweep`), and
+bench.png plots τ against the verified tokens.
 
 A lossy acceptance rule (a judge: `judge_thresholds`, each δ a greedy run of its own after the exact ones) is
 benched with its quality cost beside its speedup: with `check_answers`, every answer is checked by its prompt's
@@ -113,7 +115,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
             **prompts[0].engine_kwargs())
     prompt_warmup = warm_prompt_lengths(engine, prompts)
     totals = {"plain": [0, 0.0], "spec": [0, 0.0], "hf": [0, 0.0], "plain@hf": [0, 0.0], "spec@hf": [0, 0.0]}
-    accepted, drafted, exits, same_as_plain, plain_matches_hf = [], [], [], 0, 0
+    accepted, drafted, exits, verify_rows, same_as_plain, plain_matches_hf = [], [], [], [], 0, 0
     answers = {"plain": [], "spec": []}
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
@@ -133,6 +135,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
         accepted += spec.accepted
         drafted += spec.drafted
         exits += spec.exits
+        verify_rows += [rows for rows in spec.verify_rows if rows is not None]
         same_as_plain += spec.tokens == plain.tokens
         answers["plain"].append(plain.tokens)
         answers["spec"].append(spec.tokens)
@@ -146,8 +149,8 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
                 totals[name][0] += len(tokens)
                 totals[name][1] += took
             plain_matches_hf += hf_tokens == plain.tokens
-    summary = _summary(runtime, totals, (accepted, drafted, exits), same_as_plain, plain_matches_hf, len(prompts),
-                       temperature, settings)
+    summary = _summary(runtime, totals, (accepted, drafted, exits, verify_rows), same_as_plain, plain_matches_hf,
+                       len(prompts), temperature, settings)
     if checks is not None:
         decode = lambda tokens: runtime.target.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
         summary["answers"] = answer_quality(decode, checks, answers["plain"], answers["spec"],
@@ -182,7 +185,7 @@ def host_load() -> Optional[float]:
 
 
 def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_prompts, temperature, settings):
-    accepted, drafted, exits = cycles
+    accepted, drafted, exits, verify_rows = cycles
     exit_layers = runtime.engine.drafter.caps.exit_layers
     speed = {name: (tokens / seconds if seconds else None) for name, (tokens, seconds) in totals.items()}
     engine = runtime.engine
@@ -198,7 +201,10 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
         "verified_per_cycle": 1 + sum(drafted) / max(1, len(drafted)),  # the nodes the target verified, the root too
+        "verify_rows_per_cycle": sum(verify_rows) / len(verify_rows) if verify_rows else None,  # padding included
         "prune_threshold": engine.tree_scorer.threshold if engine.tree_scorer is not None else None,
+        "prune_at": engine.prune_at if engine.tree_scorer is not None else None,
+        "prune_verify": engine.prune_verify if engine.tree_scorer is not None else None,
         "cycles_by_exit_layer": {layer: exits.count(i) for i, layer in enumerate(exit_layers)} if exit_layers else None,
         "accepted_histogram": [accepted.count(a) for a in range(depth + 1)],
         "cycles": len(accepted),
@@ -314,18 +320,32 @@ def sweep_prune_thresholds(runtime: Runtime, prompts: List, settings: BenchSetti
     by the first row when empty) -> one summary a row (`prune_threshold` None: unpruned). The engine's scorer and
     its β are restored after."""
     engine = runtime.engine
+    betas = settings.prune_sweep if thresholds is None else thresholds
+    return prune_runs(runtime, prompts, settings, plain_results,
+                      [None, *((beta, engine.prune_at, engine.prune_verify) for beta in betas)])
+
+
+def prune_runs(runtime: Runtime, prompts: List, settings: BenchSettings, plain_results: list,
+               variants: Sequence[Optional[Tuple[float, str, str]]]) -> List[dict]:
+    """At T=0, one run per variant on the same prompts against the same plain decoding (`plain_results`, filled by
+    the first run when empty): None the unpruned tree, else (β, prune_at, prune_verify) the draft's tree scorer so
+    (RuntimeConfig) -> one summary each. The engine's scorer, its β and the prune options are restored after."""
+    engine = runtime.engine
     scorer = engine.drafter.tree_scorer()
-    saved, saved_threshold = engine.tree_scorer, scorer.threshold
+    saved, saved_threshold, saved_options = engine.tree_scorer, scorer.threshold, (engine.prune_at,
+                                                                                   engine.prune_verify)
     quiet = replace(settings, hf_baseline=False, trace=False)
     rows = []
     try:
-        for beta in (None, *(settings.prune_sweep if thresholds is None else thresholds)):
-            engine.set_tree_scorer(None if beta is None else scorer)
-            if beta is not None:
-                scorer.threshold = beta
+        for variant in variants:
+            engine.set_tree_scorer(None if variant is None else scorer)
+            if variant is not None:
+                scorer.threshold = variant[0]
+                engine.set_prune_options(*variant[1:])
             rows.append(run_temperature(runtime, prompts, quiet, 0.0, [], plain_results))
     finally:
         scorer.threshold = saved_threshold
+        engine.set_prune_options(*saved_options)
         engine.set_tree_scorer(saved)
     return rows
 
@@ -404,10 +424,12 @@ def _sweep_rows(sweep: List[dict], fmt) -> List[str]:
     """The β sweep as table lines (none without a sweep)."""
     if not sweep:
         return []
-    rows = ["", "| β | verified/cycle | τ | spec tok/s | spec/plain | lossless |", "|---|---|---|---|---|---|"]
+    rows = ["", "| β | verified/cycle | verify rows | τ | spec tok/s | spec/plain | lossless |",
+            "|---|---|---|---|---|---|---|"]
     for run in sweep:
         beta = "unpruned" if run["prune_threshold"] is None else f"{run['prune_threshold']:g}"
-        rows.append(f"| {beta} | {run['verified_per_cycle']:.2f} | {run['tau']:.2f} | {fmt(run['tokens_per_s'])} | "
+        rows.append(f"| {beta} | {run['verified_per_cycle']:.2f} | {fmt(run['verify_rows_per_cycle'])} | "
+                    f"{run['tau']:.2f} | {fmt(run['tokens_per_s'])} | "
                     f"{fmt(run['speedup_vs_plain'], 2)} | {run['lossless']} |")
     return rows
 

@@ -114,7 +114,8 @@ def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=Non
     """SpecEngine's options from the settings; the chain-only ones are refused on a tree."""
     options = {"reuse_shallow_tree": cfg.shallow_reuse_tree, "overlap": cfg.overlap,
                "tree_scorer": _tree_scorer(drafter, cfg, chain=shape.topk == 1), "judge": _judge(drafter, cfg),
-               "sample_drafts": cfg.sample_drafts, **_policy_options(cfg, shape, tokenizer)}
+               "sample_drafts": cfg.sample_drafts, "prune_at": cfg.prune_at, "prune_verify": cfg.prune_verify,
+               **_policy_options(cfg, shape, tokenizer)}
     if shape.topk != 1:
         if (cfg.exit_threshold or 0) > 0 or cfg.dynamic_exit or cfg.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")

@@ -10,20 +10,23 @@
 2. `specdraft train`: --train-steps steps of batches of about --batch-candidates traced candidates (the paper's
    1,024; its 10 epochs are for far more traces than a suite records: 10 epochs of these would be under 100
    steps), the held-out recall, positive rate and AUC of the best snapshot; `specdraft export`;
-3. MT-bench (--mt-bench, --max-prompts): for the first tree shape of --shapes, the unpruned tree and the classifier
-   at each β of --betas; for every larger shape (drafted wider and deeper, verified at a budget), the same at each
-   β of --large-betas; at T=0, 256 new tokens, bf16, every run against the same plain decoding of the same run
-   (`specdraft bench`'s β sweep: `sweep_prune_thresholds`); then the first shape at --beta in float32, speculative
-   against plain decoding token for token on --lossless-prompts prompts;
+3. MT-bench (--mt-bench, --max-prompts): for the first tree shape of --shapes, the unpruned tree, then the
+   classifier at each β of --betas in each place it may prune (--prune-at: expansion, selection), the verify
+   holding only the kept candidates (runtime.prune_verify kept: padded to a multiple of 8 rows), and once at
+   --static-beta with the budget's verify (prune_verify budget: what the sizing saves); for every larger shape
+   (drafted wider and deeper, verified at a budget), the unpruned tree and each β of --large-betas (the runtime's
+   default prune_at); at T=0, 256 new tokens, bf16, every run against the same plain decoding of the same run
+   (`specdraft bench`'s runs: `prune_runs`); then the first shape at --beta in float32, speculative against plain
+   decoding token for token on --lossless-prompts prompts;
 4. Spec-Bench (--spec-bench: a directory of spec_bench_<task>.jsonl, tools/prepare_prompts.py): per task, its first
    --per-task prompts, the first shape unpruned and at --beta (the classifier never saw these tasks).
 
-The table: per prompt set, tree and β, the tokens verified a cycle (root included; real nodes, not the padding
-that pruned ones leave: the verify pass still runs the budget's rows, static shapes), τ, tokens/s, the speedup
-over plain decoding, and τ and verified tokens against the unpruned tree of the same shape; then the goal's
-checks: the first shape's β that keeps τ within 2% with the fewest verified tokens, and each larger shape
-pruned by C2T, then cut to its budget by joint probability (EAGLE-2's rerank of the kept candidates), against the
-first shape unpruned. OUT/c2t.json (every run's summary); WORK keeps the recipe, traces, run and export.
+The table: per prompt set, tree, place and β, the tokens verified a cycle (root included; real nodes) and the
+rows the verify ran (padding included), τ, tokens/s, the speedup over plain decoding, and τ, verified tokens and
+tokens/s against the unpruned tree of the same shape; then the goal's checks: the first shape's run that keeps τ
+within 2% with the fewest verified tokens, each larger shape pruned by C2T (at most its budget verified) against
+the first shape unpruned, and per Spec-Bench task τ and verified tokens against its unpruned tree. OUT/c2t.json
+(every run's summary); WORK keeps the recipe, traces, run and export.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from suite import REPO, finish, fmt, machine, markdown_table, write_report
 sys.path.insert(0, str(REPO / "tools"))
 from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 
-from specdraft.config import RuntimeConfig  # noqa: E402
+from specdraft.config import PRUNE_AT, RuntimeConfig  # noqa: E402
 
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -102,30 +105,39 @@ def make_classifier(args) -> Dict:
             "held_out": held_out(Path(recipe.train.output_dir))}
 
 
-def bench_settings(args, max_prompts: Optional[int], prompts: str, betas):
+def bench_settings(args, max_prompts: Optional[int], prompts: str):
     from specdraft.runtime.bench import BenchSettings
 
     return BenchSettings(prompts=prompts, max_prompts=max_prompts, max_new_tokens=args.max_new_tokens,
-                         temperatures=(0.0,), hf_baseline=False, lossless_prompts=args.lossless_prompts,
-                         prune_sweep=tuple(betas))
+                         temperatures=(0.0,), hf_baseline=False, lossless_prompts=args.lossless_prompts)
 
 
-def sweep_rows(runtime, settings, prompt_set: str, shape: str, plain: list) -> List[Dict]:
-    """The unpruned tree and each β of settings.prune_sweep on one prompt set -> table rows (plain decoding from
-    `plain` when full, else run once into it)."""
-    from specdraft.runtime.bench import first_user_turns, sweep_prune_thresholds
+def variant_rows(runtime, settings, prompt_set: str, shape: str, plain: list, variants) -> List[Dict]:
+    """The unpruned tree, then each variant (β, prune_at, prune_verify) on one prompt set -> table rows (plain
+    decoding from `plain` when full, else run once into it)."""
+    from specdraft.runtime.bench import first_user_turns, prune_runs
 
     prompts = first_user_turns(runtime, settings.prompts, settings.max_prompts)
-    runs = sweep_prune_thresholds(runtime, prompts, settings, plain)
+    runs = prune_runs(runtime, prompts, settings, plain, [None, *variants])
     unpruned = runs[0]
-    return [{"prompts": prompt_set, "shape": shape, "beta": run["prune_threshold"],
-             "verified_per_cycle": run["verified_per_cycle"], "tau": run["tau"], "tokens_per_s": run["tokens_per_s"],
-             "tokens_per_s_plain": run["tokens_per_s_plain"], "speedup_vs_plain": run["speedup_vs_plain"],
-             "tau_vs_unpruned": run["tau"] / unpruned["tau"],
+    return [{"prompts": prompt_set, "shape": shape, "beta": run["prune_threshold"], "prune_at": run["prune_at"],
+             "prune_verify": run["prune_verify"], "verified_per_cycle": run["verified_per_cycle"],
+             "verify_rows_per_cycle": run["verify_rows_per_cycle"], "tau": run["tau"],
+             "tokens_per_s": run["tokens_per_s"], "tokens_per_s_plain": run["tokens_per_s_plain"],
+             "speedup_vs_plain": run["speedup_vs_plain"], "tau_vs_unpruned": run["tau"] / unpruned["tau"],
              "verified_vs_unpruned": run["verified_per_cycle"] / unpruned["verified_per_cycle"],
              "tokens_per_s_vs_unpruned": run["tokens_per_s"] / unpruned["tokens_per_s"],
              "lossless_bf16_prompts": run["lossless_prompts"], "prompt_count": run["prompts"],
              "acceptance_by_position": run["acceptance_by_position"]} for run in runs]
+
+
+def first_shape_variants(args) -> List[tuple]:
+    """The first shape's pruned runs: each place of --prune-at at each β of --betas, the verify sized to what is
+    kept; then --static-beta with the budget's verify (the runtime's default place)."""
+    variants = [(beta, place, "kept") for place in args.prune_at for beta in args.betas]
+    if args.static_beta is not None:
+        variants.append((args.static_beta, RuntimeConfig.prune_at, "budget"))
+    return variants
 
 
 def run_benches(args, export: str) -> Dict:
@@ -140,15 +152,16 @@ def run_benches(args, export: str) -> Dict:
         return build_runtime(*loaded, RuntimeConfig(depth=shape.depth, topk=shape.topk, budget=shape.budget,
                                                     max_len=args.max_len, device=args.device, dtype=dtype,
                                                     prune_threshold=beta))
+    mt_settings = bench_settings(args, args.max_prompts, args.mt_bench)
     for index, (text, shape) in enumerate(zip(args.shapes, shapes)):
-        betas = args.betas if index == 0 else args.large_betas
-        rows += sweep_rows(runtime_of(shape), bench_settings(args, args.max_prompts, args.mt_bench, betas), "MT-bench",
-                           text, plain_mt)
+        variants = first_shape_variants(args) if index == 0 else [
+            (beta, RuntimeConfig.prune_at, "kept") for beta in args.large_betas]
+        rows += variant_rows(runtime_of(shape), mt_settings, "MT-bench", text, plain_mt, variants)
     first = runtime_of(shapes[0])
     for task in args.tasks:
-        settings = bench_settings(args, args.per_task, str(Path(args.spec_bench) / f"spec_bench_{task}.jsonl"),
-                                  [args.beta])
-        rows += sweep_rows(first, settings, f"Spec-Bench {task}", args.shapes[0], [])
+        settings = bench_settings(args, args.per_task, str(Path(args.spec_bench) / f"spec_bench_{task}.jsonl"))
+        rows += variant_rows(first, settings, f"Spec-Bench {task}", args.shapes[0], [],
+                             [(args.beta, RuntimeConfig.prune_at, "kept")])
     check = None
     if args.lossless_prompts > 0:
         float32 = runtime_of(shapes[0], "float32", load_parts(export, RuntimeConfig(device=args.device,
@@ -161,38 +174,57 @@ def run_benches(args, export: str) -> Dict:
 
 
 def goal_lines(rows: List[Dict], shapes: List[str], check: Optional[Dict]) -> List[str]:
-    """The goal's checks, read off the MT-bench rows."""
+    """The goal's checks, read off the rows."""
     mt = [row for row in rows if row["prompts"] == "MT-bench"]
-    lines = []
     first = [row for row in mt if row["shape"] == shapes[0]]
     unpruned = next((row for row in first if row["beta"] is None), None)
-    within = [row for row in first if row["beta"] is not None and row["tau_vs_unpruned"] >= 0.98]
-    if unpruned and within:
-        best = min(within, key=lambda row: row["verified_per_cycle"])
-        lines.append(f"- tree {shapes[0]}, β={best['beta']:g}: τ {100 * (best['tau_vs_unpruned'] - 1):+.1f}% "
-                     f"(goal within 2%), verified tokens {100 * (best['verified_vs_unpruned'] - 1):+.1f}% (goal "
-                     f"<= -25%), tokens/s {100 * (best['tokens_per_s_vs_unpruned'] - 1):+.1f}% (goal >= 0)")
-    elif unpruned:
-        lines.append(f"- tree {shapes[0]}: no β keeps τ within 2% of the unpruned tree's")
+    lines = [first_shape_line(first, unpruned, shapes[0])] if unpruned else []
     for shape in shapes[1:]:
-        larger = [row for row in mt if row["shape"] == shape]
-        fitting = [row for row in larger if row["beta"] is not None and unpruned
-                   and row["verified_per_cycle"] <= unpruned["verified_per_cycle"] + 1e-9]
-        own = next((row for row in larger if row["beta"] is None), None)
-        if fitting:
-            best = max(fitting, key=lambda row: row["tau"])
-            unpruned_own = f"; {shape} unpruned: τ {own['tau']:.3f} at {own['verified_per_cycle']:.1f}" if own else ""
-            lines.append(f"- tree {shape} pruned at β={best['beta']:g} verifies {best['verified_per_cycle']:.1f} "
-                         f"tokens a cycle (<= {unpruned['verified_per_cycle']:.1f}) at τ {best['tau']:.3f} "
-                         f"({100 * (best['tau'] / unpruned['tau'] - 1):+.1f}%; goal > 0) against "
-                         f"{unpruned['tau']:.3f} for {shapes[0]} unpruned, {best['speedup_vs_plain']:.2f}× plain "
-                         f"against {unpruned['speedup_vs_plain']:.2f}×{unpruned_own}")
-        else:
-            lines.append(f"- tree {shape}: no β verifies as few tokens as {shapes[0]} unpruned")
+        lines.append(larger_shape_line([row for row in mt if row["shape"] == shape], unpruned, shape, shapes[0]))
+    for task in sorted({row["prompts"] for row in rows} - {"MT-bench"}):
+        pruned = [row for row in rows if row["prompts"] == task and row["beta"] is not None]
+        lines += [f"- {task}, β={row['beta']:g}: τ {100 * (row['tau_vs_unpruned'] - 1):+.1f}%, verified tokens "
+                  f"{100 * (row['verified_vs_unpruned'] - 1):+.1f}% against its unpruned tree" for row in pruned]
     if check is not None:
         lines.append(f"- float32, tree {shapes[0]} pruned, speculative == plain: {check['identical']}/"
                      f"{check['prompts']} prompts")
     return lines
+
+
+def first_shape_line(first: List[Dict], unpruned: Dict, shape: str) -> str:
+    """The first shape's pruned run that keeps τ within 2% of its unpruned tree with the fewest verified tokens."""
+    within = [row for row in first if row["beta"] is not None and row["tau_vs_unpruned"] >= 0.98]
+    if not within:
+        return f"- tree {shape}: no β keeps τ within 2% of the unpruned tree's"
+    best = min(within, key=lambda row: row["verified_per_cycle"])
+    return (f"- tree {shape}, {variant_name(best)} β={best['beta']:g}: τ {100 * (best['tau_vs_unpruned'] - 1):+.1f}% "
+            f"(goal within 2%), verified tokens {100 * (best['verified_vs_unpruned'] - 1):+.1f}% (goal <= -25%; "
+            f"{best['verify_rows_per_cycle']:.1f} rows a verify), tokens/s "
+            f"{100 * (best['tokens_per_s_vs_unpruned'] - 1):+.1f}% (goal >= 0)")
+
+
+def larger_shape_line(larger: List[Dict], unpruned: Optional[Dict], shape: str, first_shape: str) -> str:
+    """A larger shape's pruned run with the best τ among those verifying at most the first shape's unpruned tokens,
+    against that tree."""
+    if unpruned is None:
+        return f"- tree {shape}: no unpruned {first_shape} to compare with"
+    fitting = [row for row in larger if row["beta"] is not None
+               and row["verified_per_cycle"] <= unpruned["verified_per_cycle"] + 1e-9]
+    if not fitting:
+        return f"- tree {shape}: no β verifies as few tokens as {first_shape} unpruned"
+    best = max(fitting, key=lambda row: row["tau"])
+    own = next((row for row in larger if row["beta"] is None), None)
+    unpruned_own = f"; {shape} unpruned: τ {own['tau']:.3f} at {own['verified_per_cycle']:.1f}" if own else ""
+    return (f"- tree {shape} pruned at β={best['beta']:g} verifies {best['verified_per_cycle']:.1f} tokens a cycle "
+            f"(<= {unpruned['verified_per_cycle']:.1f}) at τ {best['tau']:.3f} "
+            f"({100 * (best['tau'] / unpruned['tau'] - 1):+.1f}%; goal > 0) against {unpruned['tau']:.3f} for "
+            f"{first_shape} unpruned, {best['speedup_vs_plain']:.2f}× plain against "
+            f"{unpruned['speedup_vs_plain']:.2f}×{unpruned_own}")
+
+
+def variant_name(row: Dict) -> str:
+    """Where a run pruned and what it verified ("expansion/kept"), or "unpruned"."""
+    return "unpruned" if row["beta"] is None else f"{row['prune_at']}/{row['prune_verify']}"
 
 
 def classifier_line(made: Dict) -> str:
@@ -206,13 +238,14 @@ def classifier_line(made: Dict) -> str:
 
 def c2t_table(rows: List[Dict]) -> str:
     return markdown_table(
-        ["prompts", "tree", "β", "verified/cycle", "τ", "spec tok/s", "× plain", "τ vs unpruned",
-         "verified vs unpruned", "bf16 == plain"],
+        ["prompts", "tree", "β", "verified/cycle", "verify rows", "pruned at / verify", "τ", "spec tok/s", "× plain",
+         "τ vs unpruned", "verified vs unpruned", "tok/s vs unpruned", "bf16 == plain"],
         [[row["prompts"], row["shape"], "unpruned" if row["beta"] is None else f"{row['beta']:g}",
-          f"{row['verified_per_cycle']:.2f}", f"{row['tau']:.3f}", fmt(row["tokens_per_s"], ",.1f"),
-          fmt(row["speedup_vs_plain"], ".3f"), f"{100 * (row['tau_vs_unpruned'] - 1):+.1f}%",
-          f"{100 * (row['verified_vs_unpruned'] - 1):+.1f}%", f"{row['lossless_bf16_prompts']}/{row['prompt_count']}"]
-         for row in rows])
+          f"{row['verified_per_cycle']:.2f}", fmt(row["verify_rows_per_cycle"], ".1f"), variant_name(row),
+          f"{row['tau']:.3f}", fmt(row["tokens_per_s"], ",.1f"), fmt(row["speedup_vs_plain"], ".3f"),
+          f"{100 * (row['tau_vs_unpruned'] - 1):+.1f}%", f"{100 * (row['verified_vs_unpruned'] - 1):+.1f}%",
+          f"{100 * (row['tokens_per_s_vs_unpruned'] - 1):+.1f}%",
+          f"{row['lossless_bf16_prompts']}/{row['prompt_count']}"] for row in rows])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -225,7 +258,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--spec-bench", default=None, help="a directory of spec_bench_<task>.jsonl (none: skipped)")
     parser.add_argument("--work", default="runs/c2t_suite")
     parser.add_argument("--out", default="runs/bench")
-    parser.add_argument("--num-train", dest="train_prompts", type=int, default=64, help="prompts traced")
+    parser.add_argument("--num-train", dest="train_prompts", type=int, default=40,
+                        help="prompts traced (64 took 155 s on an H200; the classifier has 241 parameters)")
     parser.add_argument("--trace-tokens", type=int, default=128, help="new tokens a traced prompt")
     parser.add_argument("--trace-depth", type=int, default=11)
     parser.add_argument("--trace-topk", type=int, default=10)
@@ -234,14 +268,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-candidates", type=int, default=1024,
                         help="traced candidates a training batch (about: whole prompts' traces)")
     parser.add_argument("--val-fraction", type=float, default=0.1)
-    parser.add_argument("--shapes", nargs="+", default=["5,8,40", "7,9,40"],
+    parser.add_argument("--shapes", nargs="+", default=["5,8,40", "7,9,40", "6,10,60"],
                         help="tree shapes DEPTH,TOPK,BUDGET; the first is the baseline of the goal's checks; the "
-                             "others draft larger trees verified at its budget (the default drafts in 1 + 7 x 9 = 64 "
-                             "scratch slots, the most the Triton tree attention takes)")
-    parser.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.55, 0.6, 0.7],
-                        help="β swept on the first shape: finer where pruning starts to cut into the budget (a "
-                             "classifier trained on balanced traces kept about the budget up to β 0.5)")
-    parser.add_argument("--large-betas", type=float, nargs="+", default=[0.4, 0.5, 0.6],
+                             "others draft larger trees, pruned to at most a budget (the defaults draft in 64 and 61 "
+                             "scratch slots: 64 is the most the Triton tree attention takes)")
+    parser.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.6, 0.7],
+                        help="β swept on the first shape in each place of --prune-at (pruning during the expansion "
+                             "kept at least the budget of 40 up to β 0.6, docs/benchmarks.md; from the selection, "
+                             "a cut starts at lower β)")
+    parser.add_argument("--prune-at", nargs="+", default=["selection", "expansion"], choices=PRUNE_AT,
+                        help="where the classifier prunes in the first shape's runs (runtime.prune_at)")
+    parser.add_argument("--static-beta", type=float, default=0.5,
+                        help="one first-shape run at this β verifying the budget's rows (runtime.prune_verify "
+                             "budget): what verifying only the kept candidates saves (a negative value: none)")
+    parser.add_argument("--large-betas", type=float, nargs="+", default=[0.4, 0.6],
                         help="β swept on the larger shapes")
     parser.add_argument("--beta", type=float, default=0.5, help="β of the float32 check and the Spec-Bench rows")
     parser.add_argument("--max-prompts", type=int, default=80, help="MT-bench prompts")
@@ -259,6 +299,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--shapes are trees: DEPTH,TOPK,BUDGET")
     if args.spec_bench is None:
         args.tasks = []
+    if args.static_beta is not None and args.static_beta < 0:
+        args.static_beta = None
     return args
 
 

@@ -6,14 +6,16 @@ which candidates are worth verifying, from three features that are no hidden sta
 the candidate's path, the entropy of its parent's draft distribution (top 1,000) and its depth (`model`). It
 trains on traces of the runtime's own tree drafting, every candidate labelled by whether the target accepted it
 (`traces`, `specdraft distill-data`); BCE, the best/ snapshot by recall first (`recall_first`). At run time it is
-the tree scorer of the base draft's drafter (`export.c2t_runtime`): after each depth's expansion the candidates it
-scores below β (method.threshold, runtime.prune_threshold) become padding that nothing selects or accepts, so
-the tree keeps its static shape and the target verifies fewer real tokens; pruning only removes candidates, so
-decoding stays lossless. In a chain the same rule ends the drafting (method.chain_threshold).
+the tree scorer of the base draft's drafter (`export.c2t_runtime`): the candidates it scores below β
+(method.threshold, runtime.prune_threshold) are dropped, and the target verifies only the kept ones
+(runtime.prune_verify kept: padded to a multiple of 8 rows, decoding/sized_verify.py); pruning only removes
+candidates, so decoding stays lossless. In a chain the same rule ends the drafting (method.chain_threshold).
 
-Beyond the paper: the tree the target verifies is still the `budget` best kept candidates by joint probability
-(EAGLE-2's rerank, a cap), drafting runs every depth (static shapes), and the frontier of each depth is its top-k
-kept candidates by joint probability.
+Beyond the paper: by default (runtime.prune_at selection) the classifier scores the `budget` best candidates of
+EAGLE-2's unpruned tree by joint probability and drops those under β with their descendants; with prune_at
+expansion it drops each depth's children as they are drafted (the paper's), the frontier of each depth is its
+top-k kept candidates by joint probability and the tree verified the `budget` best kept ones (decoding/tree.py).
+Drafting runs every depth (static shapes).
 """
 from specdraft.methods.base import ExportFormat, MethodSpec, RecordStage
 from specdraft.methods.c2t.config import C2TConfig, base_draft_path
