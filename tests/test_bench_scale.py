@@ -125,7 +125,7 @@ def test_zero3_host_times_every_step_of_each_engine(tmp_path):
     """zero3-host: one DeepSpeed rank per engine on the CPU; every step's forward CPU ms and host canary,
     summarized after the warm-up steps. Python calls a forward, counted on this CPU: ZeRO-2 1,143, ZeRO-3 with
     whole weights and no module hooks 1,559 (the weights' getters), with partitioned ones 14,926."""
-    steps = scale.ZERO3_WARMUP + 3
+    steps = scale.scale_host.ZERO3_WARMUP + 3
     report = scale.main(["zero3-host", "--steps", str(steps), "--out", str(tmp_path)])
     assert [result["engine"] for result in report["results"]] == ["2", "3", "3-whole"]
     for result in report["results"]:

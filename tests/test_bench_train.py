@@ -19,7 +19,7 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
                 "--out", str(out)])
     report = json.loads(out.read_text())
     assert {"machine", "torch", "matmul_ceiling_tflops", "reference_peak_tflops", "rows"} <= set(report)
-    assert [r["row"] for r in report["rows"]] == list(bench.ROWS)
+    assert [r["row"] for r in report["rows"]] == list(bench.train_rows.ROWS)
     for row in report["rows"]:
         assert row["status"] == "ok", row
         assert row["tokens_per_s"] > 0 and row["step_ms"] > 0
@@ -51,9 +51,9 @@ def test_flop_counts_match_issue_6_at_llama_8b(bench):
 
     from specdraft.core.types import TargetInfo
 
-    info = TargetInfo.from_hf_config(LlamaConfig(**bench.CONFIGS["llama3-8b"]["model"]), "8b")
-    target = sum(bench.target_flops_per_token(info, 2048, 32000).values())
-    draft = sum(bench.draft_flops_per_token(info, 2048, 32000, 7).values())
+    info = TargetInfo.from_hf_config(LlamaConfig(**bench.train_rows.CONFIGS["llama3-8b"]["model"]), "8b")
+    target = sum(bench.train_rows.target_flops_per_token(info, 2048, 32000).values())
+    draft = sum(bench.train_rows.draft_flops_per_token(info, 2048, 32000, 7).values())
     assert 14.5e9 < target < 16.5e9 and 15.5e9 < draft < 18e9
 
 
@@ -61,15 +61,16 @@ def test_out_of_memory_is_a_status_not_a_crash(bench, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise bench.torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
 
-    monkeypatch.setattr(bench, "Trainee", out_of_memory)
-    assert bench.run_row(SimpleNamespace(cuda=False, target=None), bench.ROWS["baseline"], 8192, 1, 1)["status"] == "OOM"
+    monkeypatch.setattr(bench.train_rows, "Trainee", out_of_memory)
+    result = bench.run_row(SimpleNamespace(cuda=False, target=None), bench.train_rows.ROWS["baseline"], 8192, 1, 1)
+    assert result["status"] == "OOM"
 
 
 @pytest.mark.gpu
 def test_tiny_cuda_run_compiles_flex_and_runs_every_row(bench, tmp_path):
     report = bench.main(["--config", "tiny", "--device", "cuda", "--seq-lens", "256", "--warmup", "1",
                          "--steps", "2", "--out", str(tmp_path / "bench.json")])
-    assert [r["status"] for r in report["rows"]] == ["ok"] * len(bench.ROWS)
+    assert [r["status"] for r in report["rows"]] == ["ok"] * len(bench.train_rows.ROWS)
     assert all(r["peak_gib_beyond_resident"] > 0 for r in report["rows"])
 
 

@@ -66,7 +66,7 @@ from specdraft.train.graphs import StepGraphs, cuda_capture, rerun_capture
 from specdraft.train.module import build_optimizer, optimizer_choice, warmup_cosine
 from specdraft.train.profiling import op_report
 
-train = sibling("train")
+train_rows = sibling("train_rows")
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
                 "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel")
@@ -99,7 +99,7 @@ class Step:
 
     def __init__(self, bench, setting: Setting, batch_size: int, seq_len: int):
         self.bench, self.compiled = bench, compile_enabled("auto" if setting.compile else "false", bench.device)
-        self.cfg = bench.spec.config(ttt_steps=train.TTT_STEPS, draft_vocab_size=bench.draft_vocab)
+        self.cfg = bench.spec.config(ttt_steps=train_rows.TTT_STEPS, draft_vocab_size=bench.draft_vocab)
         counts = torch.randint(0, 1000, (bench.info.vocab_size,))
         ctx = DraftContext(bench.info, counts, activation_checkpointing=setting.checkpointing, compile=self.compiled)
         with torch.device(bench.device):
@@ -201,13 +201,13 @@ def launches(step: Step, cuda: bool, steps: int) -> dict:
 def run_row(bench, setting: Setting, batch_size: int, seq_len: int, args) -> dict:
     result = {"row": setting.name, "seq_len": seq_len, "batch": batch_size, "status": "ok", "graphs": setting.graphs,
               "checkpointing": setting.checkpointing}
-    train._free_memory(bench.cuda)
+    train_rows.free_memory(bench.cuda)
     resident = torch.cuda.memory_allocated() if bench.cuda else 0
     step = None
     try:
         step = Step(bench, setting, batch_size, seq_len)
         result.update(compiled=step.compiled, optimizer=step.optimizer_name)
-        with train.compiled_target(bench.target, step.compiled):
+        with train_rows.compiled_target(bench.target, step.compiled):
             if bench.cuda:
                 torch.cuda.reset_peak_memory_stats()
             seconds = timed(step, bench.cuda, args.warmup, args.steps)
@@ -226,7 +226,7 @@ def run_row(bench, setting: Setting, batch_size: int, seq_len: int, args) -> dic
     except Exception as err:  # a failing row is reported, the others still run
         result["status"] = f"error: {type(err).__name__}: {_first_line(err)}"[:300]
     step = None
-    train._free_memory(bench.cuda)
+    train_rows.free_memory(bench.cuda)
     return result
 
 
@@ -288,11 +288,11 @@ def goal_line(report: dict) -> str:
 def run(args) -> dict:
     """Every row at every length; the report is rewritten after each row (a crash keeps the rows before it)."""
     started = time.perf_counter()
-    bench = train.Bench(train.CONFIGS[args.config], args.device)
+    bench = train_rows.Bench(train_rows.CONFIGS[args.config], args.device)
     report = {"machine": machine(args.device), "torch": torch.__version__, "config": args.config,
-              "batch": args.batch, "ttt_steps": train.TTT_STEPS, "draft_vocab": bench.draft_vocab,
+              "batch": args.batch, "ttt_steps": train_rows.TTT_STEPS, "draft_vocab": bench.draft_vocab,
               "warmup": args.warmup, "steps": args.steps, "rows": []}
-    for seq_len in args.seq_lens or train.CONFIGS[args.config]["seq_lens"]:
+    for seq_len in args.seq_lens or train_rows.CONFIGS[args.config]["seq_lens"]:
         if bench.cuda:
             torch._dynamo.reset()  # each length compiles afresh, as a run of that length would
         for name in args.rows:
@@ -306,7 +306,7 @@ def run(args) -> dict:
 
 def main(argv: Optional[List[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description="a small draft's training step, eager and as a CUDA graph")
-    parser.add_argument("--config", choices=sorted(train.CONFIGS), default="smollm2")
+    parser.add_argument("--config", choices=sorted(train_rows.CONFIGS), default="smollm2")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seq-lens", type=int, nargs="+", help="default: the config's (1024 for smollm2)")
     parser.add_argument("--batch", type=int, default=16, help="rows per micro-batch")
@@ -358,12 +358,13 @@ def measure_cli(args, name: str, work: Path) -> dict:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         try:
-            code = scale.run_process_group(cli_argv(args, name, work), scale._environment(args.device), log,
+            code = scale.run_process_group(cli_argv(args, name, work), scale.train_env(args.device), log,
                                            args.timeout)
         except subprocess.TimeoutExpired:
             return {**result, "status": f"timeout after {args.timeout} s"}
     if code != 0:
-        return {**result, "status": f"error: exit {code}: {' / '.join(scale._tail(log_path, 2).splitlines())[-300:]}"}
+        last_lines = " / ".join(scale.log_tail(log_path, 2).splitlines())
+        return {**result, "status": f"error: exit {code}: {last_lines[-300:]}"}
     rows = [row for row in read_step_times(work / "runs" / name / "logs" / "step_times.csv") if row[0] >= args.warmup]
     if len(rows) < 2:
         return {**result, "status": "error: too few logged steps after the warm-up"}

@@ -98,10 +98,10 @@ def run_logged(args, argv: List[str], log_name: str) -> Tuple[int, str]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         try:
-            code = scale.run_process_group(argv, scale._environment(args.device), log, args.timeout)
+            code = scale.run_process_group(argv, scale.train_env(args.device), log, args.timeout)
         except subprocess.TimeoutExpired:
             code = -1
-    return code, scale._tail(log_path, 12)
+    return code, scale.log_tail(log_path, 12)
 
 
 def failure(code: int, tail: str, timeout: int) -> str:
