@@ -135,5 +135,5 @@ def test_a_planted_back_arrow_and_circle_are_caught():
     graph = internal_graph(sources)
     assert "specdraft.core.types -> specdraft.decoding.engine" in back_arrows(graph)
     assert any(cycle[0] == cycle[-1] and "specdraft.core.types" in cycle for cycle in circles(graph))
-    sources["specdraft.runtime.load"] += "\nfrom specdraft.decoding.engine import _finished\n"
-    assert any("_finished" in line for line in private_imports(internal_graph(sources)))
+    sources["specdraft.runtime.load"] += "\nfrom specdraft.decoding.engine import _sync_helper\n"
+    assert any("_sync_helper" in line for line in private_imports(internal_graph(sources)))

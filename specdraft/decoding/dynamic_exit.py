@@ -124,3 +124,9 @@ class ExitChoice(Drafter):
 
     def chain_verify_states(self, tokens, positions, computed: int):
         return self.active.chain_verify_states(tokens, positions, computed)
+
+
+def dynamic_exit_for(caps: DrafterCaps, depth: int, layers_above: int) -> DynamicExit:
+    """DEL's cost model in target-layer equivalents: a draft step at each exit the drafter offers (`exit_costs`,
+    else its one `draft_cost_layers`), and a verify of the `layers_above` layers above the shallow ones."""
+    return DynamicExit(depth, list(caps.exit_costs) or [caps.draft_cost_layers], float(layers_above))

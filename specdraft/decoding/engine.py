@@ -12,23 +12,15 @@ One cycle, all on the device with static shapes (so that on a GPU it is one CUDA
      target's own next token;
   4. the accepted nodes' KV entries move to slots P..P+m (`kernels.kv_compact`) and their hidden states go to
      the drafter (`Drafter.ingest`); the bonus becomes the root.
-Chains (shape.topk == 1) run through `chain.ChainCycles`: the same steps, plus the confidence exit η, the
-dynamic draft length (`dynamic_exit.py`) and, for drafters that run the target's shallow layers, a verify that
-starts above them. η and the dynamic exit apply to chains only; a tree shape ignores them. A tree's verify
-starts above the shallow layers too with `reuse_shallow_tree`: the drafter then runs every candidate through
-them while drafting (tree.py: C = shape.num_candidates rows per cycle instead of the expanded frontier, in one
-more shallow pass, the last depth's candidates) and the verify skips those ℓ layers: no fewer launches and more
-rows, so it is off by default (on an H100, 0.72x plain against 0.88x with the full verify); its
-shallow KV takes the slots prefix..prefix+C-1.
-With an intermediate model (hierarchical drafting, hierarchy.py; trees at T=0), `build_tree` narrows the drafted
-tree to the sequence the small model keeps of it, and the target verifies that chain of depth + 1 rows.
-A drafting policy (`drafting_policy.py`: retrieval drafts from a suffix automaton, `retrieval_cycles.py`; trees
-that stop growing early, `depth_stop.py`) may choose each cycle on the host instead of the fixed one; a chain's stop
-rule (`stop_rules.py`: η, SVIP's entropy bound, DDD's mass) is its exit. At T > 0 each expanded node's first child
-is sampled from the draft and tested against its probability (`sampled_drafts.py`, `sample_drafts`).
-With a tree scorer the verify holds only what it keeps (`prune_verify` "kept", the default; sized_verify.py): the
-cycle is two graphs, the drafting and a verify of the kept nodes padded to a multiple of 8, the host reading their
-count between the two; "budget": the one graph of the budget's rows, the pruned ones as padding.
+Variants of the cycle, each in its own module: chains (shape.topk == 1, `chain.ChainCycles`: the confidence exit
+η, the dynamic draft length of `dynamic_exit.py`, a verify that starts above the shallow layers a drafter runs);
+trees whose verify starts above them too (`reuse_shallow_tree`, tree.py: C = shape.num_candidates rows a cycle in
+one more shallow pass, no fewer launches and more rows, so off by default: on an H100 0.72x plain against 0.88x);
+hierarchical drafting (hierarchy.py: an intermediate model narrows the tree to a chain; T=0); drafting policies
+that choose each cycle on the host (drafting_policy.py: retrieval drafts, `retrieval_cycles.py`; trees that stop
+early, `depth_stop.py`) and a chain's stop rules (stop_rules.py); sampled first children at T > 0
+(sampled_drafts.py, `sample_drafts`); and, with a tree scorer, a verify of only the kept nodes (sized_verify.py,
+`prune_verify` "kept"; "budget": the budget's rows, the pruned ones as padding).
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
 Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
 prompt length rounded up to `PREFILL_ROWS` (captured the first time a length is met; padding rows follow the
@@ -45,7 +37,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -53,23 +44,23 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.core.drafting import Drafter, IntermediateModel, NodeJudge, TreeScorer
-from specdraft.config import PRUNE_AT, PRUNE_VERIFY
-from specdraft.core.errors import SpecdraftError, choices_error
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.path_commit import commit_path
 from specdraft.decoding.accept import Acceptance, acceptance_for
 from specdraft.decoding.chain import ChainCycles
 from specdraft.decoding.drafting_policy import DraftingPolicy
-from specdraft.decoding.dynamic_exit import DynamicExit
+from specdraft.decoding.dynamic_exit import dynamic_exit_for
 from specdraft.decoding.graphs import CallGraph
-from specdraft.decoding.hierarchy import HierarchicalStage
+from specdraft.decoding.hierarchy import hierarchical_stage
 from specdraft.decoding.host_reader import HostReader
 from specdraft.decoding.sampling import sample_token
 from specdraft.decoding.target import TargetModel
 from specdraft.decoding.sampled_drafts import DraftDraws, draw_gumbel
 from specdraft.decoding.stop_rules import StopRule
-from specdraft.decoding.sized_verify import SizedVerify
-from specdraft.decoding.tree import DraftTree, TreeExpansion, TreeShape, build_tree
+from specdraft.decoding.outputs import CycleOutput, GenerationResult, cut_answer, finished, trace_row
+from specdraft.decoding.sized_verify import SizedVerify, checked_prune_options
+from specdraft.decoding.tree import DraftTree, TreeExpansion, TreeShape, build_tree, shallow_tree_start
 
 
 # The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (on an H200:
@@ -80,28 +71,6 @@ PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 # the prompt's rows, and whose cache slots are rewritten before anything reads them. Eager, a SmolLM2 prefill took
 # 16 ms a prompt for about 300 launches, host-bound, and was 19% of a prompt's speculative time.
 PREFILL_ROWS = 64
-
-
-@dataclass
-class GenerationResult:
-    tokens: List[int]  # new tokens (prompt excluded), cut after EOS or at max_new_tokens
-    accepted: List[int] = field(default_factory=list)  # drafted tokens accepted, per cycle
-    drafted: List[int] = field(default_factory=list)  # drafted tokens verified, per cycle (exits, pruning vary it)
-    exits: List[int] = field(default_factory=list)  # the drafter's exit index per cycle (dynamic_exit.ExitChoice)
-    verify_rows: List[Optional[int]] = field(default_factory=list)  # rows the verify ran per cycle, padding
-    # included (a tree's; None for a chain's or a drafting policy's cycles)
-    seconds: float = 0.0
-    trace: List[dict] = field(default_factory=list)  # per cycle when asked: tree, draft probs, accepted path
-
-
-@dataclass
-class CycleOutput:
-    emitted: torch.Tensor  # [depth + 1] accepted drafted tokens then the bonus token, padded
-    count: torch.Tensor  # [1] how many of `emitted` are valid (accepted + 1)
-    accepted_nodes: torch.Tensor  # [depth + 1] node indices of the accepted path, -1 padded
-    tree: Optional[DraftTree] = None
-    for_host: Optional[torch.Tensor] = None  # what the host reads of a cycle: [depth + 2] count, then emitted
-    # (then, with a tree scorer, the tree's valid nodes)
 
 
 class SpecEngine:
@@ -128,7 +97,7 @@ class SpecEngine:
                  chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None,
                  prune_at: str = "selection", prune_verify: str = "kept"):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
-        self.prune_at, self.prune_verify = _checked_prune_options(prune_at, prune_verify)
+        self.prune_at, self.prune_verify = checked_prune_options(prune_at, prune_verify)
         self.sample_drafts = sample_drafts  # at T > 0, each expanded node's first child sampled (sampled_drafts.py)
         self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
         self.device = target.device
@@ -147,9 +116,12 @@ class SpecEngine:
         self.tree_scorer, self.judge = tree_scorer, judge
         self._policies: Dict[float, Acceptance] = {}
         self.chain = ChainCycles(self, reuse_shallow) if drafter is not None and shape.topk == 1 else None
-        self.tree_start_layer = self._tree_start_layer(reuse_shallow_tree)
-        self.stage = self._hierarchical_stage(intermediate)
-        self.dynamic_exit = self._dynamic_exit() if dynamic_exit and self.chain is not None else None
+        self.tree_start_layer = shallow_tree_start(drafter, self.capture, shape, self.chain is not None,
+                                                   reuse_shallow_tree)
+        self.stage = hierarchical_stage(intermediate, self.chain is not None or self.tree_start_layer > 0, shape,
+                                        max_len, self.device, self.dtype)
+        self.dynamic_exit = None if not (dynamic_exit and self.chain is not None) else \
+            dynamic_exit_for(drafter.caps, shape.depth, target.info.num_layers - self.chain.start_layer)
         self.exit_index = 0  # the exit the dynamic exit chose for the cycle in flight
         self.set_exit_threshold(exit_threshold)
         if chain_stop is not None:
@@ -173,7 +145,7 @@ class SpecEngine:
     def set_prune_options(self, prune_at: Optional[str] = None, prune_verify: Optional[str] = None) -> None:
         """Where the tree scorer drops candidates and what the verify holds, from the next cycle on (None: as
         before); each has graphs of its own (`scored_key`)."""
-        self.prune_at, self.prune_verify = _checked_prune_options(prune_at or self.prune_at,
+        self.prune_at, self.prune_verify = checked_prune_options(prune_at or self.prune_at,
                                                                   prune_verify or self.prune_verify)
 
     def scored_key(self, key: str) -> str:
@@ -197,42 +169,6 @@ class SpecEngine:
             raise SpecdraftError(f"the exit threshold {self.exit_threshold} and the {rule.name} stop rule both stop "
                                  f"chains: set the exit threshold to 0")
         self.chain.set_stop_rule(rule)
-
-    def _dynamic_exit(self) -> DynamicExit:
-        """DEL's cost model in target-layer equivalents: a draft step at each exit the drafter offers
-        (`exit_costs`, else its one `draft_cost_layers`), and a verify above the shallow layers."""
-        caps = self.drafter.caps
-        costs = list(caps.exit_costs) or [caps.draft_cost_layers]
-        return DynamicExit(self.shape.depth, costs, float(self.target.info.num_layers - self.chain.start_layer))
-
-    def _tree_start_layer(self, reuse: bool) -> int:
-        """The layer a tree's verify starts at: the drafter's verify_start_layer when `reuse` asks for it (the
-        drafter is then told to keep one state per candidate), else 0. Asked on a chain, or of a drafter without
-        the tree hooks (one that runs no shallow layer of the target), it is an error."""
-        drafter = self.drafter
-        if not reuse:
-            return 0
-        if self.chain is not None:
-            raise SpecdraftError("--shallow-reuse-tree applies to trees: drop --chain (or --topk 1)")
-        if not drafter.caps.shallow_tree:
-            raise SpecdraftError("--shallow-reuse-tree needs a draft that runs the target's shallow layers "
-                                 "(Kangaroo); this one does not")
-        start = drafter.verify_start_layer
-        if min(self.capture, default=start) < start:
-            raise SpecdraftError(f"the drafter's verify_start_layer {start} is above the feature layers "
-                                 f"{self.capture} it reads; the verify could not capture them")
-        drafter.keep_tree_states(self.shape.num_candidates)
-        return start
-
-    def _hierarchical_stage(self, intermediate: Optional[IntermediateModel]) -> Optional[HierarchicalStage]:
-        """The stage that narrows trees through `intermediate` (None: none); a chain or a verify above the shallow
-        layers is an error (the narrowed chain runs every layer)."""
-        if intermediate is None:
-            return None
-        if self.chain is not None or self.tree_start_layer:
-            raise SpecdraftError("an intermediate model (runtime.intermediate) narrows a tree: drop --chain and "
-                                 "--shallow-reuse-tree")
-        return HierarchicalStage(intermediate, self.shape.depth, self.max_len, self.device, self.dtype)
 
     # ---- pieces -------------------------------------------------------------------------------------------
     def room_needed(self, prompt_len: int, max_new_tokens: int) -> int:
@@ -482,7 +418,7 @@ class SpecEngine:
             self.dynamic_exit.reset()
         if self.policy is not None:
             self.policy.observe(generated)
-        done = _finished(generated, generated, eos_ids, max_new_tokens)
+        done = finished(generated, generated, eos_ids, max_new_tokens)
         host_driven = self.dynamic_exit is not None or (self.policy is not None and self.policy.reads_every_cycle)
         ahead = 1 if self.overlap and not trace and not host_driven else 0  # cycles queued past the read
         most_per_cycle = self.most_tokens  # every draft accepted, then the bonus token
@@ -503,7 +439,7 @@ class SpecEngine:
             generated += new_tokens
             if self.policy is not None:
                 self.policy.observe(new_tokens)
-            done = _finished(generated, new_tokens, eos_ids, max_new_tokens)
+            done = finished(generated, new_tokens, eos_ids, max_new_tokens)
             result.accepted.append(host[0] - 1)
             result.drafted.append(drafted)
             result.exits.append(exit_index)
@@ -511,8 +447,8 @@ class SpecEngine:
             if self.dynamic_exit is not None:
                 self.dynamic_exit.update(exit_index, drafted, host[0] - 1)
             if trace:
-                result.trace.append(_trace_row(out))
-        result.tokens = _cut(generated, eos_ids, max_new_tokens)
+                result.trace.append(trace_row(out))
+        result.tokens = cut_answer(generated, eos_ids, max_new_tokens)
         self._sync()
         result.seconds = time.perf_counter() - started
         return result
@@ -547,7 +483,7 @@ class SpecEngine:
         generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, prompt_rope)]
         token = self.root.clone()
         step = self.plain_stepper(token)
-        done = _finished(generated, generated, eos_ids, max_new_tokens)
+        done = finished(generated, generated, eos_ids, max_new_tokens)
         ahead, queued = (1 if self.overlap else 0), deque()  # slots of the steps queued, not yet read
         while not done:
             if len(generated) + len(queued) < max_new_tokens:  # no step past the last one asked for
@@ -556,8 +492,8 @@ class SpecEngine:
                 if len(queued) <= ahead:
                     continue
             generated.append(self._reader.read(queued.popleft(), 1)[0])
-            done = _finished(generated, generated[-1:], eos_ids, max_new_tokens)
-        result = GenerationResult(tokens=_cut(generated, eos_ids, max_new_tokens))
+            done = finished(generated, generated[-1:], eos_ids, max_new_tokens)
+        result = GenerationResult(tokens=cut_answer(generated, eos_ids, max_new_tokens))
         self._sync()
         result.seconds = time.perf_counter() - started
         return result
@@ -565,30 +501,3 @@ class SpecEngine:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-def _checked_prune_options(prune_at: str, prune_verify: str) -> Tuple[str, str]:
-    """(prune_at, prune_verify), or one line naming the bad one and the valid ones."""
-    for name, value, valid in (("prune_at", prune_at, PRUNE_AT), ("prune_verify", prune_verify, PRUNE_VERIFY)):
-        if value not in valid:
-            raise choices_error(f"runtime.{name}", value, valid)
-    return prune_at, prune_verify
-
-
-def _finished(generated: List[int], new_tokens: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> bool:
-    """Whether to stop: enough tokens, or an EOS among the newest ones (the older ones were checked before)."""
-    return len(generated) >= max_new_tokens or any(t in eos_ids for t in new_tokens)
-
-
-def _cut(generated: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> List[int]:
-    for position, token in enumerate(generated[:max_new_tokens]):
-        if token in eos_ids:
-            return generated[:position + 1]
-    return generated[:max_new_tokens]
-
-
-def _trace_row(out: CycleOutput) -> dict:
-    tree = out.tree
-    return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "valid": tree.valid.tolist(),
-            "draft_logprobs": [round(x, 5) if x != float("-inf") else None for x in tree.joint_logprobs.tolist()],
-            "accepted_nodes": [n for n in out.accepted_nodes.tolist() if n >= 0]}

@@ -18,11 +18,12 @@ then the tree.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
 from specdraft.core.drafting import IntermediateModel
+from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.tree_verify import verify_greedy
 from specdraft.decoding.target import TargetModel
@@ -115,3 +116,15 @@ class CompactIntermediate:
         src = torch.where(tree_nodes >= 0, start + tree_nodes, past_tree)
         compact_kv(self.model.k_cache, self.model.v_cache, src, start, count)
         self.last_token.copy_(last_token)
+
+
+def hierarchical_stage(intermediate: Optional[IntermediateModel], narrow: bool, shape, max_len: int,
+                       device: torch.device, dtype: torch.dtype) -> Optional[HierarchicalStage]:
+    """The stage that narrows trees through `intermediate` (None: none). `narrow`: the cycle is a chain or a
+    verify above the shallow layers, an error with an intermediate model (the narrowed chain runs every layer)."""
+    if intermediate is None:
+        return None
+    if narrow:
+        raise SpecdraftError("an intermediate model (runtime.intermediate) narrows a tree: drop --chain and "
+                             "--shallow-reuse-tree")
+    return HierarchicalStage(intermediate, shape.depth, max_len, device, dtype)

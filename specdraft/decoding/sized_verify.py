@@ -18,6 +18,8 @@ from typing import Dict, Optional, Set, Tuple
 
 import torch
 
+from specdraft.config import PRUNE_AT, PRUNE_VERIFY
+from specdraft.core.errors import choices_error
 from specdraft.decoding.accept import Acceptance
 from specdraft.decoding.host_reader import HostReader
 from specdraft.decoding.tree import DraftTree, kept_first, tree_rows, verify_size, verify_sizes
@@ -71,3 +73,11 @@ class SizedVerify:
         for rows in self.sizes:
             verify = partial(self._verify, policy, key, rows)
             engine.graph(f"{key}:verify@{rows}", verify, engine.state_tensors()).ready()
+
+
+def checked_prune_options(prune_at: str, prune_verify: str) -> Tuple[str, str]:
+    """(prune_at, prune_verify), or one line naming the bad one and the valid ones."""
+    for name, value, valid in (("prune_at", prune_at, PRUNE_AT), ("prune_verify", prune_verify, PRUNE_VERIFY)):
+        if value not in valid:
+            raise choices_error(f"runtime.{name}", value, valid)
+    return prune_at, prune_verify

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -345,3 +345,23 @@ def tree_rows(tree: DraftTree, rows: int) -> DraftTree:
                      valid=tree.valid[:rows], tree_mask=tree.tree_mask[:rows, :rows].contiguous(),
                      joint_logprobs=tree.joint_logprobs[:rows],
                      candidate_ids=None if tree.candidate_ids is None else tree.candidate_ids[:rows], sampled=sampled)
+
+
+def shallow_tree_start(drafter: Optional[Drafter], capture: Sequence[int], shape: TreeShape, chain: bool,
+                       reuse: bool) -> int:
+    """The layer a tree's verify starts at: the drafter's verify_start_layer when `reuse` asks for it (the drafter
+    is then told to keep one state per candidate), else 0. Asked on a chain, or of a drafter without the tree
+    hooks (one that runs no shallow layer of the target), it is an error."""
+    if not reuse:
+        return 0
+    if chain:
+        raise SpecdraftError("--shallow-reuse-tree applies to trees: drop --chain (or --topk 1)")
+    if not drafter.caps.shallow_tree:
+        raise SpecdraftError("--shallow-reuse-tree needs a draft that runs the target's shallow layers "
+                             "(Kangaroo); this one does not")
+    start = drafter.verify_start_layer
+    if min(capture, default=start) < start:
+        raise SpecdraftError(f"the drafter's verify_start_layer {start} is above the feature layers "
+                             f"{list(capture)} it reads; the verify could not capture them")
+    drafter.keep_tree_states(shape.num_candidates)
+    return start

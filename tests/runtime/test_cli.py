@@ -92,7 +92,7 @@ def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
 
 def test_the_float32_check_records_where_outputs_part(export_dir, tmp_path):
     from specdraft.runtime.bench import BenchSettings, lossless_in_float32
-    from specdraft.decoding.engine import GenerationResult
+    from specdraft.decoding.outputs import GenerationResult
     from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
 

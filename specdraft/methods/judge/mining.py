@@ -36,7 +36,8 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.data.checks import Check, check_of, verdict
 from specdraft.data.sources import source_records
 from specdraft.decoding.batched import BatchedGenerator, batched_generator, unsupported_reason
-from specdraft.decoding.engine import GenerationResult, SpecEngine
+from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.outputs import GenerationResult
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets.generate import greedy_continuations
