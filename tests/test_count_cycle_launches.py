@@ -41,4 +41,5 @@ def test_a_sampled_cycle_is_counted_and_its_acceptance_does_not_walk_depth_by_de
     assert point_mass["draft"] == greedy["draft"] and point_mass["verify"] == greedy["verify"]
     assert point_mass["bookkeeping"] - greedy["bookkeeping"] <= 54  # walked depth by depth: 74
     assert sampled["bookkeeping"] - greedy["bookkeeping"] <= 81  # walked depth by depth: 110
+    assert sampled["draft"] - greedy["draft"] <= 28  # sampled children by two top-k and three concatenations: 40
     assert "cumsum" in sampled["bookkeeping_ops"] and sampled["bookkeeping_ops"]["cumsum"] == 1  # the bonus's alone

@@ -63,7 +63,7 @@ def sampled_children(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumb
     tokens besides it, scored their log q."""
     logprobs = torch.log_softmax(scaled_logits(draft_logits, temperature), dim=-1, dtype=torch.float32)  # [r, Vd]
     sampled = (logprobs + gumbel).argmax(dim=-1, keepdim=True)  # [r, 1]
-    others = logprobs.scatter(-1, sampled, float("-inf")).topk(k - 1, dim=-1).indices  # [r, k - 1]
-    ids = torch.cat([sampled, others], dim=-1)  # [r, k]
-    scores = torch.cat([torch.zeros_like(sampled, dtype=logprobs.dtype), logprobs.gather(-1, others)], dim=-1)
-    return scores, ids + d2t[ids], logprobs
+    # the sampled token ranked first at +inf, then the k - 1 most probable others: one top-k; its score +inf
+    # clamps to 0 (every log q is <= 0, so the others keep theirs)
+    scores, ids = logprobs.scatter(-1, sampled, float("inf")).topk(k, dim=-1)  # [r, k] each
+    return scores.clamp(max=0.0), ids + d2t[ids], logprobs
