@@ -27,3 +27,22 @@ def test_a_cycle_is_counted_phase_by_phase_against_a_plain_step(tmp_path, capsys
     assert "topk" not in tree["draft_ops"] and "sort" not in tree["draft_ops"]
     assert json.loads((tmp_path / "cycle_launches.json").read_text()) == report
     assert "tau for 2.5x" in capsys.readouterr().out
+
+
+@pytest.mark.triton_kernels
+def test_a_sampled_cycle_is_counted_and_its_acceptance_does_not_walk_depth_by_depth():
+    """T=1 against T=0 on one tree: the host's draws outside the graph counted apart, no host sync, and the
+    rejection sampling's acceptance done at once, not depth by depth (a walk costs about 25 launches a depth)."""
+    tool = load_tool("count_cycle_launches")
+    report = tool.count("tiny", ["3,2,6"], temperatures=(0.0, 1.0), point_mass=True)
+    greedy, sampled, point_mass = report["rows"]
+    assert (greedy["drafts"], sampled["drafts"], point_mass["drafts"]) == ("-", "sampled", "point mass")
+    assert greedy["draws"] == 0 and point_mass["draws"] == 2 and sampled["draws"] == 6  # uniforms (+ Gumbel noise)
+    assert all(row["host_syncs"] == 0 for row in report["rows"])
+    for row in report["rows"]:
+        assert row["cycle"] == row["draws"] + row["draft"] + row["verify"] + row["bookkeeping"]
+    assert point_mass["draft"] == greedy["draft"] and point_mass["verify"] == greedy["verify"]
+    assert point_mass["bookkeeping"] - greedy["bookkeeping"] <= 54  # walked depth by depth: 74
+    assert sampled["bookkeeping"] - greedy["bookkeeping"] <= 81  # walked depth by depth: 110
+    assert sampled["draft"] - greedy["draft"] <= 28  # sampled children by two top-k and three concatenations: 40
+    assert "cumsum" in sampled["bookkeeping_ops"] and sampled["bookkeeping_ops"]["cumsum"] == 1  # the bonus's alone

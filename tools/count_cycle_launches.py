@@ -11,11 +11,15 @@ fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GP
         --out runs/cycle_launches
 
 Prints a table and writes OUT/cycle_launches.json; each row counts the cycle's host syncs too (reads of values and
-ops of data-dependent shapes, `LaunchCounter.syncs`: a graphed cycle holds none). With --prune BETA, each tree
-shape also drafted with a C2T tree scorer at β (`specdraft.methods.c2t`), pruning from the selection and during
-the expansion (runtime.prune_at): the scorer's launches a cycle against the unpruned tree's (the phases of the
-budget's verify: a sized verify's drafting adds `tree.kept_first`). With --depth-stops, each tree shape's cycle
-also as a policy that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
+ops of data-dependent shapes, `LaunchCounter.syncs`: a graphed cycle holds none). With --temperatures 0 1 each
+shape's cycle is also counted at T = 1 (recursive rejection sampling, drafts sampled from the draft as the runtime
+does by default; with --point-mass, with point-mass drafts too): its column `draws` counts what the host launches
+outside the cycle's one graph every cycle (the uniforms and Gumbel noise, and their copies into the graph's
+inputs); draft, verify and bookkeeping run inside it as at T = 0. With --prune BETA, each tree shape also drafted
+with a C2T tree scorer at β (`specdraft.methods.c2t`), pruning from the selection and during the expansion
+(runtime.prune_at): the scorer's launches a cycle against the unpruned tree's (the phases of the budget's verify:
+a sized verify's drafting adds `tree.kept_first`). With --depth-stops, each tree shape's cycle also as a policy
+that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
 at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
 the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad.
 """
@@ -25,7 +29,7 @@ import argparse
 import collections
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -105,15 +109,35 @@ def _counted(fn, syncs: Optional[List[str]] = None):
     return out, counter.launches
 
 
-def cycle_launches(engine, syncs: Optional[List[str]] = None) -> Dict[str, List[str]]:
-    """One cycle after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch names}; the
-    cycle's host syncs appended to `syncs`."""
+def cycle_launches(engine, syncs: Optional[List[str]] = None, temperature: float = 0.0,
+                   generator: Optional[torch.Generator] = None) -> Dict[str, List[str]]:
+    """One cycle at `temperature` after a prefill, phase by phase as `runtime.profile` splits it -> {phase: launch
+    names}; the cycle's host syncs appended to `syncs`. At T > 0 the phase `draws` holds what the host launches
+    outside the cycle's graph each cycle: the random draws, and their copies into the graph's static inputs."""
     from specdraft.runtime.profile import draft_phase, verify_phase
 
-    drafted, draft = _counted(lambda: draft_phase(engine), syncs)
+    policy = engine.acceptance(temperature)
+    (uniforms, draws), random = _counted(lambda: _cycle_draws(engine, policy, generator), syncs)
+    drafted, draft = _counted(lambda: draft_phase(engine, draws), syncs)
     (tree, verified), verify = _counted(lambda: verify_phase(engine, drafted), syncs)
-    _, book = _counted(lambda: engine.accept_and_commit(engine.acceptance(0.0), tree, verified), syncs)
-    return {"draft": draft, "verify": verify, "bookkeeping": book}
+    _, book = _counted(lambda: engine.accept_and_commit(policy, tree, verified, uniforms), syncs)
+    return {"draws": random, "draft": draft, "verify": verify, "bookkeeping": book}
+
+
+def _cycle_draws(engine, policy, generator):
+    """The random inputs of one cycle of the engine's shape under `policy`, as its cycle makes them, each copied once
+    as a graph copies its arguments in -> (uniforms or None, the tree's DraftDraws or None)."""
+    chain, depth = engine.chain, engine.shape.depth
+    if chain is not None:
+        noise = engine.draft_noise(policy, depth, generator)
+        chain.temperature = policy.temperature if noise is not None else 0.0
+        if noise is not None:
+            chain.gumbel.copy_(noise)
+        uniforms = policy.randomness(depth + 1, generator, engine.device)
+        return (None if uniforms is None else uniforms.clone()), None
+    args = [arg.clone() for arg in engine.cycle_args(policy, engine.shape.budget, generator)]  # the graph's copies
+    uniforms = args[0] if args else None
+    return uniforms, engine.draws(policy, args[1] if len(args) > 1 else None)
 
 
 def pruning_scorer(beta: float, device: torch.device = torch.device("cpu")):
@@ -132,25 +156,31 @@ def plain_step_launches(engine) -> List[str]:
     return _counted(lambda: sample_token(engine.plain_step(engine.root.clone()), 0.0, None))[1]
 
 
-def count(config: str, shape_texts: List[str], prune: Optional[float] = None) -> dict:
-    """Each shape's cycle (and with `prune`, each tree shape's again with a C2T scorer at that β) -> the report."""
+def count(config: str, shape_texts: List[str], prune: Optional[float] = None,
+          temperatures: Sequence[float] = (0.0,), point_mass: bool = False) -> dict:
+    """Each shape's cycle at each temperature (at T > 0 with sampled drafts, and with `point_mass` with point-mass
+    drafts too; with `prune`, each tree shape's again with a C2T scorer at that β) -> the report."""
     prompt = torch.randint(0, CONFIGS[config][0]["vocab_size"], (16,), generator=torch.Generator().manual_seed(0))
     rows, plain = [], None
-    runs = [(text, None, None) for text in shape_texts]
-    runs += [(text, prune, place) for text in shape_texts for place in PRUNE_AT
+    runs = [(text, None, None, t, True) for text in shape_texts for t in temperatures]
+    runs += [(text, None, None, t, False) for text in shape_texts for t in temperatures if point_mass and t > 0]
+    runs += [(text, prune, place, 0.0, True) for text in shape_texts for place in PRUNE_AT
              if prune is not None and parse_shape(text).topk > 1]
-    for text, beta, place in runs:
+    for text, beta, place, temperature, sampled in runs:
         engine = build_engine(config, parse_shape(text), tree_scorer=None if beta is None else pruning_scorer(beta),
-                              prune_at=place or RuntimeConfig.prune_at)
+                              prune_at=place or RuntimeConfig.prune_at, sample_drafts=sampled)
+        generator = torch.Generator().manual_seed(0)
         engine.prefill(prompt, 0.0)
         if plain is None:
             plain = plain_step_launches(engine)
             engine.prefill(prompt, 0.0)
-        cycle_launches(engine)  # a first cycle builds what is cached per shape, as a graph's warm-up runs do
+        cycle_launches(engine, None, temperature, generator)  # builds what is cached per shape, as a warm-up does
         syncs: List[str] = []
-        phases = cycle_launches(engine, syncs)
+        phases = cycle_launches(engine, syncs, temperature, generator)
         total = sum(len(names) for names in phases.values())
-        rows.append({"shape": text, "prune_threshold": beta, "prune_at": place,
+        drafts = "-" if temperature == 0 else ("sampled" if sampled else "point mass")
+        rows.append({"shape": text, "prune_threshold": beta, "prune_at": place, "temperature": temperature,
+                     "drafts": drafts,
                      **{name: len(names) for name, names in phases.items()},
                      "cycle": total, "host_syncs": len(syncs), "sync_ops": sorted(set(syncs)),
                      "cycle_over_plain": total / len(plain), "tau_for_goal": SPEEDUP_GOAL * total / len(plain),
@@ -194,13 +224,14 @@ class _ForcedStop:
 
 def table(report: dict) -> str:
     lines = [f"{report['config']} ({report['layers']} layers): a plain step launches {report['plain_step']}",
-             f"{'shape':>10} {'pruned':>11} {'draft':>6} {'verify':>7} {'bookkeeping':>12} {'cycle':>6} {'syncs':>6} "
-             f"{'x plain':>8} {'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
+             f"{'shape':>10} {'pruned':>11} {'T':>4} {'drafts':>10} {'draws':>6} {'draft':>6} {'verify':>7} "
+             f"{'bookkeeping':>12} {'cycle':>6} {'syncs':>6} {'x plain':>8} "
+             f"{'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
     for row in report["rows"]:
         pruned = "-" if row["prune_threshold"] is None else f"{row['prune_at'][:3]} β {row['prune_threshold']:g}"
-        lines.append(f"{row['shape']:>10} {pruned:>11} {row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} "
-                     f"{row['cycle']:>6} {row['host_syncs']:>6} {row['cycle_over_plain']:>8.2f} "
-                     f"{row['tau_for_goal']:>12.2f}")
+        lines.append(f"{row['shape']:>10} {pruned:>11} {row['temperature']:>4g} {row['drafts']:>10} {row['draws']:>6} "
+                     f"{row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} {row['cycle']:>6} "
+                     f"{row['host_syncs']:>6} {row['cycle_over_plain']:>8.2f} {row['tau_for_goal']:>12.2f}")
     for row in report.get("depth_stops", []):
         lines.append(f"{row['shape']:>10} stopping at depth {row['stop_depth']}: {row['cycle']} launches in "
                      f"{row['graphs']} graphs, {row['flag_reads']} flag reads")
@@ -214,12 +245,16 @@ def main(argv=None) -> dict:
                         help="DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), as for tools/bench/runtime.py")
     parser.add_argument("--prune", type=float, default=None, metavar="BETA",
                         help="each tree shape also pruned by a C2T tree scorer (random weights) at this β")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0], metavar="T",
+                        help="count each shape's cycle at each temperature (T > 0: rejection sampling, sampled drafts)")
+    parser.add_argument("--point-mass", action="store_true",
+                        help="at each T > 0, each shape also with point-mass drafts (sample_drafts=false)")
     parser.add_argument("--depth-stops", action="store_true",
                         help="each tree shape also grown by a depth-stop policy, stopped at each depth")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
     check_shapes(parser, args.shapes)
-    report = count(args.config, args.shapes, args.prune)
+    report = count(args.config, args.shapes, args.prune, args.temperatures, args.point_mass)
     if args.depth_stops:
         prompt = torch.randint(0, CONFIGS[args.config][0]["vocab_size"], (16,),
                                generator=torch.Generator().manual_seed(0))

@@ -50,14 +50,20 @@ def draw_gumbel(rows: int, draft_vocab: int, generator: Optional[torch.Generator
     return (-exponential.log()).to(device)
 
 
+def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits [..., V] -> logits / T for a float32 softmax (`softmax(..., dtype=torch.float32)`): at T = 1 the
+    logits themselves (the softmax upcasts them: the same bits as dividing a float32 copy by 1, two launches fewer)."""
+    return logits if temperature == 1.0 else logits.float() / temperature
+
+
 def sampled_children(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
                      temperature: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """draft_logits [r, Vd], gumbel [r, Vd] -> (scores [r, k] float32, target ids [r, k] int64, log q [r, Vd]):
     child 0 sampled from q = softmax(logits / T) and scored 0 (certain); children 1..k-1 the k - 1 most probable
     tokens besides it, scored their log q."""
-    logprobs = torch.log_softmax(draft_logits.float() / temperature, dim=-1)  # [r, Vd]
+    logprobs = torch.log_softmax(scaled_logits(draft_logits, temperature), dim=-1, dtype=torch.float32)  # [r, Vd]
     sampled = (logprobs + gumbel).argmax(dim=-1, keepdim=True)  # [r, 1]
-    others = logprobs.scatter(-1, sampled, float("-inf")).topk(k - 1, dim=-1).indices  # [r, k - 1]
-    ids = torch.cat([sampled, others], dim=-1)  # [r, k]
-    scores = torch.cat([torch.zeros_like(sampled, dtype=logprobs.dtype), logprobs.gather(-1, others)], dim=-1)
-    return scores, ids + d2t[ids], logprobs
+    # the sampled token ranked first at +inf, then the k - 1 most probable others: one top-k; its score +inf
+    # clamps to 0 (every log q is <= 0, so the others keep theirs)
+    scores, ids = logprobs.scatter(-1, sampled, float("inf")).topk(k, dim=-1)  # [r, k] each
+    return scores.clamp(max=0.0), ids + d2t[ids], logprobs

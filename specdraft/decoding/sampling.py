@@ -16,7 +16,8 @@ reasons.
 cycle is captured in one CUDA graph like the greedy one. Its randomness comes in as a tensor of uniforms (one
 per node, for the test of that node as a child, and one for the bonus), drawn by the caller from its generator
 outside the graph. The sequential rule "accept c_i if u_i * (1 - p(c_1) - ... - p(c_{i-1})) < p(c_i)" is
-evaluated for all children at once with an exclusive cumulative sum; the first child that passes is accepted.
+evaluated for every node at once (p(c_1) + ... + p(c_{i-1}) summed over each node's earlier siblings); the first
+child that passes is accepted, and the accepted path is read off the tree's ancestry, with no walk depth by depth.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from specdraft.decoding.sampled_drafts import SampledDrafts
+from specdraft.decoding.sampled_drafts import SampledDrafts, scaled_logits
 from specdraft.decoding.tree import DraftTree
 
 
@@ -51,12 +52,6 @@ def _ban_rejected(probs: torch.Tensor, tokens: torch.Tensor, rejected: torch.Ten
     """probs [V] without the tokens of the rejected nodes: tokens [N], rejected [N] bool -> [V] (unnormalised)."""
     hits = torch.zeros_like(probs).index_add_(0, tokens, rejected.to(probs.dtype))  # [V] > 0 where banned
     return torch.where(hits > 0, 0.0, probs)
-
-
-def _remaining_mass(probs: torch.Tensor) -> torch.Tensor:
-    """probs [N] of a node's children (0 elsewhere), in rank order -> [N]: the mass p_i still holds when node i
-    is tested, 1 - (sum of the probabilities of the children ranked before it)."""
-    return 1.0 - (torch.cumsum(probs, dim=0) - probs)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -92,34 +87,66 @@ def _child_tests(target_probs: torch.Tensor, tree: DraftTree):
     return bases[parents, tree.tokens], sampled, ratios, bases
 
 
+def _earlier_siblings(parents: torch.Tensor) -> torch.Tensor:
+    """parents [N] -> [N, N] bool: node j shares node i's parent and comes before it (siblings are tested in node
+    order, the draft's rank order)."""
+    index = torch.arange(parents.shape[0], device=parents.device)  # [N]
+    return (parents[:, None] == parents[None, :]) & (index[None, :] < index[:, None])
+
+
+def _first_passing(passes: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+    """passes [N] bool, earlier [N, N] (`_earlier_siblings`) -> [N] bool: the node passes its test and no sibling
+    before it does (the child a walk at its parent would take)."""
+    return passes & ~(earlier & passes[None, :]).any(dim=1)
+
+
+def _remaining_mass(probs: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+    """probs [N] of point-mass children (0 elsewhere), earlier [N, N] (`_earlier_siblings`) -> [N]: the mass p_i
+    still holds when node i is tested, 1 - (sum of the probabilities of its siblings ranked before it)."""
+    return 1.0 - earlier.to(probs.dtype) @ probs
+
+
+def _accepted_path(taken: torch.Tensor, tree: DraftTree, depth_limit: int) -> torch.Tensor:
+    """taken [N] bool (`_first_passing`) -> accepted_nodes [depth_limit + 1] (-1 padded): the walk from the root
+    through taken children, found without walking: a node is on it when it and each of its ancestors but the root
+    were taken (checked by pointer jumping up the parents, ceil(log2(depth_limit + 1)) rounds), at a depth within
+    the limit; at most one node a depth is, and it goes to its depth's place."""
+    index = torch.arange(taken.shape[0], device=taken.device)  # [N]
+    on_path = taken | (index == 0)  # [N] so far: itself (the root is always on the path)
+    above = tree.parents.clamp(min=0)  # [N] the ancestor the next round reads (padding and the root: the root)
+    for _ in range(max(1, depth_limit).bit_length()):  # round r covers 2^r ancestors
+        on_path = on_path & on_path.index_select(0, above)
+        above = above.index_select(0, above)
+    on_path = on_path & (tree.depths <= depth_limit)  # [N]
+    places = torch.where(on_path, tree.depths, depth_limit + 1)  # [N] off the path: one place past the end
+    path = torch.full((depth_limit + 2,), -1, dtype=torch.long, device=taken.device).scatter_(0, places, index)
+    return path[:depth_limit + 1]
+
+
 def verify_sampling(target_logits: torch.Tensor, tree: DraftTree, depth_limit: int, temperature: float,
                     uniforms: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [N, V], uniforms [N + 1] (`draw_uniforms`) -> (accepted_nodes [depth_limit + 1] (-1
     padded), accept_length [1], bonus [1]). Static shapes, no host sync. With sampled drafts (`tree.sampled`),
     a node's sampled child is tested first with min(1, p / q) and its point-mass children against the residual
-    (sampled_drafts.py)."""
-    target_probs = torch.softmax(target_logits.float() / temperature, dim=-1)  # [N, V]
+    (sampled_drafts.py). Every node's test is evaluated at once (a node's uniform is its own, and the mass its
+    earlier siblings hold does not depend on the walk), then the path through the first passing child of each
+    node is read off the tree's ancestry: a fixed number of launches whatever the depth."""
+    target_probs = torch.softmax(scaled_logits(target_logits, temperature), dim=-1, dtype=torch.float32)  # [N, V]
     child_probs, sampled, ratios, bases = _child_tests(target_probs, tree)  # [N], [N], [N] or None, [N, V]
-    point_mass = ~sampled  # [N]
-    node = torch.zeros(1, dtype=torch.long, device=tree.tokens.device)  # [1] the walk's current node
-    walking = torch.ones(1, dtype=torch.bool, device=tree.tokens.device)
-    accepted = [node]
-    for _ in range(depth_limit):
-        is_child = tree.parents == node  # [N] (padding's parent is -1: no node's child)
-        probs = torch.where(is_child & point_mass, child_probs, 0.0)  # [N]
-        passes = is_child & (uniforms[:-1] * _remaining_mass(probs) < probs)  # [N]
-        if ratios is not None:
-            passes = passes | (is_child & sampled & (uniforms[:-1] < ratios))
-        step = walking & passes.any(dim=0, keepdim=True)  # [1]
-        child = torch.argmax(passes.to(torch.int8), dim=0, keepdim=True)  # [1] first passing child
-        accepted.append(torch.where(step, child, -1))
-        node = torch.where(step, child, node)
-        walking = step
-    accepted_nodes = torch.cat(accepted)  # [depth_limit + 1]
+    point_mass = (tree.parents >= 0) & ~sampled  # [N] (padding's parent is -1: no node's child)
+    earlier = _earlier_siblings(tree.parents)  # [N, N]
+    probs = torch.where(point_mass, child_probs, 0.0)  # [N]
+    remaining = _remaining_mass(probs, earlier)  # [N] the mass p_i holds when node i is tested
+    passes = point_mass & (uniforms[:-1] * remaining < probs)  # [N]
+    if ratios is not None:
+        passes = passes | (sampled & (uniforms[:-1] < ratios))
+    accepted_nodes = _accepted_path(_first_passing(passes, earlier), tree, depth_limit)  # [depth_limit + 1]
+    accept_length = (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True)  # [1]
+    node = accepted_nodes.index_select(0, accept_length)  # [1] the walk's last node
     rejected = (tree.parents == node) & point_mass  # [N] every point-mass child of the last node was rejected
     weights = _ban_rejected(bases.index_select(0, node)[0], tree.tokens, rejected)  # [V] (no host read)
     bonus = _inverse_cdf(weights, uniforms[-1:])  # [1]
-    return accepted_nodes, (accepted_nodes[1:] >= 0).sum(dim=0, keepdim=True), bonus
+    return accepted_nodes, accept_length, bonus
 
 
 def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -22,11 +22,12 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def draft_phase(engine):
-    """One cycle's drafting -> what `verify_phase` takes; a chain drafts as the engine's chain cycles do (exits)."""
+def draft_phase(engine, draws=None):
+    """One cycle's drafting -> what `verify_phase` takes; a chain drafts as the engine's chain cycles do (exits, and
+    the sampled drafts its cycle set up); a tree samples its drafts from `draws` (None: point masses)."""
     if engine.chain is not None:
         return engine.chain.draft(engine.shape.depth)  # (drafted, computed)
-    return engine.build_tree()
+    return engine.build_tree(draws)
 
 
 def verify_phase(engine, drafted):

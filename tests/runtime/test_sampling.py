@@ -7,7 +7,7 @@ from specdraft.kernels.tree_select import select_tree
 from specdraft.decoding import sampling
 from specdraft.decoding.sampled_drafts import SampledDrafts
 from specdraft.decoding.tree import DraftTree
-from tests.kernels.trees import padded_expansion
+from tests.kernels.trees import ancestor_mask, padded_expansion, random_parents
 
 VOCAB, TRIALS = 6, 3000
 
@@ -68,7 +68,8 @@ def test_a_broken_acceptance_rule_is_caught(monkeypatch):
 
 
 def test_a_walk_that_forgets_earlier_rejections_is_caught(monkeypatch):
-    monkeypatch.setattr(sampling, "_remaining_mass", torch.ones_like)  # later children accepted too rarely
+    forgets = lambda probs, earlier: torch.ones_like(probs)  # noqa: E731 (later children accepted too rarely)
+    monkeypatch.setattr(sampling, "_remaining_mass", forgets)
     logits, first, _ = _sample_counts()
     assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
 
@@ -175,3 +176,47 @@ def test_sampled_drafts_accept_more_than_point_masses_of_a_near_draft():
         uniforms = sampling.draw_uniforms(5, generator, torch.device("cpu"))
         point += int(sampling.verify_sampling(point_logits, tree, 2, 1.0, uniforms)[1])
     assert sampled > point
+
+
+def _walked(logits, tree, depth_limit, uniforms):
+    """The walk depth by depth, in Python: at each node its children in node order, a sampled one tested with its
+    ratio, a point mass against the mass its earlier point-mass siblings left; the first that passes is taken."""
+    child_probs, sampled, ratios, _ = sampling._child_tests(torch.softmax(logits.float(), -1), tree)
+    parents, path = tree.parents.tolist(), [0]
+    for _ in range(depth_limit):
+        mass, taken = 1.0, None
+        for child in (i for i, parent in enumerate(parents) if parent == path[-1]):
+            if sampled[child]:
+                passes = bool(uniforms[child] < ratios[child])
+            else:
+                passes, mass = bool(uniforms[child] * mass < child_probs[child]), mass - float(child_probs[child])
+            if passes:
+                taken = child
+                break
+        if taken is None:
+            break
+        path.append(taken)
+    return path + [-1] * (depth_limit + 1 - len(path))
+
+
+def test_the_acceptance_at_once_takes_the_path_a_walk_depth_by_depth_takes():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(150):
+        parents = random_parents(int(torch.randint(2, 16, (), generator=generator)), generator)
+        n = parents.shape[0]
+        depths = torch.zeros(n, dtype=torch.long)
+        for node in range(1, n):
+            depths[node] = depths[parents[node]] + 1
+        first_child = torch.tensor([node > 0 and int(parents[node]) not in parents[1:node].tolist()
+                                    for node in range(n)])
+        draft_logprobs = torch.log_softmax(torch.randn(n, VOCAB, generator=generator), -1)
+        drafts = SampledDrafts(rows=torch.arange(n), logprobs=draft_logprobs,
+                               d2t=torch.zeros(VOCAB, dtype=torch.long), sampled=first_child)
+        tree = DraftTree(tokens=torch.randint(0, VOCAB, (n,), generator=generator), parents=parents, depths=depths,
+                         valid=torch.ones(n, dtype=torch.bool), tree_mask=ancestor_mask(parents),
+                         joint_logprobs=torch.zeros(n), sampled=drafts if trial % 2 else None)
+        logits = torch.randn(n, VOCAB, generator=generator) * 2
+        for depth_limit in range(1, int(depths.max()) + 1):
+            uniforms = sampling.draw_uniforms(n, generator, torch.device("cpu"))
+            accepted = sampling.verify_sampling(logits, tree, depth_limit, 1.0, uniforms)[0]
+            assert accepted.tolist() == _walked(logits, tree, depth_limit, uniforms)
