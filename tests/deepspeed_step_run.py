@@ -1,8 +1,8 @@
 """One DeepSpeed ZeRO-2 rank on the CPU (gloo, bf16), for tests/test_deepspeed_step.py: a small model trained 3
 steps with gradient clipping under Lightning's DeepSpeed configuration, once with specdraft's step settings
 (specdraft.train.deepspeed_step) and once with DeepSpeed's own (the overflow check on, clipping as DeepSpeed
-does it). Prints one JSON line: per variant, each step's host reads from DeepSpeed's code and device syncs, and
-the weights after the last step.
+does it). Prints one JSON line: per variant, each step's host reads and uploads from DeepSpeed's code and device
+syncs (tests/host_reads.py says what each counts), and the weights after the last step.
 
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.deepspeed_step_run
 """
@@ -43,16 +43,16 @@ def _config(ours: bool) -> dict:
 def _run(ours: bool, syncs: list) -> dict:
     import deepspeed
 
-    from specdraft.train.deepspeed_step import clip_on_device
+    from specdraft.train.deepspeed_step import zero_step_on_device
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     engine, zero_optimizer, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_config(ours),
                                                       model_parameters=model.parameters())
-    clipped = clip_on_device(zero_optimizer) if ours else False
+    replaced = zero_step_on_device(zero_optimizer) if ours else False
     inputs = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
-    reads_each, syncs_each = [], []
+    reads_each, uploads_each, syncs_each = [], [], []
     for _ in range(3):
         reads = HostReads(only_from=("deepspeed/",), unless_from=("torch/optim/",))  # AdamW's step: a CPU count
         syncs.clear()
@@ -61,10 +61,11 @@ def _run(ours: bool, syncs: list) -> dict:
             engine.backward(loss)
             engine.step()
         reads_each.append(reads.count)
+        uploads_each.append(reads.uploads)
         syncs_each.append(len(syncs))
     weights = [p.detach().float().flatten().tolist() for p in engine.module.parameters()]
-    return {"reads": reads_each, "syncs": syncs_each, "clip_replaced": clipped, "weights": weights,
-            "last_grad_norm": float(zero_optimizer._global_grad_norm)}
+    return {"reads": reads_each, "uploads": uploads_each, "syncs": syncs_each, "replaced": replaced,
+            "weights": weights, "last_grad_norm": float(zero_optimizer._global_grad_norm)}
 
 
 def main() -> None:
@@ -74,7 +75,8 @@ def main() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     syncs = _count_syncs()
-    print(json.dumps({"ours": _run(True, syncs), "deepspeed": _run(False, syncs)}))
+    theirs = _run(False, syncs)  # first: ours replaces a function of DeepSpeed's module for the whole process
+    print(json.dumps({"ours": _run(True, syncs), "deepspeed": theirs}))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdraft.config import TrainConfig
-from specdraft.train.deepspeed_step import clip_scale, step_config
+from specdraft.train.deepspeed_step import clip_scale, mask_invalid_norm, step_config
 from tests.host_reads import HostReads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +52,22 @@ def test_clip_scale_clips_on_the_device_as_deepspeed_does():
     assert reads.count == 0
 
 
+def test_the_norm_mask_fills_as_deepspeeds_without_a_host_tensor_or_read():
+    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace
+
+    for values in ([2.0], [float("nan")], [float("inf")], [float("-inf")], [0.0, float("nan"), 3.0]):
+        ours, theirs = torch.tensor(values), torch.tensor(values)
+        with HostReads() as reads:
+            mask_invalid_norm(ours, device="cpu")
+        mask_nan_or_inf_with_val_inplace(theirs, device="cpu")
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        assert reads.count == 0 and reads.uploads == 0
+    norm = torch.tensor([1.0])
+    with HostReads() as reads:
+        mask_nan_or_inf_with_val_inplace(norm, device="cpu")
+    assert reads.count == 1 and reads.uploads == 1  # DeepSpeed's: its -1 built on the host, then read back
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,9 +82,11 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     ours, theirs = result["ours"], result["deepspeed"]
-    assert ours["clip_replaced"] is True
-    assert ours["reads"] == [0, 0, 0] and ours["syncs"] == [0, 0, 0], ours
-    assert min(theirs["reads"]) >= 3, theirs  # the overflow flag, the norm check in step and in the clip
+    assert ours["replaced"] is True
+    assert ours["reads"] == [0, 0, 0] and ours["uploads"] == [0, 0, 0] and ours["syncs"] == [0, 0, 0], ours
+    # the overflow flag, the norm check in step and in the clip, the norm's mask (its -1 read back in the fill)
+    assert min(theirs["reads"]) >= 4, theirs
+    assert min(theirs["uploads"]) >= 1, theirs  # the norm's mask builds its -1 on the host
     assert ours["last_grad_norm"] > 0.05  # the steps were clipped
     for mine, reference in zip(ours["weights"], theirs["weights"]):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)

@@ -18,8 +18,14 @@ harness step has none. DeepSpeed ZeRO-1/2 (0.19) with Lightning's configuration 
   - gradient clipping: `unscale_and_clip_grads` reads the norm back (`is_invalid_grad_norm`) whatever the
     configuration; `clip_on_device` does the same arithmetic on the device (an invalid norm still zeroes the
     step's gradients, as DeepSpeed's does).
+  - the gradient norm itself (`get_grad_norm_direct`, whatever the configuration): its non-finite norm is masked
+    to -1 (DeepSpeed's invalid-norm sentinel) by `mask_nan_or_inf_with_val_inplace`, which builds the -1 as a
+    tensor from the host (`torch.tensor(-1.0, device=...)`: a blocking copy, the host waits for the device) and
+    fills with it (`masked_fill_` with a tensor value: CUDA's kernel reads it back with `.item()`), two host
+    syncs a step (seen on an H200: the `cudaStreamSynchronize` 2 and `Memcpy DtoH` 1 of every profiled step).
+    `mask_norm_on_device` makes it the same fill from a host number.
 
-tests/test_deepspeed_step.py counts the host reads and syncs of a ZeRO-2 step on the CPU (gloo).
+tests/test_deepspeed_step.py counts the host reads, uploads and syncs of a ZeRO-2 step on the CPU (gloo).
 """
 from __future__ import annotations
 
@@ -69,6 +75,30 @@ def clip_on_device(zero_optimizer) -> bool:
 
     zero_optimizer.unscale_and_clip_grads = unscale_and_clip_grads
     return True
+
+
+def zero_step_on_device(zero_optimizer) -> bool:
+    """A ZeRO-1/2 optimizer's step without host syncs: `clip_on_device` on it and `mask_norm_on_device` ->
+    whether both took (not for other optimizers, ZeRO-3's included)."""
+    return clip_on_device(zero_optimizer) and mask_norm_on_device()
+
+
+def mask_norm_on_device() -> bool:
+    """DeepSpeed's ZeRO-1/2 module masks a gradient norm with `mask_invalid_norm` instead of its own
+    `mask_nan_or_inf_with_val_inplace` (the same values, no host sync; idempotent) -> whether it was replaced
+    (not in a DeepSpeed without that function). Process-wide: no other optimizer of that module differs."""
+    from deepspeed.runtime.zero import stage_1_and_2
+
+    if not callable(getattr(stage_1_and_2, "mask_nan_or_inf_with_val_inplace", None)):
+        return False
+    stage_1_and_2.mask_nan_or_inf_with_val_inplace = mask_invalid_norm
+    return True
+
+
+def mask_invalid_norm(norm: torch.Tensor, device=None, val: float = -1.0) -> None:
+    """`norm`'s non-finite entries set to `val` in place, filled from a host number: neither a tensor built on
+    the host nor a value read back. `device` is DeepSpeed's argument (where it built its fill value), unused."""
+    norm.masked_fill_(~torch.isfinite(norm), val)
 
 
 def clip_scale(total_norm, clip_grad: float, loss_scale: float) -> Optional[torch.Tensor | float]:

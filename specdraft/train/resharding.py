@@ -37,7 +37,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX, write_text
-from specdraft.train.deepspeed_step import clip_on_device
+from specdraft.train.deepspeed_step import zero_step_on_device
 from specdraft.train.manifest import refusal, sign_checkpoint
 from specdraft.train.zero3 import drop_module_hooks, persist_weights, persistence_config
 
@@ -241,7 +241,7 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
         if self.zero_stage_3 and self._persist(model):
             self.config["zero_optimization"].update(persistence_config(model))
         engine, zero_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
-        clip_on_device(zero_optimizer)
+        zero_step_on_device(zero_optimizer)  # no host syncs a ZeRO-1/2 step (deepspeed_step.py)
         self.whole_weights = self.zero_stage_3 and drop_module_hooks(zero_optimizer, engine.module)
         return engine, zero_optimizer
 

@@ -124,6 +124,24 @@ def test_inference_queries_take_the_dense_path():
     torch.testing.assert_close(last, full[:, :, -1:])
 
 
+def test_an_unpacked_rows_block_mask_is_built_once_per_shape(monkeypatch):
+    """Rows of one document each: the mask depends on the shape alone, so later unrolls reuse it (each build is
+    host work in every training step); packed rows' masks follow their document ids, built every time."""
+    built, build = [], flex_module.ttt_block_mask
+    monkeypatch.setattr(flex_module, "ttt_block_mask", lambda ids: built.append(tuple(ids.shape)) or build(ids))
+    flex_module._cached_causal_block_mask.cache_clear()
+    first = ttt_mask(None, 2, 40, "cpu", "flex")
+    assert ttt_mask(None, 2, 40, "cpu", "flex").block_mask is first.block_mask
+    assert ttt_mask(None, 1, 40, "cpu", "flex").block_mask is not first.block_mask
+    document_ids = torch.tensor(DOCUMENTS)
+    packed = [ttt_mask(document_ids, 2, 40, "cpu", "flex") for _ in range(2)]
+    assert built == [(2, 40), (1, 40), (2, 40), (2, 40)]
+    fresh = build(torch.zeros(2, 40, dtype=torch.long))
+    assert torch.equal(first.block_mask.to_dense(), fresh.to_dense())
+    assert packed[0].document_ids is document_ids and first.document_ids is None
+    flex_module._cached_causal_block_mask.cache_clear()  # none kept from the patched builder
+
+
 def _output_and_grads(query, steps_kv, cols, mask):
     """ttt_attention's output and the gradients of sum(out²) with respect to the query and every step's K, V."""
     leaves = [query, *[t for kv in steps_kv for t in kv]]

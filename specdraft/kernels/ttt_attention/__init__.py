@@ -1,10 +1,10 @@
 """`ttt_attention`: attention of a training-time-test step (see specdraft/methods/eagle3.py for the layout).
 
 `ttt_mask` builds, once per unroll, what every step's attention needs: the document ids of the columns (packed
-rows hold several conversations) and, for flex attention, the block mask. Dispatch: flex (flex.py) when the mask
-carries a block mask and the queries are the unroll's columns; the dense reference otherwise. `impl="auto"`
-builds the block mask on CUDA unless SPECDRAFT_KERNELS=reference; "flex" builds it anywhere (CPU tests run flex
-eagerly); "dense" never.
+rows hold several conversations) and, for flex attention, the block mask (unpacked rows: one per shape, kept
+for every later unroll of that shape). Dispatch: flex (flex.py) when the mask carries a block mask and the
+queries are the unroll's columns; the dense reference otherwise. `impl="auto"` builds the block mask on CUDA
+unless SPECDRAFT_KERNELS=reference; "flex" builds it anywhere (CPU tests run flex eagerly); "dense" never.
 """
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def ttt_mask(document_ids: Optional[torch.Tensor], batch: int, num_cols: int, de
     flex = impl == "flex" or (impl == "auto" and torch.device(device).type == "cuda" and not use_reference("ttt_attention"))
     if not flex:
         return TTTMask(document_ids=document_ids)
-    from specdraft.kernels.ttt_attention.flex import ttt_block_mask
+    from specdraft.kernels.ttt_attention.flex import ttt_block_mask, unpacked_block_mask
 
-    ids = document_ids if document_ids is not None else \
-        torch.zeros(batch, num_cols, dtype=torch.long, device=device)
-    return TTTMask(document_ids=document_ids, block_mask=ttt_block_mask(ids))
+    if document_ids is None:  # the mask depends on the shape alone: built once per shape
+        return TTTMask(block_mask=unpacked_block_mask(batch, num_cols, device))
+    return TTTMask(document_ids=document_ids, block_mask=ttt_block_mask(document_ids))
 
 
 def ttt_attention(query: torch.Tensor, steps_kv: List[KV], query_cols: torch.Tensor,
