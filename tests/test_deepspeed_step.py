@@ -92,6 +92,23 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)
 
 
+def test_the_trainers_strategy_steps_its_zero_optimizer_without_host_syncs(monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from specdraft.train import resharding
+
+    built, zero_optimizer = SimpleNamespace(module=torch.nn.Linear(2, 2)), object()
+    monkeypatch.setattr(DeepSpeedStrategy, "_setup_model_and_optimizer",
+                        lambda self, model, optimizer, lr_scheduler=None: (built, zero_optimizer))
+    replaced = []
+    monkeypatch.setattr(resharding, "zero_step_on_device", replaced.append)
+    strategy = resharding.ReshardingDeepSpeedStrategy(stage=2)
+    assert strategy._setup_model_and_optimizer(built.module, None) == (built, zero_optimizer)
+    assert replaced == [zero_optimizer]
+
+
 def test_zero3_persist_auto_keeps_weights_whole_up_to_a_sixteenth_of_the_gpu():
     from specdraft.train.zero3 import persist_weights, persistence_config, weight_bytes
 

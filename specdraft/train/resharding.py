@@ -195,7 +195,7 @@ def drop_stale_files(checkpoint: Path, world_size: int) -> None:
 class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it, once it is
     known to be this user's (its signed manifest) or `trust_checkpoint` (the command line's flag) says so; it signs
-    every checkpoint it saves. Its ZeRO-1/2 optimizer clips gradients without a host sync (deepspeed_step.py); under
+    every checkpoint it saves. Its ZeRO-1/2 optimizer steps without host syncs (deepspeed_step.py); under
     ZeRO-3, `zero3_persist` (train.zero3_persist: auto, true, false) keeps the engine's weights whole (zero3.py)."""
 
     def __init__(self, *args, resume_from: Optional[str] = None, trust_checkpoint: bool = False,
