@@ -62,8 +62,8 @@ class Deferred:
         done = []
         while self.pending and (wait or self.pending[0].event is None or self.pending[0].event.query()):
             stash = self.pending.popleft()
-            if stash.event is not None:
-                stash.event.synchronize()  # done already unless `wait`
+            if stash.event is not None and wait:
+                stash.event.synchronize()  # without `wait`, its query said the device has passed it: no call at all
             if stash.host is not None:
                 stash.values.update(zip(stash.names, stash.host.tolist()))
             done.append(stash)
