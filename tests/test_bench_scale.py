@@ -153,9 +153,12 @@ def test_target_linear_times_the_target_under_deepspeeds_linear_and_torchs(tmp_p
 
 def test_the_report_names_the_rows_per_step_an_override_sets(tmp_path):
     recipe = scale.write_recipe(tmp_path, scale.CONFIGS["tiny"], "float32")
-    assert scale.micro_batch(recipe, ["train.seed=0"]) == 1
-    assert scale.micro_batch(recipe, ["train.micro_batch_size=4", "data.features=hybrid",
-                                            "train.micro_batch_size=32"]) == 32
+    assert scale.micro_batch(recipe, "ddp", ["train.seed=0"]) == 1
+    assert scale.micro_batch(recipe, "ddp", ["train.micro_batch_size=4", "data.features=hybrid",
+                                             "train.micro_batch_size=32"]) == 32
+    # a DeepSpeed setting is read under the DeepSpeed strategy the rows run with, not the recipe's own
+    overlap = ["train.deepspeed.zero_optimization.overlap_comm=true"]
+    assert scale.micro_batch(recipe, "deepspeed_stage_2", overlap) == 1
 
 
 @pytest.mark.slow

@@ -288,11 +288,12 @@ def parse_args(argv=None):
     return args
 
 
-def micro_batch(recipe: Path, overrides: list) -> int:
-    """Rows per GPU per step, as `specdraft train` resolves the recipe and the overrides."""
+def micro_batch(recipe: Path, strategy: str, overrides: list) -> int:
+    """Rows per GPU per step, as `specdraft train` resolves the recipe and the overrides under `strategy` (an
+    override of train.deepspeed needs a DeepSpeed one)."""
     from specdraft.recipes import load_recipe
 
-    return load_recipe(recipe, overrides).train.micro_batch_size
+    return load_recipe(recipe, [f"train.strategy={strategy}", *overrides]).train.micro_batch_size
 
 
 def train_main(argv=None) -> dict:
@@ -302,8 +303,9 @@ def train_main(argv=None) -> dict:
     write_target(work / "target", spec["target"])
     write_rows(work / "data", args.rows, spec["seq_len"], spec["target"]["vocab_size"])
     args.recipe = write_recipe(work, spec, "bfloat16" if args.device == "cuda" else "float32")
+    rows_per_gpu = micro_batch(args.recipe, args.strategies[0], args.override)
     report = {"config": args.config, "device": args.device, "machine": machine(args.device),
-              "seq_len": spec["seq_len"], "micro_batch_per_gpu": micro_batch(args.recipe, args.override),
+              "seq_len": spec["seq_len"], "micro_batch_per_gpu": rows_per_gpu,
               "overrides": args.override, "warmup_steps": args.warmup, "timed_steps": args.steps,
               "target": spec["target"], "results": []}
     for strategy in args.strategies:
