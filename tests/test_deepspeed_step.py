@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdraft.config import TrainConfig
-from specdraft.train.deepspeed_step import clip_scale, mask_invalid_norm, overlap_comm_on, step_config
+from specdraft.train.deepspeed_step import clip_scale, mask_invalid_norm, step_config
 from tests.host_reads import HostReads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,13 +27,6 @@ def test_step_config_turns_off_the_synchronizing_defaults():
     assert "overlap_comm" not in step_config(3, "bf16-mixed")["zero_optimization"]
 
 
-def test_reductions_overlap_the_backward_only_on_several_gpus_and_unless_the_recipe_says():
-    assert overlap_comm_on(2, 4, {}) and overlap_comm_on(1, 2, {"reduce_bucket_size": 5})
-    assert not overlap_comm_on(2, 1, {})  # one GPU: nothing to overlap, the syncs would only cost
-    assert not overlap_comm_on(2, 4, {"overlap_comm": False})  # the recipe's train.deepspeed has the last word
-    assert not overlap_comm_on(3, 4, {})  # ZeRO-3 keeps DeepSpeed's own setting
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="builds the DeepSpeed strategy, which a GPU machine runs")
 def test_the_trainer_merges_them_under_train_deepspeed(monkeypatch):
     from specdraft.train import trainer
@@ -45,7 +38,6 @@ def test_the_trainer_merges_them_under_train_deepspeed(monkeypatch):
     assert config["zero_optimization"]["overlap_comm"] is True  # the recipe's train.deepspeed has the last word
     assert config["bf16"]["check_grad_overflow"] is False
     assert config["zero_optimization"]["contiguous_gradients"] is True  # Lightning's own entries stay
-    assert trainer._strategy(cfg, None).user_zero_config == {"overlap_comm": True}
 
 
 def test_clip_scale_clips_on_the_device_as_deepspeed_does():

@@ -15,8 +15,6 @@ harness step has none. DeepSpeed ZeRO-1/2 (0.19) with Lightning's configuration 
     reductions run on the compute stream in its order (nothing to overlap on one GPU; on several, the
     reduce-scatter of a bucket waits for the backward instead of the host waiting for the device), and one
     bucket buffer is allocated instead of two.
-    On several GPUs (`overlap_comm_on`) the overlap is turned back on: there the reductions are real NCCL
-    traffic, and running them beside the backward hides more than its few syncs cost.
   - gradient clipping: `unscale_and_clip_grads` reads the norm back (`is_invalid_grad_norm`) whatever the
     configuration; `clip_on_device` does the same arithmetic on the device (an invalid norm still zeroes the
     step's gradients, as DeepSpeed's does).
@@ -55,12 +53,6 @@ def step_config(stage: int, precision: str) -> dict:
     else:
         config["zero_optimization"] = {"overlap_comm": False}
     return config
-
-
-def overlap_comm_on(stage: int, world_size: int, user_zero_config: dict) -> bool:
-    """Whether ZeRO-1/2's gradient reductions overlap the backward on a side stream: only when there is
-    something to overlap (several ranks) and the recipe's train.deepspeed does not set overlap_comm itself."""
-    return stage in (1, 2) and world_size > 1 and "overlap_comm" not in user_zero_config
 
 
 def clip_on_device(zero_optimizer) -> bool:

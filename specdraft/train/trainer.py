@@ -111,8 +111,7 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bo
     stage = int(cfg.strategy[-1])
     persist = "false" if user_threshold(cfg.deepspeed) is not None else cfg.zero3_persist  # the recipe's own wins
     strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
-                                           zero3_persist=persist, exclude_frozen_parameters=True,
-                                           user_zero_config=dict(cfg.deepspeed.get("zero_optimization", {})))
+                                           zero3_persist=persist, exclude_frozen_parameters=True)
     merge_config(strategy.config, step_config(stage, _precision(cfg)))  # no host syncs a step (deepspeed_step.py)
     merge_config(strategy.config, cfg.deepspeed)
     return strategy
