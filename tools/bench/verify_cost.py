@@ -9,7 +9,17 @@ context and each node's ancestors, a random tree of N nodes) and the logits of e
 `SpecEngine.verify_forward` runs it: on a GPU captured in one CUDA graph and replayed --repeats times after a
 warm-up, timed by CUDA events, the median of --rounds rounds. N = 1 is a plain decoding step. The table gives ms a
 pass, the pass over a plain step, and the ms saved against --reference N (default 40, the default tree's budget)
-per token fewer. bf16 on a GPU; on a CPU it runs eagerly in float32 (a check that it works, not a measurement).
+per token fewer. bf16 on a GPU (--dtype float32: the dtype the lossless checks and the judge suite decode in); on a
+CPU it runs eagerly in float32 (a check that it works, not a measurement).
+
+With --matmuls, per N also the pass's matmuls alone (every layer's qkv, o, gate/up and down, and the LM head, at N
+rows, one graph) and the same matmuls split along their inner dimension into S chunks for each --split-k S (one
+batched matmul of the S partial products and their sum): where the matmuls alone make up the pass, they set its
+cost; where a split is faster, the matmul kernel has too few output tiles to fill the GPU at N rows (float32 has no
+tensor-core kernel without TF32, so each tile costs an SM many times what it costs in bf16).
+
+    python tools/bench/verify_cost.py --config smollm2 --context 128 --dtype float32 --nodes 1 8 16 40 \\
+        --matmuls --split-k 2 4 8 16 --out OUT
 OUT/verify_cost.json.
 """
 from __future__ import annotations
@@ -17,9 +27,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from suite import finish, machine, markdown_table
+from suite import finish, fmt, machine, markdown_table
 
 import torch
 
@@ -108,6 +118,61 @@ def _timed_mean(run, args, repeats: int, device: torch.device) -> float:
     return start.elapsed_time(end) / repeats
 
 
+def split_k_linear(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """x [N, K] @ weight [O, K].T as `splits` partial products over chunks of K (one batched matmul, no copies)
+    summed -> [N, O]; K must divide into them."""
+    rows, inner = x.shape
+    chunk = inner // splits
+    partial = torch.bmm(x.view(rows, splits, chunk).transpose(0, 1),  # [S, N, K/S]
+                        weight.view(-1, splits, chunk).permute(1, 2, 0))  # [S, K/S, O] -> [S, N, O]
+    return partial.sum(0)
+
+
+def pass_weights(model) -> List[torch.Tensor]:
+    """The weights [O, K] a verify pass multiplies by, in its order: each layer's qkv, o, gate/up, down, then the
+    LM head (a float target's: a quantized one's run other kernels)."""
+    weights = [w for layer in model.layers for w in (layer.wqkv.weight, layer.wo.weight, layer.w13.weight,
+                                                      layer.w2.weight)]
+    return weights + [model.lm_head_weight]
+
+
+def matmuls_ms(model, nodes: int, splits: int, repeats: int, rounds: int) -> Optional[float]:
+    """The pass's matmuls alone at `nodes` rows (`splits` > 1: each split along K, `split_k_linear`), graphed on a
+    GPU -> the median over `rounds` of the mean ms; None when a weight's K does not divide into `splits`."""
+    from specdraft.decoding.graphs import CallGraph
+
+    weights = pass_weights(model)
+    if any(w.shape[1] % splits for w in weights):
+        return None
+    device = weights[0].device
+    inputs = {k: torch.randn(nodes, k, device=device, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}
+
+    def matmuls():
+        if splits == 1:
+            return [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights]
+        return [split_k_linear(inputs[w.shape[1]], w, splits) for w in weights]
+
+    run = CallGraph(matmuls, []) if device.type == "cuda" else matmuls
+    with torch.no_grad():
+        run()
+        return statistics.median(_timed_mean(run, (), repeats, device) for _ in range(rounds))
+
+
+def matmul_gflop(model, nodes: int) -> float:
+    """GFLOP of the pass's matmuls at `nodes` rows (2 N K O summed over `pass_weights`)."""
+    return 2 * nodes * sum(w.shape[0] * w.shape[1] for w in pass_weights(model)) / 1e9
+
+
+def matmul_table(rows: List[Dict], splits: List[int]) -> str:
+    """Per N: the whole pass, its matmuls alone (and the rate they reach), and the matmuls split along K (module
+    docstring)."""
+    lines = [[row["nodes"], f"{row['ms']:.3f}", fmt(row["matmuls_ms"], ".3f"),
+              fmt(row["matmul_gflop"] / row["matmuls_ms"], ".2f"),
+              *(fmt(row["split_k_ms"].get(str(s)), ".3f") for s in splits)] for row in rows]
+    return markdown_table(["N (tree tokens)", "ms a verify", "matmuls alone (ms)", "matmul TFLOP/s",
+                           *(f"split K in {s} (ms)" for s in splits)], lines)
+
+
 def cost_table(rows: List[Dict], reference: int) -> str:
     plain = next((row["ms"] for row in rows if row["nodes"] == 1), None)
     base = next((row for row in rows if row["nodes"] == reference), None)
@@ -131,20 +196,35 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
+                        help="the target's dtype (auto: bfloat16 on a GPU, float32 on a CPU)")
+    parser.add_argument("--matmuls", action="store_true", help="also time the pass's matmuls alone, per N")
+    parser.add_argument("--split-k", type=int, nargs="*", default=[], metavar="S",
+                        help="with --matmuls, also each matmul split along K into S chunks")
     parser.add_argument("--out", default="runs/bench")
     args = parser.parse_args(argv)
     if any(n < 1 for n in args.nodes):
         parser.error(f"--nodes must be >= 1, got {args.nodes}")
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else \
+        torch.bfloat16 if device.type == "cuda" else torch.float32
     model = random_target(args.config, args.context + max(args.nodes), device, dtype)
     rows = [{"nodes": n, "ms": verify_pass_ms(model, args.context, n, args.repeats, args.rounds)}
             for n in sorted(set(args.nodes))]
+    if args.matmuls:
+        for row in rows:
+            row["matmuls_ms"] = matmuls_ms(model, row["nodes"], 1, args.repeats, args.rounds)
+            row["matmul_gflop"] = matmul_gflop(model, row["nodes"])
+            row["split_k_ms"] = {str(s): matmuls_ms(model, row["nodes"], s, args.repeats, args.rounds)
+                                 for s in args.split_k}
     report = {"config": args.config, "geometry": GEOMETRIES[args.config], "context": args.context,
               "dtype": str(dtype).replace("torch.", ""), "cuda_graphs": device.type == "cuda",
               "machine": machine(args.device), "repeats": args.repeats, "rounds": args.rounds,
               "reference": args.reference, "rows": rows}
-    return finish(cost_table(rows, args.reference), args.out, report, "verify_cost")
+    table = cost_table(rows, args.reference)
+    if args.matmuls:
+        table += "\n\n" + matmul_table(rows, args.split_k)
+    return finish(table, args.out, report, "verify_cost")
 
 
 if __name__ == "__main__":
