@@ -16,7 +16,8 @@ With --matmuls, per N also the pass's matmuls alone (every layer's qkv, o, gate/
 rows, one graph) and the same matmuls split along their inner dimension into S chunks for each --split-k S (one
 batched matmul of the S partial products and their sum): where the matmuls alone make up the pass, they set its
 cost; where a split is faster, the matmul kernel has too few output tiles to fill the GPU at N rows (float32 has no
-tensor-core kernel without TF32, so each tile costs an SM many times what it costs in bf16).
+tensor-core kernel without TF32, so each tile costs an SM many times what it costs in bf16; --allow-tf32 shows what
+tensor cores would change, at TF32's rounding, which the runtime never uses).
 
     python tools/bench/verify_cost.py --config smollm2 --context 128 --dtype float32 --nodes 1 8 16 40 \\
         --matmuls --split-k 2 4 8 16 --out OUT
@@ -187,6 +188,18 @@ def cost_table(rows: List[Dict], reference: int) -> str:
                            f"µs a token against N={reference}"], lines)
 
 
+def timed_rows(model, args) -> List[Dict]:
+    """Per N of args.nodes: the pass's ms, and with args.matmuls its matmuls' alone, their GFLOP, and each split's."""
+    rows = [{"nodes": n, "ms": verify_pass_ms(model, args.context, n, args.repeats, args.rounds)}
+            for n in sorted(set(args.nodes))]
+    for row in rows if args.matmuls else []:
+        row["matmuls_ms"] = matmuls_ms(model, row["nodes"], 1, args.repeats, args.rounds)
+        row["matmul_gflop"] = matmul_gflop(model, row["nodes"])
+        row["split_k_ms"] = {str(s): matmuls_ms(model, row["nodes"], s, args.repeats, args.rounds)
+                             for s in args.split_k}
+    return rows
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description="one verify pass of N tree tokens on a random target, ms per N")
     parser.add_argument("--config", default="llama3-8b", choices=sorted(GEOMETRIES))
@@ -198,6 +211,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
                         help="the target's dtype (auto: bfloat16 on a GPU, float32 on a CPU)")
+    parser.add_argument("--allow-tf32", action="store_true",
+                        help="float32 matmuls on TF32 tensor cores (rounded: not how the runtime decodes; shows "
+                             "what tensor cores would change)")
     parser.add_argument("--matmuls", action="store_true", help="also time the pass's matmuls alone, per N")
     parser.add_argument("--split-k", type=int, nargs="*", default=[], metavar="S",
                         help="with --matmuls, also each matmul split along K into S chunks")
@@ -209,16 +225,14 @@ def main(argv=None) -> dict:
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else \
         torch.bfloat16 if device.type == "cuda" else torch.float32
     model = random_target(args.config, args.context + max(args.nodes), device, dtype)
-    rows = [{"nodes": n, "ms": verify_pass_ms(model, args.context, n, args.repeats, args.rounds)}
-            for n in sorted(set(args.nodes))]
-    if args.matmuls:
-        for row in rows:
-            row["matmuls_ms"] = matmuls_ms(model, row["nodes"], 1, args.repeats, args.rounds)
-            row["matmul_gflop"] = matmul_gflop(model, row["nodes"])
-            row["split_k_ms"] = {str(s): matmuls_ms(model, row["nodes"], s, args.repeats, args.rounds)
-                                 for s in args.split_k}
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, args.allow_tf32
+    try:
+        rows = timed_rows(model, args)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     report = {"config": args.config, "geometry": GEOMETRIES[args.config], "context": args.context,
-              "dtype": str(dtype).replace("torch.", ""), "cuda_graphs": device.type == "cuda",
+              "dtype": str(dtype).replace("torch.", ""), "allow_tf32": args.allow_tf32,
+              "cuda_graphs": device.type == "cuda",
               "machine": machine(args.device), "repeats": args.repeats, "rounds": args.rounds,
               "reference": args.reference, "rows": rows}
     table = cost_table(rows, args.reference)
