@@ -1,8 +1,9 @@
 """One DeepSpeed ZeRO-2 rank on the CPU (gloo, bf16), for tests/test_deepspeed_step.py: a small model trained 3
 steps with gradient clipping under Lightning's DeepSpeed configuration, once with specdraft's step settings
-(specdraft.train.deepspeed_step) and once with DeepSpeed's own (the overflow check on, clipping as DeepSpeed
-does it). Prints one JSON line: per variant, each step's host reads and uploads from DeepSpeed's code and device
-syncs (tests/host_reads.py says what each counts), and the weights after the last step.
+(specdraft.train.deepspeed_step), once with its single-rank settings too, and once with DeepSpeed's own (the
+overflow check on, clipping as DeepSpeed does it). Prints one JSON line: per variant, each step's host reads and
+uploads from DeepSpeed's code and device syncs (tests/host_reads.py says what each counts), and the weights after
+the last step.
 
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.deepspeed_step_run
 """
@@ -27,20 +28,20 @@ def _count_syncs() -> list:
     return syncs
 
 
-def _config(ours: bool) -> dict:
+def _config(ours: bool, single_rank: bool = False) -> dict:
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    from specdraft.train.deepspeed_step import step_config
+    from specdraft.train.deepspeed_step import single_rank_config, step_config
     from specdraft.train.trainer import merge_config
 
     config = DeepSpeedStrategy(stage=2, reduce_bucket_size=5000).config  # buckets small enough to fill
     config.update({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": CLIP})
     merge_config(config, step_config(2, "bf16-mixed") if ours else {"bf16": {"enabled": True}})
     config["zero_optimization"]["overlap_comm"] = False  # DeepSpeed's streams do not exist on the CPU
-    return config
+    return merge_config(config, single_rank_config(2, 1)) if single_rank else config
 
 
-def _run(ours: bool, syncs: list) -> dict:
+def _run(ours: bool, syncs: list, single_rank: bool = False) -> dict:
     import deepspeed
 
     from specdraft.train.deepspeed_step import zero_step_on_device
@@ -48,7 +49,8 @@ def _run(ours: bool, syncs: list) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    engine, zero_optimizer, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=_config(ours),
+    engine, zero_optimizer, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                      config=_config(ours, single_rank),
                                                       model_parameters=model.parameters())
     replaced = zero_step_on_device(zero_optimizer) if ours else False
     inputs = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
@@ -76,7 +78,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     syncs = _count_syncs()
     theirs = _run(False, syncs)  # first: ours replaces a function of DeepSpeed's module for the whole process
-    print(json.dumps({"ours": _run(True, syncs), "deepspeed": theirs}))
+    print(json.dumps({"ours": _run(True, syncs), "deepspeed": theirs, "single_rank": _run(True, syncs, True)}))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    ours, theirs = result["ours"], result["deepspeed"]
+    ours, theirs, single = result["ours"], result["deepspeed"], result["single_rank"]
     assert ours["replaced"] is True
     assert ours["reads"] == [0, 0, 0] and ours["uploads"] == [0, 0, 0] and ours["syncs"] == [0, 0, 0], ours
     # the overflow flag, the norm check in step and in the clip, the norm's mask (its -1 read back in the fill)
@@ -90,6 +90,40 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
     assert ours["last_grad_norm"] > 0.05  # the steps were clipped
     for mine, reference in zip(ours["weights"], theirs["weights"]):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)
+    # one rank's settings (the bucket all-reduced whole, not reduce-scattered): the very same steps
+    assert single["reads"] == [0, 0, 0] and single["uploads"] == [0, 0, 0] and single["syncs"] == [0, 0, 0]
+    assert single["weights"] == ours["weights"]
+
+
+def test_a_single_rank_reduces_its_bucket_whole():
+    """What single_rank_config turns off on one rank: the reduce-scatter's per-rank slices."""
+    from specdraft.train.deepspeed_step import single_rank_config
+
+    assert single_rank_config(2, 1) == {"zero_optimization": {"reduce_scatter": False}}
+    assert single_rank_config(2, 2) == {} and single_rank_config(2, 0) == {}  # several (or unknown) ranks
+    assert single_rank_config(3, 1) == {} and single_rank_config(1, 1) == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="builds the DeepSpeed strategy, which a GPU machine runs")
+def test_the_trainer_gives_a_single_rank_zero2_run_its_settings(monkeypatch):
+    from specdraft.train import trainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def zero(**fields):
+        return trainer._strategy(TrainConfig(strategy="deepspeed_stage_2", **fields), None).config[
+            "zero_optimization"]
+
+    assert zero(devices="1")["reduce_scatter"] is False and zero()["reduce_scatter"] is False  # auto: one GPU
+    assert zero(devices="2")["reduce_scatter"] is True  # Lightning's own on several ranks
+    assert zero(devices="1", num_nodes=2)["reduce_scatter"] is True
+    own = {"zero_optimization": {"reduce_scatter": True}}
+    assert zero(devices="1", deepspeed=own)["reduce_scatter"] is True  # the recipe's has the last word
+    monkeypatch.setenv("WORLD_SIZE", "4")  # a launcher started several processes of one device each
+    assert zero(devices="1")["reduce_scatter"] is True
 
 
 def test_the_trainers_strategy_steps_its_zero_optimizer_without_host_syncs(monkeypatch):
