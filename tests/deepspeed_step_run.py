@@ -31,8 +31,7 @@ def _count_syncs() -> list:
 def _config(ours: bool, single_rank: bool = False) -> dict:
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    from specdraft.train.deepspeed_step import single_rank_config, step_config
-    from specdraft.train.trainer import merge_config
+    from specdraft.train.deepspeed_step import merge_config, single_rank_config, step_config
 
     config = DeepSpeedStrategy(stage=2, reduce_bucket_size=5000).config  # buckets small enough to fill
     config.update({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": CLIP})

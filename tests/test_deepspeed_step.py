@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -105,30 +106,65 @@ def test_a_single_rank_reduces_its_bucket_whole():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="builds the DeepSpeed strategy, which a GPU machine runs")
-def test_the_trainer_gives_a_single_rank_zero2_run_its_settings(monkeypatch):
+def test_the_trainer_leaves_reduce_scatter_to_the_strategy_unless_the_recipe_sets_it(monkeypatch):
     from specdraft.train import trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    strategy = trainer._strategy(TrainConfig(strategy="deepspeed_stage_2"), None)
+    assert strategy.single_rank_zero is True and strategy.config["zero_optimization"]["reduce_scatter"] is True
+    for value in (True, False):
+        own = {"zero_optimization": {"reduce_scatter": value}}
+        strategy = trainer._strategy(TrainConfig(strategy="deepspeed_stage_2", deepspeed=own), None)
+        assert strategy.single_rank_zero is False and strategy.config["zero_optimization"]["reduce_scatter"] is value
 
-    def zero(**fields):
-        return trainer._strategy(TrainConfig(strategy="deepspeed_stage_2", **fields), None).config[
-            "zero_optimization"]
 
-    assert zero(devices="1")["reduce_scatter"] is False and zero()["reduce_scatter"] is False  # auto: one GPU
-    assert zero(devices="2")["reduce_scatter"] is True  # Lightning's own on several ranks
-    assert zero(devices="1", num_nodes=2)["reduce_scatter"] is True
-    own = {"zero_optimization": {"reduce_scatter": True}}
-    assert zero(devices="1", deepspeed=own)["reduce_scatter"] is True  # the recipe's has the last word
-    monkeypatch.setenv("WORLD_SIZE", "4")  # a launcher started several processes of one device each
-    assert zero(devices="1")["reduce_scatter"] is True
+def _reduce_scatter_built(monkeypatch, world_size: int, stage: int = 2, **kwargs):
+    """reduce_scatter in the config DeepSpeed's engine would be built from, on `world_size` ranks."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from specdraft.train import resharding
+
+    built = []
+
+    def build_engine(self, model, optimizer, lr_scheduler=None):
+        built.append(self.config["zero_optimization"]["reduce_scatter"])
+        return SimpleNamespace(module=model), None
+
+    monkeypatch.setattr(DeepSpeedStrategy, "_setup_model_and_optimizer", build_engine)
+    monkeypatch.setattr(resharding, "zero_step_on_device", lambda zero_optimizer: False)
+    environment = LightningEnvironment()
+    environment.set_world_size(world_size)
+    strategy = resharding.ReshardingDeepSpeedStrategy(stage=stage, cluster_environment=environment, **kwargs)
+    strategy._setup_model_and_optimizer(torch.nn.Linear(2, 2), None)
+    return built[0]
+
+
+def test_the_strategy_reduces_a_single_ranks_bucket_whole(monkeypatch):
+    assert _reduce_scatter_built(monkeypatch, 1) is False
+    assert _reduce_scatter_built(monkeypatch, 2) is True  # Lightning's own on several ranks
+    assert _reduce_scatter_built(monkeypatch, 1, stage=1) is True
+    assert _reduce_scatter_built(monkeypatch, 1, single_rank_zero=False) is True  # the recipe's value stays
+
+
+@pytest.mark.slow
+def test_the_strategys_engine_reduces_a_single_ranks_bucket_whole(tmp_path):
+    """DeepSpeed engines built by the strategy on the CPU (gloo): one rank all-reduces whole, unless the recipe
+    says otherwise; two ranks keep Lightning's reduce-scatter."""
+    from tests.test_resharding import run_ranks
+
+    def built(world: int, recipe_value: str) -> dict:
+        out = tmp_path / f"{world}-{recipe_value}.json"
+        run_ranks(world, "strategy", 2, recipe_value, out)
+        return json.loads(out.read_text())
+
+    assert built(1, "-") == {"engine": False, "optimizer": False}
+    assert built(1, "true") == {"engine": True, "optimizer": True}
+    assert built(2, "-") == {"engine": True, "optimizer": True}
 
 
 def test_the_trainers_strategy_steps_its_zero_optimizer_without_host_syncs(monkeypatch):
-    from types import SimpleNamespace
-
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from specdraft.train import resharding

@@ -69,6 +69,21 @@ def single_rank_config(stage: int, world_size: int) -> dict:
     return SINGLE_RANK_ZERO if stage == 2 and world_size == 1 else {}
 
 
+def sets_reduce_scatter(deepspeed_entries: dict) -> bool:
+    """Whether the recipe's train.deepspeed sets zero_optimization.reduce_scatter itself (it has the last word)."""
+    return "reduce_scatter" in (deepspeed_entries.get("zero_optimization") or {})
+
+
+def merge_config(config: dict, entries: dict) -> dict:
+    """`entries` (train.deepspeed) merged into the DeepSpeed `config` in place, nested dicts key by key."""
+    for key, value in entries.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merge_config(config[key], value)
+        else:
+            config[key] = value
+    return config
+
+
 def clip_on_device(zero_optimizer) -> bool:
     """A ZeRO-1/2 optimizer's `unscale_and_clip_grads` replaced (on this instance) by the same arithmetic without
     reading the norm back to the host -> whether it was replaced (not for other optimizers, ZeRO-3's included,

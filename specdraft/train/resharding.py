@@ -37,7 +37,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX, write_text
-from specdraft.train.deepspeed_step import zero_step_on_device
+from specdraft.train.deepspeed_step import merge_config, single_rank_config, zero_step_on_device
 from specdraft.train.manifest import refusal, sign_checkpoint
 from specdraft.train.zero3 import drop_module_hooks, persist_weights, persistence_config
 
@@ -195,13 +195,17 @@ def drop_stale_files(checkpoint: Path, world_size: int) -> None:
 class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it, once it is
     known to be this user's (its signed manifest) or `trust_checkpoint` (the command line's flag) says so; it signs
-    every checkpoint it saves. Its ZeRO-1/2 optimizer steps without host syncs (deepspeed_step.py); under
-    ZeRO-3, `zero3_persist` (train.zero3_persist: auto, true, false) keeps the engine's weights whole (zero3.py)."""
+    every checkpoint it saves. Its ZeRO-1/2 optimizer steps without host syncs (deepspeed_step.py), and with
+    `single_rank_zero` a ZeRO-2 run of one rank all-reduces its gradient bucket whole (deepspeed_step.SINGLE_RANK_ZERO);
+    under ZeRO-3, `zero3_persist` (train.zero3_persist: auto, true, false) keeps the engine's weights whole
+    (zero3.py)."""
 
     def __init__(self, *args, resume_from: Optional[str] = None, trust_checkpoint: bool = False,
-                 zero3_persist: str = "false", **kwargs):
+                 zero3_persist: str = "false", single_rank_zero: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.resume_from, self.trust_checkpoint, self.zero3_persist = resume_from, trust_checkpoint, zero3_persist
+        self.single_rank_zero = single_rank_zero
+        """Whether this run decides reduce_scatter from its world size (False: the recipe's train.deepspeed sets it)."""
         self.restored_from: Optional[ZeroLayout] = None
         """The saved layout when the checkpoint was loaded universally (resharded), else None."""
         self.whole_weights = False
@@ -238,6 +242,8 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
         return client_state
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        if self.single_rank_zero:  # the ranks are known now, and the engine is built from self.config below
+            merge_config(self.config, single_rank_config(self.config["zero_optimization"]["stage"], self.world_size))
         if self.zero_stage_3 and self._persist(model):
             self.config["zero_optimization"].update(persistence_config(model))
         engine, zero_optimizer = super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)

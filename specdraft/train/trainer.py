@@ -18,7 +18,6 @@ a DeepSpeed checkpoint directory only when its signed manifest says this user's 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from functools import partial
@@ -42,7 +41,7 @@ from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
 from specdraft.core.types import DraftContext
 from specdraft.targets import load_target_info
-from specdraft.train.deepspeed_step import single_rank_config, step_config
+from specdraft.train.deepspeed_step import merge_config, sets_reduce_scatter, step_config
 from specdraft.train.device_reads import SigtermFlag
 from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
@@ -111,33 +110,13 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bo
         raise SpecdraftError(f"train.strategy={cfg.strategy} needs CUDA GPUs; on CPU use: auto, ddp")
     stage = int(cfg.strategy[-1])
     persist = "false" if user_threshold(cfg.deepspeed) is not None else cfg.zero3_persist  # the recipe's own wins
+    single_rank_zero = not sets_reduce_scatter(cfg.deepspeed)  # the recipe's own reduce_scatter wins
     strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
-                                           zero3_persist=persist, exclude_frozen_parameters=True)
+                                           zero3_persist=persist, single_rank_zero=single_rank_zero,
+                                           exclude_frozen_parameters=True)
     merge_config(strategy.config, step_config(stage, _precision(cfg)))  # no host syncs a step (deepspeed_step.py)
-    merge_config(strategy.config, single_rank_config(stage, _world_size(cfg)))  # less host work a step
     merge_config(strategy.config, cfg.deepspeed)
     return strategy
-
-
-def _world_size(cfg: TrainConfig) -> int:
-    """The ranks the run will have, as far as the recipe and the launcher say before Lightning starts them: 1
-    only for one node of one device (train.devices 1, or auto on a machine with one GPU) outside a launcher that
-    started several processes; 0 when it cannot tell."""
-    if cfg.num_nodes != 1 or int(os.environ.get("WORLD_SIZE", "1")) != 1:
-        return 0
-    if cfg.devices.isdigit():
-        return int(cfg.devices)
-    return torch.cuda.device_count() if cfg.devices in ("auto", "-1") else 0
-
-
-def merge_config(config: dict, entries: dict) -> dict:
-    """`entries` (train.deepspeed) merged into the DeepSpeed `config` in place, nested dicts key by key."""
-    for key, value in entries.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            merge_config(config[key], value)
-        else:
-            config[key] = value
-    return config
 
 
 def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
