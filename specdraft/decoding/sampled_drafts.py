@@ -23,6 +23,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from specdraft.kernels.tree_sample.reference import scaled_logits
+
 
 @dataclass
 class DraftDraws:
@@ -48,12 +50,6 @@ def draw_gumbel(rows: int, draft_vocab: int, generator: Optional[torch.Generator
     source = generator.device if generator is not None else device
     exponential = torch.empty(rows, draft_vocab, device=source).exponential_(generator=generator)
     return (-exponential.log()).to(device)
-
-
-def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits [..., V] -> logits / T for a float32 softmax (`softmax(..., dtype=torch.float32)`): at T = 1 the
-    logits themselves (the softmax upcasts them: the same bits as dividing a float32 copy by 1, two launches fewer)."""
-    return logits if temperature == 1.0 else logits.float() / temperature
 
 
 def sampled_children(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
