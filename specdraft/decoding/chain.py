@@ -29,10 +29,11 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.sampled_topk import sampled_topk
 from specdraft.decoding.accept import Acceptance
 from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.host_reader import HostReader
-from specdraft.decoding.sampled_drafts import SampledDrafts, sampled_children
+from specdraft.decoding.sampled_drafts import SampledDrafts
 from specdraft.decoding.stop_rules import ConfidenceStop, StopRule
 from specdraft.decoding.tree import DraftTree
 
@@ -86,7 +87,7 @@ class ChainCycles:
         d2t = self.engine.drafter.d2t
         if self.temperature > 0:  # a stop rule reads the top-1 log-probability, never the sampled token's
             gumbel = self.gumbel[depth - 1:depth]  # [1, Vd]
-            _, ids, logprobs = sampled_children(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
+            _, ids, logprobs = sampled_topk(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
             self.draft_logprobs[depth - 1:depth].copy_(logprobs)
             scores = logprobs.amax(dim=-1, keepdim=True)  # [1, 1]
         else:

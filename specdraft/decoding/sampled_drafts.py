@@ -5,8 +5,8 @@ p(c) at most: at T = 1, where the target's p is spread, a chain's top-1 draft la
 sampled from q and accepted with probability min(1, p(x) / q(x)) lands with probability sum_x min(p(x), q(x)) =
 1 - TV(p, q), near 1 when the draft matches the target (Leviathan et al. 2023; SpecInfer's and EAGLE's rule for
 sampled drafts). So here, at T > 0, every expanded node's first child is sampled from q (Gumbel-max, its noise
-drawn outside the CUDA graph) and its other k - 1 children are q's most probable tokens besides it; the verify
-tests the sampled child against p with min(1, p / q), then the others as point masses against the residual
+drawn outside the CUDA graph) and its other k - 1 children are q's most probable tokens besides it
+(`kernels.sampled_topk`); the verify tests the sampled child against p with min(1, p / q), then the others as point masses against the residual
 max(0, p - q) renormalised (sampling.py). Lossless because what decides whether the sampled child is in the tree
 never reads which token it is: it scores as certain (its parent's joint score: a draft near the target is
 accepted with probability 1 - TV, however flat q is, so q's own probabilities would undervalue it; scored by
@@ -19,11 +19,9 @@ not stop at T > 0.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
-
-from specdraft.kernels.tree_sample.reference import scaled_logits
 
 
 @dataclass
@@ -50,16 +48,3 @@ def draw_gumbel(rows: int, draft_vocab: int, generator: Optional[torch.Generator
     source = generator.device if generator is not None else device
     exponential = torch.empty(rows, draft_vocab, device=source).exponential_(generator=generator)
     return (-exponential.log()).to(device)
-
-
-def sampled_children(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
-                     temperature: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """draft_logits [r, Vd], gumbel [r, Vd] -> (scores [r, k] float32, target ids [r, k] int64, log q [r, Vd]):
-    child 0 sampled from q = softmax(logits / T) and scored 0 (certain); children 1..k-1 the k - 1 most probable
-    tokens besides it, scored their log q."""
-    logprobs = torch.log_softmax(scaled_logits(draft_logits, temperature), dim=-1, dtype=torch.float32)  # [r, Vd]
-    sampled = (logprobs + gumbel).argmax(dim=-1, keepdim=True)  # [r, 1]
-    # the sampled token ranked first at +inf, then the k - 1 most probable others: one top-k; its score +inf
-    # clamps to 0 (every log q is <= 0, so the others keep theirs)
-    scores, ids = logprobs.scatter(-1, sampled, float("inf")).topk(k, dim=-1)  # [r, k] each
-    return scores.clamp(max=0.0), ids + d2t[ids], logprobs

@@ -35,10 +35,11 @@ import torch
 from specdraft.core.drafting import Drafter, TreeScorer
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.sampled_topk import sampled_topk
 from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
-from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled_children
+from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts
 
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class TreeExpansion:
         if self.draws is None:
             return (*draft_topk(logits, self.drafter.d2t, k), None)
         gumbel = self.draws.gumbel[row:row + logits.shape[0]]  # [r, Vd]
-        return sampled_children(logits, self.drafter.d2t, k, gumbel, self.draws.temperature)
+        return sampled_topk(logits, self.drafter.d2t, k, gumbel, self.draws.temperature)
 
     def _scored(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, draft_logits: torch.Tensor,
                 depth: int) -> torch.Tensor:
