@@ -62,6 +62,7 @@ class ChainCycles:
         self.depths = index  # [K+1] chain node j is at depth j
         self.parents = index - 1  # [K+1]
         self.causal = index[:, None] >= index[None, :]  # [K+1, K+1]
+        self.is_draft = index > 0  # [K+1] every node but the root (each sampled, at T > 0)
         self.slots = [index[d:d + 1] for d in range(depth + 1)]  # scratch slot of depth d, [1] each
         self.visible = [(index <= d)[None] for d in range(depth + 1)]  # [1, W] scratch slots 0..d
         self._graphs: Dict[Tuple, CallGraph] = {}
@@ -87,8 +88,8 @@ class ChainCycles:
         d2t = self.engine.drafter.d2t
         if self.temperature > 0:  # a stop rule reads the top-1 log-probability, never the sampled token's
             gumbel = self.gumbel[depth - 1:depth]  # [1, Vd]
-            _, ids, logprobs = sampled_topk(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
-            self.draft_logprobs[depth - 1:depth].copy_(logprobs)
+            _, ids, logprobs = sampled_topk(logits, d2t, 1, gumbel, self.temperature,
+                                            self.draft_logprobs[depth - 1:depth])  # [1, 1], [1, Vd] in place
             scores = logprobs.amax(dim=-1, keepdim=True)  # [1, 1]
         else:
             scores, ids = draft_topk(logits, d2t, 1)  # [1, 1]
@@ -148,7 +149,7 @@ class ChainCycles:
         if self.temperature <= 0:
             return None
         return SampledDrafts(rows=self.depths[:n], logprobs=self.draft_logprobs, d2t=self.engine.drafter.d2t,
-                             sampled=self.depths[:n] > 0)
+                             sampled=self.is_draft[:n])
 
     def _verify(self, policy: Acceptance, randomness=None, *, drafted: int, computed: int):
         """randomness: the policy's draws for drafted + 1 nodes, made outside any graph."""

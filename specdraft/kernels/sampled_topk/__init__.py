@@ -5,20 +5,24 @@ verify; two launches.
 Dispatch: the Triton kernels when `use_triton(draft_logits)`, else the reference (tests/kernels/
 test_sampled_topk.py checks that both compute the same function).
 """
+from typing import Optional
+
 import torch
 
 from specdraft.kernels import use_triton
 from specdraft.kernels.sampled_topk.reference import sampled_topk_reference
 
 
-def sampled_topk(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor, temperature: float):
+def sampled_topk(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor, temperature: float,
+                 logprobs_out: Optional[torch.Tensor] = None):
     """draft_logits [r, Vd], d2t [Vd] int64, gumbel [r, Vd] float32 -> (scores [r, k] float32, target ids [r, k]
-    int64, log q [r, Vd] float32): reference.py."""
+    int64, log q [r, Vd] float32): reference.py. log q is written into `logprobs_out` ([r, Vd] float32, rows
+    contiguous) when one is given (a buffer the tree's verify reads whole: no concatenation)."""
     if use_triton(draft_logits, "sampled_topk"):
         from specdraft.kernels.sampled_topk.triton_kernel import sampled_topk_triton
 
-        return sampled_topk_triton(draft_logits, d2t, k, gumbel, temperature)
-    return sampled_topk_reference(draft_logits, d2t, k, gumbel, temperature)
+        return sampled_topk_triton(draft_logits, d2t, k, gumbel, temperature, logprobs_out=logprobs_out)
+    return sampled_topk_reference(draft_logits, d2t, k, gumbel, temperature, logprobs_out)
 
 
 __all__ = ["sampled_topk", "sampled_topk_reference"]

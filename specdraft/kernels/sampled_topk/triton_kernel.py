@@ -82,7 +82,7 @@ def _merge_kernel(logits_ptr, row_stride, vocab, temperature, keys_ptr, chunk_ma
 
 
 def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
-                        temperature: float, block_v: int | None = None):
+                        temperature: float, block_v: int | None = None, logprobs_out: torch.Tensor | None = None):
     """Same contract as `sampled_topk`. `block_v` (a power of two) overrides the chunk width."""
     rows, vocab = draft_logits.shape
     if not 1 <= k <= vocab:
@@ -100,7 +100,10 @@ def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, g
     perturbed_ids = torch.empty(rows, num_chunks, dtype=torch.int64, device=device)
     scores = torch.empty(rows, k, dtype=torch.float32, device=device)
     target_ids = torch.empty(rows, k, dtype=torch.int64, device=device)
-    logprobs = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+    logprobs = torch.empty(rows, vocab, dtype=torch.float32, device=device) if logprobs_out is None else logprobs_out
+    if logprobs.shape != (rows, vocab) or logprobs.stride() != (vocab, 1) or logprobs.dtype != torch.float32:
+        raise SpecdraftError(f"sampled_topk: logprobs_out must be contiguous float32 [{rows}, {vocab}], got "
+                             f"{logprobs.dtype} {tuple(logprobs.shape)} strides {logprobs.stride()}")
     if rows == 0:
         return scores, target_ids, logprobs
     scale = temperature != 1.0
