@@ -56,7 +56,7 @@ class ChainCycles:
         self.exit_threshold = 0.0
         self.temperature = 0.0  # > 0: this cycle's drafts are sampled (sampled_drafts.py)
         vocab = engine.drafter.d2t.shape[0]
-        self.gumbel = torch.zeros(depth, vocab, device=device) if engine.sample_drafts else None  # [K, Vd]
+        self.noise = torch.zeros(depth, vocab, device=device) if engine.sample_drafts else None  # [K, Vd] Exp(1)
         self.draft_logprobs = torch.zeros(depth + 1, vocab, device=device) if engine.sample_drafts else None
         index = torch.arange(depth + 1, device=device)
         self.depths = index  # [K+1] chain node j is at depth j
@@ -87,8 +87,8 @@ class ChainCycles:
         drafts: the token sampled, its log q kept for the verify), and stops[depth] where a stop rule reads it."""
         d2t = self.engine.drafter.d2t
         if self.temperature > 0:  # a stop rule reads the top-1 log-probability, never the sampled token's
-            gumbel = self.gumbel[depth - 1:depth]  # [1, Vd]
-            _, ids, logprobs = sampled_topk(logits, d2t, 1, gumbel, self.temperature,
+            noise = self.noise[depth - 1:depth]  # [1, Vd]
+            _, ids, logprobs = sampled_topk(logits, d2t, 1, noise, self.temperature,
                                             self.draft_logprobs[depth - 1:depth])  # [1, 1], [1, Vd] in place
             scores = logprobs.amax(dim=-1, keepdim=True)  # [1, 1]
         else:
@@ -210,7 +210,7 @@ class ChainCycles:
         noise = engine.draft_noise(policy, depth, generator)  # [K, Vd], before the drafting reads it
         self.temperature = policy.temperature if noise is not None else 0.0
         if noise is not None:
-            self.gumbel.copy_(noise)
+            self.noise.copy_(noise)
         if not self.exits and max_depth == depth:
             return self._policy_run(("whole",), self._whole, policy, depth + 1, generator), depth
         drafted, computed = self.draft(max_depth)

@@ -26,10 +26,11 @@ import torch
 
 @dataclass
 class DraftDraws:
-    """A cycle's randomness for sampled drafts: the Gumbel noise of each expanded node, drawn outside the graph."""
+    """A cycle's randomness for sampled drafts: each expanded node's Exp(1) draws, drawn outside the graph; the
+    Gumbel noise is -log of them, taken inside it (`kernels.sampled_topk`: two launches fewer outside the graph)."""
 
     temperature: float
-    gumbel: torch.Tensor  # [R, Vd] float32: row r perturbs the draft distribution of the r-th expanded node
+    exponential: torch.Tensor  # [R, Vd] float32: row r perturbs the draft distribution of the r-th expanded node
 
 
 @dataclass
@@ -42,9 +43,8 @@ class SampledDrafts:
     sampled: torch.Tensor  # [N] bool: the node was sampled from its parent's q (else a point-mass draft)
 
 
-def draw_gumbel(rows: int, draft_vocab: int, generator: Optional[torch.Generator],
-                device: torch.device) -> torch.Tensor:
-    """-> [rows, draft_vocab] float32 standard Gumbel noise (-log of an Exp(1) draw), on `device`."""
+def draw_exponential(rows: int, draft_vocab: int, generator: Optional[torch.Generator],
+                     device: torch.device) -> torch.Tensor:
+    """-> [rows, draft_vocab] float32 Exp(1) draws on `device` (-log of one is a standard Gumbel draw)."""
     source = generator.device if generator is not None else device
-    exponential = torch.empty(rows, draft_vocab, device=source).exponential_(generator=generator)
-    return (-exponential.log()).to(device)
+    return torch.empty(rows, draft_vocab, device=source).exponential_(generator=generator).to(device)

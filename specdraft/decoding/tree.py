@@ -178,7 +178,7 @@ class TreeExpansion:
         rows = slice(row, row + logits.shape[0])
         if self.draft_logprobs is None:  # one buffer the verify reads whole (no concatenation of the depths')
             self.draft_logprobs = torch.empty(self.shape.expanded_rows, logits.shape[1], device=logits.device)
-        return sampled_topk(logits, self.drafter.d2t, k, self.draws.gumbel[rows], self.draws.temperature,
+        return sampled_topk(logits, self.drafter.d2t, k, self.draws.exponential[rows], self.draws.temperature,
                             self.draft_logprobs[rows])
 
     def _scored(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, draft_logits: torch.Tensor,

@@ -1,8 +1,8 @@
 """Sampled children in two launches. Stage 1, one program per (row, vocabulary chunk): the chunk's max and sum of
 exp of logits / T (the log-softmax normaliser), its own top k (packed keys, as draft_topk's) and its Gumbel-max
-candidate (the largest logits / T + noise, lowest id on ties). Stage 2, one program per row: the row's logsumexp,
+candidate (the largest logits / T - log of the Exp(1) draw, lowest id on ties). Stage 2, one program per row: the row's logsumexp,
 the sampled token (the best chunk candidate), the k - 1 best keys besides it, the d2t map, and log q written out
-chunk by chunk. The Gumbel-max reads logits / T + noise (the same argmax as log q + noise, short of rounding)."""
+chunk by chunk. The Gumbel-max reads logits / T + Gumbel noise (the same argmax as log q + noise, short of rounding)."""
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +22,7 @@ def _scaled(logits_ptr, row_stride, row, ids, vocab, temperature, SCALE: tl.cons
 
 
 @triton.jit
-def _chunk_kernel(logits_ptr, row_stride, vocab, temperature, gumbel_ptr, gumbel_stride, keys_ptr, chunk_max_ptr,
+def _chunk_kernel(logits_ptr, row_stride, vocab, temperature, noise_ptr, noise_stride, keys_ptr, chunk_max_ptr,
                   chunk_sumexp_ptr, perturbed_ptr, perturbed_id_ptr, num_chunks, K: tl.constexpr,
                   SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
     chunk, row = tl.program_id(0), tl.program_id(1)
@@ -34,8 +34,8 @@ def _chunk_kernel(logits_ptr, row_stride, vocab, temperature, gumbel_ptr, gumbel
     slot = row * num_chunks + chunk
     tl.store(chunk_max_ptr + slot, chunk_max)
     tl.store(chunk_sumexp_ptr + slot, tl.sum(tl.exp(logits - shift), 0))
-    noise = tl.load(gumbel_ptr + row.to(tl.int64) * gumbel_stride + ids, mask=in_vocab, other=0.0)
-    perturbed = tl.where(in_vocab, logits + noise, -float("inf"))
+    exponential = tl.load(noise_ptr + row.to(tl.int64) * noise_stride + ids, mask=in_vocab, other=1.0)
+    perturbed = tl.where(in_vocab, logits - tl.log(exponential), -float("inf"))  # + Gumbel noise
     best = tl.max(perturbed, 0)
     tl.store(perturbed_ptr + slot, best)
     tl.store(perturbed_id_ptr + slot, tl.min(tl.where(perturbed == best, ids, vocab), 0))
@@ -81,7 +81,7 @@ def _merge_kernel(logits_ptr, row_stride, vocab, temperature, keys_ptr, chunk_ma
         tl.store(logprobs_ptr + row.to(tl.int64) * vocab + ids, logits - log_normaliser, mask=ids < vocab)
 
 
-def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
+def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, exponential: torch.Tensor,
                         temperature: float, block_v: int | None = None, logprobs_out: torch.Tensor | None = None):
     """Same contract as `sampled_topk`. `block_v` (a power of two) overrides the chunk width."""
     rows, vocab = draft_logits.shape
@@ -89,8 +89,8 @@ def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, g
         raise SpecdraftError(f"sampled_topk: k={k} must be between 1 and the draft vocabulary size {vocab}")
     if draft_logits.stride(-1) != 1:
         draft_logits = draft_logits.contiguous()
-    if gumbel.stride(-1) != 1:
-        gumbel = gumbel.contiguous()
+    if exponential.stride(-1) != 1:
+        exponential = exponential.contiguous()
     device = draft_logits.device
     block_v = block_v or split_block(rows, vocab, device, 1024, 4096)
     num_chunks = triton.cdiv(vocab, block_v)
@@ -107,8 +107,8 @@ def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, g
     if rows == 0:
         return scores, target_ids, logprobs
     scale = temperature != 1.0
-    _chunk_kernel[(num_chunks, rows)](draft_logits, draft_logits.stride(0), vocab, float(temperature), gumbel,
-                                      gumbel.stride(0), keys, chunk_max, chunk_sumexp, perturbed, perturbed_ids,
+    _chunk_kernel[(num_chunks, rows)](draft_logits, draft_logits.stride(0), vocab, float(temperature), exponential,
+                                      exponential.stride(0), keys, chunk_max, chunk_sumexp, perturbed, perturbed_ids,
                                       num_chunks, K=k, SCALE=scale, BLOCK_V=block_v,
                                       num_warps=8 if block_v >= 4096 else 4)
     _merge_kernel[(rows,)](draft_logits, draft_logits.stride(0), vocab, float(temperature), keys, chunk_max,
