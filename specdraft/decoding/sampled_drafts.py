@@ -7,12 +7,13 @@ sampled from q and accepted with probability min(1, p(x) / q(x)) lands with prob
 sampled drafts). So here, at T > 0, every expanded node's first child is sampled from q (Gumbel-max, its noise
 drawn outside the CUDA graph) and its other k - 1 children are q's most probable tokens besides it
 (`kernels.sampled_topk`); the verify tests the sampled child against p with min(1, p / q), then the others as
-point masses against the residual max(0, p - q) renormalised (sampling.py). Lossless because what decides whether the sampled child is in the tree
-never reads which token it is: it scores as certain (its parent's joint score: a draft near the target is
-accepted with probability 1 - TV, however flat q is, so q's own probabilities would undervalue it; scored by
-them, the selection cut the sampled chain short and a tree accepted less than a chain), above its siblings, ahead
-of them in node order; its siblings and descendants score no higher and come later, so they cannot push it out.
-The tree then always holds the sampled chain to its full depth, and its point-mass siblings by EAGLE-2's scores.
+point masses against the residual max(0, p - q) renormalised (sampling.py). Lossless because what decides whether
+the sampled child is in the tree never reads which token it is: it scores as certain (its parent's joint score: a
+draft near the target is accepted with probability 1 - TV, however flat q is, so q's own probabilities would
+undervalue it; scored by them, the selection cut the sampled chain short and a tree accepted less than a chain),
+above its siblings, ahead of them in node order; its siblings and descendants score no higher and come later, so
+they cannot push it out. The tree then always holds the sampled chain to its full depth, and its point-mass
+siblings by EAGLE-2's scores.
 (A stop rule that reads the frontier's mass, Dynamic Depth Decoding's, sees the sampled chain as certain and does
 not stop at T > 0.)
 """

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from specdraft.kernels.tree_sample import verify_sampled, verify_sampled_reference
-from specdraft.kernels.tree_sample.reference import target_probs_of
 from specdraft.kernels.tree_sample.triton_kernel import draft_index, verify_sampled_triton
 from tests.kernels.trees import random_parents
 
@@ -45,22 +44,22 @@ def _case(seed: int, drafts: bool, d2t: torch.Tensor):
 
 
 @pytest.mark.parametrize("drafts", [False, True], ids=["point_mass", "sampled"])
-@pytest.mark.parametrize("block_v", [8, 64])
-def test_the_kernels_take_the_references_path_and_bonus(drafts, block_v):
+@pytest.mark.parametrize("block_v, temperature", [(8, 0.7), (64, 1.0)])
+def test_the_kernels_take_the_references_path_and_bonus(drafts, block_v, temperature):
     d2t = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB].sort().values
     d2t = d2t - torch.arange(DRAFT_VOCAB)
     accepted_any = 0
-    for seed in range(40):
+    for seed in range(12):
         case = _case(seed, drafts, d2t)
         for depth_limit in range(0, int(case["depths"].max()) + 1):
-            want = verify_sampled_reference(**case, depth_limit=depth_limit, temperature=0.7)
+            want = verify_sampled_reference(**case, depth_limit=depth_limit, temperature=temperature)
             extra = {k: case.get(k) for k in ("rows", "logprobs", "d2t", "sampled")}
-            got = verify_sampled_triton(target_probs_of(case["target_logits"], 0.7), case["tokens"], case["parents"],
-                                        case["uniforms"], depth_limit, **extra, block_v=block_v)
+            got = verify_sampled_triton(case["target_logits"], case["tokens"], case["parents"], case["uniforms"],
+                                        depth_limit, temperature, **extra, block_v=block_v)
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype == torch.int64 and g.tolist() == w.tolist(), (seed, depth_limit)
             accepted_any += int(want[1])
-    assert accepted_any > 20  # the cases walk: paths, not just bonuses, are compared
+    assert accepted_any > 5  # the cases walk: paths, not just bonuses, are compared
 
 
 def test_the_dispatch_runs_the_kernels_under_the_interpreter_and_the_draft_index_is_built_once():

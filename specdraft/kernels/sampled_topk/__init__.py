@@ -15,9 +15,9 @@ from specdraft.kernels.sampled_topk.reference import sampled_topk_reference
 
 def sampled_topk(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, exponential: torch.Tensor,
                  temperature: float, logprobs_out: Optional[torch.Tensor] = None):
-    """draft_logits [r, Vd], d2t [Vd] int64, exponential [r, Vd] float32 Exp(1) draws -> (scores [r, k] float32, target ids [r, k]
-    int64, log q [r, Vd] float32): reference.py. log q is written into `logprobs_out` ([r, Vd] float32, rows
-    contiguous) when one is given (a buffer the tree's verify reads whole: no concatenation)."""
+    """draft_logits [r, Vd], d2t [Vd] int64, exponential [r, Vd] float32 Exp(1) draws -> (scores [r, k] float32,
+    target ids [r, k] int64, log q [r, Vd] float32): reference.py. log q is written into `logprobs_out` ([r, Vd]
+    float32, rows contiguous) when one is given (a buffer the tree's verify reads whole: no concatenation)."""
     if use_triton(draft_logits, "sampled_topk"):
         from specdraft.kernels.sampled_topk.triton_kernel import sampled_topk_triton
 

@@ -1,8 +1,9 @@
 """Sampled children in two launches. Stage 1, one program per (row, vocabulary chunk): the chunk's max and sum of
 exp of logits / T (the log-softmax normaliser), its own top k (packed keys, as draft_topk's) and its Gumbel-max
-candidate (the largest logits / T - log of the Exp(1) draw, lowest id on ties). Stage 2, one program per row: the row's logsumexp,
-the sampled token (the best chunk candidate), the k - 1 best keys besides it, the d2t map, and log q written out
-chunk by chunk. The Gumbel-max reads logits / T + Gumbel noise (the same argmax as log q + noise, short of rounding)."""
+candidate (the largest logits / T - log of the Exp(1) draw, lowest id on ties). Stage 2, one program per row: the
+row's logsumexp, the sampled token (the best chunk candidate), the k - 1 best keys besides it, the d2t map, and log q
+written out chunk by chunk. The Gumbel-max reads logits / T + Gumbel noise (the argmax of log q + noise, short of
+rounding)."""
 import torch
 import triton
 import triton.language as tl

@@ -1,5 +1,5 @@
 """`verify_sampled`: recursive rejection sampling over a draft tree (T > 0): every node's test, the accepted path and
-the bonus token, in one softmax and two launches.
+the bonus token, in three launches from the target's logits.
 
 Dispatch: the Triton kernels when `use_triton(target_logits)`, else the reference (tests/kernels/
 test_tree_sample.py checks that both compute the same function: the same path, and the bonus's distribution).
@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from specdraft.kernels import use_triton
-from specdraft.kernels.tree_sample.reference import target_probs_of, verify_sampled_reference
+from specdraft.kernels.tree_sample.reference import verify_sampled_reference
 
 
 def verify_sampled(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
@@ -21,8 +21,8 @@ def verify_sampled(target_logits: torch.Tensor, tokens: torch.Tensor, parents: t
     if use_triton(target_logits, "tree_sample"):
         from specdraft.kernels.tree_sample.triton_kernel import verify_sampled_triton
 
-        return verify_sampled_triton(target_probs_of(target_logits, temperature), tokens, parents, uniforms,
-                                     depth_limit, rows, logprobs, d2t, sampled)
+        return verify_sampled_triton(target_logits, tokens, parents, uniforms, depth_limit, temperature, rows,
+                                     logprobs, d2t, sampled)
     return verify_sampled_reference(target_logits, tokens, parents, depths, uniforms, depth_limit, temperature,
                                     rows, logprobs, d2t, sampled)
 

@@ -1,10 +1,11 @@
-"""Rejection-sampling acceptance over a draft tree in two launches after the target's softmax. Stage 1, one
-program per (node, vocabulary chunk): the chunk's sum of the distribution the node tests its point-mass children
-against (p, or the residual max(0, p - q) when a sampled child of it is in the tree). Stage 2, one program: every
-node's test at once, the walk down the first passing children, and the bonus by inverse CDF: the chunk the
-uniform lands in from the last node's chunk sums (its rejected children's mass taken out), then the token inside
-that chunk. q over the target vocabulary is read through `draft_index` (target id -> draft index), built once per
-d2t."""
+"""Rejection-sampling acceptance over a draft tree in three launches from the target's logits. Stage 1, one program
+per (node, vocabulary chunk): the chunk's max and sum of exp of logits / T (the softmax's normaliser; the
+probabilities are never written out). Stage 2, the same grid: the chunk's sum of the distribution the node tests its
+point-mass children against (p, or the residual max(0, p - q) when a sampled child of it is in the tree). Stage 3,
+one program: every node's test at once, the walk down the first passing children, and the bonus by inverse CDF: the
+chunk the uniform lands in from the last node's chunk sums (its rejected children's mass taken out), then the token
+inside that chunk. q over the target vocabulary is read through `draft_index` (target id -> draft index), built once
+per d2t."""
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -41,13 +42,58 @@ def _draft_q(logprobs_ptr, draft_vocab, row, draft_ids):
 
 
 @triton.jit
-def _residual_sums_kernel(probs_ptr, vocab, parents_ptr, sampled_ptr, rows_ptr, logprobs_ptr, draft_vocab,
-                          t2d_ptr, sums_ptr, num_nodes, num_chunks, DRAFTS: tl.constexpr, BLOCK_V: tl.constexpr,
-                          BLOCK_NODES: tl.constexpr):
+def _scaled(logits_ptr, row_stride, rows, ids, mask, temperature, SCALE: tl.constexpr):
+    """logits / T at rows `rows`, ids `ids` (float32; -inf where masked off)."""
+    logits = tl.load(logits_ptr + rows.to(tl.int64) * row_stride + ids, mask=mask, other=-float("inf")).to(tl.float32)
+    if SCALE:
+        logits = logits / temperature
+    return logits
+
+
+@triton.jit
+def _probs(logits_ptr, row_stride, rows, ids, mask, temperature, log_normaliser, SCALE: tl.constexpr):
+    """softmax(logits / T) at rows `rows`, ids `ids`, from each row's log normaliser (0 where masked off)."""
+    return tl.exp(_scaled(logits_ptr, row_stride, rows, ids, mask, temperature, SCALE) - log_normaliser)
+
+
+@triton.jit
+def _log_normalisers(chunk_max_ptr, chunk_sumexp_ptr, rows, num_chunks, mask, BLOCK_CHUNKS: tl.constexpr):
+    """rows [B] -> their logsumexp of logits / T [B], from stage 1's chunk maxima and sums."""
+    chunks = tl.arange(0, BLOCK_CHUNKS)
+    slots = rows[:, None] * num_chunks + chunks[None, :]
+    live = mask[:, None] & (chunks < num_chunks)[None, :]
+    chunk_max = tl.load(chunk_max_ptr + slots, mask=live, other=-float("inf"))
+    chunk_sumexp = tl.load(chunk_sumexp_ptr + slots, mask=live, other=0.0)
+    row_max = tl.max(chunk_max, 1)
+    shift = tl.where(row_max == -float("inf"), 0.0, row_max)
+    total = tl.where(mask, tl.sum(chunk_sumexp * tl.exp(chunk_max - shift[:, None]), 1), 1.0)  # rows masked off: 1
+    return shift + tl.log(total)
+
+
+@triton.jit
+def _stats_kernel(logits_ptr, row_stride, vocab, temperature, chunk_max_ptr, chunk_sumexp_ptr, num_chunks,
+                  SCALE: tl.constexpr, BLOCK_V: tl.constexpr):
+    chunk, node = tl.program_id(0), tl.program_id(1)
+    ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+    logits = _scaled(logits_ptr, row_stride, node, ids, ids < vocab, temperature, SCALE)
+    chunk_max = tl.max(logits, 0)
+    shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+    tl.store(chunk_max_ptr + node * num_chunks + chunk, chunk_max)
+    tl.store(chunk_sumexp_ptr + node * num_chunks + chunk, tl.sum(tl.exp(logits - shift), 0))
+
+
+@triton.jit
+def _residual_sums_kernel(logits_ptr, row_stride, vocab, temperature, chunk_max_ptr, chunk_sumexp_ptr, parents_ptr,
+                          sampled_ptr, rows_ptr, logprobs_ptr, draft_vocab, t2d_ptr, sums_ptr, num_nodes, num_chunks,
+                          DRAFTS: tl.constexpr, SCALE: tl.constexpr, BLOCK_V: tl.constexpr,
+                          BLOCK_NODES: tl.constexpr, BLOCK_CHUNKS: tl.constexpr):
     chunk, node = tl.program_id(0), tl.program_id(1)
     ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
     in_vocab = ids < vocab
-    weights = tl.load(probs_ptr + node.to(tl.int64) * vocab + ids, mask=in_vocab, other=0.0)
+    row = tl.full([1], 0, tl.int32) + node  # [1]
+    log_normaliser = tl.sum(_log_normalisers(chunk_max_ptr, chunk_sumexp_ptr, row, num_chunks, row >= 0,
+                                             BLOCK_CHUNKS), 0)
+    weights = _probs(logits_ptr, row_stride, node, ids, in_vocab, temperature, log_normaliser, SCALE)
     if DRAFTS:
         nodes = tl.arange(0, BLOCK_NODES)
         is_node = nodes < num_nodes
@@ -61,10 +107,11 @@ def _residual_sums_kernel(probs_ptr, vocab, parents_ptr, sampled_ptr, rows_ptr, 
 
 
 @triton.jit
-def _accept_kernel(probs_ptr, vocab, tokens_ptr, parents_ptr, sampled_ptr, rows_ptr, logprobs_ptr, draft_vocab,
-                   t2d_ptr, sums_ptr, num_chunks, uniforms_ptr, num_nodes, accepted_ptr, accept_length_ptr,
-                   bonus_ptr, DEPTH: tl.constexpr, DRAFTS: tl.constexpr, BLOCK_V: tl.constexpr,
-                   BLOCK_NODES: tl.constexpr, BLOCK_CHUNKS: tl.constexpr):
+def _accept_kernel(logits_ptr, row_stride, vocab, temperature, chunk_max_ptr, chunk_sumexp_ptr, tokens_ptr,
+                   parents_ptr, sampled_ptr, rows_ptr, logprobs_ptr, draft_vocab, t2d_ptr, sums_ptr, num_chunks,
+                   uniforms_ptr, num_nodes, accepted_ptr, accept_length_ptr, bonus_ptr, DEPTH: tl.constexpr,
+                   DRAFTS: tl.constexpr, SCALE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_NODES: tl.constexpr,
+                   BLOCK_CHUNKS: tl.constexpr):
     nodes = tl.arange(0, BLOCK_NODES)  # [BN]
     chunks = tl.arange(0, BLOCK_CHUNKS)  # [BC]
     is_node = nodes < num_nodes
@@ -75,7 +122,9 @@ def _accept_kernel(probs_ptr, vocab, tokens_ptr, parents_ptr, sampled_ptr, rows_
     sums = tl.load(sums_ptr + nodes[:, None] * num_chunks + chunks[None, :],
                    mask=is_node[:, None] & (chunks < num_chunks)[None, :], other=0.0)  # [BN, BC]
     parent_of = nodes[None, :] == above[:, None]  # [BN, BN]: column n is row i's parent
-    p_child = tl.load(probs_ptr + above.to(tl.int64) * vocab + tokens, mask=is_node, other=0.0)  # p(token) at parent
+    log_normalisers = _log_normalisers(chunk_max_ptr, chunk_sumexp_ptr, nodes, num_chunks, is_node, BLOCK_CHUNKS)
+    parent_normaliser = tl.sum(tl.where(parent_of, log_normalisers[None, :], 0.0), 1)
+    p_child = _probs(logits_ptr, row_stride, above, tokens, is_node, temperature, parent_normaliser, SCALE)
     if DRAFTS:
         sampled = (tl.load(sampled_ptr + nodes, mask=is_node, other=0) != 0) & has_parent
         tests = tl.max(((parents[None, :] == nodes[:, None]) & sampled[None, :]).to(tl.int32), 1)  # [BN] per node
@@ -121,7 +170,8 @@ def _accept_kernel(probs_ptr, vocab, tokens_ptr, parents_ptr, sampled_ptr, rows_
     before = tl.sum(tl.where(chunks < chunk, chunk_sums, 0.0), 0)
     ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
     live = (ids < vocab) & (chunk < BLOCK_CHUNKS)
-    weights = tl.load(probs_ptr + current.to(tl.int64) * vocab + ids, mask=live, other=0.0)
+    node_normaliser = tl.sum(tl.where(nodes == current, log_normalisers, 0.0), 0)
+    weights = _probs(logits_ptr, row_stride, current, ids, live, temperature, node_normaliser, SCALE)
     if DRAFTS:
         node_tests = tl.sum(tl.where(nodes == current, tests, 0), 0) > 0
         node_row = tl.load(rows_ptr + current)
@@ -136,15 +186,17 @@ def _accept_kernel(probs_ptr, vocab, tokens_ptr, parents_ptr, sampled_ptr, rows_
     tl.store(bonus_ptr, pick.to(tl.int64))
 
 
-def verify_sampled_triton(target_probs: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-                          uniforms: torch.Tensor, depth_limit: int, rows: Optional[torch.Tensor] = None,
-                          logprobs: Optional[torch.Tensor] = None, d2t: Optional[torch.Tensor] = None,
-                          sampled: Optional[torch.Tensor] = None, block_v: int = 1024):
-    """target_probs [N, V] float32 (`reference.target_probs_of`), the rest as `verify_sampled` -> (accepted_nodes
+def verify_sampled_triton(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                          uniforms: torch.Tensor, depth_limit: int, temperature: float,
+                          rows: Optional[torch.Tensor] = None, logprobs: Optional[torch.Tensor] = None,
+                          d2t: Optional[torch.Tensor] = None, sampled: Optional[torch.Tensor] = None,
+                          block_v: int = 1024):
+    """The contract of `verify_sampled` (depths unread: the walk counts its steps) -> (accepted_nodes
     [depth_limit + 1], accept_length [1], bonus [1]) int64. `block_v` (a power of two) is the chunk width."""
-    num_nodes, vocab = target_probs.shape
-    device = target_probs.device
-    target_probs = target_probs.contiguous()
+    num_nodes, vocab = target_logits.shape
+    device = target_logits.device
+    if target_logits.stride(-1) != 1:
+        target_logits = target_logits.contiguous()
     block_v = min(block_v, next_power_of_2(vocab))
     num_chunks = triton.cdiv(vocab, block_v)
     drafts = sampled is not None
@@ -152,16 +204,22 @@ def verify_sampled_triton(target_probs: torch.Tensor, tokens: torch.Tensor, pare
         draft_args = (sampled.view(torch.uint8), rows.contiguous(), logprobs.contiguous(), logprobs.shape[1],
                       draft_index(d2t, vocab))
     else:
-        draft_args = (tokens, tokens, target_probs, 0, tokens)  # unread
-    sums = torch.empty(num_nodes, num_chunks, dtype=torch.float32, device=device)
+        draft_args = (tokens, tokens, uniforms, 0, tokens)  # unread
+    chunk_max, chunk_sumexp, sums = (torch.empty(num_nodes, num_chunks, dtype=torch.float32, device=device)
+                                     for _ in range(3))
     accepted_nodes = torch.empty(depth_limit + 1, dtype=torch.int64, device=device)
     accept_length = torch.empty(1, dtype=torch.int64, device=device)
     bonus = torch.empty(1, dtype=torch.int64, device=device)
-    block_nodes = next_power_of_2(num_nodes)
-    _residual_sums_kernel[(num_chunks, num_nodes)](target_probs, vocab, parents, *draft_args, sums, num_nodes,
-                                                   num_chunks, DRAFTS=drafts, BLOCK_V=block_v,
-                                                   BLOCK_NODES=block_nodes, num_warps=4)
-    _accept_kernel[(1,)](target_probs, vocab, tokens, parents, *draft_args, sums, num_chunks, uniforms, num_nodes,
-                         accepted_nodes, accept_length, bonus, DEPTH=depth_limit, DRAFTS=drafts, BLOCK_V=block_v,
-                         BLOCK_NODES=block_nodes, BLOCK_CHUNKS=next_power_of_2(num_chunks), num_warps=8)
+    block_nodes, block_chunks, scale = next_power_of_2(num_nodes), next_power_of_2(num_chunks), temperature != 1.0
+    logits = (target_logits, target_logits.stride(0), vocab, float(temperature))
+    _stats_kernel[(num_chunks, num_nodes)](*logits, chunk_max, chunk_sumexp, num_chunks, SCALE=scale,
+                                           BLOCK_V=block_v, num_warps=4)
+    _residual_sums_kernel[(num_chunks, num_nodes)](*logits, chunk_max, chunk_sumexp, parents, *draft_args, sums,
+                                                   num_nodes, num_chunks, DRAFTS=drafts, SCALE=scale,
+                                                   BLOCK_V=block_v, BLOCK_NODES=block_nodes,
+                                                   BLOCK_CHUNKS=block_chunks, num_warps=4)
+    _accept_kernel[(1,)](*logits, chunk_max, chunk_sumexp, tokens, parents, *draft_args, sums, num_chunks, uniforms,
+                         num_nodes, accepted_nodes, accept_length, bonus, DEPTH=depth_limit, DRAFTS=drafts,
+                         SCALE=scale, BLOCK_V=block_v, BLOCK_NODES=block_nodes, BLOCK_CHUNKS=block_chunks,
+                         num_warps=8)
     return accepted_nodes, accept_length, bonus
