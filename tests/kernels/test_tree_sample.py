@@ -49,7 +49,7 @@ def test_the_kernels_take_the_references_path_and_bonus(drafts, block_v, tempera
     d2t = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))[:DRAFT_VOCAB].sort().values
     d2t = d2t - torch.arange(DRAFT_VOCAB)
     accepted_any = 0
-    for seed in range(12):
+    for seed in range(8):
         case = _case(seed, drafts, d2t)
         for depth_limit in range(0, int(case["depths"].max()) + 1):
             want = verify_sampled_reference(**case, depth_limit=depth_limit, temperature=temperature)
@@ -59,7 +59,7 @@ def test_the_kernels_take_the_references_path_and_bonus(drafts, block_v, tempera
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype == torch.int64 and g.tolist() == w.tolist(), (seed, depth_limit)
             accepted_any += int(want[1])
-    assert accepted_any > 5  # the cases walk: paths, not just bonuses, are compared
+    assert accepted_any > 3  # the cases walk: paths, not just bonuses, are compared
 
 
 def test_the_dispatch_runs_the_kernels_under_the_interpreter_and_the_draft_index_is_built_once():
