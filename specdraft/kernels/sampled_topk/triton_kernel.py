@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.kernels.draft_topk.triton_kernel import EMPTY_KEY, pack_keys, unpack_key
+from specdraft.kernels.draft_topk.triton_kernel import EMPTY_KEY, store_chunk_topk, unpack_key
 from specdraft.kernels.launch import next_power_of_2, split_block
 
 
@@ -30,21 +30,13 @@ def _chunk_kernel(logits_ptr, row_stride, vocab, temperature, noise_ptr, noise_s
     ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
     in_vocab = ids < vocab
     logits = _scaled(logits_ptr, row_stride, row, ids, vocab, temperature, SCALE)
-    chunk_max = tl.max(logits, 0)
-    shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
     slot = row * num_chunks + chunk
-    tl.store(chunk_max_ptr + slot, chunk_max)
-    tl.store(chunk_sumexp_ptr + slot, tl.sum(tl.exp(logits - shift), 0))
+    store_chunk_topk(logits, ids, in_vocab, slot, keys_ptr, chunk_max_ptr, chunk_sumexp_ptr, K)
     exponential = tl.load(noise_ptr + row.to(tl.int64) * noise_stride + ids, mask=in_vocab, other=1.0)
     perturbed = tl.where(in_vocab, logits - tl.log(exponential), -float("inf"))  # + Gumbel noise
     best = tl.max(perturbed, 0)
     tl.store(perturbed_ptr + slot, best)
     tl.store(perturbed_id_ptr + slot, tl.min(tl.where(perturbed == best, ids, vocab), 0))
-    keys = tl.where(in_vocab, pack_keys(logits, ids), EMPTY_KEY)  # [BLOCK_V]
-    for rank in tl.static_range(K):
-        top = tl.max(keys, 0)
-        tl.store(keys_ptr + slot * K + rank, top)
-        keys = tl.where(keys == top, EMPTY_KEY, keys)
 
 
 @triton.jit
