@@ -14,7 +14,7 @@ Prints a table and writes OUT/cycle_launches.json; each row counts the cycle's h
 ops of data-dependent shapes, `LaunchCounter.syncs`: a graphed cycle holds none). With --temperatures 0 1 each
 shape's cycle is also counted at T = 1 (recursive rejection sampling, drafts sampled from the draft as the runtime
 does by default; with --point-mass, with point-mass drafts too): its column `draws` counts what the host launches
-outside the cycle's one graph every cycle (the uniforms and Gumbel noise, and their copies into the graph's
+outside the cycle's one graph every cycle (the uniforms and the drafts' Exp(1) noise, and their copies into the graph's
 inputs); draft, verify and bookkeeping run inside it as at T = 0. With --prune BETA, each tree shape also drafted
 with a C2T tree scorer at β (`specdraft.methods.c2t`), pruning from the selection and during the expansion
 (runtime.prune_at): the scorer's launches a cycle against the unpruned tree's (the phases of the budget's verify:
@@ -132,7 +132,7 @@ def _cycle_draws(engine, policy, generator):
         noise = engine.draft_noise(policy, depth, generator)
         chain.temperature = policy.temperature if noise is not None else 0.0
         if noise is not None:
-            chain.gumbel.copy_(noise)
+            chain.noise.copy_(noise)
         uniforms = policy.randomness(depth + 1, generator, engine.device)
         return (None if uniforms is None else uniforms.clone()), None
     args = [arg.clone() for arg in engine.cycle_args(policy, engine.shape.budget, generator)]  # the graph's copies

@@ -29,10 +29,11 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.sampled_topk import sampled_topk
 from specdraft.decoding.accept import Acceptance
 from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.host_reader import HostReader
-from specdraft.decoding.sampled_drafts import SampledDrafts, sampled_children
+from specdraft.decoding.sampled_drafts import SampledDrafts
 from specdraft.decoding.stop_rules import ConfidenceStop, StopRule
 from specdraft.decoding.tree import DraftTree
 
@@ -55,12 +56,13 @@ class ChainCycles:
         self.exit_threshold = 0.0
         self.temperature = 0.0  # > 0: this cycle's drafts are sampled (sampled_drafts.py)
         vocab = engine.drafter.d2t.shape[0]
-        self.gumbel = torch.zeros(depth, vocab, device=device) if engine.sample_drafts else None  # [K, Vd]
+        self.noise = torch.zeros(depth, vocab, device=device) if engine.sample_drafts else None  # [K, Vd] Exp(1)
         self.draft_logprobs = torch.zeros(depth + 1, vocab, device=device) if engine.sample_drafts else None
         index = torch.arange(depth + 1, device=device)
         self.depths = index  # [K+1] chain node j is at depth j
         self.parents = index - 1  # [K+1]
         self.causal = index[:, None] >= index[None, :]  # [K+1, K+1]
+        self.is_draft = index > 0  # [K+1] every node but the root (each sampled, at T > 0)
         self.slots = [index[d:d + 1] for d in range(depth + 1)]  # scratch slot of depth d, [1] each
         self.visible = [(index <= d)[None] for d in range(depth + 1)]  # [1, W] scratch slots 0..d
         self._graphs: Dict[Tuple, CallGraph] = {}
@@ -85,9 +87,9 @@ class ChainCycles:
         drafts: the token sampled, its log q kept for the verify), and stops[depth] where a stop rule reads it."""
         d2t = self.engine.drafter.d2t
         if self.temperature > 0:  # a stop rule reads the top-1 log-probability, never the sampled token's
-            gumbel = self.gumbel[depth - 1:depth]  # [1, Vd]
-            _, ids, logprobs = sampled_children(logits, d2t, 1, gumbel, self.temperature)  # [1, 1], [1, Vd]
-            self.draft_logprobs[depth - 1:depth].copy_(logprobs)
+            noise = self.noise[depth - 1:depth]  # [1, Vd]
+            _, ids, logprobs = sampled_topk(logits, d2t, 1, noise, self.temperature,
+                                            self.draft_logprobs[depth - 1:depth])  # [1, 1], [1, Vd] in place
             scores = logprobs.amax(dim=-1, keepdim=True)  # [1, 1]
         else:
             scores, ids = draft_topk(logits, d2t, 1)  # [1, 1]
@@ -147,7 +149,7 @@ class ChainCycles:
         if self.temperature <= 0:
             return None
         return SampledDrafts(rows=self.depths[:n], logprobs=self.draft_logprobs, d2t=self.engine.drafter.d2t,
-                             sampled=self.depths[:n] > 0)
+                             sampled=self.is_draft[:n])
 
     def _verify(self, policy: Acceptance, randomness=None, *, drafted: int, computed: int):
         """randomness: the policy's draws for drafted + 1 nodes, made outside any graph."""
@@ -208,7 +210,7 @@ class ChainCycles:
         noise = engine.draft_noise(policy, depth, generator)  # [K, Vd], before the drafting reads it
         self.temperature = policy.temperature if noise is not None else 0.0
         if noise is not None:
-            self.gumbel.copy_(noise)
+            self.noise.copy_(noise)
         if not self.exits and max_depth == depth:
             return self._policy_run(("whole",), self._whole, policy, depth + 1, generator), depth
         drafted, computed = self.draft(max_depth)

@@ -43,14 +43,14 @@ class DepthStop(DraftingPolicy):
         self.stops = torch.zeros(engine.shape.depth + 1, dtype=torch.long, device=engine.device)  # [D+1]
         self.flags = HostReader(1, engine.device)
         shape, vocab = engine.shape, engine.drafter.d2t.shape[0]  # [R, Vd]: sampled drafts' noise, filled per cycle
-        self.gumbel = torch.zeros(shape.expanded_rows, vocab, device=engine.device) if engine.sample_drafts else None
+        self.noise = torch.zeros(shape.expanded_rows, vocab, device=engine.device) if engine.sample_drafts else None
 
     def _expansion(self, temperature: float) -> TreeExpansion:
         """The expansion of cycles at `temperature` (its attributes are the graphs' outputs, so one per graph set)."""
         expansion = self._expansions.get(temperature)
         if expansion is None:
             engine = self.engine
-            draws = engine.draws(engine.acceptance(temperature), self.gumbel) if temperature > 0 else None
+            draws = engine.draws(engine.acceptance(temperature), self.noise) if temperature > 0 else None
             expansion = self._expansions[temperature] = self.engine.expansion(draws)
         return expansion
 
@@ -93,7 +93,7 @@ class DepthStop(DraftingPolicy):
         sampled = policy.temperature if noise is not None else 0.0
         expansion = self._expansion(sampled)
         if noise is not None:
-            self.gumbel.copy_(noise)
+            self.noise.copy_(noise)
         depth = self.grow(expansion, sampled)
         nodes = min(engine.shape.budget, candidates_through(engine.shape, depth))
         randomness = policy.randomness(nodes, generator, engine.device)

@@ -56,7 +56,7 @@ from specdraft.decoding.hierarchy import hierarchical_stage
 from specdraft.decoding.host_reader import HostReader
 from specdraft.decoding.sampling import sample_token
 from specdraft.decoding.target import TargetModel
-from specdraft.decoding.sampled_drafts import DraftDraws, draw_gumbel
+from specdraft.decoding.sampled_drafts import DraftDraws, draw_exponential
 from specdraft.decoding.stop_rules import StopRule
 from specdraft.decoding.outputs import CycleOutput, GenerationResult, cut_answer, finished, trace_row
 from specdraft.decoding.sized_verify import SizedVerify, checked_prune_options
@@ -333,19 +333,19 @@ class SpecEngine:
         cycle's output (a pruned tree's, `accept_and_commit`)."""
         return None if self.tree_scorer is not None else nodes - 1
 
-    def draws(self, policy: Acceptance, gumbel: Optional[torch.Tensor]) -> Optional[DraftDraws]:
+    def draws(self, policy: Acceptance, noise: Optional[torch.Tensor]) -> Optional[DraftDraws]:
         """The sampled drafts' draws of a cycle under `policy` from its noise (None: point-mass drafts)."""
-        return None if gumbel is None else DraftDraws(policy.temperature, gumbel)
+        return None if noise is None else DraftDraws(policy.temperature, noise)
 
     def draft_noise(self, policy: Acceptance, rows: int, generator) -> Optional[torch.Tensor]:
-        """Gumbel noise [rows, Vd] for a cycle's sampled drafts (drawn outside any graph), or None when the cycle
+        """Exp(1) noise [rows, Vd] for a cycle's sampled drafts (drawn outside any graph), or None when the cycle
         drafts point masses (T = 0, or sample_drafts off)."""
         if not (self.sample_drafts and policy.temperature > 0):
             return None
-        return draw_gumbel(rows, self.drafter.d2t.shape[0], generator, self.device)
+        return draw_exponential(rows, self.drafter.d2t.shape[0], generator, self.device)
 
     def cycle_args(self, policy: Acceptance, nodes: int, generator) -> Tuple[torch.Tensor, ...]:
-        """The random inputs of a tree cycle under `policy` verifying `nodes` nodes: (uniforms[, Gumbel noise of
+        """The random inputs of a tree cycle under `policy` verifying `nodes` nodes: (uniforms[, Exp(1) noise of
         each expanded node, when its drafts are sampled]), or () at T = 0."""
         randomness = policy.randomness(nodes, generator, self.device)
         if randomness is None:
@@ -354,8 +354,8 @@ class SpecEngine:
         return (randomness,) if noise is None else (randomness, noise)
 
     def _tree_cycle_body(self, policy: Acceptance, randomness: Optional[torch.Tensor] = None,
-                         gumbel: Optional[torch.Tensor] = None) -> CycleOutput:
-        tree = self.build_tree(self.draws(policy, gumbel))
+                         noise: Optional[torch.Tensor] = None) -> CycleOutput:
+        tree = self.build_tree(self.draws(policy, noise))
         return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
 
     def sizes_verify(self) -> bool:

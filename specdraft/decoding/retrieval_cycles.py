@@ -105,10 +105,10 @@ class RetrievalDrafts(DraftingPolicy):
                          joint_logprobs=self.no_scores[:nodes])
         return engine.accept_and_commit(policy, tree, engine.verify_forward(tree, reuse=False), randomness, count)
 
-    def _merged(self, policy: Acceptance, count: int, randomness=None, gumbel=None):
+    def _merged(self, policy: Acceptance, count: int, randomness=None, noise=None):
         """The model's tree with the `count` retrieved tokens grafted on, verified in one pass."""
         engine = self.engine
-        tree = graft_chain(engine.build_tree(engine.draws(policy, gumbel)), self.drafted[:count])
+        tree = graft_chain(engine.build_tree(engine.draws(policy, noise)), self.drafted[:count])
         return engine.accept_and_commit(policy, tree, engine.verify_forward(tree), randomness,
                                         max(engine.shape.depth, count))
 

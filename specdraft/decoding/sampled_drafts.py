@@ -5,31 +5,33 @@ p(c) at most: at T = 1, where the target's p is spread, a chain's top-1 draft la
 sampled from q and accepted with probability min(1, p(x) / q(x)) lands with probability sum_x min(p(x), q(x)) =
 1 - TV(p, q), near 1 when the draft matches the target (Leviathan et al. 2023; SpecInfer's and EAGLE's rule for
 sampled drafts). So here, at T > 0, every expanded node's first child is sampled from q (Gumbel-max, its noise
-drawn outside the CUDA graph) and its other k - 1 children are q's most probable tokens besides it; the verify
-tests the sampled child against p with min(1, p / q), then the others as point masses against the residual
-max(0, p - q) renormalised (sampling.py). Lossless because what decides whether the sampled child is in the tree
-never reads which token it is: it scores as certain (its parent's joint score: a draft near the target is
-accepted with probability 1 - TV, however flat q is, so q's own probabilities would undervalue it; scored by
-them, the selection cut the sampled chain short and a tree accepted less than a chain), above its siblings, ahead
-of them in node order; its siblings and descendants score no higher and come later, so they cannot push it out.
-The tree then always holds the sampled chain to its full depth, and its point-mass siblings by EAGLE-2's scores.
+drawn outside the CUDA graph) and its other k - 1 children are q's most probable tokens besides it
+(`kernels.sampled_topk`); the verify tests the sampled child against p with min(1, p / q), then the others as
+point masses against the residual max(0, p - q) renormalised (sampling.py). Lossless because what decides whether
+the sampled child is in the tree never reads which token it is: it scores as certain (its parent's joint score: a
+draft near the target is accepted with probability 1 - TV, however flat q is, so q's own probabilities would
+undervalue it; scored by them, the selection cut the sampled chain short and a tree accepted less than a chain),
+above its siblings, ahead of them in node order; its siblings and descendants score no higher and come later, so
+they cannot push it out. The tree then always holds the sampled chain to its full depth, and its point-mass
+siblings by EAGLE-2's scores.
 (A stop rule that reads the frontier's mass, Dynamic Depth Decoding's, sees the sampled chain as certain and does
 not stop at T > 0.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
 
 @dataclass
 class DraftDraws:
-    """A cycle's randomness for sampled drafts: the Gumbel noise of each expanded node, drawn outside the graph."""
+    """A cycle's randomness for sampled drafts: each expanded node's Exp(1) draws, drawn outside the graph; the
+    Gumbel noise is -log of them, taken inside it (`kernels.sampled_topk`: two launches fewer outside the graph)."""
 
     temperature: float
-    gumbel: torch.Tensor  # [R, Vd] float32: row r perturbs the draft distribution of the r-th expanded node
+    exponential: torch.Tensor  # [R, Vd] float32: row r perturbs the draft distribution of the r-th expanded node
 
 
 @dataclass
@@ -42,28 +44,8 @@ class SampledDrafts:
     sampled: torch.Tensor  # [N] bool: the node was sampled from its parent's q (else a point-mass draft)
 
 
-def draw_gumbel(rows: int, draft_vocab: int, generator: Optional[torch.Generator],
-                device: torch.device) -> torch.Tensor:
-    """-> [rows, draft_vocab] float32 standard Gumbel noise (-log of an Exp(1) draw), on `device`."""
+def draw_exponential(rows: int, draft_vocab: int, generator: Optional[torch.Generator],
+                     device: torch.device) -> torch.Tensor:
+    """-> [rows, draft_vocab] float32 Exp(1) draws on `device` (-log of one is a standard Gumbel draw)."""
     source = generator.device if generator is not None else device
-    exponential = torch.empty(rows, draft_vocab, device=source).exponential_(generator=generator)
-    return (-exponential.log()).to(device)
-
-
-def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits [..., V] -> logits / T for a float32 softmax (`softmax(..., dtype=torch.float32)`): at T = 1 the
-    logits themselves (the softmax upcasts them: the same bits as dividing a float32 copy by 1, two launches fewer)."""
-    return logits if temperature == 1.0 else logits.float() / temperature
-
-
-def sampled_children(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, gumbel: torch.Tensor,
-                     temperature: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """draft_logits [r, Vd], gumbel [r, Vd] -> (scores [r, k] float32, target ids [r, k] int64, log q [r, Vd]):
-    child 0 sampled from q = softmax(logits / T) and scored 0 (certain); children 1..k-1 the k - 1 most probable
-    tokens besides it, scored their log q."""
-    logprobs = torch.log_softmax(scaled_logits(draft_logits, temperature), dim=-1, dtype=torch.float32)  # [r, Vd]
-    sampled = (logprobs + gumbel).argmax(dim=-1, keepdim=True)  # [r, 1]
-    # the sampled token ranked first at +inf, then the k - 1 most probable others: one top-k; its score +inf
-    # clamps to 0 (every log q is <= 0, so the others keep theirs)
-    scores, ids = logprobs.scatter(-1, sampled, float("inf")).topk(k, dim=-1)  # [r, k] each
-    return scores.clamp(max=0.0), ids + d2t[ids], logprobs
+    return torch.empty(rows, draft_vocab, device=source).exponential_(generator=generator).to(device)

@@ -35,10 +35,10 @@ class SizedVerify:
         self.drafted: Dict[str, DraftTree] = {}  # each drafting graph's tree (its outputs), which its verifies read
         self.captured: Set[str] = set()  # the drafting graphs whose every verify size is captured
 
-    def _draft(self, policy: Acceptance, key: str, gumbel: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _draft(self, policy: Acceptance, key: str, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The drafting graph: the tree, real nodes first, kept under `key` -> their count [1]."""
         engine = self.engine
-        tree = self.drafted[key] = kept_first(engine.build_tree(engine.draws(policy, gumbel)))
+        tree = self.drafted[key] = kept_first(engine.build_tree(engine.draws(policy, noise)))
         return tree.valid.sum(0, keepdim=True)
 
     def _verify(self, policy: Acceptance, key: str, rows: int, randomness: Optional[torch.Tensor] = None):

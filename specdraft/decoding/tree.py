@@ -35,10 +35,11 @@ import torch
 from specdraft.core.drafting import Drafter, TreeScorer
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.sampled_topk import sampled_topk
 from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
-from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts, sampled_children
+from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts
 
 
 logger = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class _TreeConstants(NamedTuple):
     slots_by_depth: torch.Tensor  # [D-1, k] int64: depth d's scratch slots (row d - 1)
     depth_offsets: torch.Tensor  # [D-1] int64 1..D-1: depth d's position past the root's
     first_child: torch.Tensor  # [C] bool: the candidate is its parent's first child (sampled at T > 0)
+    expanded_rows: torch.Tensor  # [R] int64 0..R-1: the expanded nodes' rows of log q, in expansion order
 
 
 @functools.cache  # never evicted: the CUDA graphs of a shape read these at their capture's addresses
@@ -130,7 +132,8 @@ def _tree_constants(shape: TreeShape, device: torch.device) -> _TreeConstants:
         first_parents=torch.zeros(k, **long), first_ids=first_ids,
         first_visible=(columns == 0) | (columns == first_ids[:, None]),  # depth 1's scratch slots are 1..k too
         slots_by_depth=slots_by_depth,
-        depth_offsets=torch.arange(1, shape.depth, **long), first_child=first_child)
+        depth_offsets=torch.arange(1, shape.depth, **long), first_child=first_child,
+        expanded_rows=torch.arange(shape.expanded_rows, **long))
 
 
 def _paths_of_children(parent_paths: torch.Tensor, first: int, per_parent: int) -> torch.Tensor:
@@ -160,7 +163,8 @@ class TreeExpansion:
         pieces = shape.depth + 1  # piece d: depth d's candidates (piece 0 the root)
         self.kept = [None] * pieces  # with prune_at "selection": piece d's candidates the scorer keeps, [n] bool
         self.tokens, self.parents, self.scores = [None] * pieces, [None] * pieces, [None] * pieces
-        self.expanded, self.logprobs = [None] * pieces, [None] * pieces  # piece d: depth d's frontier, its log q
+        self.expanded = [None] * pieces  # piece d: depth d's frontier
+        self.draft_logprobs = None  # with draws: [R, Vd] log q of each expanded node, rows in expansion order
         self.frontiers = [None] * pieces  # depth d's frontier (each depth's own: a graph reads the one before)
         self.positions = None
         self.logits = None  # [k, Vd] the draft logits of the newest depth (a stop rule reads them)
@@ -171,8 +175,11 @@ class TreeExpansion:
         k = self.shape.topk
         if self.draws is None:
             return (*draft_topk(logits, self.drafter.d2t, k), None)
-        gumbel = self.draws.gumbel[row:row + logits.shape[0]]  # [r, Vd]
-        return sampled_children(logits, self.drafter.d2t, k, gumbel, self.draws.temperature)
+        rows = slice(row, row + logits.shape[0])
+        if self.draft_logprobs is None:  # one buffer the verify reads whole (no concatenation of the depths')
+            self.draft_logprobs = torch.empty(self.shape.expanded_rows, logits.shape[1], device=logits.device)
+        return sampled_topk(logits, self.drafter.d2t, k, self.draws.exponential[rows], self.draws.temperature,
+                            self.draft_logprobs[rows])
 
     def _scored(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, draft_logits: torch.Tensor,
                 depth: int) -> torch.Tensor:
@@ -191,10 +198,10 @@ class TreeExpansion:
     def first(self) -> None:
         k, const, drafter = self.shape.topk, self.const, self.drafter
         logits, hidden = drafter.first(self.root, self.root_position)  # [1, Vd], [1, Hd]
-        scores, tokens, logprobs = self._children(logits, 0)  # [1, k]
+        scores, tokens, _ = self._children(logits, 0)  # [1, k]
         scores = self._scored(scores, const.root_score, logits, 1)
         self.tokens[:2], self.parents[:2] = [self.root, tokens[0]], [const.root_parent, const.first_parents]
-        self.scores[:2], self.expanded[0], self.logprobs[0] = [const.root_score, scores[0]], const.root_id, logprobs
+        self.scores[:2], self.expanded[0] = [const.root_score, scores[0]], const.root_id
         frontier = _Frontier(tokens[0], scores[0], const.first_ids, hidden.expand(k, -1),  # [k, Hd]
                              const.first_visible, None)
         self.positions = self.root_position + const.depth_offsets  # [D-1] depth d's position is row d - 1
@@ -213,14 +220,14 @@ class TreeExpansion:
         slots = self.const.slots_by_depth[depth - 1]  # [k]
         positions = self.positions[depth - 1:depth].expand(k)  # [k]
         logits, hidden = self.drafter.step(depth, old.hidden, old.tokens, positions, slots, old.visible)  # [k, Vd]
-        child_scores, child_tokens, logprobs = self._children(logits, 1 + (depth - 1) * k)  # [k, k] each
+        child_scores, child_tokens, _ = self._children(logits, 1 + (depth - 1) * k)  # [k, k] each
         child_scores = self._scored(child_scores, old.scores, logits, depth + 1)
         base = 1 + k + (depth - 1) * k * k  # the candidate index of this depth's first child
         next_slots = 1 + depth * k if depth + 1 < shape.depth else None  # the next frontier's scratch slots
         frontier = advance_frontier(child_scores, child_tokens, old.scores, old.ids, base, hidden, old.visible,
                                     next_slots)
         self.tokens[depth + 1], self.scores[depth + 1] = child_tokens.flatten(), frontier.joint  # [k * k]
-        self.parents[depth + 1], self.expanded[depth], self.logprobs[depth] = frontier.parents, old.ids, logprobs
+        self.parents[depth + 1], self.expanded[depth] = frontier.parents, old.ids
         paths = None
         if self.keep_states:
             child_paths = _paths_of_children(old.paths, base, k)  # [k * k, C]
@@ -242,9 +249,9 @@ class TreeExpansion:
             return None
         expanded = torch.cat(self.expanded[:depth])  # [R] the candidates expanded before depth `depth`
         row_of = torch.full((self.const.first_child.shape[0],), -1, dtype=torch.long, device=chosen.device)
-        row_of[expanded] = torch.arange(expanded.shape[0], device=chosen.device)
-        return SampledDrafts(rows=row_of[chosen], logprobs=torch.cat(self.logprobs[:depth]), d2t=self.drafter.d2t,
-                             sampled=self.const.first_child[chosen])
+        row_of[expanded] = self.const.expanded_rows[:expanded.shape[0]]
+        return SampledDrafts(rows=row_of[chosen], logprobs=self.draft_logprobs[:expanded.shape[0]],
+                             d2t=self.drafter.d2t, sampled=self.const.first_child[chosen])
 
     def select(self, depth: int) -> DraftTree:
         """The tree of depths 0..depth's candidates the target verifies (at most `budget` nodes, static shapes)."""

@@ -8,7 +8,9 @@ Triton kernels run on CUDA tensors, and on CPU tensors under `TRITON_INTERPRET=1
 Ops: `soft_ce` (training loss); for the runtime, `draft_topk` (log-softmax + top-k + d2t over the draft
 vocabulary), `tree_frontier.advance_frontier` (a tree expansion step's joint scores, next frontier and gathers),
 `tree_select.select_tree` (the tree kept after the expansion: its best candidates, parents, depths and mask),
-`tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `path_commit.commit_path` (the
+`tree_verify.verify_greedy` (target argmax per tree node + the accepted path), `tree_sample.verify_sampled` (its
+T > 0 counterpart: rejection sampling over the tree, the accepted path and the bonus), `sampled_topk` (T > 0
+sampled children: a Gumbel-max child and the k - 1 best others), `path_commit.commit_path` (the
 commit's bookkeeping: the path's cache slots, next tokens, host record, features, new root),
 `kv_compact.compact_kv` (accepted nodes' KV entries moved to consecutive slots) and `tree_attention` (verify-pass
 attention over the prefix and the tree, flash-decoding style; a drafting step's over its scratch slots too),

@@ -14,9 +14,11 @@ from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.quant_linear import quant_linear, quantize
 from specdraft.kernels.rms_norm import rms_norm
 from specdraft.kernels.rope_cache import rope_cache
+from specdraft.kernels.sampled_topk import sampled_topk
 from specdraft.kernels.silu_mul import silu_mul
 from specdraft.kernels.tree_attention import tree_attention
 from specdraft.kernels.tree_frontier import advance_frontier
+from specdraft.kernels.tree_sample import verify_sampled
 from specdraft.kernels.tree_verify import verify_greedy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +45,12 @@ CALLS = {  # module: (its dispatching function, the Triton launcher's name, a ca
     "silu_mul": (silu_mul, "silu_mul_triton", lambda op: op(torch.randn(2, 12), torch.randn(2, 12))),
     "quant_linear": (quant_linear, "quant_linear_triton",
                      lambda op: op(torch.randn(2, 40), quantize(torch.randn(8, 40), 4, group_size=32))),
+    "sampled_topk": (sampled_topk, "sampled_topk_triton",
+                     lambda op: op(torch.randn(2, 30), torch.zeros(30, dtype=torch.int64), 3, torch.rand(2, 30) + 0.1,
+                                   1.0)),
+    "tree_sample": (verify_sampled, "verify_sampled_triton",
+                    lambda op: op(torch.randn(3, 20), torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]),
+                                  torch.tensor([0, 1, 2]), torch.rand(4), 2, 1.0)),
     "tree_frontier": (advance_frontier, "advance_frontier_triton",
                       lambda op: op(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2),
                                     torch.tensor([1, 2]), 3, torch.randn(2, 8), torch.ones(2, 5, dtype=torch.bool))),

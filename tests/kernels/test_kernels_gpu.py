@@ -9,9 +9,11 @@ from specdraft.kernels.kv_compact import compact_kv, compact_kv_reference
 from specdraft.kernels.path_commit import commit_path, commit_path_reference
 from specdraft.kernels.rms_norm import rms_norm, rms_norm_reference
 from specdraft.kernels.rope_cache import rope_cache, rope_cache_reference
+from specdraft.kernels.sampled_topk import sampled_topk, sampled_topk_reference
 from specdraft.kernels.silu_mul import silu_mul, silu_mul_reference
 from specdraft.kernels.tree_attention import tree_attention, tree_attention_reference
 from specdraft.kernels.tree_frontier import advance_frontier, advance_frontier_reference
+from specdraft.kernels.tree_sample import verify_sampled, verify_sampled_reference
 from specdraft.kernels.tree_select import select_tree, select_tree_reference
 from specdraft.kernels.tree_verify import verify_greedy, verify_greedy_reference
 from tests.kernels.trees import ancestor_mask, expansion_candidates, random_parents
@@ -44,6 +46,50 @@ def test_draft_topk_on_gpu_and_in_a_graph(rows, vocab):
         expected = draft_topk_reference(draft_logits, d2t, 10)
         torch.testing.assert_close(logprobs, expected[0], rtol=0, atol=1e-4)
         assert torch.equal(target_ids, expected[1])
+
+
+@pytest.mark.parametrize("rows, k", [(1, 8), (8, 8), (1, 1)])
+def test_sampled_topk_on_gpu_and_in_a_graph(rows, k):
+    """SmolLM2's draft vocabulary: the sampled child and the others as the reference draws them, log q written out."""
+    draft_logits = torch.randn(rows, 8192, device=CUDA).bfloat16()
+    d2t = torch.zeros(8192, dtype=torch.long, device=CUDA)
+    noise, logprobs_out = torch.empty(rows, 8192, device=CUDA), torch.empty(rows, 8192, device=CUDA)
+    graph, (scores, ids, _) = _captured(lambda: sampled_topk(draft_logits, d2t, k, noise, 1.0, logprobs_out))
+    for _ in range(2):
+        draft_logits.copy_(torch.randn_like(draft_logits, dtype=torch.float32) * 3)
+        noise.exponential_()
+        graph.replay()
+        expected = sampled_topk_reference(draft_logits, d2t, k, noise, 1.0)
+        assert torch.equal(ids[:, 0], expected[1][:, 0])
+        torch.testing.assert_close(scores, expected[0], rtol=0, atol=1e-4)
+        torch.testing.assert_close(logprobs_out, expected[2], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("drafts", [False, True], ids=["point_mass", "sampled"])
+def test_verify_sampled_on_gpu_and_in_a_graph(drafts):
+    """A 40-node tree over SmolLM2's vocabulary (49152, draft vocabulary 8192): the reference's path and bonus."""
+    generator = torch.Generator().manual_seed(0)
+    parents = random_parents(40, generator, max_children=8).to(CUDA)
+    depths = torch.zeros(40, dtype=torch.long)
+    for node in range(1, 40):
+        depths[node] = depths[parents[node]] + 1
+    tokens = torch.randint(0, 8192, (40,), generator=generator).to(CUDA)
+    logits, uniforms = torch.empty(40, 49152, device=CUDA).bfloat16(), torch.empty(41, device=CUDA)
+    extra = {}
+    if drafts:
+        first_child = torch.tensor([node > 0 and int(parents[node]) not in parents[1:node].tolist()
+                                    for node in range(40)], device=CUDA)
+        extra = dict(rows=torch.arange(40, device=CUDA), logprobs=torch.randn(40, 8192, device=CUDA).log_softmax(-1),
+                     d2t=torch.zeros(8192, dtype=torch.long, device=CUDA), sampled=first_child)
+    args = (logits, tokens, parents, depths.to(CUDA), uniforms, int(depths.max()), 1.0)
+    graph, outputs = _captured(lambda: verify_sampled(*args, **extra))
+    for _ in range(3):
+        logits.copy_(torch.randn(40, 49152, device=CUDA) * 3)
+        logits[parents.clamp(min=0), tokens] += 8.0  # children the target likes: the walk goes down
+        uniforms.uniform_()
+        graph.replay()
+        expected = verify_sampled_reference(*args, **extra)
+        assert [t.tolist() for t in outputs] == [t.tolist() for t in expected]
 
 
 @pytest.mark.parametrize("k, width", [(8, 576), (10, 4096), (1, 64)])

@@ -179,9 +179,9 @@ def assert_first_cycles_keep_the_target_distribution(model, engine, prompt, monk
     root, firsts = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS)
     probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
-    from specdraft.decoding import sampling
+    from specdraft.kernels.tree_sample import reference as acceptance
 
-    monkeypatch.setattr(sampling, "_ban_rejected", lambda probs, tokens, rejected: probs)
+    monkeypatch.setattr(acceptance, "_ban_rejected", lambda probs, tokens, rejected: probs)
     monkeypatch.setattr(engine, "sample_drafts", False)
     _, broken = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS // 2)  # resamples the rejected draft
     assert _chi_square_top(broken, probs) > CRITICAL

@@ -192,6 +192,23 @@ def test_a_short_generation_through_the_triton_kernels_is_lossless():
     assert result.tokens == greedy[:8]
 
 
+
+@pytest.mark.triton_kernels
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=7)], ids=["chain", "tree"])
+def test_sampled_cycles_through_the_triton_kernels_draw_the_references_tokens(monkeypatch, shape):
+    """T > 0 with sampled drafts: the Triton kernels (sampled children, rejection sampling) draw the references'
+    tokens from the same seed (they could differ only where float rounding decides a draw)."""
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (6,), generator=torch.Generator().manual_seed(2)).tolist()
+    drafter_tokens = prompt + _hf_greedy(model, prompt, 24)
+    runs = []
+    for kernels in ("reference", "auto"):
+        monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
+        engine = _engine(model, OracleDrafter(drafter_tokens, 320, wrong_every=3), shape, max_len=48)
+        runs.append(engine.generate(prompt, 12, temperature=0.3, generator=torch.Generator().manual_seed(0)))
+    assert runs[1].tokens == runs[0].tokens and runs[1].accepted == runs[0].accepted
+    assert sum(runs[0].accepted) > 0
+
 def test_a_tree_wider_than_the_attention_kernel_is_warned_of(caplog):
     """The verify's nodes and the draft's scratch slots fit the tree-attention kernel's window, or a warning
     names the shape: beyond it attention runs the reference, far slower (depth 8, top-8: 65 scratch slots)."""

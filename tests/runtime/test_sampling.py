@@ -3,6 +3,7 @@ target's distribution exactly, with point-mass drafts and with sampled ones (sam
 on a 6-token vocabulary with a fixed seed; a broken acceptance rule fails it."""
 import torch
 
+from specdraft.kernels.tree_sample import reference as acceptance
 from specdraft.kernels.tree_select import select_tree
 from specdraft.decoding import sampling
 from specdraft.decoding.sampled_drafts import SampledDrafts
@@ -62,14 +63,14 @@ def test_a_broken_acceptance_rule_is_caught(monkeypatch):
     def forgets_rejected(probs, tokens, rejected):  # the bonus may resample a rejected child
         return probs
 
-    monkeypatch.setattr(sampling, "_ban_rejected", forgets_rejected)
+    monkeypatch.setattr(acceptance, "_ban_rejected", forgets_rejected)
     logits, first, _ = _sample_counts()
     assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
 
 
 def test_a_walk_that_forgets_earlier_rejections_is_caught(monkeypatch):
     forgets = lambda probs, earlier: torch.ones_like(probs)  # noqa: E731 (later children accepted too rarely)
-    monkeypatch.setattr(sampling, "_remaining_mass", forgets)
+    monkeypatch.setattr(acceptance, "_remaining_mass", forgets)
     logits, first, _ = _sample_counts()
     assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
 
@@ -156,7 +157,8 @@ def test_sampled_drafts_keep_the_target_distribution():
 
 
 def test_a_sampled_draft_accepted_without_its_ratio_is_caught(monkeypatch):
-    monkeypatch.setattr(sampling, "_draft_probs", lambda drafts, vocab: torch.full((5, vocab), 1e-9))  # q ~ 0
+    q_near_zero = lambda rows, logprobs, d2t, vocab: torch.full((5, vocab), 1e-9)  # noqa: E731
+    monkeypatch.setattr(acceptance, "_draft_probs", q_near_zero)
     logits, first, _, _ = _sampled_counts(TRIALS // 2)  # the sampled child always accepted: the draft's q
     assert _chi_square(first, torch.softmax(logits[0], -1)) > CRITICAL
 
@@ -181,7 +183,10 @@ def test_sampled_drafts_accept_more_than_point_masses_of_a_near_draft():
 def _walked(logits, tree, depth_limit, uniforms):
     """The walk depth by depth, in Python: at each node its children in node order, a sampled one tested with its
     ratio, a point mass against the mass its earlier point-mass siblings left; the first that passes is taken."""
-    child_probs, sampled, ratios, _ = sampling._child_tests(torch.softmax(logits.float(), -1), tree)
+    drafts = tree.sampled
+    draft_args = () if drafts is None else (drafts.rows, drafts.logprobs, drafts.d2t, drafts.sampled)
+    child_probs, sampled, ratios, _ = acceptance._child_tests(torch.softmax(logits.float(), -1), tree.tokens,
+                                                              tree.parents, *draft_args)
     parents, path = tree.parents.tolist(), [0]
     for _ in range(depth_limit):
         mass, taken = 1.0, None

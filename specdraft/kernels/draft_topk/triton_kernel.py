@@ -30,16 +30,11 @@ def unpack_key(key):
 
 
 @triton.jit
-def _chunk_topk_kernel(logits_ptr, row_stride, vocab, keys_ptr, chunk_max_ptr, chunk_sumexp_ptr, num_chunks,
-                       K: tl.constexpr, BLOCK_V: tl.constexpr):
-    chunk, row = tl.program_id(0), tl.program_id(1)
-    ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
-    in_vocab = ids < vocab
-    logits = tl.load(logits_ptr + row.to(tl.int64) * row_stride + ids, mask=in_vocab,
-                     other=-float("inf")).to(tl.float32)
+def store_chunk_topk(logits, ids, in_vocab, slot, keys_ptr, chunk_max_ptr, chunk_sumexp_ptr, K: tl.constexpr):
+    """A chunk's float32 logits [BLOCK_V] -> its max and sum of exp (the log-softmax normaliser's share) at `slot`,
+    and its top K packed keys at keys_ptr[slot * K:]."""
     chunk_max = tl.max(logits, 0)
     shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-    slot = row * num_chunks + chunk
     tl.store(chunk_max_ptr + slot, chunk_max)
     tl.store(chunk_sumexp_ptr + slot, tl.sum(tl.exp(logits - shift), 0))
     keys = tl.where(in_vocab, pack_keys(logits, ids), EMPTY_KEY)  # [BLOCK_V]
@@ -47,6 +42,17 @@ def _chunk_topk_kernel(logits_ptr, row_stride, vocab, keys_ptr, chunk_max_ptr, c
         best = tl.max(keys, 0)
         tl.store(keys_ptr + slot * K + rank, best)
         keys = tl.where(keys == best, EMPTY_KEY, keys)
+
+
+@triton.jit
+def _chunk_topk_kernel(logits_ptr, row_stride, vocab, keys_ptr, chunk_max_ptr, chunk_sumexp_ptr, num_chunks,
+                       K: tl.constexpr, BLOCK_V: tl.constexpr):
+    chunk, row = tl.program_id(0), tl.program_id(1)
+    ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+    in_vocab = ids < vocab
+    logits = tl.load(logits_ptr + row.to(tl.int64) * row_stride + ids, mask=in_vocab,
+                     other=-float("inf")).to(tl.float32)
+    store_chunk_topk(logits, ids, in_vocab, row * num_chunks + chunk, keys_ptr, chunk_max_ptr, chunk_sumexp_ptr, K)
 
 
 @triton.jit
