@@ -2,8 +2,8 @@
 steps with gradient clipping under Lightning's DeepSpeed configuration, once with specdraft's step settings
 (specdraft.train.deepspeed_step), once with its single-rank settings too, and once with DeepSpeed's own (the
 overflow check on, clipping as DeepSpeed does it). Prints one JSON line: per variant, each step's host reads and
-uploads from DeepSpeed's code and device syncs (tests/host_reads.py says what each counts), and the weights after
-the last step.
+uploads from DeepSpeed's code and device syncs (tests/host_reads.py says what each counts), the ops that compute
+(no views) in each engine.step, and the weights after the last step.
 
     RANK=0 WORLD_SIZE=1 MASTER_PORT=p python -m tests.deepspeed_step_run
 """
@@ -11,6 +11,8 @@ import json
 import os
 
 import torch
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.host_reads import HostReads
 
@@ -26,6 +28,19 @@ def _count_syncs() -> list:
     accelerator.resolves_data_dependency = lambda self: False
     accelerator.synchronize = lambda self, device_index=None: syncs.append(1)
     return syncs
+
+
+class ComputeOps(TorchDispatchMode):
+    """Counts the ops that launch work on a GPU: not views, detaches nor CPU scalars."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func not in (torch.ops.aten.detach.default, torch.ops.aten.scalar_tensor.default):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _config(ours: bool, single_rank: bool = False) -> dict:
@@ -53,19 +68,22 @@ def _run(ours: bool, syncs: list, single_rank: bool = False) -> dict:
                                                       model_parameters=model.parameters())
     replaced = zero_step_on_device(zero_optimizer) if ours else False
     inputs = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
-    reads_each, uploads_each, syncs_each = [], [], []
+    reads_each, uploads_each, syncs_each, step_ops = [], [], [], []
     for _ in range(3):
         reads = HostReads(only_from=("deepspeed/",), unless_from=("torch/optim/",))  # AdamW's step: a CPU count
         syncs.clear()
         with reads:
             loss = engine(inputs).float().pow(2).mean()
             engine.backward(loss)
-            engine.step()
+            with ComputeOps() as ops:
+                engine.step()
+        step_ops.append(ops.count)
         reads_each.append(reads.count)
         uploads_each.append(reads.uploads)
         syncs_each.append(len(syncs))
     weights = [p.detach().float().flatten().tolist() for p in engine.module.parameters()]
-    return {"reads": reads_each, "uploads": uploads_each, "syncs": syncs_each, "replaced": replaced,
+    return {"reads": reads_each, "uploads": uploads_each, "syncs": syncs_each, "step_ops": step_ops,
+            "replaced": replaced,
             "weights": weights, "last_grad_norm": float(zero_optimizer._global_grad_norm)}
 
 

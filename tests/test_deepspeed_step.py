@@ -69,6 +69,19 @@ def test_the_norm_mask_fills_as_deepspeeds_without_a_host_tensor_or_read():
     assert reads.count == 1 and reads.uploads == 1  # DeepSpeed's: its -1 built on the host, then read back
 
 
+def test_the_group_norms_combine_as_deepspeeds():
+    from deepspeed.runtime.utils import combine_grad_norm_groups
+
+    from specdraft.train.deepspeed_step import combine_norms
+
+    inf, nan = float("inf"), float("nan")
+    for groups in ([3.0], [3.0, 4.0], [-1.0], [nan], [inf], [-inf, 2.0], [0.0], [2.0, -1.0]):
+        tensors = [torch.tensor(value) for value in groups]
+        ours, theirs = combine_norms(tensors), combine_grad_norm_groups(tensors)
+        assert torch.equal(ours, theirs) and ours.dtype == theirs.dtype, (groups, ours, theirs)
+    assert torch.equal(combine_norms([2.0, torch.tensor(1.5)]), combine_grad_norm_groups([2.0, torch.tensor(1.5)]))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -89,6 +102,9 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
     assert min(theirs["reads"]) >= 4, theirs
     assert min(theirs["uploads"]) >= 1, theirs  # the norm's mask builds its -1 on the host
     assert ours["last_grad_norm"] > 0.05  # the steps were clipped
+    assert ours["last_grad_norm"] == theirs["last_grad_norm"]
+    # the norm: one foreach norm for 4 tensors, not a cast and a norm each; its mask, combination and clip shorter
+    assert max(ours["step_ops"]) <= min(theirs["step_ops"]) - 20, (ours["step_ops"], theirs["step_ops"])
     for mine, reference in zip(ours["weights"], theirs["weights"]):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)
     # one rank's settings (the bucket all-reduced whole, not reduce-scattered): the very same steps
