@@ -103,7 +103,7 @@ def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
     assert min(theirs["uploads"]) >= 1, theirs  # the norm's mask builds its -1 on the host
     assert ours["last_grad_norm"] > 0.05  # the steps were clipped
     assert ours["last_grad_norm"] == theirs["last_grad_norm"]
-    # the norm: one foreach norm for 4 tensors, not a cast and a norm each; its mask, combination and clip shorter
+    # the norm: one foreach norm for 4 tensors, not an fp64 copy and a norm each; its mask, combination, clip shorter
     assert max(ours["step_ops"]) <= min(theirs["step_ops"]) - 20, (ours["step_ops"], theirs["step_ops"])
     for mine, reference in zip(ours["weights"], theirs["weights"]):
         torch.testing.assert_close(torch.tensor(mine), torch.tensor(reference), rtol=0, atol=0)
