@@ -164,7 +164,8 @@ class TreeExpansion:
         self.kept = [None] * pieces  # with prune_at "selection": piece d's candidates the scorer keeps, [n] bool
         self.tokens, self.parents, self.scores = [None] * pieces, [None] * pieces, [None] * pieces
         self.expanded = [None] * pieces  # piece d: depth d's frontier
-        self.draft_logprobs = None  # with draws: [R, Vd] log q of each expanded node, rows in expansion order
+        self.draft_logprobs = None if draws is None else torch.empty(  # [R, Vd] log q of each expanded node, rows
+            shape.expanded_rows, drafter.d2t.shape[0], device=draws.exponential.device)  # in expansion order
         self.frontiers = [None] * pieces  # depth d's frontier (each depth's own: a graph reads the one before)
         self.positions = None
         self.logits = None  # [k, Vd] the draft logits of the newest depth (a stop rule reads them)
@@ -175,9 +176,7 @@ class TreeExpansion:
         k = self.shape.topk
         if self.draws is None:
             return (*draft_topk(logits, self.drafter.d2t, k), None)
-        rows = slice(row, row + logits.shape[0])
-        if self.draft_logprobs is None:  # one buffer the verify reads whole (no concatenation of the depths')
-            self.draft_logprobs = torch.empty(self.shape.expanded_rows, logits.shape[1], device=logits.device)
+        rows = slice(row, row + logits.shape[0])  # into one buffer the verify reads whole (no concatenation)
         return sampled_topk(logits, self.drafter.d2t, k, self.draws.exponential[rows], self.draws.temperature,
                             self.draft_logprobs[rows])
 
