@@ -9,3 +9,7 @@ if [ "${DEEPSPEED:-0}" = 1 ] && [ ! -d /tmp/site/deepspeed ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export SPECDRAFT_CACHE=$HOME/.cache/specdraft GGUF=${GGUF:-$HOME/smol/SmolLM2-135M-Instruct.Q4_1.gguf}
+# The wheels go on PYTHONPATH, not through an install, so no `specdraft` console script exists there: this stands in
+# for it, in the scripts this shell starts too.
+specdraft() { python3 -m specdraft.cli "$@"; }
+export -f specdraft
