@@ -75,9 +75,12 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     cmd.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
                      help="target and draft dtype (default auto: bf16 on GPUs that have it, else float32)")
     cmd.add_argument("--depth", type=int, default=None,
-                     help="drafted tokens on the longest path (default: 5 for a tree, 6 for a chain)")
-    cmd.add_argument("--topk", type=int, default=None, help="children per expanded node (1: a chain; default 8)")
-    cmd.add_argument("--budget", type=int, default=None, help="tree nodes verified, the root included (default 40)")
+                     help="drafted tokens on the longest path (default: 5 for a tree, 6 for a chain; with no "
+                          "shape flag a tree is (5, 8, 40) at T=0 and (3, 6, 16) at T > 0)")
+    cmd.add_argument("--topk", type=int, default=None,
+                     help="children per expanded node (1: a chain; default 8, 6 at T > 0)")
+    cmd.add_argument("--budget", type=int, default=None,
+                     help="tree nodes verified, the root included (default 40, 16 at T > 0)")
     cmd.add_argument("--chain", action="store_true", default=None, help="a chain of --depth drafts (same as --topk 1)")
     cmd.add_argument("--exit-threshold", type=float, default=None, metavar="ETA",
                      help="chains: stop drafting once the draft's top-1 probability falls below ETA (0: off; "

@@ -298,11 +298,13 @@ class RuntimeConfig:
 
     depth: Optional[int] = None
     """Drafted tokens on the longest path; None: 5 for a tree, 6 for a chain (the fastest shapes on SmolLM2,
-    docs/benchmarks.md)."""
-    topk: int = 8
-    """Children proposed per expanded tree node, and nodes expanded per depth (1: a chain)."""
-    budget: int = 40
-    """Tree nodes the target verifies, the root included."""
+    docs/benchmarks.md). With depth, topk and budget all None, a tree is (5, 8, 40) at T=0 and (3, 6, 16) at
+    T > 0, the fastest of the shapes measured at each."""
+    topk: Optional[int] = None
+    """Children proposed per expanded tree node, and nodes expanded per depth (1: a chain); None: 8 (6 at T > 0,
+    see depth)."""
+    budget: Optional[int] = None
+    """Tree nodes the target verifies, the root included; None: 40 (16 at T > 0, see depth)."""
     chain: bool = False
     """Draft a chain of `depth` tokens (the same as topk=1)."""
     exit_threshold: Optional[float] = None

@@ -87,7 +87,8 @@ class SpecEngine:
     the next is queued (to time one against the other). `intermediate`: a small model that narrows each drafted
     tree to a sequence (hierarchy.py; trees, T=0). `sample_drafts`: at T > 0, sampled first children
     (sampled_drafts.py). `chain_stop`: a chain's stop rule besides η (stop_rules.py). `policy`: a drafting policy
-    that chooses each cycle (drafting_policy.py)."""
+    that chooses each cycle (drafting_policy.py). `sampling_shape`: the fixed tree's shape at T > 0 (None: `shape`
+    at every temperature): smaller trees pay more there, where fewer drafts are accepted (docs/benchmarks.md)."""
 
     def __init__(self, target: TargetModel, drafter: Optional[Drafter], shape: TreeShape, max_len: int,
                  rope_tables, use_graphs: Optional[bool] = None, exit_threshold: float = 0.0,
@@ -95,8 +96,11 @@ class SpecEngine:
                  overlap: bool = True, tree_scorer: Optional[TreeScorer] = None, judge: Optional[NodeJudge] = None,
                  intermediate: Optional[IntermediateModel] = None, sample_drafts: bool = True,
                  chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None,
-                 prune_at: str = "selection", prune_verify: str = "kept"):
+                 prune_at: str = "selection", prune_verify: str = "kept",
+                 sampling_shape: Optional[TreeShape] = None):
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
+        self.sampling_shape = sampling_shape  # the fixed tree's shape at T > 0 (None: `shape`)
+        self.shapes = (shape,) if sampling_shape is None else (shape, sampling_shape)  # what the buffers must hold
         self.prune_at, self.prune_verify = checked_prune_options(prune_at, prune_verify)
         self.sample_drafts = sample_drafts  # at T > 0, each expanded node's first child sampled (sampled_drafts.py)
         self.overlap = overlap  # keep one step in flight while the host reads the one before (module docstring)
@@ -104,7 +108,7 @@ class SpecEngine:
         self.dtype = target.dtype
         target.allocate(max_len, *rope_tables)
         if drafter is not None:
-            drafter.allocate(max_len, shape.scratch, self.device, self.dtype)
+            drafter.allocate(max_len, max(s.scratch for s in self.shapes), self.device, self.dtype)
         layers = set(intermediate.feature_layers) if intermediate is not None else set()
         self.capture = sorted(set(drafter.feature_layers) | layers) if drafter is not None else []
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
@@ -132,7 +136,11 @@ class SpecEngine:
         self.policy = policy
         if policy is not None:
             policy.attach(self)
-        self.most_tokens = max(shape.depth, policy.max_depth() if policy is not None else 0) + 1  # a cycle's most
+        if sampling_shape is not None and (self.chain is not None or self.tree_start_layer or self.stage is not None
+                                           or policy is not None):
+            raise SpecdraftError("a tree shape of its own at T > 0 is for the fixed tree verified from layer 0: not "
+                                 "with a chain, a drafting policy, an intermediate model or --shallow-reuse-tree")
+        self.most_tokens = max(max(s.depth for s in self.shapes), policy.max_depth() if policy is not None else 0) + 1
         self._reader = HostReader(self.most_tokens + 2, self.device)  # count, tokens, then a pruned tree's nodes
         self.sized = SizedVerify(self) if drafter is not None else None  # a pruned tree's cycles (sized_verify.py)
         self.verify_rows: Optional[int] = None  # the rows the verify of the cycle just queued runs
@@ -174,9 +182,9 @@ class SpecEngine:
     def room_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Cache slots a generation needs: the prompt, the answer, the last cycle's tree and the cycle in flight
         after it (up to `most_tokens` more)."""
-        tree_slots = self.shape.num_candidates if self.tree_start_layer else self.shape.budget
+        tree_slots = self.shape.num_candidates if self.tree_start_layer else max(s.budget for s in self.shapes)
         tree_slots += self.policy.extra_rows() if self.policy is not None else 0
-        return prompt_len + max_new_tokens + self.most_tokens + tree_slots + self.shape.scratch + 1
+        return prompt_len + max_new_tokens + self.most_tokens + tree_slots + max(s.scratch for s in self.shapes) + 1
 
     def policy_stats(self) -> Dict[str, int]:
         """The drafting policy's counters since the engine was built ({} without a policy)."""
@@ -266,10 +274,18 @@ class SpecEngine:
         return TreeExpansion(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
                              self.tree_scorer, draws, self.prune_at)
 
-    def build_tree(self, draws: Optional[DraftDraws] = None) -> DraftTree:
-        """Draft this cycle's tree from the root (tree.py), pruned by the tree scorer when there is one; draws: its
-        sampled drafts at T > 0. With an intermediate model, the chain it keeps of the tree (hierarchy.py)."""
-        tree = build_tree(self.drafter, self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
+    def shape_at(self, temperature: float) -> TreeShape:
+        """The fixed tree's shape at `temperature`: `sampling_shape` at T > 0 when there is one (and no tree
+        scorer, whose pruned verify is sized by `shape`), else `shape`."""
+        if temperature > 0 and self.sampling_shape is not None and self.tree_scorer is None:
+            return self.sampling_shape
+        return self.shape
+
+    def build_tree(self, draws: Optional[DraftDraws] = None, shape: Optional[TreeShape] = None) -> DraftTree:
+        """Draft this cycle's tree from the root (tree.py), of `shape` (default the engine's), pruned by the tree
+        scorer when there is one; draws: its sampled drafts at T > 0. With an intermediate model, the chain it
+        keeps of the tree (hierarchy.py)."""
+        tree = build_tree(self.drafter, shape or self.shape, self.root, self.prefix_len, self.tree_start_layer > 0,
                           self.tree_scorer, draws, self.prune_at)
         return tree if self.stage is None else self.stage.narrow(tree, self.prefix_len)
 
@@ -344,19 +360,20 @@ class SpecEngine:
             return None
         return draw_exponential(rows, self.drafter.d2t.shape[0], generator, self.device)
 
-    def cycle_args(self, policy: Acceptance, nodes: int, generator) -> Tuple[torch.Tensor, ...]:
-        """The random inputs of a tree cycle under `policy` verifying `nodes` nodes: (uniforms[, Exp(1) noise of
-        each expanded node, when its drafts are sampled]), or () at T = 0."""
+    def cycle_args(self, policy: Acceptance, nodes: int, generator,
+                   shape: Optional[TreeShape] = None) -> Tuple[torch.Tensor, ...]:
+        """The random inputs of a tree cycle of `shape` (default the engine's) under `policy` verifying `nodes`
+        nodes: (uniforms[, Exp(1) noise of each expanded node, when its drafts are sampled]), or () at T = 0."""
         randomness = policy.randomness(nodes, generator, self.device)
         if randomness is None:
             return ()
-        noise = self.draft_noise(policy, self.shape.expanded_rows, generator)
+        noise = self.draft_noise(policy, (shape or self.shape).expanded_rows, generator)
         return (randomness,) if noise is None else (randomness, noise)
 
-    def _tree_cycle_body(self, policy: Acceptance, randomness: Optional[torch.Tensor] = None,
+    def _tree_cycle_body(self, policy: Acceptance, shape: TreeShape, randomness: Optional[torch.Tensor] = None,
                          noise: Optional[torch.Tensor] = None) -> CycleOutput:
-        tree = self.build_tree(self.draws(policy, noise))
-        return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness)
+        tree = self.build_tree(self.draws(policy, noise), shape)
+        return self.accept_and_commit(policy, tree, self.verify_forward(tree), randomness, shape.depth)
 
     def sizes_verify(self) -> bool:
         """Whether a tree cycle verifies only the candidates its scorer keeps (module docstring): a scorer, and
@@ -384,10 +401,11 @@ class SpecEngine:
         if self.sizes_verify():
             out, drafted, self.verify_rows = self.sized.cycle(policy, generator)
             return out, drafted
-        self.verify_rows = self.shape.budget if self.stage is None else self.shape.depth + 1
-        args = self.cycle_args(policy, self.shape.budget, generator)
-        return self.graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy),
-                            *args), self.drafted_count(self.shape.budget)
+        shape = self.shape_at(temperature)
+        self.verify_rows = shape.budget if self.stage is None else shape.depth + 1
+        args = self.cycle_args(policy, shape.budget, generator, shape)
+        return self.graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy, shape),
+                            *args), self.drafted_count(shape.budget)
 
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""

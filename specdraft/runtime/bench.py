@@ -196,6 +196,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     return {
         "temperature": temperature,
         "acceptance": policy.key,
+        "tree": _shape_dict(engine.shape_at(temperature)) if not chain else None,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
         "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
@@ -356,7 +357,8 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
     return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
             "judge_thresholds": list(settings.judge_thresholds), "check_answers": settings.check_answers,
-            "tree": {"depth": engine.shape.depth, "topk": engine.shape.topk, "budget": engine.shape.budget},
+            "tree": _shape_dict(engine.shape),
+            "sampling_tree": _shape_dict(engine.sampling_shape) if engine.sampling_shape is not None else None,
             "chain": _chain_settings(engine), "policy": runtime.settings.policy, "policy_stats": engine.policy_stats(),
             "sample_drafts": engine.sample_drafts,
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
@@ -364,6 +366,10 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "device": device_name(device),
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}
+
+
+def _shape_dict(shape) -> Dict[str, int]:
+    return {"depth": shape.depth, "topk": shape.topk, "budget": shape.budget}
 
 
 def _chain_settings(engine) -> Optional[Dict]:
@@ -375,11 +381,13 @@ def _chain_settings(engine) -> Optional[Dict]:
 
 
 def format_table(report: dict) -> str:
-    rows = ["| T | τ | verified/cycle | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | plain/HF | "
-            "lossless |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| T | tree | τ | verified/cycle | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | plain/HF | "
+            "lossless |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p=1: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
     for run in report["runs"]:
-        rows.append(f"| {run['temperature']:g} | {run['tau']:.2f} | {run['verified_per_cycle']:.2f} | "
+        tree = run.get("tree")
+        shape = "chain" if tree is None else f"{tree['depth']}, {tree['topk']}, {tree['budget']}"
+        rows.append(f"| {run['temperature']:g} | {shape} | {run['tau']:.2f} | {run['verified_per_cycle']:.2f} | "
                     f"{fmt(run['tokens_per_s'])} | "
                     f"{fmt(run['tokens_per_s_plain'])} | {fmt(run['tokens_per_s_hf'])} | "
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "

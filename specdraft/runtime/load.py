@@ -24,7 +24,7 @@ from specdraft.decoding.retrieval import Retrieval, corpus_automaton
 from specdraft.decoding.retrieval_cycles import RetrievalDrafts
 from specdraft.decoding.stop_rules import EntropyStop, MassStop
 from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
-from specdraft.decoding.tree import CHAIN_DEPTH, TreeShape
+from specdraft.decoding.tree import CHAIN_DEPTH, SAMPLING_TREE, TreeShape
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
 from specdraft.targets.remote_code import with_remote_code
@@ -74,10 +74,23 @@ def resolve_device(device: str) -> torch.device:
 
 
 def tree_shape(cfg: RuntimeConfig) -> TreeShape:
-    """The draft's shape: a chain of `depth` (default CHAIN_DEPTH) or a tree (depth, topk, budget), checked."""
+    """The draft's shape: a chain of `depth` (default CHAIN_DEPTH) or a tree (depth, topk, budget; each unset one
+    TreeShape's default), checked."""
     if cfg.chain or cfg.topk == 1:
         return TreeShape.chain(cfg.depth or CHAIN_DEPTH).validated()
-    return TreeShape(cfg.depth or TreeShape.depth, cfg.topk, cfg.budget).validated()
+    given = {"depth": cfg.depth, "topk": cfg.topk, "budget": cfg.budget}
+    return TreeShape(**{name: value for name, value in given.items() if value is not None}).validated()
+
+
+def sampling_tree_shape(cfg: RuntimeConfig) -> Optional[TreeShape]:
+    """The fixed tree's own shape at T > 0: SAMPLING_TREE when the settings ask for no shape (depth, topk, budget
+    and chain unset) and the cycle is the plain fixed tree (no drafting policy, intermediate model or shallow reuse);
+    None otherwise (the one shape at every temperature)."""
+    asked = (cfg.depth, cfg.topk, cfg.budget)
+    if cfg.chain or any(value is not None for value in asked) or cfg.policy != "fixed" or cfg.intermediate \
+            or cfg.shallow_reuse_tree:
+        return None
+    return SAMPLING_TREE
 
 
 def runtime_target(target_cfg: TargetConfig, cfg: RuntimeConfig) -> TargetConfig:
@@ -230,7 +243,8 @@ def build_runtime(loaded: LoadedDraft, target: LoadedTarget, cfg: RuntimeConfig 
         drafter = _exit_choice(drafter, cfg, target, target_model)
     engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len),
                         None if cfg.cuda_graphs else False, **_engine_options(drafter, shape, cfg, target.tokenizer),
-                        intermediate=_intermediate(cfg, target, target_model, max_len))
+                        intermediate=_intermediate(cfg, target, target_model, max_len),
+                        sampling_shape=sampling_tree_shape(cfg))
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer),
                    settings=cfg)
 

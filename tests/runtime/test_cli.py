@@ -58,7 +58,9 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert (tmp_path / "bench.png").stat().st_size > 0
     rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert rows and {"tokens", "parents", "draft_logprobs", "accepted_nodes"} <= set(rows[0])
-    assert "| T | τ |" in capsys.readouterr().err
+    assert all(run["tree"] == {"depth": 3, "topk": 2, "budget": 6} for run in report["runs"])  # asked: every T
+    assert report["settings"]["sampling_tree"] is None
+    assert "| T | tree | τ |" in capsys.readouterr().err
 
 
 def test_the_hf_baseline_on_the_first_prompts_alone(export_dir, tmp_path):
@@ -215,19 +217,35 @@ def test_runtime_suite_benches_every_shape_against_its_own_plain_run(export_dir,
     assert "'3,2': DEPTH (a chain) or DEPTH,TOPK,BUDGET" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ([], (5, 8, 40)),  # the default tree (the fastest shape measured on SmolLM2, docs/benchmarks.md)
-    (["--chain"], (6, 1, 7)),  # a chain's default depth stays 6
-    (["--chain", "--depth", "3"], (3, 1, 4)),
-    (["--depth", "7", "--budget", "60"], (7, 8, 60)),
+@pytest.mark.parametrize("flags, expected, sampling", [
+    ([], (5, 8, 40), (3, 6, 16)),  # the default trees (the fastest shapes measured on SmolLM2, docs/benchmarks.md)
+    (["--chain"], (6, 1, 7), None),  # a chain's default depth stays 6
+    (["--chain", "--depth", "3"], (3, 1, 4), None),
+    (["--depth", "7", "--budget", "60"], (7, 8, 60), None),  # a shape asked for holds at every temperature
+    (["--topk", "4"], (5, 4, 40), None),
+    (["--policy", "sam"], (5, 8, 40), None),  # a drafting policy drafts from the one shape
 ])
-def test_runtime_shape_defaults(monkeypatch, flags, expected):
-    """The shape `generate` and `bench` ask for: a tree of (5, 8, 40) by default, a chain of 6 with --chain."""
-    from specdraft.runtime.load import tree_shape
+def test_runtime_shape_defaults(monkeypatch, flags, expected, sampling):
+    """The shapes `generate` and `bench` ask for: trees of (5, 8, 40) at T=0 and (3, 6, 16) at T > 0 by default, a
+    chain of 6 with --chain, and the shape given at every temperature once any of it is given."""
+    from specdraft.runtime.load import sampling_tree_shape, tree_shape
 
     args = cli.build_parser().parse_args(["generate", "EXPORT", "--prompt", "x", *flags])
-    shape = tree_shape(cli.runtime_config(args))
+    shape, sampling_shape = tree_shape(cli.runtime_config(args)), sampling_tree_shape(cli.runtime_config(args))
     assert (shape.depth, shape.topk, shape.budget) == expected
+    assert sampling == (None if sampling_shape is None else
+                        (sampling_shape.depth, sampling_shape.topk, sampling_shape.budget))
+
+
+def test_bench_with_no_shape_asked_runs_each_temperatures_default_tree(export_dir, tmp_path):
+    prompts = export_dir.parent / "eval.jsonl"
+    assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), "--max-new-tokens", "6", "--device", "cpu",
+                     "--max-len", "256", "--max-prompts", "2", "--no-hf", "--lossless-prompts", "0",
+                     "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    trees = {run["temperature"]: run["tree"] for run in report["runs"]}
+    assert trees == {0.0: {"depth": 5, "topk": 8, "budget": 40}, 1.0: {"depth": 3, "topk": 6, "budget": 16}}
+    assert report["settings"]["sampling_tree"] == trees[1.0]
 
 
 @pytest.mark.parametrize("chain", [True, False])

@@ -174,6 +174,33 @@ def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatc
     assert runs[1].tokens == runs[0].tokens and runs[1].accepted == runs[0].accepted
 
 
+def test_a_sampling_shape_drafts_its_own_tree_at_t_above_zero_and_the_shape_at_zero():
+    """An engine with a tree of its own for T > 0: greedy cycles verify `shape` and stay lossless; sampled ones
+    draw exactly what an engine of that tree alone draws from the same seed."""
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    greedy = _hf_greedy(model, prompt, 48)
+    shape, sampling = TreeShape(depth=3, topk=3, budget=12), TreeShape(depth=2, topk=2, budget=5)
+    both = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
+                      OracleDrafter(prompt + greedy, 320, wrong_every=3), shape, 256, hf_rope_tables(model, 256),
+                      sampling_shape=sampling)
+    assert both.generate(prompt, 30).tokens == greedy[:30] and both.verify_rows == shape.budget
+    sampled = both.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert both.verify_rows == sampling.budget and max(sampled.accepted) <= sampling.depth
+    alone = _engine(model, OracleDrafter(prompt + greedy, 320, wrong_every=3), sampling).generate(
+        prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert sampled.tokens == alone.tokens and sampled.accepted == alone.accepted
+
+
+def test_a_sampling_shape_for_a_chain_is_refused():
+    from specdraft.core.errors import SpecdraftError
+
+    model = _tiny_hf("llama")
+    with pytest.raises(SpecdraftError, match="fixed tree"):
+        SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")), OracleDrafter([1, 2], 320),
+                   TreeShape.chain(3), 64, hf_rope_tables(model, 64), sampling_shape=TreeShape(2, 2, 5))
+
+
 def test_prompt_longer_than_the_cache_is_a_clear_error():
     from specdraft.core.errors import SpecdraftError
 
