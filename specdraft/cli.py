@@ -117,7 +117,8 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     cmd.add_argument("--policy", default=None, choices=POLICIES,
                      help="what each cycle drafts: fixed (default), sam (retrieval drafts from a suffix automaton of "
                           "the prompt and answer), svip (stop at the draft entropy's acceptance bound), ddd (stop "
-                          "growing the tree at the frontier's summed probability)")
+                          "growing the tree at the frontier's summed probability), adaptive (each cycle's tree depth "
+                          "from the acceptance so far)")
     cmd.add_argument("--sam-min-match", type=int, default=None, metavar="N",
                      help="sam: the suffix match (tokens) from which the retrieval draft is used (default 4)")
     cmd.add_argument("--sam-draft", type=int, default=None, metavar="K",
@@ -130,6 +131,10 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
                      help="svip: stop below this estimated acceptance (default 0.4)")
     cmd.add_argument("--ddd-threshold", type=float, default=None, metavar="P",
                      help="ddd: stop below this frontier probability mass (default 0.25)")
+    cmd.add_argument("--adaptive-min-depth", type=int, default=None, metavar="D",
+                     help="adaptive: the shallowest tree a cycle may draft (default 2; the deepest is --depth, 7)")
+    cmd.add_argument("--adaptive-step-cost", type=float, default=None, metavar="C",
+                     help="adaptive: a draft depth's time against the rest of a cycle (default 0.045, SmolLM2's)")
     cmd.add_argument("--no-sample-drafts", dest="sample_drafts", action="store_false", default=None,
                      help="at T > 0, draft every child as a point mass of the draft's top-k (default: each "
                           "node's first child sampled from the draft)")
@@ -152,7 +157,7 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
 RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
                  "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "prune_at", "prune_verify",
                  "judge_threshold", "policy", "sam_min_match", "sam_draft", "sam_merge", "sam_corpus", "svip_threshold",
-                 "ddd_threshold",
+                 "ddd_threshold", "adaptive_min_depth", "adaptive_step_cost",
                  "sample_drafts", "overlap", "quantization", "intermediate", "max_len", "cuda_graphs")
 """The runtime flags, by their RuntimeConfig field names."""
 
@@ -420,9 +425,9 @@ def _add_runtime(sub) -> None:
                        help="run Spec-Bench's six categories of --prompts, each --policies variant against plain "
                             "decoding: a table of tau, tokens/s and speedup per category and variant, and "
                             "bench_categories.json")
-    bench.add_argument("--policies", nargs="+", default=["fixed", "sam", "svip", "ddd"], metavar="VARIANT",
+    bench.add_argument("--policies", nargs="+", default=["fixed", "sam", "svip", "ddd", "adaptive"], metavar="VARIANT",
                        help="with --categories: the variants, POLICY[,FIELD=VALUE...] each (FIELD a runtime: key), "
-                            "e.g. sam,sam_merge=true ddd,depth=7 (default: fixed sam svip ddd)")
+                            "e.g. sam,sam_merge=true ddd,depth=7 (default: fixed sam svip ddd adaptive)")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="where bench.json (bench_categories.json), bench.png and trace.jsonl go (default: the "
                             "draft's directory)")

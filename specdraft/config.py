@@ -24,7 +24,7 @@ OPTIMIZERS = ("auto", "adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
 CUDA_GRAPHS = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
-POLICIES = ("fixed", "sam", "svip", "ddd")
+POLICIES = ("fixed", "sam", "svip", "ddd", "adaptive")
 PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
 PRUNE_VERIFY = ("kept", "budget")  # what a pruned tree's verify holds (decoding/sized_verify.py)
 MAX_RETRIEVED = 32
@@ -340,7 +340,9 @@ class RuntimeConfig:
     """What each cycle drafts: fixed (the shape as given); sam (a retrieval draft from a suffix automaton of the
     prompt and the answer so far when its match is long enough, the model's draft otherwise); svip (stop drafting
     once the draft entropy's bound on acceptance falls below svip_threshold); ddd (trees: stop growing once the
-    frontier's summed draft probability falls below ddd_threshold; chains: the drafted path's probability)."""
+    frontier's summed draft probability falls below ddd_threshold; chains: the drafted path's probability);
+    adaptive (trees: each cycle at the depth, adaptive_min_depth..depth, that the running per-depth acceptance says
+    emits the most tokens per cost; depth None: 7)."""
     sam_min_match: int = 4
     """sam: the suffix match, in tokens, from which the retrieval draft is used."""
     sam_draft: int = 10
@@ -355,6 +357,12 @@ class RuntimeConfig:
     ddd_threshold: float = 0.25
     """ddd: stop once the tree frontier's summed draft probability (chains: the path's) falls below it; in
     (0, 1)."""
+    adaptive_min_depth: int = 2
+    """adaptive: the shallowest tree a cycle may draft."""
+    adaptive_step_cost: float = 0.045
+    """adaptive: a draft depth's time against the rest of a cycle (the verify and the bookkeeping); 0.045 on SmolLM2
+    (the runtime suite's graph split: 0.049 ms a depth against 1.11 ms), less on larger targets, whose verify
+    costs more."""
     sample_drafts: bool = True
     """At T > 0, each expanded node's first child is sampled from the draft and verified against its
     probability (false: every child a point-mass draft of the draft's top-k)."""
@@ -404,6 +412,10 @@ class RuntimeConfig:
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
                 raise SpecdraftError(f"runtime.{name} must be in (0, 1), got {value}")
+        if self.adaptive_min_depth < 1:
+            raise SpecdraftError(f"runtime.adaptive_min_depth must be at least 1, got {self.adaptive_min_depth}")
+        if self.adaptive_step_cost < 0:
+            raise SpecdraftError(f"runtime.adaptive_step_cost must be >= 0, got {self.adaptive_step_cost}")
 
 
 @dataclass

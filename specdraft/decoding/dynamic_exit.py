@@ -30,11 +30,12 @@ from specdraft.core.errors import SpecdraftError
 
 class DynamicExit:
     def __init__(self, max_depth: int, draft_costs: Sequence[float], verify_cost: float, decay: float = 0.9,
-                 prior: float = 0.7, drift: float = 0.02):
-        """draft_costs: target-layer equivalents per draft step of each exit; verify_cost: per verify pass;
+                 prior: float = 0.7, drift: float = 0.02, min_depth: int = 1):
+        """draft_costs: the cost of a draft step of each exit, in the unit of verify_cost, a verify pass's;
         decay: weight of the history in each rate update; prior: the rates before any cycle; drift: the pull of
-        an unobserved rate back toward the prior, per cycle."""
+        an unobserved rate back toward the prior, per cycle; min_depth: the shortest draft `choose` offers."""
         self.max_depth, self.draft_costs, self.verify_cost = max_depth, list(draft_costs), verify_cost
+        self.min_depth = min_depth
         self.decay, self.prior, self.drift = decay, prior, drift
         self.reset()
 
@@ -55,8 +56,8 @@ class DynamicExit:
         return self.expected_tokens(exit_index, depth) / cost
 
     def choose(self) -> Tuple[int, int]:
-        """(exit, draft length 1..K) of the next cycle."""
-        options = [(e, k) for e in range(len(self.draft_costs)) for k in range(1, self.max_depth + 1)]
+        """(exit, draft length min_depth..K) of the next cycle."""
+        options = [(e, k) for e in range(len(self.draft_costs)) for k in range(self.min_depth, self.max_depth + 1)]
         return max(options, key=lambda option: self.tokens_per_cost(*option))
 
     def update(self, exit_index: int, drafted: int, accepted: int) -> None:

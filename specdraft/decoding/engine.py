@@ -401,11 +401,16 @@ class SpecEngine:
         if self.sizes_verify():
             out, drafted, self.verify_rows = self.sized.cycle(policy, generator)
             return out, drafted
-        shape = self.shape_at(temperature)
+        return self.tree_cycle(policy, self.shape_at(temperature), generator)
+
+    def tree_cycle(self, policy: Acceptance, shape: TreeShape, generator) -> Tuple[CycleOutput, Optional[int]]:
+        """One cycle of the fixed tree of `shape` under `policy`, in a CUDA graph of its own -> (its output, the
+        drafted tokens it verified)."""
         self.verify_rows = shape.budget if self.stage is None else shape.depth + 1
         args = self.cycle_args(policy, shape.budget, generator, shape)
-        return self.graphed(self.scored_key(f"cycle:{policy.key}"), partial(self._tree_cycle_body, policy, shape),
-                            *args), self.drafted_count(shape.budget)
+        key = self.scored_key(f"cycle:{policy.key}:{shape.depth},{shape.topk},{shape.budget}")
+        return self.graphed(key, partial(self._tree_cycle_body, policy, shape), *args), \
+            self.drafted_count(shape.budget)
 
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""

@@ -31,7 +31,7 @@ SPEC_BENCH = ("mt_bench", "translation", "summarization", "qa", "math_reasoning"
 """Spec-Bench's categories, in its order."""
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 """MT-bench's own categories, which Spec-Bench's file keeps: together they are its multi-turn category."""
-VARIANTS = ("fixed", "sam", "svip", "ddd")
+VARIANTS = ("fixed", "sam", "svip", "ddd", "adaptive")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from specdraft.config import RUNTIME_QUANTIZATIONS, RuntimeConfig, TargetConfig
 from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
 from specdraft.drafts import RECIPE_FILE, LoadedDraft, load_draft
+from specdraft.decoding.depth_choice import DepthChoice
 from specdraft.decoding.depth_stop import DepthStop
 from specdraft.decoding.dynamic_exit import ExitChoice
 from specdraft.decoding.engine import SpecEngine
@@ -75,10 +76,11 @@ def resolve_device(device: str) -> torch.device:
 
 def tree_shape(cfg: RuntimeConfig) -> TreeShape:
     """The draft's shape: a chain of `depth` (default CHAIN_DEPTH) or a tree (depth, topk, budget; each unset one
-    TreeShape's default), checked."""
+    TreeShape's default, the depth ADAPTIVE_DEPTH under the adaptive policy: its deepest choice), checked."""
     if cfg.chain or cfg.topk == 1:
         return TreeShape.chain(cfg.depth or CHAIN_DEPTH).validated()
-    given = {"depth": cfg.depth, "topk": cfg.topk, "budget": cfg.budget}
+    depth = ADAPTIVE_DEPTH if cfg.policy == "adaptive" and cfg.depth is None else cfg.depth
+    given = {"depth": depth, "topk": cfg.topk, "budget": cfg.budget}
     return TreeShape(**{name: value for name, value in given.items() if value is not None}).validated()
 
 
@@ -140,6 +142,9 @@ def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=Non
 
 
 STOP_RULES = {"svip": (EntropyStop, "svip_threshold"), "ddd": (MassStop, "ddd_threshold")}
+ADAPTIVE_DEPTH = 7
+"""The adaptive policy's deepest tree when runtime.depth is unset: at top-8, the deepest whose 57 scratch slots fit
+the tree-attention kernel's window."""
 
 
 def _policy_options(cfg: RuntimeConfig, shape: TreeShape, tokenizer=None) -> dict:
@@ -147,6 +152,10 @@ def _policy_options(cfg: RuntimeConfig, shape: TreeShape, tokenizer=None) -> dic
     if cfg.policy == "sam":
         corpus = corpus_automaton(corpus_documents(cfg.sam_corpus, tokenizer)) if cfg.sam_corpus else None
         return {"policy": RetrievalDrafts(Retrieval(cfg.sam_draft, cfg.sam_min_match, corpus), cfg.sam_merge)}
+    if cfg.policy == "adaptive":
+        if shape.topk == 1:
+            raise SpecdraftError("the adaptive policy chooses a tree's depth; a chain's length is --dynamic-exit's")
+        return {"policy": DepthChoice(cfg.adaptive_min_depth, cfg.adaptive_step_cost)}
     if cfg.policy in STOP_RULES:
         rule_class, threshold = STOP_RULES[cfg.policy]
         rule = rule_class(getattr(cfg, threshold))

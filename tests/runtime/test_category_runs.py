@@ -23,7 +23,7 @@ from specdraft.targets.load import LoadedTarget
 from tests.runtime.replay import CaptureOnCpu
 from tests.tiny import byte_tokenizer, tiny_llama_config
 
-VARIANTS = ["fixed", "sam,sam_min_match=2", "sam,sam_min_match=2,sam_merge=true", "svip", "ddd", "ddd,depth=5"]
+VARIANTS = ["fixed", "sam,sam_min_match=2", "sam,sam_min_match=2,sam_merge=true", "svip", "ddd", "ddd,depth=5", "adaptive,depth=4"]
 """The suite's CATEGORY_VARIANTS on a tiny tree (the shape below), in its order."""
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -79,7 +79,7 @@ def _one_thread(one_thread):
 
 @torch.no_grad()
 def test_what_each_captured_graph_reads_outlives_it(monkeypatch, tmp_path):
-    """Six variants over one target meet 18 prompt lengths and their cycle sizes: a bounded cache of the ingest's
+    """Seven variants over one target meet 18 prompt lengths and their cycle sizes: a bounded cache of the ingest's
     constants (16 sizes) freed some that earlier prefill graphs read, and on a GPU those graphs' ingests wrote the
     drafter's keys at the slots the reused memory then held (issue 32's illegal memory access)."""
     monkeypatch.setattr(engine_module, "CallGraph", CaptureOnCpu)
@@ -90,7 +90,7 @@ def test_what_each_captured_graph_reads_outlives_it(monkeypatch, tmp_path):
     prompts = _questions(tmp_path / "question.jsonl", 3, range(4, 22))
     settings = CategorySettings(prompts=prompts, variants=VARIANTS, max_new_tokens=4, lossless_prompts=0)
     report = run_categories(runtimes, settings, tmp_path)
-    assert not report["errors"] and len(report["rows"]) == 6 * 6
+    assert not report["errors"] and len(report["rows"]) == 6 * len(VARIANTS)
     assert all(row["same_as_plain"] == 3 for row in report["rows"])
     assert len(CaptureOnCpu.graphs) > 6 * 18 and CaptureOnCpu.freed_reads() == []
 

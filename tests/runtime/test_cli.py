@@ -224,6 +224,8 @@ def test_runtime_suite_benches_every_shape_against_its_own_plain_run(export_dir,
     (["--depth", "7", "--budget", "60"], (7, 8, 60), None),  # a shape asked for holds at every temperature
     (["--topk", "4"], (5, 4, 40), None),
     (["--policy", "sam"], (5, 8, 40), None),  # a drafting policy drafts from the one shape
+    (["--policy", "adaptive"], (7, 8, 40), None),  # the adaptive policy's deepest tree
+    (["--policy", "adaptive", "--depth", "6"], (6, 8, 40), None),
 ])
 def test_runtime_shape_defaults(monkeypatch, flags, expected, sampling):
     """The shapes `generate` and `bench` ask for: trees of (5, 8, 40) at T=0 and (3, 6, 16) at T > 0 by default, a

@@ -8,6 +8,7 @@ import torch
 from specdraft.config import RuntimeConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.decoding import engine as engine_module
+from specdraft.decoding.depth_choice import DepthChoice
 from specdraft.decoding.depth_stop import DepthStop
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.retrieval import Retrieval
@@ -29,6 +30,7 @@ POLICIES = {  # name: (shape, engine options of a fresh policy)
     "ddd_tree": (TREE, lambda: {"policy": DepthStop(MassStop(0.4))}),
     "svip_chain": (CHAIN, lambda: {"chain_stop": EntropyStop(0.5)}),
     "ddd_chain": (CHAIN, lambda: {"chain_stop": MassStop(0.2)}),
+    "adaptive_tree": (TREE, lambda: {"policy": DepthChoice(min_depth=2, step_cost=0.2)}),
 }
 SHARPEN = 6.0  # the tiny draft's distributions are nearly flat (entropy > 2 nats): SVIP's bound would never pass
 
@@ -55,7 +57,9 @@ def _engine(name, use_graphs=False):
 def _varied(name, engine, results):
     """Whether the policy changed what was drafted: retrieval cycles ran, or drafts stopped short."""
     drafted = [d for result in results for d in result.drafted]
-    if engine.policy is not None and hasattr(engine.policy, "counts"):
+    if name.startswith("adaptive"):
+        return sum(1 for count in engine.policy.counts.values() if count) > 1
+    if name.startswith("sam"):
         return engine.policy.counts["retrieval"] > 0 and engine.policy.counts["model"] > 0
     return len(set(drafted)) > 1
 
@@ -71,7 +75,23 @@ def test_every_policy_gives_greedy_decodings_output(name):
     assert _varied(name, engine, results)
 
 
-@pytest.mark.parametrize("name", ["sam", "sam_merge", "ddd_tree", "svip_chain"])
+def test_the_adaptive_policy_drafts_deeper_where_drafts_are_accepted_and_shallower_where_not():
+    _, engine = _engine("adaptive_tree")  # depths 2..4, a depth at 0.2 of a verify
+    policy = engine.policy
+    policy.begin(PROMPT)
+    policy.observe([PROMPT[0]])  # the prefill's token, no cycle's
+    for _ in range(40):  # every draft accepted
+        depth = policy.next_depth()
+        policy.observe([0] * (depth + 1))
+    assert policy.next_depth() == 4
+    policy.observe([0] * 5)
+    for _ in range(40):  # no draft accepted
+        policy.next_depth()
+        policy.observe([0])
+    assert policy.next_depth() == 2
+
+
+@pytest.mark.parametrize("name", ["sam", "sam_merge", "ddd_tree", "svip_chain", "adaptive_tree"])
 @torch.no_grad()
 def test_graph_replays_give_the_eager_tokens(monkeypatch, name):
     """The graphed paths with a graph's aliasing (ReplayOnCpu): each replay writes into its first outputs."""
@@ -103,7 +123,7 @@ def _first_tokens(engine, prompt, trials):
 
 
 @pytest.mark.slow  # 400 cycles each
-@pytest.mark.parametrize("name", ["fixed_tree", "fixed_chain", "sam_merge", "sam_chain", "ddd_tree"])
+@pytest.mark.parametrize("name", ["fixed_tree", "fixed_chain", "sam_merge", "sam_chain", "ddd_tree", "adaptive_tree"])
 @torch.no_grad()
 def test_sampled_cycles_keep_the_target_distribution(name):
     """The first token of a T=1 cycle (sampled drafts; a retrieval draft where the prompt repeats) follows the
@@ -121,11 +141,13 @@ def test_sampled_cycles_keep_the_target_distribution(name):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("policy", "eagle", "unknown runtime.policy 'eagle'; valid: fixed, sam, svip, ddd"),
+    ("policy", "eagle", "unknown runtime.policy 'eagle'; valid: fixed, sam, svip, ddd, adaptive"),
     ("sam_min_match", 0, "runtime.sam_min_match must be at least 1, got 0"),
     ("sam_draft", 33, "runtime.sam_draft must be in 1..32, got 33"),
     ("svip_threshold", 1.0, "runtime.svip_threshold must be in (0, 1), got 1.0"),
     ("ddd_threshold", 0.0, "runtime.ddd_threshold must be in (0, 1), got 0.0"),
+    ("adaptive_min_depth", 0, "runtime.adaptive_min_depth must be at least 1, got 0"),
+    ("adaptive_step_cost", -0.1, "runtime.adaptive_step_cost must be >= 0, got -0.1"),
 ])
 def test_policy_parameters_out_of_range_are_one_line_errors(field, value, message):
     with pytest.raises(SpecdraftError) as caught:
@@ -141,6 +163,10 @@ def test_a_policy_that_cannot_run_with_the_shape_says_why():
     with pytest.raises(SpecdraftError, match="sam_merge grafts the retrieval draft onto a tree"):
         SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256),
                    policy=RetrievalDrafts(Retrieval(4, 2), merge=True))
+    with pytest.raises(SpecdraftError, match="chooses a tree's depth"):
+        SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256), policy=DepthChoice())
+    with pytest.raises(SpecdraftError, match="adaptive_min_depth must be in 1..4"):
+        SpecEngine(target, drafter, TREE, 256, hf_rope_tables(model, 256), policy=DepthChoice(min_depth=5))
     with pytest.raises(SpecdraftError, match="both stop chains"):
         SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256), exit_threshold=0.5,
                    chain_stop=MassStop(0.3))

@@ -13,7 +13,8 @@ the one loaded target; per category every prompt is decoded plainly once, then b
 (`specdraft.runtime.categories`); the table has τ, tokens/s, the speedup over plain and the float32 check per
 category and variant, then each variant's mean speedup, then each variant against the first (the fixed tree) per
 category, then the issue's goals with a verdict each (SAM ≥ 1.15× EAGLE-3 alone on summarization and RAG, ≥ 0.98×
-on every other category; SVIP or DDD ≥ 1.05× the fixed shape on average; every row float32-identical).
+on every other category; SVIP, DDD or the adaptive depth ≥ 1.05× the fixed shape on average; every row
+float32-identical).
 `sampling`: the same at T=1 on the MT-bench category for the default tree and chain, each with sampled drafts (the
 runtime's default) and with point-mass drafts (`sample_drafts=false`), and its goals (the default tree ≥ 1.5×
 plain, every default shape ≥ 1.0×). A variant that fails (to build, to warm up, on a prompt) is recorded in its
@@ -41,7 +42,7 @@ import torch
 from specdraft.config import RuntimeConfig
 from specdraft.runtime.categories import parse_variant
 
-CATEGORY_VARIANTS = ["fixed", "sam", "sam,sam_merge=true", "svip", "ddd", "ddd,depth=7"]
+CATEGORY_VARIANTS = ["fixed", "sam", "sam,sam_merge=true", "svip", "ddd", "ddd,depth=7", "adaptive"]
 SAMPLING_VARIANTS = ["fixed", "fixed,sample_drafts=false", "fixed,chain=true,depth=6",
                      "fixed,chain=true,depth=6,sample_drafts=false"]
 
@@ -136,7 +137,8 @@ def _verdict(value: Optional[float], goal: float) -> str:
 
 def category_goals(report: dict) -> str:
     """The issue's T=0 goals against the first variant (the fixed tree): each SAM variant ≥ 1.15× on summarization
-    and RAG and ≥ 0.98× on every other category; SVIP or DDD ≥ 1.05× on average; every row float32-identical on
+    and RAG and ≥ 0.98× on every other category; SVIP, DDD or the adaptive depth ≥ 1.05× on average; every row
+    float32-identical on
     all its checked prompts."""
     lines = []
     for variant, by in ratios_to_first(report).items():
@@ -148,7 +150,7 @@ def category_goals(report: dict) -> str:
             others = [r for c, r in by.items() if c not in ("summarization", "rag")]
             low = min(others) if others and None not in others else None
             lines.append([variant, "× fixed, lowest other category", fmt(low, ".3f"), "≥ 0.98", _verdict(low, 0.98)])
-        elif policy in ("svip", "ddd"):
+        elif policy in ("svip", "ddd", "adaptive"):
             mean = _mean(by.values()) if None not in by.values() else None
             lines.append([variant, "× fixed, mean of the categories", fmt(mean, ".3f"), "≥ 1.05",
                           _verdict(mean, 1.05)])

@@ -1,0 +1,77 @@
+"""Trees whose depth is chosen cycle by cycle from the acceptance seen so far: DEL's rule (dynamic_exit.py), which
+picks a chain's draft length, applied to the tree's depth.
+
+Running per-depth acceptance rates r_i = P(the accepted path reaches depth i | it reached i - 1), exponentially
+weighted so that they follow the current context, give the tokens a cycle of depth k emits, E(k) = 1 +
+sum_{j<=k} prod_{i<=j} r_i; a cycle costs k * step_cost + 1 (a draft depth's time against the rest of the cycle:
+the verify, which is about flat in its rows, and the bookkeeping). Each cycle drafts the depth in
+min_depth..the engine's depth of the highest E(k) / cost. So a context the draft predicts well (math, code) gets
+deeper trees than the fixed shape's, and one it predicts badly (translation) shallower ones, each at the engine's
+top-k and budget.
+
+Unlike the stop rules of depth_stop.py, nothing is read inside a cycle: each depth's cycle is one CUDA graph of
+its own static shape (captured the first time that depth is chosen), and the choice reads only cycles the host
+has read, so one cycle stays in flight; the price is a choice one cycle behind. Lossless: the depth changes what
+is drafted, never what the target accepts.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import Dict, List, Sequence
+
+from specdraft.core.errors import SpecdraftError
+from specdraft.decoding.drafting_policy import DraftingPolicy
+from specdraft.decoding.dynamic_exit import DynamicExit
+
+
+class DepthChoice(DraftingPolicy):
+    """The engine's tree at the depth its acceptance statistics favour, cycle by cycle (module docstring)."""
+
+    reads_every_cycle = False
+
+    def __init__(self, min_depth: int = 2, step_cost: float = 0.045):
+        self.min_depth, self.step_cost = min_depth, step_cost
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        shape = engine.shape
+        if engine.chain is not None or engine.tree_start_layer or engine.tree_scorer is not None:
+            raise SpecdraftError("the adaptive policy chooses a tree's depth: not with a chain, a tree scorer or "
+                                 "--shallow-reuse-tree")
+        if not 1 <= self.min_depth <= shape.depth:
+            raise SpecdraftError(f"runtime.adaptive_min_depth must be in 1..{shape.depth} (the tree's depth), got "
+                                 f"{self.min_depth}")
+        self.shapes = {depth: replace(shape, depth=depth, budget=min(shape.budget, replace(shape, depth=depth)
+                                                                     .num_candidates)).validated()
+                       for depth in range(self.min_depth, shape.depth + 1)}  # the deepest is the engine's
+        self.rates = DynamicExit(shape.depth, [self.step_cost], 1.0, min_depth=self.min_depth)
+        self.counts = {depth: 0 for depth in self.shapes}
+        self.in_flight: deque = deque()  # the depths of the cycles queued and not yet observed
+        self.first_read = True
+
+    def stats(self) -> Dict[str, int]:
+        return {f"depth{depth}_cycles": count for depth, count in self.counts.items()}
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        self.rates.reset()
+        self.in_flight.clear()
+        self.first_read = True  # the prefill's token comes to `observe` first: no cycle's
+
+    def observe(self, new_tokens: List[int]) -> None:
+        if self.first_read:
+            self.first_read = False
+            return
+        depth = self.in_flight.popleft()
+        self.rates.update(0, depth, len(new_tokens) - 1)
+
+    def next_depth(self) -> int:
+        """The depth of the cycle about to be queued (its tokens come to `observe` in queue order)."""
+        _, depth = self.rates.choose()
+        self.in_flight.append(depth)
+        self.counts[depth] += 1
+        return depth
+
+    def cycle(self, temperature: float, generator):
+        engine = self.engine
+        return engine.tree_cycle(engine.acceptance(temperature), self.shapes[self.next_depth()], generator)
