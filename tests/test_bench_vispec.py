@@ -18,7 +18,8 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
                          "--bench-new-tokens", "8", "--lossless-prompts", "2", "--device", "cpu", "--dtype",
                          "float32", "--max-len", "320", "data.max_length=256", "distill.batch_size=4",
                          "distill.shard_size=4", "method.ttt_steps=2", "method.draft_vocab_size=256",
-                         "data.val_fraction=0.25", "method.feature_layers=[1]"])  # a two-layer language model
+                         "data.val_fraction=0.25", "method.feature_layers=[1]",  # a two-layer language model
+                         "--shapes", "3", "2,2,4"])
     lengths = report["lengths"]
     assert lengths["without"]["answers"] == lengths["with"]["answers"] == 2
     assert lengths["with_all_prompts"]["answers"] == 4 and lengths["instruction"].startswith("Please answer")
@@ -33,8 +34,12 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
     assert "num_queries" in recipes["vispec"] and "num_queries" not in recipes["eagle3"]
     assert all(f"output_dir: {tmp_path / 'out' / 'data'}" in text for text in recipes.values())  # the same data
     assert report["tau_ratio"] is not None
+    assert set(report["by_shape"]) == {"3", "2,2,4"}
+    for by in report["by_shape"].values():
+        assert by["vispec"]["tau"] >= 1.0 and by["eagle3"]["lossless_float32"] is None and by["tau_ratio"] > 0
     assert report["bench_instruction"] == lengths["instruction"]  # benched as trained: the instruction appended
     assert json.loads((tmp_path / "out" / "vispec.json").read_text())["tau_ratio"] == report["tau_ratio"]
     printed = capsys.readouterr().out
     assert "| with, same prompts | 2 |" in printed and "| vispec | 2 |" in printed
     assert "τ(ViSpec) / τ(EAGLE-3)" in printed and "bench prompts: with the instruction" in printed
+    assert "| shape | ViSpec τ |" in printed and "| 2,2,4 |" in printed

@@ -3,6 +3,7 @@ same regenerated long answers, for the same steps with the same seed, and benche
 held-out images.
 
     python tools/bench/vispec.py runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
+    python tools/bench/vispec.py runs/small_vlm --shapes 12 8,8,48 --out ...   # and at a chain of 12, a tree
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
 image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --prompts DIR. In this process:
@@ -14,7 +15,7 @@ image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --
   3. bench: each draft against plain decoding in the runtime on the first --bench-prompts test images at T=0, the
      instruction appended as in training (--plain-bench: the plain question) (τ, tokens/s, speedup; the runtime's
      dtype), then speculative against plain decoding in float32 on the first --lossless-prompts of them, token for
-     token.
+     token; then each draft again at each of --shapes (no float32 check), with the τ ratio of each.
 Prints markdown tables and writes OUT/vispec.json (rewritten after every stage, with each stage's seconds).
 Trailing key=value arguments override the recipe for every stage. Both drafts train by EAGLE-3's training-time test
 (method.ttt_steps unrolled steps, each fed the draft's own states from the step before).
@@ -32,6 +33,7 @@ from typing import Dict, List, Optional
 from suite import fmt, machine, markdown_table, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the small VLM's prompt helpers
+from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 from vlm_prompts import length_summary  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vispec_smallvlm.yaml"
@@ -128,8 +130,20 @@ def bench_inputs(runtime, args, instruction: Optional[str]) -> list:
             for turn, paths in zip(turns, images)]
 
 
-def bench_draft(export: Path, targets: Targets, args, instruction: Optional[str]) -> dict:
-    """One draft's bench at T=0 against plain decoding, and its float32 lossless check."""
+def shape_settings(text: Optional[str]) -> dict:
+    """A --shapes entry as runtime settings ({} for None: the draft's own shape)."""
+    if text is None:
+        return {}
+    shape = parse_shape(text)
+    if shape.topk == 1:
+        return {"chain": True, "depth": shape.depth}
+    return {"chain": False, "depth": shape.depth, "topk": shape.topk, "budget": shape.budget}
+
+
+def bench_draft(export: Path, targets: Targets, args, instruction: Optional[str], shape: Optional[str] = None,
+                check: bool = True) -> dict:
+    """One draft's bench at T=0 against plain decoding at `shape` (a --shapes entry; None: the draft's own), and,
+    with `check`, its float32 lossless check."""
     from specdraft.drafts import load_draft
     from specdraft.runtime.bench import BenchSettings, lossless_in_float32, run_temperature
     from specdraft.runtime.load import build_runtime
@@ -140,16 +154,17 @@ def bench_draft(export: Path, targets: Targets, args, instruction: Optional[str]
                              lossless_prompts=args.lossless_prompts)
 
     def runtime_in(dtype: str):
-        config = dataclasses.replace(loaded.runtime, device=args.device, dtype=dtype, max_len=args.max_len)
+        config = dataclasses.replace(loaded.runtime, device=args.device, dtype=dtype, max_len=args.max_len,
+                                     **shape_settings(shape))
         return build_runtime(loaded, targets.get(loaded.target_config, dtype), config)
 
     runtime = runtime_in(args.dtype)
     prompts = bench_inputs(runtime, args, instruction)
     run = run_temperature(runtime, prompts, settings, 0.0, [])
-    check = lossless_in_float32(runtime, prompts, settings, lambda: runtime_in("float32"))
+    lossless = lossless_in_float32(runtime, prompts, settings, lambda: runtime_in("float32")) if check else None
     keys = ("tau", "acceptance_by_position", "tokens_per_s", "tokens_per_s_plain", "speedup_vs_plain", "lossless",
             "prompts", "new_tokens", "seconds")
-    return {**{key: run[key] for key in keys}, "lossless_float32": check}
+    return {**{key: run[key] for key in keys}, "lossless_float32": lossless}
 
 
 def bench_stage(out: Path, args, report: dict) -> None:
@@ -159,7 +174,16 @@ def bench_stage(out: Path, args, report: dict) -> None:
     for name, run in report["runs"].items():
         started = time.perf_counter()
         run["bench"] = bench_draft(out / name / "export", targets, args, instruction)
+        run["bench_by_shape"] = {shape: bench_draft(out / name / "export", targets, args, instruction, shape,
+                                                    check=False) for shape in args.shapes}
         run["bench_seconds"] = time.perf_counter() - started
+
+
+def by_shape(runs: Dict[str, dict], shape: str) -> dict:
+    """Both drafts' benches at one of --shapes and their τ ratio."""
+    benches = {name: run["bench_by_shape"][shape] for name, run in runs.items()}
+    ratio = benches["vispec"]["tau"] / benches["eagle3"]["tau"] if benches["eagle3"]["tau"] else None
+    return {**benches, "tau_ratio": ratio}
 
 
 def tables(report: dict) -> str:
@@ -184,6 +208,12 @@ def tables(report: dict) -> str:
         text += f"\n\nbench prompts: {'with' if report['bench_instruction'] else 'without'} the instruction"
     if report.get("tau_ratio") is not None:
         text += f"\n\nτ(ViSpec) / τ(EAGLE-3) = {report['tau_ratio']:.3f}"
+    if report.get("by_shape"):
+        rows = [[shape, *(fmt(by[name].get(key), form) for name in ("vispec", "eagle3")
+                          for key, form in (("tau", ".3f"), ("speedup_vs_plain", ".2f"))), fmt(by["tau_ratio"], ".3f")]
+                for shape, by in report["by_shape"].items()]
+        text += "\n\n" + markdown_table(["shape", "ViSpec τ", "ViSpec speedup", "EAGLE-3 τ", "EAGLE-3 speedup",
+                                          "τ ratio"], rows)
     return text
 
 
@@ -206,10 +236,14 @@ def _args(argv: Optional[List[str]]):
     parser.add_argument("--plain-bench", action="store_true",
                         help="bench the test prompts as they are (default: with the instruction, as trained)")
     parser.add_argument("--lossless-prompts", type=int, default=10)
+    parser.add_argument("--shapes", nargs="*", default=[],
+                        help="more shapes to bench both drafts at, each DEPTH (a chain) or DEPTH,TOPK,BUDGET (a tree), "
+                             "without the float32 check (a deep chain leaves τ room that a depth-5 tree caps at 6)")
     parser.add_argument("--max-len", type=int, default=2048, help="runtime cache slots")
     parser.add_argument("--device", default=None, help="default: cuda if there is one, else cpu")
     parser.add_argument("--dtype", default="auto", help="the bench's runtime dtype (the lossless check: float32)")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    check_shapes(parser, args.shapes)
     args.prompt_dir = args.prompt_dir or args.vlm / "prompts"
     if args.device is None:
         import torch
@@ -231,6 +265,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     bench_stage(out, args, report)
     taus = {name: run["bench"]["tau"] for name, run in report["runs"].items()}
     report["tau_ratio"] = taus["vispec"] / taus["eagle3"] if taus.get("eagle3") else None
+    report["by_shape"] = {shape: by_shape(report["runs"], shape) for shape in args.shapes}
     report["seconds"] = time.perf_counter() - started
     text = tables(report)
     print(text)
