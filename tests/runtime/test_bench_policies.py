@@ -94,7 +94,10 @@ def test_the_goal_lines_judge_the_issues_targets():
     assert "float32 identical to plain | 108/120 | all | missed |" in suite.category_goals(
         _rates_report({"fixed": 1.0, "sam": 1.0, "svip": 1.0, "ddd": 1.0}, identical=9))
     sampling = {"variants": suite.SAMPLING_VARIANTS, "rows": [
-        {"variant": v, "speedup_vs_plain": s} for v, s in zip(suite.SAMPLING_VARIANTS, (1.6, 1.2, 0.95, 0.8))]}
+        {"variant": v, "category": "mt_bench", "speedup_vs_plain": s}
+        for v, s in zip(suite.SAMPLING_VARIANTS, (1.6, 1.4, 1.2, 0.95, 0.8))]}
+    sampling["rows"] += [{"variant": "fixed", "category": "translation", "speedup_vs_plain": 1.1}]  # not a goal's
     assert suite.sampling_goals(sampling).splitlines()[2:] == [
         "| fixed | × plain at T=1 | 1.600 | ≥ 1.5 | met |",
+        "| fixed,depth=5,topk=8,budget=40 | × plain at T=1 | 1.400 | ≥ 1 | met |",
         "| fixed,chain=true,depth=6 | × plain at T=1 | 0.950 | ≥ 1 | missed |"]  # point-mass drafts: no goal
