@@ -192,6 +192,27 @@ def test_a_sampling_shape_drafts_its_own_tree_at_t_above_zero_and_the_shape_at_z
     assert sampled.tokens == alone.tokens and sampled.accepted == alone.accepted
 
 
+def test_sampled_cycles_of_a_sampling_shape_replayed_from_static_buffers_equal_eager_ones(monkeypatch):
+    """The sampling shape's cycles at T > 0 and the shape's at T=0, graphed (a CPU stand-in with a CUDA graph's
+    aliasing) in one engine: the eager tokens of each."""
+    from specdraft.decoding import engine as engine_module
+    from tests.runtime.replay import ReplayOnCpu
+
+    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,)).tolist()
+    drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
+    runs = []
+    for use_graphs in (False, True):
+        engine = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
+                            OracleDrafter(drafter_tokens, 320, wrong_every=3), TreeShape(3, 3, 12), 256,
+                            hf_rope_tables(model, 256), use_graphs, sampling_shape=TreeShape(2, 2, 5))
+        runs.append([engine.generate(prompt, 24, temperature=t, generator=torch.Generator().manual_seed(0))
+                     for t in (1.0, 0.0, 1.0)])
+    assert [r.tokens for r in runs[1]] == [r.tokens for r in runs[0]]
+    assert [r.accepted for r in runs[1]] == [r.accepted for r in runs[0]]
+
+
 def test_a_sampling_shape_for_a_chain_is_refused():
     from specdraft.core.errors import SpecdraftError
 
