@@ -32,7 +32,7 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
                          "train.val_every_steps=3", "train.micro_batch_size=2", "train.warmup_steps=1",
                          "--target", str(tiny_target_dir), "--train-prompts", str(train), "--heldout-prompts",
                          str(heldout), "--thresholds", "0.9", "0", "--precision-targets", "0.5", "--max-new-tokens",
-                         "8", "--shape", "3", "--lossless-prompts", "1", "--work", str(tmp_path / "work")])
+                         "8", "--shape", "3", "2,2,4", "--lossless-prompts", "1", "--work", str(tmp_path / "work")])
     labels = report["labels"]
     assert labels["prompts"] == labels["labelled_prompts"] == 4 and labels["labels"] > 0
     assert labels["positives"] + labels["negatives"] == labels["labels"] and labels["check_errors"] == 0
@@ -45,7 +45,11 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
     sweep = [run["judge_threshold"] for run in bench["judge_sweep"]]
     assert sweep == sorted({0.0, 0.9, *([chosen] if chosen < 1 else [])})
     assert bench["judge_sweep"][0]["tau"] == 4.0  # δ = 0 accepts the whole chain
+    other = report["other_shapes"]["2,2,4"]  # the same head on a tree
+    assert other["exact_tau"] >= 1.0 and [point["judge_threshold"] for point in other["sweep"]] == sweep
+    assert other["sweep"][0]["tau_ratio"] >= 1.0
     assert json.loads((tmp_path / "work" / "judge.json").read_text())["labels"] == labels
     out = capsys.readouterr().out
     assert "| exact |" in out and "| δ=0 | 4.00 |" in out and "goal (retained accuracy >= 98%)" in out
     assert "target and draft in float32" in out and "held-out labels:" in out
+    assert "| 2,2,4 |" in out and "δ=0.9: τ ratio / retained" in out

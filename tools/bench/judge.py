@@ -9,6 +9,7 @@ rounding flips near-tied argmaxes, which alone cost a few percent of retained ac
 
     python3 tools/bench/judge.py $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
     python3 tools/bench/judge.py EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
+    python3 tools/bench/judge.py EXPORT --target $GGUF --shape 5,8,40 6 8 --work W --out OUT   # and two chains
 
 EXPORT is the draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export of the same target); key=value
 arguments override the judge recipe (every stage). The table has, per acceptance rule: τ, τ against the exact
@@ -17,8 +18,10 @@ accuracy, retained accuracy (the share of the prompts plain decoding solves that
 identical to plain decoding, and lossless. Above it: the labels mined (prompts labelled of those given,
 positives, negatives, checks that failed), the head's validation accuracy, recall and specificity, its scores'
 percentiles on positives and negatives and the δ chosen per precision target, the dtype; below it the float32
-check of exact decoding and the goal (the highest τ ratio at a retained accuracy of at least 98%).
-WORK/judge.json (or --out).
+check of exact decoding and the goal (the highest τ ratio at a retained accuracy of at least 98%). With several
+--shape entries the same head is benched at each (the float32 check on the first): below, each other shape's exact τ,
+every δ's τ ratio and retained accuracy, and its goal (a chain may leave the judge more to accept than a wide tree,
+whose other children often hold the target's token already). WORK/judge.json (or --out).
 """
 from __future__ import annotations
 
@@ -78,13 +81,22 @@ def run_stages(args, work: Path) -> Dict[str, float]:
     _cli(["export", str(work / "train"), "--format", "hf", "--out", str(work / "export")], seconds)
     labels = heldout_labels(work, args.thresholds, args.precision_targets)
     write_json(work / "heldout_labels.json", labels)
-    bench = ["bench", str(work / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature", "0",
-             "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts", str(args.lossless_prompts),
-             "--dtype", args.dtype, "--judge-threshold", *map(str, sweep(args.thresholds, labels)),
-             *shape_flags(args.shape), "--out", str(work / "bench")]
-    _cli([*bench, *(["--target", args.target] if args.target else [])], seconds)
+    for index, shape in enumerate(args.shape):  # the float32 check on the first shape's prompts alone
+        bench = ["bench", str(work / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature",
+                 "0", "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts",
+                 str(args.lossless_prompts if index == 0 else 0), "--dtype", args.dtype, "--judge-threshold",
+                 *map(str, sweep(args.thresholds, labels)), *shape_flags(shape), "--out", str(bench_dir(work, index,
+                                                                                                        shape))]
+        stage: Dict[str, float] = {}
+        _cli([*bench, *(["--target", args.target] if args.target else [])], stage)
+        seconds["bench" if index == 0 else f"bench {shape}"] = stage["bench"]
     write_json(work / "stage_seconds.json", seconds)
     return seconds
+
+
+def bench_dir(work: Path, index: int, shape: str) -> Path:
+    """Where the bench of --shape's index-th shape writes: WORK/bench for the first, WORK/bench-SHAPE after it."""
+    return work / ("bench" if index == 0 else f"bench-{shape}")
 
 
 def heldout_labels(work: Path, thresholds: List[float], precision_targets: List[float]) -> dict:
@@ -149,15 +161,26 @@ def goal(bench: dict) -> Optional[dict]:
             "retained_accuracy": best["answers"]["retained_accuracy"], "speedup_vs_plain": best["speedup_vs_plain"]}
 
 
+def shape_summary(bench: dict) -> dict:
+    """One shape's exact τ, the goal's δ and each δ's τ ratio and retained accuracy."""
+    exact = next(run for run in bench["runs"] if run["temperature"] == 0)
+    return {"exact_tau": exact["tau"], "goal": goal(bench),
+            "sweep": [{"judge_threshold": run["judge_threshold"], "tau_ratio": run["tau"] / exact["tau"],
+                       "retained_accuracy": (run.get("answers") or {}).get("retained_accuracy")}
+                      for run in bench.get("judge_sweep") or []]}
+
+
 def collect(args, work: Path) -> dict:
     bench, seconds = _read(work / "bench" / "bench.json"), _read(work / "stage_seconds.json")
+    others = {shape: shape_summary(_read(bench_dir(work, index, shape) / "bench.json"))
+              for index, shape in enumerate(args.shape) if index > 0}
     head = _read(work / "train" / "best" / "meta.json").get("metrics", {})
     return {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
             "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
             "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
             "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
             "head": {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")},
-            "stage_seconds": seconds, "bench": bench, "goal": goal(bench)}
+            "stage_seconds": seconds, "bench": bench, "goal": goal(bench), "other_shapes": others}
 
 
 def _label_cells(heldout: dict, threshold: Optional[float]) -> List[str]:
@@ -180,6 +203,19 @@ def _goal_text(reached: Optional[dict]) -> str:
         return "none of the δ keeps it"
     return (f"δ={reached['judge_threshold']:.4g}, τ {reached['tau_ratio']:.2f}x the exact τ, retained "
             f"{reached['retained_accuracy']:.3f}")
+
+
+def _other_shapes(report: dict) -> List[str]:
+    """A table of the other --shape entries: exact τ, each δ's τ ratio / retained accuracy, the goal."""
+    others = report.get("other_shapes") or {}
+    if not others:
+        return []
+    thresholds = [point["judge_threshold"] for point in next(iter(others.values()))["sweep"]]
+    rows = [[shape, fmt(summary["exact_tau"], ".2f"),
+             *(f"{point['tau_ratio']:.2f} / {fmt(point['retained_accuracy'], '.3f')}" for point in summary["sweep"]),
+             _goal_text(summary["goal"])] for shape, summary in others.items()]
+    return ["", markdown_table(["shape", "exact τ", *(f"δ={t:.4g}: τ ratio / retained" for t in thresholds),
+                                "goal"], rows)]
 
 
 def table(report: dict) -> str:
@@ -207,7 +243,7 @@ def table(report: dict) -> str:
                              "label recall", "plain accuracy", "accuracy", "retained accuracy", "identical to plain",
                              "lossless"], rows), "",
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
-             "goal (retained accuracy >= 98%): " + _goal_text(reached),
+             "goal (retained accuracy >= 98%): " + _goal_text(reached), *_other_shapes(report),
              "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
     return "\n".join(lines)
 
@@ -227,7 +263,9 @@ def main(argv=None) -> dict:
                         help="target and draft dtype of mining and the bench (float32: exact decoding is plain "
                              "decoding, so retained accuracy measures the judge alone)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--shape", default="5,8,40", help="DEPTH,TOPK,BUDGET (a tree) or DEPTH (a chain)")
+    parser.add_argument("--shape", nargs="+", default=["5,8,40"],
+                        help="DEPTH,TOPK,BUDGET (a tree) or DEPTH (a chain); more than one: each benched with the "
+                             "same head, the first in full")
     parser.add_argument("--lossless-prompts", type=int, default=10, help="exact decoding checked in float32")
     parser.add_argument("--work", type=Path, default=Path("runs/bench/judge"))
     parser.add_argument("--out", type=Path, default=None, help="where judge.json goes (default: WORK)")
