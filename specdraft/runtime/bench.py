@@ -381,8 +381,8 @@ def _chain_settings(engine) -> Optional[Dict]:
 
 
 def format_table(report: dict) -> str:
-    rows = ["| T | tree | τ | verified/cycle | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | plain/HF | "
-            "lossless |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| T | tree | τ | verified/cycle | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | "
+            "plain/HF | lossless |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p=1: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
     for run in report["runs"]:
         tree = run.get("tree")

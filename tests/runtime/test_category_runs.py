@@ -23,7 +23,8 @@ from specdraft.targets.load import LoadedTarget
 from tests.runtime.replay import CaptureOnCpu
 from tests.tiny import byte_tokenizer, tiny_llama_config
 
-VARIANTS = ["fixed", "sam,sam_min_match=2", "sam,sam_min_match=2,sam_merge=true", "svip", "ddd", "ddd,depth=5", "adaptive,depth=4"]
+VARIANTS = ["fixed", "sam,sam_min_match=2", "sam,sam_min_match=2,sam_merge=true", "svip", "ddd", "ddd,depth=5",
+            "adaptive,depth=4"]
 """The suite's CATEGORY_VARIANTS on a tiny tree (the shape below), in its order."""
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
