@@ -42,13 +42,10 @@ class DepthChoice(DraftingPolicy):
         if not 1 <= self.min_depth <= shape.depth:
             raise SpecdraftError(f"runtime.adaptive_min_depth must be in 1..{shape.depth} (the tree's depth), got "
                                  f"{self.min_depth}")
-        self.shapes = {depth: replace(shape, depth=depth, budget=min(shape.budget, replace(shape, depth=depth)
-                                                                     .num_candidates)).validated()
-                       for depth in range(self.min_depth, shape.depth + 1)}  # the deepest is the engine's
+        self.shapes = {depth: _at_depth(shape, depth) for depth in range(self.min_depth, shape.depth + 1)}
         self.rates = DynamicExit(shape.depth, [self.step_cost], 1.0, min_depth=self.min_depth)
         self.counts = {depth: 0 for depth in self.shapes}
         self.in_flight: deque = deque()  # the depths of the cycles queued and not yet observed
-        self.first_read = True
 
     def stats(self) -> Dict[str, int]:
         return {f"depth{depth}_cycles": count for depth, count in self.counts.items()}
@@ -56,11 +53,9 @@ class DepthChoice(DraftingPolicy):
     def begin(self, tokens: Sequence[int]) -> None:
         self.rates.reset()
         self.in_flight.clear()
-        self.first_read = True  # the prefill's token comes to `observe` first: no cycle's
 
     def observe(self, new_tokens: List[int]) -> None:
-        if self.first_read:
-            self.first_read = False
+        if not self.in_flight:  # the prefill's token, which comes before any cycle's
             return
         depth = self.in_flight.popleft()
         self.rates.update(0, depth, len(new_tokens) - 1)
@@ -75,3 +70,9 @@ class DepthChoice(DraftingPolicy):
     def cycle(self, temperature: float, generator):
         engine = self.engine
         return engine.tree_cycle(engine.acceptance(temperature), self.shapes[self.next_depth()], generator)
+
+
+def _at_depth(shape, depth: int):
+    """`shape` at `depth`, its budget cut to the candidates that depth has (the deepest is `shape` itself)."""
+    deeper = replace(shape, depth=depth)
+    return replace(deeper, budget=min(shape.budget, deeper.num_candidates)).validated()

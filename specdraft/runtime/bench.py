@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -196,7 +196,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     return {
         "temperature": temperature,
         "acceptance": policy.key,
-        "tree": _shape_dict(engine.shape_at(temperature)) if not chain else None,
+        "tree": asdict(engine.shape_at(temperature)) if not chain else None,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
         "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
@@ -357,8 +357,8 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
     return {"prompts": settings.prompts, "max_prompts": settings.max_prompts,
             "max_new_tokens": settings.max_new_tokens, "seed": settings.seed,
             "judge_thresholds": list(settings.judge_thresholds), "check_answers": settings.check_answers,
-            "tree": _shape_dict(engine.shape),
-            "sampling_tree": _shape_dict(engine.sampling_shape) if engine.sampling_shape is not None else None,
+            "tree": asdict(engine.shape),
+            "sampling_tree": asdict(engine.sampling_shape) if engine.sampling_shape is not None else None,
             "chain": _chain_settings(engine), "policy": runtime.settings.policy, "policy_stats": engine.policy_stats(),
             "sample_drafts": engine.sample_drafts,
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
@@ -366,10 +366,6 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "device": device_name(device),
             "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
             "target": runtime.target.info.name_or_path}
-
-
-def _shape_dict(shape) -> Dict[str, int]:
-    return {"depth": shape.depth, "topk": shape.topk, "budget": shape.budget}
 
 
 def _chain_settings(engine) -> Optional[Dict]:

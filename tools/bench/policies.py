@@ -44,7 +44,8 @@ from specdraft.config import RuntimeConfig
 from specdraft.runtime.categories import parse_variant
 
 CATEGORY_VARIANTS = ["fixed", "sam", "sam,sam_merge=true", "svip", "ddd", "ddd,depth=7", "adaptive"]
-SAMPLING_VARIANTS = ["fixed", "fixed,depth=5,topk=8,budget=40", "fixed,sample_drafts=false", "fixed,chain=true,depth=6",
+SAMPLING_VARIANTS = ["fixed", "fixed,depth=5,topk=8,budget=40", "fixed,sample_drafts=false",
+                     "fixed,chain=true,depth=6",
                      "fixed,chain=true,depth=6,sample_drafts=false"]  # fixed: at T > 0 the runtime's (3, 6, 16)
 
 
@@ -139,8 +140,7 @@ def _verdict(value: Optional[float], goal: float) -> str:
 def category_goals(report: dict) -> str:
     """The issue's T=0 goals against the first variant (the fixed tree): each SAM variant ≥ 1.15× on summarization
     and RAG and ≥ 0.98× on every other category; SVIP, DDD or the adaptive depth ≥ 1.05× on average; every row
-    float32-identical on
-    all its checked prompts."""
+    float32-identical on all its checked prompts."""
     lines = []
     for variant, by in ratios_to_first(report).items():
         policy = parse_variant(variant)["policy"]
