@@ -271,6 +271,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="where judge.json goes (default: WORK)")
     parser.add_argument("--collect", action="store_true", help="only read an existing WORK")
     args = parser.parse_args(argv)
+    for shape in args.shape:  # a bad shape stops here, not after the mining and training
+        shape_flags(shape)
     if not args.collect:
         run_stages(args, args.work)
     report = collect(args, args.work)
