@@ -10,8 +10,9 @@ deeper trees than the fixed shape's, and one it predicts badly (translation) sha
 top-k and budget.
 
 Unlike the stop rules of depth_stop.py, nothing is read inside a cycle: each depth's cycle is one CUDA graph of
-its own static shape (captured the first time that depth is chosen), and the choice reads only cycles the host
-has read, so one cycle stays in flight; the price is a choice one cycle behind. Lossless: the depth changes what
+its own static shape (every depth's captured at the first cycle of an acceptance rule, so that none is captured
+inside a timed generation), and the choice reads only cycles the host has read, so one cycle stays in flight; the
+price is a choice one cycle behind. Lossless: the depth changes what
 is drafted, never what the target accepts.
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ class DepthChoice(DraftingPolicy):
         self.rates = DynamicExit(shape.depth, [self.step_cost], 1.0, min_depth=self.min_depth)
         self.counts = {depth: 0 for depth in self.shapes}
         self.in_flight: deque = deque()  # the depths of the cycles queued and not yet observed
+        self.ready_rules: set = set()  # the acceptance rules (keys) whose every depth's graph is captured
 
     def stats(self) -> Dict[str, int]:
         return {f"depth{depth}_cycles": count for depth, count in self.counts.items()}
@@ -68,8 +70,11 @@ class DepthChoice(DraftingPolicy):
         return depth
 
     def cycle(self, temperature: float, generator):
-        engine = self.engine
-        return engine.tree_cycle(engine.acceptance(temperature), self.shapes[self.next_depth()], generator)
+        engine, rule = self.engine, self.engine.acceptance(temperature)
+        if rule.key not in self.ready_rules:
+            self.ready_rules.add(rule.key)
+            engine.ready_tree_cycles(rule, self.shapes.values())
+        return engine.tree_cycle(rule, self.shapes[self.next_depth()], generator)
 
 
 def _at_depth(shape, depth: int):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from functools import partial
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -408,9 +408,22 @@ class SpecEngine:
         drafted tokens it verified)."""
         self.verify_rows = shape.budget if self.stage is None else shape.depth + 1
         args = self.cycle_args(policy, shape.budget, generator, shape)
-        key = self.scored_key(f"cycle:{policy.key}:{shape.depth},{shape.topk},{shape.budget}")
-        return self.graphed(key, partial(self._tree_cycle_body, policy, shape), *args), \
-            self.drafted_count(shape.budget)
+        return self.graphed(self._tree_cycle_key(policy, shape), partial(self._tree_cycle_body, policy, shape),
+                            *args), self.drafted_count(shape.budget)
+
+    def ready_tree_cycles(self, policy: Acceptance, shapes: Iterable[TreeShape]) -> None:
+        """The graph of each shape's `tree_cycle` under `policy` captured now (the state left as it was), so that a
+        drafting policy that switches shapes never captures one in the middle of a timed generation."""
+        if not self.use_graphs:
+            return
+        examples = torch.Generator(device=self.device).manual_seed(0)  # example draws: the caller's stream untouched
+        for shape in shapes:
+            body = partial(self._tree_cycle_body, policy, shape)
+            self.graph(self._tree_cycle_key(policy, shape), body, self.state_tensors(),
+                       self.cycle_args(policy, shape.budget, examples, shape)).ready()
+
+    def _tree_cycle_key(self, policy: Acceptance, shape: TreeShape) -> str:
+        return self.scored_key(f"cycle:{policy.key}:{shape.depth},{shape.topk},{shape.budget}")
 
     def state_tensors(self) -> List[torch.Tensor]:
         """Tensors a captured cycle mutates, saved and restored around its warm-up runs."""

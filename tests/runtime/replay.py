@@ -23,6 +23,10 @@ class ReplayOnCpu:
         self.output = out if self.output is None else copy_into(self.output, out)
         return self.output
 
+    def ready(self):
+        """CallGraph.ready's stand-in: nothing to capture on the CPU (the first call sets the outputs)."""
+        return self
+
 
 def copy_into(static, value):
     """Writes `value` into the tensors of `static` (a tensor, a dataclass or a tuple of them) -> static."""

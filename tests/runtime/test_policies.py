@@ -2,6 +2,8 @@
 merged into the tree), SVIP's entropy stop and Dynamic Depth Decoding's mass stop (trees and chains) each give
 greedy decoding's output; their CUDA-graph paths (graph outputs at fixed addresses, read by the next graph) give
 the eager tokens; sampled cycles keep the target's distribution; parameters out of range are one-line errors."""
+from functools import partial
+
 import pytest
 import torch
 
@@ -104,6 +106,39 @@ def test_graph_replays_give_the_eager_tokens(monkeypatch, name):
     for prompt in (PROMPT, REPEATING):
         expected, got = eager.generate(prompt, 24), replayed.generate(prompt, 24)
         assert got.tokens == expected.tokens and got.drafted == expected.drafted
+
+
+class _ReadiedReplay(ReplayOnCpu):
+    """ReplayOnCpu that records whether each graph was captured (made ready) before its first call."""
+
+    made: list = []
+
+    def __init__(self, fn, state, example=()):
+        super().__init__(fn, state, example)
+        self.readied, self.called_unready = False, False
+        _ReadiedReplay.made.append(self)
+
+    def ready(self):
+        self.readied = True
+        return self
+
+    def __call__(self, *args):
+        self.called_unready |= not self.readied
+        return super().__call__(*args)
+
+
+@torch.no_grad()
+def test_the_adaptive_policy_captures_every_depth_before_its_first_cycle_runs(monkeypatch):
+    """A depth first chosen in the middle of a generation replays a graph captured at the first cycle: a timed run
+    never pays a capture."""
+    monkeypatch.setattr(engine_module, "CallGraph", _ReadiedReplay)
+    monkeypatch.setattr(_ReadiedReplay, "made", [])
+    _, engine = _engine("adaptive_tree", use_graphs=True)
+    engine.generate(PROMPT, 32)
+    cycle_graphs = [graph for graph in _ReadiedReplay.made if isinstance(graph.fn, partial)]
+    assert {graph.fn.args[1] for graph in cycle_graphs} == set(engine.policy.shapes.values())
+    assert all(graph.readied and not graph.called_unready for graph in cycle_graphs)
+    assert sum(1 for count in engine.policy.counts.values() if count) > 1
 
 
 def _first_tokens(engine, prompt, trials):
