@@ -170,6 +170,34 @@ def test_the_runtime_drafter_drafts_what_the_training_side_drafts_on_an_image_pr
     assert sum(result.accepted) > 0
 
 
+@torch.no_grad()
+def test_a_cycle_s_ingest_writes_what_the_prompt_s_tables_would():
+    """`ingest` (rows after the prompt: slots shifted by the dropped image columns, img_fc split onto the last
+    image's global term) leaves the drafter's caches and state as `ingest_prompt`'s per-slot tables do."""
+    model, processor, spec, cfg, draft, prompt, images = memorised_vlm_draft()
+    engine = _engine(TreeShape.chain(4))
+    inputs = image_prompt(model, processor, prompt, images, 256)
+    engine.generate(prompt, 4, **inputs.engine_kwargs())  # begin + prefill: the tables of this prompt
+    drafter = engine.drafter
+    assert int(drafter.shift) > 0  # the image's columns were dropped
+    rows, count = 5, torch.tensor([3])
+    generator = torch.Generator().manual_seed(0)
+    hidden = model.config.text_config.hidden_size
+    features = {i: torch.randn(rows, hidden, generator=generator) for i in drafter.feature_layers}
+    next_tokens = torch.randint(0, model.config.text_config.vocab_size, (rows,), generator=generator)
+    start = torch.tensor([len(prompt) + 2])
+    drafter.prefix_len.copy_(start - drafter.shift)
+    saved = [t.clone() for t in drafter.state_tensors()]
+    drafter.ingest(features, next_tokens, start, count)
+    fast = [t.clone() for t in drafter.state_tensors()]
+    for tensor, value in zip(drafter.state_tensors(), saved):
+        tensor.copy_(value)
+    drafter.ingest_prompt(features, next_tokens, start, count)
+    for got, expected in zip(fast, drafter.state_tensors()):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(fast[0], saved[0])  # the keys were written
+
+
 @pytest.mark.parametrize("shape", [TreeShape.chain(5), TreeShape(depth=4, topk=3, budget=10)], ids=["chain", "tree"])
 @torch.no_grad()
 def test_image_prompts_decode_losslessly_and_a_padded_prefill_changes_nothing(shape):

@@ -22,7 +22,9 @@ position n + d. One draft-verify cycle (batch 1) calls, in order:
       visible too. A drafter that wrote nothing at scratch slot 0 must ignore that column.
 
 Before a prompt's prefill the engine calls `begin(context)` with the prompt's extra context (image features,
-say: the names `DrafterCaps.context` declares), outside any CUDA graph.
+say: the names `DrafterCaps.context` declares), outside any CUDA graph. The prompt's own rows (start 0) come to
+`ingest_prompt`, which is `ingest` unless a drafter maps prompt positions in a way later rows never need (ViSpec's
+image spans): a cycle's `ingest` then stays as short as a text drafter's.
 
 Every tensor argument is on the engine's device and every shape is static for a given (k, depth, W), so the
 engine can capture `ingest`, `first` and `step` in CUDA graphs: no host syncs, no data-dependent shapes.
@@ -179,6 +181,11 @@ class Drafter:
         engine advances `start`, its prefix length, right after)."""
         raise NotImplementedError
 
+    def ingest_prompt(self, features: Dict[int, torch.Tensor], next_tokens: torch.Tensor, start: torch.Tensor,
+                      count: torch.Tensor) -> None:
+        """The prompt's rows at its prefill (start 0), as `ingest` takes them; `ingest` itself by default."""
+        self.ingest(features, next_tokens, start, count)
+
     def first(self, root_token: torch.Tensor, position: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """root_token [1], position [1] -> (logits [1, Vd], hidden [1, Hd])."""
         raise NotImplementedError
@@ -253,6 +260,9 @@ class ExtendedDrafter(Drafter):
 
     def ingest(self, features, next_tokens, start, count) -> None:
         self.base.ingest(features, next_tokens, start, count)
+
+    def ingest_prompt(self, features, next_tokens, start, count) -> None:
+        self.base.ingest_prompt(features, next_tokens, start, count)
 
     def first(self, root_token, position):
         return self.base.first(root_token, position)

@@ -117,6 +117,10 @@ class ExitChoice(Drafter):
         for drafter in self.drafters:
             drafter.ingest(features, next_tokens, start, count)
 
+    def ingest_prompt(self, features, next_tokens, start, count) -> None:
+        for drafter in self.drafters:
+            drafter.ingest_prompt(features, next_tokens, start, count)
+
     def first(self, root_token, position):
         return self.active.first(root_token, position)
 

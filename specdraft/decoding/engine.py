@@ -263,7 +263,8 @@ class SpecEngine:
         """The prompt's features to the drafter: row i's next token is prompt token i + 1, the root after the last."""
         rows = torch.arange(prompt_ids.shape[0], device=self.device)  # [R]
         next_tokens = torch.where(rows == count - 1, self.root, prompt_ids.roll(-1))  # [R]
-        self.drafter.ingest(dict(zip(self.capture, features)), next_tokens, torch.zeros_like(self.prefix_len), count)
+        self.drafter.ingest_prompt(dict(zip(self.capture, features)), next_tokens, torch.zeros_like(self.prefix_len),
+                                   count)
 
     def _prefill_stage(self, prompt_ids: torch.Tensor, count: torch.Tensor, *features: torch.Tensor) -> None:
         self.stage.prefill(prompt_ids, count, dict(zip(self.capture, features)))

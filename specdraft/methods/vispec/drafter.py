@@ -1,22 +1,26 @@
 """ViSpec in the runtime: EAGLE-3's drafter (specdraft.methods.eagle3.drafter) over the draft's own sequence.
 
 `begin` reads the prompt's image context (IMAGE_EMBEDS [P, H], IMAGE_MASK [P]), runs the image adaptor, and fills
-tables indexed by the target's cache slot, so that `ingest` (captured in CUDA graphs) reads them with static
-shapes: each slot's column in the draft's cache (dropped image columns go to a slot no one reads, `trash`; slots
-past the prompt shift down by the columns the images dropped), its stand-in and whether it has one, and its global
-feature. Rotary positions stay the target's. Each drafting step reads the last image's global
-feature through img_fc. A prompt without images (no context) drafts as EAGLE-3 does with zero global features.
+tables indexed by the target's cache slot, so that `ingest_prompt` (captured in CUDA graphs) reads them with static
+shapes: each slot's column in the draft's cache (dropped image columns go to a slot no one reads, `trash`), its
+stand-in and whether it has one, and its global feature. Rotary positions stay the target's.
+
+Every row after the prompt is text that reads the last image's global feature g, at its target slot less the
+columns the images dropped (`shift`): a cycle's `ingest` is EAGLE-3's with those slots, and img_fc, split as
+img_fc([h; g]) = W_h h + W_g g, is one matmul onto W_g g (`global_term`, made once a prompt), there and at each
+drafting step. A prompt without images (no context) drafts as EAGLE-3 does with zero global features.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 import torch
+import torch.nn.functional as F
 
 from specdraft.core.drafting import DrafterCaps
 from specdraft.core.types import IMAGE_EMBEDS, IMAGE_MASK
 from specdraft.kernels.tree_attention import tree_attention
-from specdraft.layers.draft_cache import ingest_slots
+from specdraft.layers.draft_cache import ingest_attention, ingest_slots
 from specdraft.methods.eagle3 import Eagle3Drafter
 from specdraft.methods.vispec.config import VispecConfig
 from specdraft.methods.vispec.model import VispecDraft, image_inputs
@@ -34,14 +38,18 @@ class VispecDrafter(Eagle3Drafter):
         self.standin = torch.zeros(max_len + 1, hidden, device=device, dtype=dtype)  # [S, H]
         self.is_standin = torch.zeros(max_len + 1, dtype=torch.bool, device=device)  # [S]
         self.global_features = torch.zeros(max_len + 1, hidden, device=device, dtype=dtype)  # [S, H]
-        self.last_global = torch.zeros(1, hidden, device=device, dtype=dtype)  # [1, H]: what drafting steps read
+        self.shift = torch.zeros(1, dtype=torch.long, device=device)  # [1] the columns the prompt's images dropped
+        weight = self.draft.img_fc.weight.detach()  # [H, 2H] = [W_h | W_g]
+        self.global_term = torch.zeros(1, hidden, device=device, dtype=weight.dtype)  # [1, H] W_g g, the last image
+        self.hidden_weight_t = weight[:, :hidden].t().contiguous()  # [H, H] W_h transposed, for addmm
+        self.global_weight = weight[:, hidden:]  # [H, H] W_g
 
     @torch.no_grad()
     def begin(self, context: Mapping[str, torch.Tensor]) -> None:
         """The prompt's images into the per-slot tables (outside CUDA graphs: once per prompt)."""
         if not context:  # a prompt without images
             self.slots.copy_(torch.arange(self.slots.shape[0], device=self.slots.device))
-            for table in (self.standin, self.is_standin, self.global_features, self.last_global):
+            for table in (self.standin, self.is_standin, self.global_features, self.shift, self.global_term):
                 table.zero_()
             return
         super().begin(context)
@@ -52,17 +60,19 @@ class VispecDrafter(Eagle3Drafter):
         draft_slot = torch.where(kept, kept.long().cumsum(0) - 1, torch.full_like(mask, self.trash, dtype=torch.long))
         after = torch.arange(prompt_len, self.slots.shape[0], device=mask.device) - shift
         self.slots.copy_(torch.cat([draft_slot, after]))
-        last = global_features[0, -1:] if bool(maps.global_feature[0, -1] >= 0) else torch.zeros_like(self.last_global)
-        self.last_global.copy_(last)
+        self.shift.fill_(shift)
+        has_image = bool(maps.global_feature[0, -1] >= 0)
+        last_global = global_features[0, -1:] if has_image else torch.zeros_like(self.global_term)  # [1, H]
+        self.global_term.copy_(F.linear(last_global.to(self.global_weight.dtype), self.global_weight))
         self.standin.zero_()
         self.standin[:prompt_len] = standins[0]
         self.is_standin.zero_()
         self.is_standin[:prompt_len] = maps.standin[0] >= 0
-        self.global_features.copy_(self.last_global.expand_as(self.global_features))
+        self.global_features.copy_(last_global.expand_as(self.global_features))  # every row after the prompt: g
         self.global_features[:prompt_len] = global_features[0]
 
     @torch.no_grad()  # inference only: the last row goes through out=, which autograd refuses
-    def ingest(self, features, next_tokens, start, count) -> None:
+    def ingest_prompt(self, features, next_tokens, start, count) -> None:
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
         fused = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
         rows = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M] target slots (rotary positions)
@@ -77,9 +87,24 @@ class VispecDrafter(Eagle3Drafter):
         torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
         torch.add(torch.index_select(slots, 0, count - 1), 1, out=self.prefix_len)
 
+    @torch.no_grad()
+    def ingest(self, features, next_tokens, start, count) -> None:
+        """Rows after the prompt: text, each at its target slot less `shift` (module docstring)."""
+        aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
+        hidden = self.with_last_image(self.draft.fc(aux.to(self.draft.fc.weight.dtype)))  # [M, H]
+        draft_start = start - self.shift  # [1]
+        rows = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M] target slots (rotary positions)
+        q = self.query(hidden, next_tokens, rows, rows - self.shift)
+        _, hidden = self.tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, draft_start))
+        torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
+        torch.add(draft_start, count, out=self.prefix_len)
+
+    def with_last_image(self, hidden: torch.Tensor) -> torch.Tensor:
+        """img_fc of hidden [k, H] rows after every image: W_h h + W_g g in one launch -> [k, H]."""
+        return torch.addmm(self.global_term, hidden, self.hidden_weight_t)
+
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        hidden = self.draft.with_image(hidden, self.last_global.expand_as(hidden))
-        return super().step(depth, hidden, tokens, positions, scratch_slots, scratch_visible)
+        return super().step(depth, self.with_last_image(hidden), tokens, positions, scratch_slots, scratch_visible)
 
 
 def vispec_runtime(draft: VispecDraft, cfg: VispecConfig, target_model) -> VispecDrafter:
