@@ -52,3 +52,18 @@ def test_a_sampled_cycle_is_counted_and_its_acceptance_does_not_walk_depth_by_de
     # sampled children: two kernels a depth as draft_topk's; what the verify reads of them, five launches (by
     # PyTorch ops, two top-k and three concatenations: 40)
     assert sampled["draft"] - greedy["draft"] <= 6
+
+
+@pytest.mark.triton_kernels
+def test_a_vispec_cycle_adds_one_launch_a_drafting_step_and_three_to_its_ingest():
+    """A ViSpec draft after an image prompt, against EAGLE-3's on the same shapes: img_fc is one matmul onto the
+    image's global term at each step after the first, and a cycle's ingest (bookkeeping) is EAGLE-3's at shifted
+    slots; the verify is the target's alone, and the cycle still holds no host sync."""
+    tool = load_tool("count_cycle_launches")
+    report = tool.count("tiny", ["3,2,6", "4"], vispec=True)
+    rows = {(row["shape"], row["method"]): row for row in report["rows"]}
+    for shape, depth in (("3,2,6", 3), ("4", 4)):
+        eagle3, vispec = rows[shape, "eagle3"], rows[shape, "vispec"]
+        assert vispec["draft"] == eagle3["draft"] + depth - 1
+        assert vispec["verify"] == eagle3["verify"] and vispec["bookkeeping"] <= eagle3["bookkeeping"] + 3
+        assert vispec["host_syncs"] == 0

@@ -21,7 +21,9 @@ with a C2T tree scorer at β (`specdraft.methods.c2t`), pruning from the selecti
 a sized verify's drafting adds `tree.kept_first`). With --depth-stops, each tree shape's cycle also as a policy
 that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
 at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
-the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad.
+the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad. With
+--vispec, each shape's cycle also with a ViSpec draft after a prompt holding an image: what its img_fc and image
+tables add to EAGLE-3's cycle.
 """
 from __future__ import annotations
 
@@ -75,13 +77,15 @@ def check_shapes(parser: argparse.ArgumentParser, texts: List[str]) -> None:
             parser.error(str(err))
 
 
-def build_engine(config: str, shape, max_len: int = 256, device: torch.device = torch.device("cpu"), **options):
-    """A bf16 SpecEngine of a random Llama of `config`'s geometry and a random EAGLE-3 head, on `device` (CUDA
-    graphs there; none on the CPU, where the launches are counted)."""
+def build_engine(config: str, shape, max_len: int = 256, device: torch.device = torch.device("cpu"),
+                 vispec: bool = False, **options):
+    """A bf16 SpecEngine of a random Llama of `config`'s geometry and a random EAGLE-3 head (`vispec`: a ViSpec
+    draft), on `device` (CUDA graphs there; none on the CPU, where the launches are counted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdraft.core.types import DraftContext, TargetInfo
     from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
+    from specdraft.methods.vispec import VispecConfig, VispecDraft, VispecDrafter
     from specdraft.decoding.engine import SpecEngine
     from specdraft.decoding.target import from_hf, hf_rope_tables
 
@@ -91,11 +95,25 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
     hf = hf.eval().to(device=device, dtype=torch.bfloat16)
     info = TargetInfo.from_hf_config(hf.config, config)
     counts = torch.randint(0, 50, (info.vocab_size,))
-    draft = Eagle3Draft(Eagle3Config(draft_vocab_size=draft_vocab), DraftContext(info, counts))
+    config_type, draft_type, drafter_type = (VispecConfig, VispecDraft, VispecDrafter) if vispec else \
+        (Eagle3Config, Eagle3Draft, Eagle3Drafter)
+    draft = draft_type(config_type(draft_vocab_size=draft_vocab), DraftContext(info, counts))
     draft = draft.eval().to(device=device, dtype=torch.bfloat16)
     target = from_hf(hf, info)
-    return SpecEngine(target, Eagle3Drafter(draft, target), shape, max_len, hf_rope_tables(hf, max_len),
+    return SpecEngine(target, drafter_type(draft, target), shape, max_len, hf_rope_tables(hf, max_len),
                       device.type == "cuda", **options)
+
+
+def image_context(config: str, prompt_len: int, image: range) -> Dict[str, torch.Tensor]:
+    """A prompt's image context for a ViSpec drafter (`Drafter.begin`): random image features on the `image` span
+    of a prompt of `prompt_len` tokens (launches do not depend on the values)."""
+    from specdraft.core.types import IMAGE_EMBEDS, IMAGE_MASK
+
+    mask = torch.zeros(prompt_len, dtype=torch.bool)
+    mask[image.start:image.stop] = True
+    hidden = CONFIGS[config][0]["hidden_size"]
+    embeds = torch.randn(prompt_len, hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    return {IMAGE_EMBEDS: embeds, IMAGE_MASK: mask}
 
 
 def _counted(fn, syncs: Optional[List[str]] = None):
@@ -157,20 +175,23 @@ def plain_step_launches(engine) -> List[str]:
 
 
 def count(config: str, shape_texts: List[str], prune: Optional[float] = None,
-          temperatures: Sequence[float] = (0.0,), point_mass: bool = False) -> dict:
+          temperatures: Sequence[float] = (0.0,), point_mass: bool = False, vispec: bool = False) -> dict:
     """Each shape's cycle at each temperature (at T > 0 with sampled drafts, and with `point_mass` with point-mass
-    drafts too; with `prune`, each tree shape's again with a C2T scorer at that β) -> the report."""
+    drafts too; with `prune`, each tree shape's again with a C2T scorer at that β; with `vispec`, each shape's at
+    T = 0 again with a ViSpec draft after a prompt holding an image) -> the report."""
     prompt = torch.randint(0, CONFIGS[config][0]["vocab_size"], (16,), generator=torch.Generator().manual_seed(0))
     rows, plain = [], None
-    runs = [(text, None, None, t, True) for text in shape_texts for t in temperatures]
-    runs += [(text, None, None, t, False) for text in shape_texts for t in temperatures if point_mass and t > 0]
-    runs += [(text, prune, place, 0.0, True) for text in shape_texts for place in PRUNE_AT
+    runs = [(text, None, None, t, True, False) for text in shape_texts for t in temperatures]
+    runs += [(text, None, None, t, False, False) for text in shape_texts for t in temperatures if point_mass and t > 0]
+    runs += [(text, prune, place, 0.0, True, False) for text in shape_texts for place in PRUNE_AT
              if prune is not None and parse_shape(text).topk > 1]
-    for text, beta, place, temperature, sampled in runs:
+    runs += [(text, None, None, 0.0, True, True) for text in shape_texts if vispec]
+    for text, beta, place, temperature, sampled, with_image in runs:
         engine = build_engine(config, parse_shape(text), tree_scorer=None if beta is None else pruning_scorer(beta),
-                              prune_at=place or RuntimeConfig.prune_at, sample_drafts=sampled)
+                              prune_at=place or RuntimeConfig.prune_at, sample_drafts=sampled, vispec=with_image)
         generator = torch.Generator().manual_seed(0)
-        engine.prefill(prompt, 0.0)
+        context = image_context(config, prompt.shape[0], range(4, 12)) if with_image else None
+        engine.prefill(prompt, 0.0, context=context)
         if plain is None:
             plain = plain_step_launches(engine)
             engine.prefill(prompt, 0.0)
@@ -179,8 +200,8 @@ def count(config: str, shape_texts: List[str], prune: Optional[float] = None,
         phases = cycle_launches(engine, syncs, temperature, generator)
         total = sum(len(names) for names in phases.values())
         drafts = "-" if temperature == 0 else ("sampled" if sampled else "point mass")
-        rows.append({"shape": text, "prune_threshold": beta, "prune_at": place, "temperature": temperature,
-                     "drafts": drafts,
+        rows.append({"shape": text, "method": "vispec" if with_image else "eagle3", "prune_threshold": beta,
+                     "prune_at": place, "temperature": temperature, "drafts": drafts,
                      **{name: len(names) for name, names in phases.items()},
                      "cycle": total, "host_syncs": len(syncs), "sync_ops": sorted(set(syncs)),
                      "cycle_over_plain": total / len(plain), "tau_for_goal": SPEEDUP_GOAL * total / len(plain),
@@ -229,6 +250,7 @@ def table(report: dict) -> str:
              f"{'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
     for row in report["rows"]:
         pruned = "-" if row["prune_threshold"] is None else f"{row['prune_at'][:3]} β {row['prune_threshold']:g}"
+        pruned = "vispec" if row.get("method") == "vispec" else pruned
         lines.append(f"{row['shape']:>10} {pruned:>11} {row['temperature']:>4g} {row['drafts']:>10} {row['draws']:>6} "
                      f"{row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} {row['cycle']:>6} "
                      f"{row['host_syncs']:>6} {row['cycle_over_plain']:>8.2f} {row['tau_for_goal']:>12.2f}")
@@ -251,10 +273,12 @@ def main(argv=None) -> dict:
                         help="at each T > 0, each shape also with point-mass drafts (sample_drafts=false)")
     parser.add_argument("--depth-stops", action="store_true",
                         help="each tree shape also grown by a depth-stop policy, stopped at each depth")
+    parser.add_argument("--vispec", action="store_true",
+                        help="each shape also drafted by a ViSpec draft (random weights) after a prompt with an image")
     parser.add_argument("--out", type=Path, default=Path("runs/cycle_launches"))
     args = parser.parse_args(argv)
     check_shapes(parser, args.shapes)
-    report = count(args.config, args.shapes, args.prune, args.temperatures, args.point_mass)
+    report = count(args.config, args.shapes, args.prune, args.temperatures, args.point_mass, args.vispec)
     if args.depth_stops:
         prompt = torch.randint(0, CONFIGS[args.config][0]["vocab_size"], (16,),
                                generator=torch.Generator().manual_seed(0))
