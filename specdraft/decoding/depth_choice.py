@@ -12,8 +12,7 @@ top-k and budget.
 Unlike the stop rules of depth_stop.py, nothing is read inside a cycle: each depth's cycle is one CUDA graph of
 its own static shape (every depth's captured at the first cycle of an acceptance rule, so that none is captured
 inside a timed generation), and the choice reads only cycles the host has read, so one cycle stays in flight; the
-price is a choice one cycle behind. Lossless: the depth changes what
-is drafted, never what the target accepts.
+price is a choice one cycle behind. Lossless: the depth changes what is drafted, never what the target accepts.
 """
 from __future__ import annotations
 
