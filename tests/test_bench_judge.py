@@ -53,3 +53,8 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
     assert "| exact |" in out and "| δ=0 | 4.00 |" in out and "goal (retained accuracy >= 98%)" in out
     assert "target and draft in float32" in out and "held-out labels:" in out
     assert "| 2,2,4 |" in out and "δ=0.9: τ ratio / retained" in out
+
+
+def test_overrides_typed_after_the_shapes_stay_overrides(tmp_path):
+    args = load_tool("bench/judge")._args([str(tmp_path), "a=1", "--shape", "5,8,40", "6", "train.max_steps=3"])
+    assert args.shape == ["5,8,40", "6"] and args.overrides == ["a=1", "train.max_steps=3"]

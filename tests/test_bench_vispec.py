@@ -43,3 +43,8 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
     assert "| with, same prompts | 2 |" in printed and "| vispec | 2 |" in printed
     assert "τ(ViSpec) / τ(EAGLE-3)" in printed and "bench prompts: with the instruction" in printed
     assert "| shape | ViSpec τ |" in printed and "| 2,2,4 |" in printed
+
+
+def test_overrides_typed_after_the_shapes_stay_overrides(tmp_path):
+    args = load_tool("bench/vispec")._args([str(tmp_path), "--shapes", "12", "10,6,48", "data.max_length=1536"])
+    assert args.shapes == ["12", "10,6,48"] and args.overrides == ["data.max_length=1536"]

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import REPO, finish, fmt, machine, markdown_table
+from suite import REPO, finish, fmt, machine, markdown_table, split_overrides
 
 import torch
 
@@ -248,7 +248,7 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> dict:
+def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="judge: mined labels, the head, and τ against retained accuracy")
     parser.add_argument("export", type=Path, help="the draft the judge serves beside (an export of the target)")
     parser.add_argument("overrides", nargs="*", help="judge recipe overrides for every stage, key=value")
@@ -270,9 +270,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--work", type=Path, default=Path("runs/bench/judge"))
     parser.add_argument("--out", type=Path, default=None, help="where judge.json goes (default: WORK)")
     parser.add_argument("--collect", action="store_true", help="only read an existing WORK")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    args.shape, args.overrides = split_overrides(args.shape, args.overrides)  # and --shape
     for shape in args.shape:  # a bad shape stops here, not after the mining and training
         shape_flags(shape)
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = _args(argv)
     if not args.collect:
         run_stages(args, args.work)
     report = collect(args, args.work)

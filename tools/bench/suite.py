@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -52,6 +52,12 @@ def finish(table: str, out: str | Path, report: dict, name: str) -> dict:
     print(table)
     print(f"-> {write_report(out, report, name)}")
     return report
+
+
+def split_overrides(values: List[str], overrides: List[str]) -> Tuple[List[str], List[str]]:
+    """A list option's values, and the recipe overrides (key=value) that argparse gave it when they were typed after
+    it (none of its values holds '=') -> (its values, every override)."""
+    return [value for value in values if "=" not in value], overrides + [value for value in values if "=" in value]
 
 
 def machine(device: Optional[str] = None) -> str:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import fmt, machine, markdown_table, write_report
+from suite import fmt, machine, markdown_table, split_overrides, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the small VLM's prompt helpers
 from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
@@ -243,6 +243,7 @@ def _args(argv: Optional[List[str]]):
     parser.add_argument("--device", default=None, help="default: cuda if there is one, else cpu")
     parser.add_argument("--dtype", default="auto", help="the bench's runtime dtype (the lossless check: float32)")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    args.shapes, args.overrides = split_overrides(args.shapes, args.overrides)  # and --shapes
     check_shapes(parser, args.shapes)
     args.prompt_dir = args.prompt_dir or args.vlm / "prompts"
     if args.device is None:
