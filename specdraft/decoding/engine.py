@@ -22,7 +22,7 @@ early, `depth_stop.py`) and a chain's stop rules (stop_rules.py); sampled first 
 (sampled_drafts.py, `sample_drafts`); and, with a tree scorer, a verify of only the kept nodes (sized_verify.py,
 `prune_verify` "kept"; "budget": the budget's rows, the pruned ones as padding).
 Plain decoding (`decode_plain`) runs the same target one token at a time, the baseline for speedups.
-Both start with `prefill`: the prompt through the target and then the drafter, on a GPU in two CUDA graphs per
+Both start with `prefill` (prefill.py): the prompt through the target and then the drafter, on a GPU in two graphs per
 prompt length rounded up to `PREFILL_ROWS` (captured the first time a length is met; padding rows follow the
 prompt, so causal attention keeps them out of its rows).
 Both loops keep one step in flight (`overlap`): step k+1 is queued on the device before the host reads step k's
@@ -41,7 +41,6 @@ from functools import partial
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.core.drafting import Drafter, IntermediateModel, NodeJudge, TreeScorer
 from specdraft.core.errors import SpecdraftError
@@ -59,18 +58,11 @@ from specdraft.decoding.target import TargetModel
 from specdraft.decoding.sampled_drafts import DraftDraws, draw_exponential
 from specdraft.decoding.stop_rules import StopRule
 from specdraft.decoding.outputs import CycleOutput, GenerationResult, cut_answer, finished, trace_row
+from specdraft.decoding.prefill import PREFILL_ROWS, prefill
 from specdraft.decoding.sized_verify import SizedVerify, checked_prune_options
 from specdraft.decoding.tree import DraftTree, TreeExpansion, TreeShape, build_tree, shallow_tree_start
 
 
-# The prefill's attention backends: not cuDNN's, which builds a plan for each new prompt length (on an H200:
-# a prompt's first prefill 130-230 ms against 20-40 ms again; 45-76 against 30-48 without cuDNN's attention).
-PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# With CUDA graphs the prefill runs in two graphs (the target's pass, then the drafter's ingest) captured per prompt
-# length rounded up to a multiple of this: the rows past the prompt are padding that causal attention keeps out of
-# the prompt's rows, and whose cache slots are rewritten before anything reads them. Eager, a SmolLM2 prefill took
-# 16 ms a prompt for about 300 launches, host-bound, and was 19% of a prompt's speculative time.
-PREFILL_ROWS = 64
 
 
 class SpecEngine:
@@ -197,41 +189,13 @@ class SpecEngine:
             raise SpecdraftError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
                                  f"slots; the cache has {self.max_len} (raise --max-len or shorten the prompt)")
 
-    @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, temperature: float, generator=None,
                 prompt_embeds: Optional[torch.Tensor] = None, context: Optional[Mapping[str, torch.Tensor]] = None,
                 prompt_rope: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                 meanwhile: Optional[Callable[[], None]] = None) -> int:
-        """prompt_ids [P] on the device: fills the caches, returns the first new token. `prompt_embeds` [P, H]
-        replaces the target's embeddings of the prompt (image features in a vision-language prompt, say);
-        `context` is the drafter's extra prompt context (`Drafter.begin`); `prompt_rope` (cos, sin [max_len, D])
-        the target's rotary tables for this prompt (an M-RoPE target's image prompt; None: the defaults). Its
-        attention avoids cuDNN's (`PREFILL_ATTENTION`); with graphs, the prompt is padded to a multiple of
-        `prefill_rows` rows and runs in the graphs of that length (`PREFILL_ROWS`). `meanwhile`: host work run
-        while the device prefills (after its work is queued, before the first token is read)."""
-        n = prompt_ids.shape[0]
-        self.target.use_rope(prompt_rope)
-        rows = min(-(-n // self.prefill_rows) * self.prefill_rows, self.max_len)
-        padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
-        count = torch.full((1,), n, dtype=torch.long, device=self.device)
-        if self.drafter is not None:
-            self.drafter.begin(context or {})
-        with sdpa_kernel(PREFILL_ATTENTION):
-            if prompt_embeds is None:
-                last_logits, *features = self.graphed(f"prefill@{rows}", self._prefill_target, padded, count)
-            else:
-                embeds = torch.nn.functional.pad(prompt_embeds.to(self.dtype), (0, 0, 0, rows - n))  # [R, H]
-                last_logits, *features = self.graphed(f"prefill-embeds@{rows}", self._prefill_embedded, embeds,
-                                                       count)
-            self.root.copy_(sample_token(last_logits, temperature, generator))
-            if self.drafter is not None:
-                self.graphed(f"ingest@{rows}", self._prefill_ingest, padded, count, *features)
-            if self.stage is not None:
-                self.graphed(f"stage@{rows}", self._prefill_stage, padded, count, *features)
-        self.prefix_len.fill_(n)
-        if meanwhile is not None:
-            meanwhile()
-        return int(self.root)
+        """prompt_ids [P] on the device: fills the caches, returns the first new token (prefill.py says how, and
+        what `prompt_embeds`, `context`, `prompt_rope` and `meanwhile` are)."""
+        return prefill(self, prompt_ids, temperature, generator, prompt_embeds, context, prompt_rope, meanwhile)
 
     def graph(self, key: str, fn, state: List[torch.Tensor], example: Sequence[torch.Tensor] = ()) -> CallGraph:
         """The engine's CUDA graph of fn under `key`, made at the first request (captured at its first call)."""
@@ -246,28 +210,6 @@ class SpecEngine:
         if not self.use_graphs:
             return fn(*args)
         return self.graph(key, fn, self.state_tensors() + list(extra_state), args)(*args)
-
-    def _prefill_target(self, prompt_ids: torch.Tensor, count: torch.Tensor):
-        """prompt_ids [R]: the prompt's count [1] tokens, then padding -> `_prefill_embedded` of their embeddings."""
-        return self._prefill_embedded(self.target.embed(prompt_ids), count)
-
-    def _prefill_embedded(self, embeds: torch.Tensor, count: torch.Tensor):
-        """embeds [R, H]: the prompt's count [1] rows, then padding -> (the last prompt token's logits [1, V], then
-        the drafter's features [R, H] in `capture` order), the target's cache filled from slot 0."""
-        self.prefix_len.zero_()
-        positions = torch.arange(embeds.shape[0], device=self.device)  # [R]
-        hidden, captured = self.target.run_layers(embeds, positions, self.prefix_len, None, capture=self.capture)
-        return (self.target.logits(hidden.index_select(0, count - 1)), *(captured[i] for i in self.capture))
-
-    def _prefill_ingest(self, prompt_ids: torch.Tensor, count: torch.Tensor, *features: torch.Tensor) -> None:
-        """The prompt's features to the drafter: row i's next token is prompt token i + 1, the root after the last."""
-        rows = torch.arange(prompt_ids.shape[0], device=self.device)  # [R]
-        next_tokens = torch.where(rows == count - 1, self.root, prompt_ids.roll(-1))  # [R]
-        self.drafter.ingest_prompt(dict(zip(self.capture, features)), next_tokens, torch.zeros_like(self.prefix_len),
-                                   count)
-
-    def _prefill_stage(self, prompt_ids: torch.Tensor, count: torch.Tensor, *features: torch.Tensor) -> None:
-        self.stage.prefill(prompt_ids, count, dict(zip(self.capture, features)))
 
     # ---- the cycle's phases -------------------------------------------------------------------------------
     def expansion(self, draws: Optional[DraftDraws] = None) -> TreeExpansion:

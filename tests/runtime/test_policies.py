@@ -135,7 +135,8 @@ def test_the_adaptive_policy_captures_every_depth_before_its_first_cycle_runs(mo
     monkeypatch.setattr(_ReadiedReplay, "made", [])
     _, engine = _engine("adaptive_tree", use_graphs=True)
     engine.generate(PROMPT, 32)
-    cycle_graphs = [graph for graph in _ReadiedReplay.made if isinstance(graph.fn, partial)]
+    cycle_graphs = [graph for graph in _ReadiedReplay.made  # a tree cycle's body: (policy, shape) bound
+                    if isinstance(graph.fn, partial) and isinstance(graph.fn.args[-1], TreeShape)]
     assert {graph.fn.args[1] for graph in cycle_graphs} == set(engine.policy.shapes.values())
     assert all(graph.readied and not graph.called_unready for graph in cycle_graphs)
     assert sum(1 for count in engine.policy.counts.values() if count) > 1

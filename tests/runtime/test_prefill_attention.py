@@ -3,7 +3,7 @@ prompt's first prefill took 130-230 ms with it, 20-40 ms again); the CPU checks 
 under."""
 import torch
 
-from specdraft.decoding import engine as engine_module
+from specdraft.decoding import prefill as prefill_module
 from tests.tools import load_tool
 
 
@@ -21,4 +21,4 @@ def test_prefill_runs_without_cudnn_attention(monkeypatch):
     monkeypatch.setattr(engine.target, "run_layers", recording)
     engine.prefill(torch.arange(9), 0.0)
     assert seen == [False]
-    assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in engine_module.PREFILL_ATTENTION
+    assert torch.nn.attention.SDPBackend.CUDNN_ATTENTION not in prefill_module.PREFILL_ATTENTION
