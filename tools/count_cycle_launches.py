@@ -250,7 +250,7 @@ def table(report: dict) -> str:
              f"{'tau for ' + str(report['speedup_goal']) + 'x':>12}"]
     for row in report["rows"]:
         pruned = "-" if row["prune_threshold"] is None else f"{row['prune_at'][:3]} β {row['prune_threshold']:g}"
-        pruned = "vispec" if row.get("method") == "vispec" else pruned
+        pruned = "vispec" if row["method"] == "vispec" else pruned
         lines.append(f"{row['shape']:>10} {pruned:>11} {row['temperature']:>4g} {row['drafts']:>10} {row['draws']:>6} "
                      f"{row['draft']:>6} {row['verify']:>7} {row['bookkeeping']:>12} {row['cycle']:>6} "
                      f"{row['host_syncs']:>6} {row['cycle_over_plain']:>8.2f} {row['tau_for_goal']:>12.2f}")

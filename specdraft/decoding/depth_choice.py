@@ -37,8 +37,8 @@ class DepthChoice(DraftingPolicy):
         super().attach(engine)
         shape = engine.shape
         if engine.chain is not None or engine.tree_start_layer or engine.tree_scorer is not None:
-            raise SpecdraftError("the adaptive policy chooses a tree's depth: not with a chain, a tree scorer or "
-                                 "--shallow-reuse-tree")
+            raise SpecdraftError("the adaptive policy chooses a tree's depth: not with a chain (a chain's length is "
+                                 "--dynamic-exit's), a tree scorer or --shallow-reuse-tree")
         if not 1 <= self.min_depth <= shape.depth:
             raise SpecdraftError(f"runtime.adaptive_min_depth must be in 1..{shape.depth} (the tree's depth), got "
                                  f"{self.min_depth}")

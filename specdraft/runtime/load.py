@@ -153,8 +153,6 @@ def _policy_options(cfg: RuntimeConfig, shape: TreeShape, tokenizer=None) -> dic
         corpus = corpus_automaton(corpus_documents(cfg.sam_corpus, tokenizer)) if cfg.sam_corpus else None
         return {"policy": RetrievalDrafts(Retrieval(cfg.sam_draft, cfg.sam_min_match, corpus), cfg.sam_merge)}
     if cfg.policy == "adaptive":
-        if shape.topk == 1:
-            raise SpecdraftError("the adaptive policy chooses a tree's depth; a chain's length is --dynamic-exit's")
         return {"policy": DepthChoice(cfg.adaptive_min_depth, cfg.adaptive_step_cost)}
     if cfg.policy in STOP_RULES:
         rule_class, threshold = STOP_RULES[cfg.policy]

@@ -1,6 +1,8 @@
 """EAGLE-3 in the runtime: one draft KV cache of step-0 keys (specdraft.core.drafting)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -48,20 +50,31 @@ class Eagle3Drafter(Drafter):
         attn_out = F.linear(attended.transpose(0, 1).reshape(hidden.shape[0], -1), self.weights.o)  # [M, H]
         return layer_tail(self.draft.midlayer, self.weights, self.draft.norm, hidden, attn_out)
 
-    @torch.no_grad()  # inference only: the last row goes through out=, which autograd refuses
     def ingest(self, features, next_tokens, start, count) -> None:
+        self.ingest_shifted(features, next_tokens, start, count, None)
+
+    @torch.no_grad()  # inference only: the last row goes through out=, which autograd refuses
+    def ingest_shifted(self, features, next_tokens, start, count, shift: Optional[torch.Tensor]) -> None:
+        """`ingest` with each row's keys at its target slot less `shift` [1] (None: at it), its rotary position the
+        target's: for a drafter whose cache dropped some of the prompt's positions (ViSpec's image columns)."""
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
-        hidden = self.draft.fc(aux.to(self.draft.fc.weight.dtype))  # [M, H]
-        columns = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
-        q = self.query(hidden, next_tokens, columns, columns)
-        _, hidden = self.tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, start))
+        hidden = self.draft_input(self.draft.fc(aux.to(self.draft.fc.weight.dtype)))  # [M, H]
+        positions = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
+        cache_start, slots = (start, positions) if shift is None else (start - shift, positions - shift)
+        q = self.query(hidden, next_tokens, positions, slots)
+        _, hidden = self.tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, cache_start))
         torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
-        torch.add(start, count, out=self.prefix_len)
+        torch.add(cache_start, count, out=self.prefix_len)
+
+    def draft_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [k, H] (fused target features, or a fed-back state) as the decoder layer reads it: itself here."""
+        return hidden
 
     def first(self, root_token, position):
         return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
+        hidden = self.draft_input(hidden)
         q = self.query(hidden, tokens, positions, scratch_slots, position_offset=-1, slot_base=self.prefix_len)
         attended = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=False)
         normed, out = self.tail(hidden, attended)

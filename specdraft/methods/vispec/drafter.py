@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from specdraft.core.drafting import DrafterCaps
 from specdraft.core.types import IMAGE_EMBEDS, IMAGE_MASK
 from specdraft.kernels.tree_attention import tree_attention
-from specdraft.layers.draft_cache import ingest_attention, ingest_slots
+from specdraft.layers.draft_cache import ingest_slots
 from specdraft.methods.eagle3 import Eagle3Drafter
 from specdraft.methods.vispec.config import VispecConfig
 from specdraft.methods.vispec.model import VispecDraft, image_inputs
@@ -87,24 +87,13 @@ class VispecDrafter(Eagle3Drafter):
         torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
         torch.add(torch.index_select(slots, 0, count - 1), 1, out=self.prefix_len)
 
-    @torch.no_grad()
     def ingest(self, features, next_tokens, start, count) -> None:
         """Rows after the prompt: text, each at its target slot less `shift` (module docstring)."""
-        aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
-        hidden = self.with_last_image(self.draft.fc(aux.to(self.draft.fc.weight.dtype)))  # [M, H]
-        draft_start = start - self.shift  # [1]
-        rows = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M] target slots (rotary positions)
-        q = self.query(hidden, next_tokens, rows, rows - self.shift)
-        _, hidden = self.tail(hidden, ingest_attention(q, self.k_cache, self.v_cache, draft_start))
-        torch.index_select(hidden, 0, count - 1, out=self.last_hidden)  # [1, H]
-        torch.add(draft_start, count, out=self.prefix_len)
+        self.ingest_shifted(features, next_tokens, start, count, self.shift)
 
-    def with_last_image(self, hidden: torch.Tensor) -> torch.Tensor:
+    def draft_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """img_fc of hidden [k, H] rows after every image: W_h h + W_g g in one launch -> [k, H]."""
         return torch.addmm(self.global_term, hidden, self.hidden_weight_t)
-
-    def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
-        return super().step(depth, self.with_last_image(hidden), tokens, positions, scratch_slots, scratch_visible)
 
 
 def vispec_runtime(draft: VispecDraft, cfg: VispecConfig, target_model) -> VispecDrafter:
