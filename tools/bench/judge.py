@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -36,6 +37,9 @@ from suite import REPO, finish, fmt, machine, markdown_table, split_overrides
 import torch
 
 from specdraft.core.io import write_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shape parser the suites share
+from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 
 GOAL_RETAINED = 0.98
 TRAIN_PROMPTS = 3000
@@ -57,14 +61,12 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def shape_flags(shape: str) -> List[str]:
+def shape_flags(text: str) -> List[str]:
     """'DEPTH,TOPK,BUDGET' (a tree) or 'DEPTH' (a chain) -> bench flags."""
-    parts = shape.split(",")
-    if len(parts) == 1:
-        return ["--chain", "--depth", parts[0]]
-    if len(parts) == 3:
-        return ["--depth", parts[0], "--topk", parts[1], "--budget", parts[2]]
-    raise SystemExit(f"bad shape {shape!r}: DEPTH,TOPK,BUDGET or DEPTH")
+    shape = parse_shape(text)
+    if shape.topk == 1:
+        return ["--chain", "--depth", str(shape.depth)]
+    return ["--depth", str(shape.depth), "--topk", str(shape.topk), "--budget", str(shape.budget)]
 
 
 def run_stages(args, work: Path) -> Dict[str, float]:
@@ -272,8 +274,7 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--collect", action="store_true", help="only read an existing WORK")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     args.shape, args.overrides = split_overrides(args.shape, args.overrides)  # and --shape
-    for shape in args.shape:  # a bad shape stops here, not after the mining and training
-        shape_flags(shape)
+    check_shapes(parser, args.shape)  # a bad shape stops here, not after the mining and training
     return args
 
 

@@ -3,7 +3,7 @@ same regenerated long answers, for the same steps with the same seed, and benche
 held-out images.
 
     python tools/bench/vispec.py runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
-    python tools/bench/vispec.py runs/small_vlm --shapes 12 8,8,48 --out ...   # and at a chain of 12, a tree
+    python tools/bench/vispec.py runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
 image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --prompts DIR. In this process:
