@@ -1,6 +1,7 @@
-"""The C2T suite end to end on the tiny target and its chat-trained EAGLE-3 head, CPU, float32: traces, training,
-export, the MT-bench runs over two shapes (pruned in both places, the verify sized or the budget's), one Spec-Bench task, the float32 check and the goal's lines (a check
-that it runs and tables what it measured, not a measurement)."""
+"""The C2T suite end to end on the tiny target and its chat-trained EAGLE-3 head, CPU, float32: each shape's traces,
+training and export, the MT-bench runs over two shapes (pruned in both places, the verify sized or the budget's),
+one Spec-Bench task, the float32 check and the goal's lines (a check that it runs and tables what it measured, not a
+measurement)."""
 import json
 
 import pytest
@@ -29,16 +30,19 @@ def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_bas
         "--train-prompts", str(_prompts(tmp_path / "train.jsonl", CHAT_PROMPTS[:6])),
         "--mt-bench", str(_prompts(tmp_path / "mt.jsonl", CHAT_PROMPTS[6:8])), "--spec-bench", str(spec_bench),
         "--tasks", "qa", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--num-train", "6",
-        "--trace-tokens", "16", "--trace-depth", "3", "--trace-topk", "2", "--train-steps", "12",
+        "--trace-tokens", "16", "--train-steps", "12", "--prune-at", "selection", "expansion",
         "--batch-candidates", "40", "--shapes", "3,2,6", "3,3,6", "--betas", "0.3", "0.7", "--large-betas", "0.5",
         "--static-beta", "0.7", "--beta", "0.7",
         "--max-prompts", "2", "--per-task", "1",
         "--max-new-tokens", "12", "--lossless-prompts", "1", "--device", "cpu", "--dtype", "float32",
         "--max-len", "256"])
-    classifier = report["classifier"]
-    assert classifier["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
-    assert classifier["train_steps"] == 12 and classifier["batch_prompts"] >= 1
-    assert 0.0 <= classifier["held_out"]["auc"] <= 1.0 and "recall" in classifier["held_out"]
+    made = report["classifiers"]
+    assert [made[shape]["shape"] for shape in ("3,2,6", "3,3,6")] == ["3,2,6", "3,3,6"]  # one a shape, its own
+    for classifier in made.values():
+        assert classifier["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
+        assert classifier["train_steps"] == 12 and classifier["batch_prompts"] >= 1
+        assert 0.0 <= classifier["held_out"]["auc"] <= 1.0 and "recall" in classifier["held_out"]
+    assert made["3,2,6"]["export"] != made["3,3,6"]["export"]
     rows = report["rows"]
     assert [(r["prompts"], r["shape"], r["beta"], r["prune_at"], r["prune_verify"]) for r in rows] == [
         ("MT-bench", "3,2,6", None, None, None), ("MT-bench", "3,2,6", 0.3, "selection", "kept"),
@@ -50,8 +54,20 @@ def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_bas
     assert rows[0]["verified_per_cycle"] == rows[6]["verified_per_cycle"] == 6
     assert all(r["verified_per_cycle"] <= r["verify_rows_per_cycle"] <= 6 for r in rows)
     assert rows[5]["verify_rows_per_cycle"] == 6 and rows[2]["verified_per_cycle"] == rows[5]["verified_per_cycle"]
-    assert report["lossless_float32"]["lossless"] and report["goal"][0].startswith("- classifier:")
+    assert report["lossless_float32"]["lossless"] and report["goal"][0].startswith("- classifier (3,2,6's trees):")
     assert any(line.startswith("- tree 3,3,6") for line in report["goal"])
     assert any(line.startswith("- Spec-Bench qa, β=0.7") for line in report["goal"])
     assert json.loads((tmp_path / "out" / "c2t.json").read_text())["rows"] == rows
     assert "| prompts | tree | β | verified/cycle | verify rows |" in capsys.readouterr().out
+
+
+def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
+    suite = load_tool("bench/c2t")
+    args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m"])
+    assert suite.trace_settings(args, "5,8,40") == ("trace_depth: 5, trace_topk: 8, trace_budget: 40, "
+                                                    "negatives_per_positive: 1000, threshold: 0.03")
+    assert suite.trace_settings(args, None) == "trace_depth: 11, trace_topk: 10"
+    assert args.betas == suite.BETAS["shape"] and args.beta == args.static_beta == 0.025
+    args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--traces",
+                             "expansion"])
+    assert args.betas == suite.BETAS["expansion"] and args.beta == 0.5

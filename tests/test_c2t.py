@@ -190,6 +190,27 @@ def test_training_reads_the_features_the_runtime_scores(trained, monkeypatch, ke
     assert 0 < kept < decided  # the classifier dropped some candidates, kept others
 
 
+def test_traces_of_a_budget_label_only_the_nodes_it_verifies(trained, chat_base_export, tiny_target_dir, tmp_path):
+    """method.trace_budget: each traced tree verifies its budget's best by joint probability, and every kept
+    candidate (accepted or not) is one of them: at most budget - 1 a tree, their joint probabilities above those
+    of the candidates a whole-expansion trace keeps."""
+    from datasets import load_from_disk
+
+    budget = 6
+    recipe = write_recipe(tmp_path / "budget.yaml", tiny_target_dir, chat_base_export, trained["prompts"], tmp_path,
+                          trace_budget=budget, negatives_per_positive=100)
+    assert cli.main(["distill-data", str(recipe)]) == 0
+    rows = load_from_disk(str(tmp_path / "traces" / "dataset"))
+    whole = load_from_disk(str(trained["work"] / "traces" / "dataset"))
+    for row in rows:
+        assert row["candidates"] == row["cycles"] * (budget - 1)  # every verified node but the root
+        assert row["accepted"] < len(row["label"]) <= row["candidates"]  # only verified nodes are kept
+        assert sum(row["label"]) == row["accepted"]
+    budget_joint = torch.tensor([p for row in rows for p in row["joint_logprob"]]).mean()
+    whole_joint = torch.tensor([p for row in whole for p in row["joint_logprob"]]).mean()
+    assert budget_joint > whole_joint
+
+
 def test_a_budget_of_every_candidate_verifies_the_whole_expansion(chat_base_export, tiny_target_dir):
     from specdraft.decoding.engine import SpecEngine
     from specdraft.decoding.target import from_hf, hf_rope_tables

@@ -6,12 +6,17 @@
 
 1. traces: `specdraft distill-data` of a C2T recipe over EXPORT (its method.draft) on the first --num-train
    prompts of --train-prompts (MT-bench-style chat prompts, none of MT-bench's: tools/prepare_prompts.py writes
-   them), --trace-tokens new tokens each, trees of --trace-depth x --trace-topk with every candidate verified;
+   them), --trace-tokens new tokens each; with --traces shape (the default) one classifier a shape of --shapes,
+   from that shape's own trees, every candidate its budget verifies labelled (method.trace_budget), up to
+   --negatives-per-positive rejected ones a tree kept (the default keeps them all, so that the classifier's score
+   reads as the chance of acceptance and β is one: about 0.01-0.05); with --traces expansion (the paper's) one
+   classifier for every shape, from trees of --trace-depth x --trace-topk with every candidate verified, the
+   classes balanced (β about 0.3-0.7);
 2. `specdraft train`: --train-steps steps of batches of about --batch-candidates traced candidates (the paper's
    1,024; its 10 epochs are for far more traces than a suite records: 10 epochs of these would be under 100
    steps), the held-out recall, positive rate and AUC of the best snapshot; `specdraft export`;
-3. MT-bench (--mt-bench, --max-prompts): for the first tree shape of --shapes, the unpruned tree, then the
-   classifier at each β of --betas in each place it may prune (--prune-at: expansion, selection), the verify
+3. MT-bench (--mt-bench, --max-prompts): for the first tree shape of --shapes, the unpruned tree, then its
+   classifier at each β of --betas in each place it may prune (--prune-at: selection, expansion), the verify
    holding only the kept candidates (runtime.prune_verify kept: padded to a multiple of 8 rows), and once at
    --static-beta with the budget's verify (prune_verify budget: what the sizing saves); for every larger shape
    (drafted wider and deeper, verified at a budget), the unpruned tree and each β of --large-betas (the runtime's
@@ -45,20 +50,34 @@ from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 
 from specdraft.config import PRUNE_AT, RuntimeConfig  # noqa: E402
 
+BETAS = {"shape": [0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.06], "expansion": [0.3, 0.4, 0.5, 0.6, 0.7]}
+"""β swept on the first shape by --traces: a classifier of every verified candidate scores about the chance of
+acceptance (a (5, 8, 40) tree accepts about 5% of its nodes, and a quarter of them fewer is a cut near 0.01-0.02);
+one of balanced classes scores higher."""
+LARGE_BETAS = {"shape": [0.01, 0.015, 0.02, 0.025, 0.03], "expansion": [0.4, 0.6]}
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 
-def write_recipe(args, per_batch: int = 1) -> Path:
-    """The C2T recipe of this run (WORK/c2t.yaml): EXPORT as method.draft, the traces' and training's settings
-    (`per_batch` prompts a batch: written again once the traces are counted, `batch_prompts`)."""
-    work = Path(args.work)
+def trace_settings(args, shape: Optional[str]) -> str:
+    """The recipe's trace keys: the trees of `shape` at its budget, every verified candidate kept (--traces
+    shape), or --trace-depth x --trace-topk whole expansions, balanced (--traces expansion)."""
+    if shape is None:
+        return f"trace_depth: {args.trace_depth}, trace_topk: {args.trace_topk}"
+    tree = parse_shape(shape)
+    return (f"trace_depth: {tree.depth}, trace_topk: {tree.topk}, trace_budget: {tree.budget}, "
+            f"negatives_per_positive: {args.negatives_per_positive:g}, threshold: {args.train_beta:g}")
+
+
+def write_recipe(args, work: Path, shape: Optional[str], per_batch: int = 1) -> Path:
+    """The C2T recipe of one classifier (WORK/c2t.yaml): EXPORT as method.draft, the traces' (trace_settings) and
+    training's settings (`per_batch` prompts a batch: written again once the traces are counted,
+    `batch_prompts`)."""
     work.mkdir(parents=True, exist_ok=True)
     steps = args.train_steps
     path = work / "c2t.yaml"
     path.write_text(f"""
 target: {{path: {args.target}}}
-method: {{name: c2t, draft: {Path(args.export).resolve()}, trace_depth: {args.trace_depth},
-         trace_topk: {args.trace_topk}}}
+method: {{name: c2t, draft: {Path(args.export).resolve()}, {trace_settings(args, shape)}}}
 data: {{prompts: [{Path(args.train_prompts_file).resolve()}], max_samples: {args.train_prompts}, max_length: 1024,
        too_long: skip, val_fraction: {args.val_fraction}}}
 distill: {{output_dir: {work / 'traces'}, max_new_tokens: {args.trace_tokens}, shard_size: 16}}
@@ -84,25 +103,38 @@ def held_out(run_dir: Path) -> Dict:
     return {"step": meta["step"], **{k.removeprefix("val/"): v for k, v in meta["metrics"].items()}}
 
 
-def make_classifier(args) -> Dict:
-    """Traces, training and export of the recipe -> the export's path and each stage's seconds and counts."""
+def make_classifier(args, shape: Optional[str]) -> Dict:
+    """Traces, training and export of one classifier (for `shape`'s trees, or from whole expansions: None) -> the
+    export's path and each stage's seconds and counts."""
     from data_gen.distill import run_distill
     from specdraft.export import export_draft
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
 
-    recipe = load_recipe(write_recipe(args))
+    work = Path(args.work) / (f"shape_{shape.replace(',', '_')}" if shape else "expansion")
+    recipe = load_recipe(write_recipe(args, work, shape))
     started = time.perf_counter()
     counts = run_distill(recipe, device=args.device if args.device != "auto" else None)
     traced = time.perf_counter()
     per_batch = batch_prompts(Path(recipe.distill.output_dir), args.batch_candidates)
-    recipe = load_recipe(write_recipe(args, per_batch))
+    recipe = load_recipe(write_recipe(args, work, shape, per_batch))
     summary = run_train(recipe)
     trained = time.perf_counter()
-    export = export_draft(recipe.train.output_dir, "hf", Path(args.work) / "export", dtype="float32")
-    return {"export": str(export), "counts": counts, "trace_s": traced - started, "train_s": trained - traced,
-            "train_steps": summary["steps"], "batch_prompts": per_batch,
+    export = export_draft(recipe.train.output_dir, "hf", work / "export", dtype="float32")
+    return {"shape": shape, "export": str(export), "counts": counts, "trace_s": traced - started,
+            "train_s": trained - traced, "train_steps": summary["steps"], "batch_prompts": per_batch,
             "held_out": held_out(Path(recipe.train.output_dir))}
+
+
+def classifiers(args) -> Dict[str, Dict]:
+    """Each shape's classifier (--traces shape), or one for all of them -> {shape: what make_classifier says, or
+    {"export": --classifier}}."""
+    if args.classifier is not None:
+        return {shape: {"export": args.classifier} for shape in args.shapes}
+    if args.traces == "expansion":
+        made = make_classifier(args, None)
+        return {shape: made for shape in args.shapes}
+    return {shape: make_classifier(args, shape) for shape in args.shapes}
 
 
 def bench_settings(args, max_prompts: Optional[int], prompts: str):
@@ -140,33 +172,33 @@ def first_shape_variants(args) -> List[tuple]:
     return variants
 
 
-def run_benches(args, export: str) -> Dict:
-    """Step 3 and 4 of the module docstring over the C2T export -> {rows, lossless_float32}."""
+def run_benches(args, exports: Dict[str, str]) -> Dict:
+    """Step 3 and 4 of the module docstring over each shape's C2T export -> {rows, lossless_float32}."""
     from specdraft.runtime.bench import BenchSettings, first_user_turns, lossless_in_float32
     from specdraft.runtime.load import build_runtime, load_parts
 
-    parts = load_parts(export, RuntimeConfig(device=args.device, dtype=args.dtype), args.target)
-    shapes, rows, plain_mt = [parse_shape(text) for text in args.shapes], [], []
+    rows, plain_mt, loaded = [], [], {}
 
-    def runtime_of(shape, dtype=args.dtype, loaded=parts, beta=None):
-        return build_runtime(*loaded, RuntimeConfig(depth=shape.depth, topk=shape.topk, budget=shape.budget,
-                                                    max_len=args.max_len, device=args.device, dtype=dtype,
-                                                    prune_threshold=beta))
+    def runtime_of(text, dtype=args.dtype, beta=None):
+        shape, key = parse_shape(text), (exports[text], dtype)
+        if key not in loaded:  # one load a classifier and dtype (the runtimes copy the target's weights)
+            loaded[key] = load_parts(exports[text], RuntimeConfig(device=args.device, dtype=dtype), args.target)
+        return build_runtime(*loaded[key], RuntimeConfig(depth=shape.depth, topk=shape.topk, budget=shape.budget,
+                                                   max_len=args.max_len, device=args.device, dtype=dtype,
+                                                   prune_threshold=beta))
     mt_settings = bench_settings(args, args.max_prompts, args.mt_bench)
-    for index, (text, shape) in enumerate(zip(args.shapes, shapes)):
+    for index, text in enumerate(args.shapes):
         variants = first_shape_variants(args) if index == 0 else [
             (beta, RuntimeConfig.prune_at, "kept") for beta in args.large_betas]
-        rows += variant_rows(runtime_of(shape), mt_settings, "MT-bench", text, plain_mt, variants)
-    first = runtime_of(shapes[0])
+        rows += variant_rows(runtime_of(text), mt_settings, "MT-bench", text, plain_mt, variants)
+    first = runtime_of(args.shapes[0])
     for task in args.tasks:
         settings = bench_settings(args, args.per_task, str(Path(args.spec_bench) / f"spec_bench_{task}.jsonl"))
         rows += variant_rows(first, settings, f"Spec-Bench {task}", args.shapes[0], [],
                              [(args.beta, RuntimeConfig.prune_at, "kept")])
     check = None
     if args.lossless_prompts > 0:
-        float32 = runtime_of(shapes[0], "float32", load_parts(export, RuntimeConfig(device=args.device,
-                                                                                    dtype="float32"),
-                                                              args.target), args.beta)
+        float32 = runtime_of(args.shapes[0], "float32", args.beta)
         prompts = first_user_turns(float32, args.mt_bench, args.lossless_prompts)
         check = lossless_in_float32(float32, prompts, BenchSettings(max_new_tokens=args.max_new_tokens,
                                                                     lossless_prompts=args.lossless_prompts), None)
@@ -230,7 +262,8 @@ def variant_name(row: Dict) -> str:
 def classifier_line(made: Dict) -> str:
     """The classifier's traces, training and held-out metrics (at β = method.threshold) in one line."""
     held, counts = made["held_out"], made["counts"]
-    return (f"- classifier: traces of {counts['ok']} prompts in {made['trace_s']:.0f} s, {made['train_steps']} steps "
+    trees = f"{made['shape']}'s trees" if made["shape"] else "whole expansions"
+    return (f"- classifier ({trees}): traces of {counts['ok']} prompts in {made['trace_s']:.0f} s, {made['train_steps']} steps "
             f"of {made['batch_prompts']} prompts' candidates in {made['train_s']:.0f} s; held out (best, step "
             f"{held['step']}): recall {held.get('recall', float('nan')):.3f}, positive rate "
             f"{held.get('positive_rate', float('nan')):.3f}, AUC {held.get('auc', float('nan')):.3f}")
@@ -261,8 +294,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-train", dest="train_prompts", type=int, default=40,
                         help="prompts traced (64 took 155 s on an H200; the classifier has 241 parameters)")
     parser.add_argument("--trace-tokens", type=int, default=128, help="new tokens a traced prompt")
-    parser.add_argument("--trace-depth", type=int, default=11)
-    parser.add_argument("--trace-topk", type=int, default=10)
+    parser.add_argument("--traces", choices=("shape", "expansion"), default="shape",
+                        help="shape: each shape's classifier from its own trees' verified candidates; expansion: "
+                             "one from whole expansions of --trace-depth x --trace-topk (module docstring)")
+    parser.add_argument("--trace-depth", type=int, default=11, help="with --traces expansion")
+    parser.add_argument("--trace-topk", type=int, default=10, help="with --traces expansion")
+    parser.add_argument("--negatives-per-positive", type=float, default=1000.0,
+                        help="with --traces shape: rejected candidates kept a tree per accepted one")
+    parser.add_argument("--train-beta", type=float, default=0.03,
+                        help="with --traces shape: the β training's recall is read at (method.threshold)")
     parser.add_argument("--train-steps", type=int, default=1000,
                         help="optimizer steps of the classifier (Adam 1e-3; a few seconds on a GPU)")
     parser.add_argument("--batch-candidates", type=int, default=1024,
@@ -272,18 +312,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="tree shapes DEPTH,TOPK,BUDGET; the first is the baseline of the goal's checks; the "
                              "others draft larger trees, pruned to at most a budget (the defaults draft in 64 and 61 "
                              "scratch slots: 64 is the most the Triton tree attention takes)")
-    parser.add_argument("--betas", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.6, 0.7],
-                        help="β swept on the first shape in each place of --prune-at (pruning during the expansion "
-                             "kept at least the budget of 40 up to β 0.6, docs/benchmarks.md; from the selection, "
-                             "a cut starts at lower β)")
-    parser.add_argument("--prune-at", nargs="+", default=["selection", "expansion"], choices=PRUNE_AT,
+    parser.add_argument("--betas", type=float, nargs="+", default=None,
+                        help="β swept on the first shape in each place of --prune-at (default: BETAS of --traces)")
+    parser.add_argument("--prune-at", nargs="+", default=["selection"], choices=PRUNE_AT,
                         help="where the classifier prunes in the first shape's runs (runtime.prune_at)")
-    parser.add_argument("--static-beta", type=float, default=0.5,
+    parser.add_argument("--static-beta", type=float, default=None,
                         help="one first-shape run at this β verifying the budget's rows (runtime.prune_verify "
-                             "budget): what verifying only the kept candidates saves (a negative value: none)")
-    parser.add_argument("--large-betas", type=float, nargs="+", default=[0.4, 0.6],
-                        help="β swept on the larger shapes")
-    parser.add_argument("--beta", type=float, default=0.5, help="β of the float32 check and the Spec-Bench rows")
+                             "budget): what verifying only the kept candidates saves (a negative value: none; "
+                             "default: the middle of --betas)")
+    parser.add_argument("--large-betas", type=float, nargs="+", default=None,
+                        help="β swept on the larger shapes (default: LARGE_BETAS of --traces)")
+    parser.add_argument("--beta", type=float, default=None,
+                        help="β of the float32 check and the Spec-Bench rows (default: the middle of --betas)")
     parser.add_argument("--max-prompts", type=int, default=80, help="MT-bench prompts")
     parser.add_argument("--per-task", type=int, default=5, help="Spec-Bench prompts a task")
     parser.add_argument("--tasks", nargs="+", default=list(SPEC_BENCH_TASKS))
@@ -299,7 +339,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--shapes are trees: DEPTH,TOPK,BUDGET")
     if args.spec_bench is None:
         args.tasks = []
-    if args.static_beta is not None and args.static_beta < 0:
+    args.betas = args.betas or BETAS[args.traces]
+    args.large_betas = args.large_betas or LARGE_BETAS[args.traces]
+    middle = sorted(args.betas)[len(args.betas) // 2]
+    args.beta = middle if args.beta is None else args.beta
+    args.static_beta = middle if args.static_beta is None else args.static_beta
+    if args.static_beta < 0:
         args.static_beta = None
     return args
 
@@ -308,18 +353,15 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     report = {"export": str(args.export), "settings": {k: v for k, v in vars(args).items()}}
     started = time.perf_counter()
-    if args.classifier is None:
-        report["classifier"] = make_classifier(args)
-        export = report["classifier"]["export"]
-    else:
-        export = args.classifier
+    made = classifiers(args)
+    report["classifiers"] = made
     write_report(args.out, report, "c2t")
-    results = run_benches(args, export)
+    results = run_benches(args, {shape: entry["export"] for shape, entry in made.items()})
     report.update(results, machine=machine(None if args.device == "auto" else args.device),
                   seconds=time.perf_counter() - started)
     lines = goal_lines(results["rows"], args.shapes, results["lossless_float32"])
-    if "classifier" in report:
-        lines.insert(0, classifier_line(report["classifier"]))
+    trained = {id(entry): entry for entry in made.values() if "counts" in entry}  # one line a classifier
+    lines[:0] = [classifier_line(entry) for entry in trained.values()]
     table = c2t_table(results["rows"]) + "\n\n" + "\n".join(lines)
     report["goal"] = lines
     return finish(table, args.out, report, "c2t")

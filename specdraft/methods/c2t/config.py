@@ -23,6 +23,12 @@ class C2TConfig:
     """Depth of the trees the traces are recorded from (every candidate verified: no rerank)."""
     trace_topk: int = 10
     """Children per expanded node, and nodes expanded per depth, of those trees."""
+    trace_budget: int = 0
+    """Nodes of each traced tree the target verifies and the traces label: 0, the whole expansion (the paper's: no
+    rerank); B, the B best by joint probability, as the runtime's selection takes them. Give the tree the
+    classifier will prune (trace_depth, trace_topk, trace_budget = the runtime's depth, topk, budget) and it learns
+    from the candidates it will be asked about: the whole expansion's are mostly deep and improbable, easy negatives
+    that teach it little about the budget's tail."""
     negatives_per_positive: float = 1.0
     """Rejected candidates kept per accepted one in each traced tree, drawn at random (at least one a tree)."""
 
@@ -35,6 +41,9 @@ class C2TConfig:
                 raise SpecdraftError(f"method.{name} must be >= 1, got {getattr(self, name)}")
         if self.trace_topk < 2:
             raise SpecdraftError(f"method.trace_topk must be >= 2 (a tree), got {self.trace_topk}")
+        if self.trace_budget < 0:
+            raise SpecdraftError(f"method.trace_budget must be 0 (the whole expansion) or a node count, got "
+                                 f"{self.trace_budget}")
         if self.negatives_per_positive <= 0:
             raise SpecdraftError(f"method.negatives_per_positive must be > 0, got {self.negatives_per_positive}")
 

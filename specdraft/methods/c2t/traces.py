@@ -1,13 +1,14 @@
 """C2T's data stage (MethodSpec.records): traces of the runtime's own tree drafting, labelled by the target.
 
-For each prompt (its first user turn, chat-templated) the runtime's engine decodes greedily with the base draft
-over a wide, deep tree (`method.trace_depth`, `method.trace_topk`) whose every candidate is verified (no rerank:
-the budget is the whole expansion). A recording tree scorer keeps every candidate and records what the runtime's
-scorer would be given (joint log-probability, parent entropy, depth); the verify pass labels each candidate
-accepted or not (on the target's greedy path). Per traced tree all accepted candidates are kept and
-`negatives_per_positive` times as many rejected ones at random (at least one), so that the classes stay about
-balanced. One record row per prompt, the kept candidates in list columns, with the draft it was recorded over
-(its path and a digest of its weights: training refuses rows of another draft).
+For each prompt (its first user turn, chat-templated) the runtime's engine decodes greedily with the base draft over
+a tree of `method.trace_depth` x `method.trace_topk` whose verified nodes are the whole expansion (no rerank, the
+paper's) or, with `method.trace_budget`, the budget's best by joint probability (the runtime's selection). A
+recording tree scorer keeps every candidate and records what the runtime's scorer would be given (joint
+log-probability, parent entropy, depth); the verify pass labels each verified candidate accepted or not (on the
+target's greedy path). Per traced tree all accepted candidates are kept and `negatives_per_positive` times as many
+verified, rejected ones at random (at least one), so that the classes stay about balanced. One record row per
+prompt, the kept candidates in list columns, with the draft it was recorded over (its path and a digest of its
+weights: training refuses rows of another draft).
 """
 from __future__ import annotations
 
@@ -40,13 +41,13 @@ def trace_features():
 def trace_fingerprint(cfg: C2TConfig) -> Dict[str, Any]:
     """The settings that make two runs' traces interchangeable (besides the prompts and the target)."""
     return {"draft": cfg.draft, "trace_depth": cfg.trace_depth, "trace_topk": cfg.trace_topk,
-            "negatives_per_positive": cfg.negatives_per_positive}
+            "trace_budget": cfg.trace_budget, "negatives_per_positive": cfg.negatives_per_positive}
 
 
 def trace_shape(cfg: C2TConfig) -> TreeShape:
-    """The traced trees: trace_depth x trace_topk, every candidate verified."""
+    """The traced trees: trace_depth x trace_topk, the whole expansion verified or trace_budget nodes of it."""
     shape = TreeShape(cfg.trace_depth, cfg.trace_topk, 2)
-    return TreeShape(shape.depth, shape.topk, shape.num_candidates).validated()
+    return TreeShape(shape.depth, shape.topk, cfg.trace_budget or shape.num_candidates).validated()
 
 
 class TraceRecorder:
@@ -122,12 +123,12 @@ class TraceMaker:
         joined = [torch.cat(parts).tolist() for parts in zip(*kept)] if kept else [[]] * 4  # the four columns
         return {"source": conversation.source, "index": conversation.index, "draft": str(self.ctx.base.source),
                 "draft_digest": self.digest, "cycles": len(trees), "accepted": sum(int(t[3].sum()) for t in trees),
-                "candidates": sum(t[3].numel() for t in trees), "joint_logprob": joined[0], "entropy": joined[1],
+                "candidates": sum(int(t[4].sum()) for t in trees), "joint_logprob": joined[0], "entropy": joined[1],
                 "depth": joined[2], "label": joined[3]}
 
     def _trace(self, prompt: List[int]) -> List[Tuple[torch.Tensor, ...]]:
         """Greedy decoding of `prompt` with traced trees -> per cycle (joint_logprobs, parent_entropy, depths,
-        accepted [C - 1] bool), on the host."""
+        accepted, verified [C - 1] bool), on the host."""
         engine, max_new = self.engine, self.ctx.distill.max_new_tokens
         if len(prompt) + max_new + engine.shape.budget + engine.shape.scratch > engine.max_len:
             raise SpecdraftError(f"prompt of {len(prompt)} tokens + {max_new} new tokens + a traced tree of "
@@ -141,17 +142,21 @@ class TraceMaker:
             accepted_nodes = out.accepted_nodes[out.accepted_nodes > 0]  # the drafted nodes the target accepted
             accepted = torch.zeros(joint.shape[0], dtype=torch.bool, device=joint.device)
             accepted[tree.candidate_ids[accepted_nodes] - 1] = True  # candidate c is entry c - 1 (after the root)
-            trees.append(tuple(t.cpu() for t in (joint, entropy, depths, accepted)))
+            verified = torch.zeros_like(accepted)
+            drafted = tree.candidate_ids[tree.valid & (tree.candidate_ids > 0)]  # the verified nodes but the root
+            verified[drafted - 1] = True
+            trees.append(tuple(t.cpu() for t in (joint, entropy, depths, accepted, verified)))
             count, *emitted = out.for_host.tolist()
             new_tokens = emitted[:count]
             eos = next((i for i, token in enumerate(new_tokens) if token in self.eos_ids), None)
             generated += new_tokens if eos is None else new_tokens[:eos + 1]
         return trees
 
-    def _kept(self, joint, entropy, depths, accepted) -> Tuple[torch.Tensor, ...]:
-        """One traced tree's accepted candidates and a random draw of its rejected ones -> the four columns."""
+    def _kept(self, joint, entropy, depths, accepted, verified) -> Tuple[torch.Tensor, ...]:
+        """One traced tree's accepted candidates and a random draw of its verified, rejected ones -> the four
+        columns."""
         positives = accepted.nonzero()[:, 0]
-        negatives = (~accepted).nonzero()[:, 0]
+        negatives = (verified & ~accepted).nonzero()[:, 0]
         wanted = max(1, round(self.cfg.negatives_per_positive * positives.numel()))
         negatives = negatives[torch.randperm(negatives.numel())[:wanted]]
         chosen = torch.cat([positives, negatives])
