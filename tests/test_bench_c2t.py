@@ -65,7 +65,7 @@ def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
     suite = load_tool("bench/c2t")
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m"])
     assert suite.trace_settings(args, "5,8,40") == ("trace_depth: 5, trace_topk: 8, trace_budget: 40, "
-                                                    "negatives_per_positive: 1000, threshold: 0.03")
+                                                    "negatives_per_positive: 1000, threshold: 0.03, best_by: auc")
     assert suite.trace_settings(args, None) == "trace_depth: 11, trace_topk: 10"
     assert args.betas == suite.BETAS["shape"] and args.beta == args.static_beta == 0.025
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--traces",

@@ -65,7 +65,7 @@ def trace_settings(args, shape: Optional[str]) -> str:
         return f"trace_depth: {args.trace_depth}, trace_topk: {args.trace_topk}"
     tree = parse_shape(shape)
     return (f"trace_depth: {tree.depth}, trace_topk: {tree.topk}, trace_budget: {tree.budget}, "
-            f"negatives_per_positive: {args.negatives_per_positive:g}, threshold: {args.train_beta:g}")
+            f"negatives_per_positive: {args.negatives_per_positive:g}, threshold: {args.train_beta:g}, best_by: auc")
 
 
 def write_recipe(args, work: Path, shape: Optional[str], per_batch: int = 1) -> Path:

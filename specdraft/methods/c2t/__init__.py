@@ -5,7 +5,7 @@ A tiny classifier (two linear layers, about 250 parameters) decides, node by nod
 which candidates are worth verifying, from three features that are no hidden state: the joint probability of
 the candidate's path, the entropy of its parent's draft distribution (top 1,000) and its depth (`model`). It
 trains on traces of the runtime's own tree drafting, every candidate labelled by whether the target accepted it
-(`traces`, `specdraft distill-data`); BCE, the best/ snapshot by recall first (`recall_first`). At run time it is
+(`traces`, `specdraft distill-data`); BCE, the best/ snapshot by recall first (the paper's) or AUC (method.best_by). At run time it is
 the tree scorer of the base draft's drafter (`export.c2t_runtime`): the candidates it scores below β
 (method.threshold, runtime.prune_threshold) are dropped, and the target verifies only the kept ones
 (runtime.prune_verify kept: padded to a multiple of 8 rows, decoding/sized_verify.py); pruning only removes
@@ -35,7 +35,7 @@ SPEC = MethodSpec(
     base_draft=base_draft_path,
     records=RecordStage(features=trace_features, fingerprint=trace_fingerprint, maker=TraceMaker,
                         collate=collate_traces),
-    monitor="recall_first",
+    monitor="best_by",
     reads_embeddings=False,
 )
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from specdraft.core.errors import SpecdraftError
 
+BEST_BY = ("recall", "auc")
+
 
 @dataclass
 class C2TConfig:
@@ -31,6 +33,11 @@ class C2TConfig:
     that teach it little about the budget's tail."""
     negatives_per_positive: float = 1.0
     """Rejected candidates kept per accepted one in each traced tree, drawn at random (at least one a tree)."""
+    best_by: str = "recall"
+    """Which validation step's classifier becomes best/: "recall" (the paper's: the highest recall at `threshold`,
+    then the lowest positive rate; for balanced traces) or "auc" (the best ranking of accepted over rejected
+    candidates, whatever β: for traces that keep every rejected candidate, where a classifier that keeps them all
+    has the highest recall at any small β)."""
 
     def __post_init__(self):
         for name in ("threshold", "chain_threshold"):
@@ -41,6 +48,8 @@ class C2TConfig:
                 raise SpecdraftError(f"method.{name} must be >= 1, got {getattr(self, name)}")
         if self.trace_topk < 2:
             raise SpecdraftError(f"method.trace_topk must be >= 2 (a tree), got {self.trace_topk}")
+        if self.best_by not in BEST_BY:
+            raise SpecdraftError(f"method.best_by must be one of {', '.join(BEST_BY)}, got {self.best_by!r}")
         if self.trace_budget < 0:
             raise SpecdraftError(f"method.trace_budget must be 0 (the whole expansion) or a node count, got "
                                  f"{self.trace_budget}")

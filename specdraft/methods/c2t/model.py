@@ -103,22 +103,24 @@ def ranking_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutput:
     """Binary cross-entropy of the accepted label; metrics at β = method.threshold: recall (accepted candidates
-    kept), positive_rate (candidates kept), accuracy; `auc` (ranking_auc); and `recall_first` (recall, then the
-    lowest positive rate: recall - 1e-3 x positive rate), which picks the best/ snapshot as the paper does."""
+    kept), positive_rate (candidates kept), accuracy; `auc` (ranking_auc); and `best_by`, what picks the best/
+    snapshot (method.best_by): recall then the lowest positive rate (recall - 1e-3 x positive rate, the paper's),
+    or the AUC."""
     _check_traces(classifier, batch)
     features, labels = batch["features"], batch["labels"]  # [n, 3], [n]
     logits = classifier(features)
     if labels.numel() == 0:  # rows without a traced tree (an answer that ended at once)
         zero = logits.sum()
-        return LossOutput(loss=zero, metrics={"recall_first": zero.detach()})
+        return LossOutput(loss=zero, metrics={"best_by": zero.detach()})
     loss = F.binary_cross_entropy_with_logits(logits, labels)
     with torch.no_grad():
         kept, accepted = torch.sigmoid(logits) >= cfg.threshold, labels > 0.5
         recall = (kept & accepted).sum() / accepted.sum().clamp(min=1)
         positive_rate = kept.float().mean()
+        auc = ranking_auc(logits, labels)
         metrics = {"recall": recall, "positive_rate": positive_rate,
-                   "accuracy": (kept == accepted).float().mean(), "auc": ranking_auc(logits, labels),
-                   "recall_first": recall - 1e-3 * positive_rate}
+                   "accuracy": (kept == accepted).float().mean(), "auc": auc,
+                   "best_by": auc if cfg.best_by == "auc" else recall - 1e-3 * positive_rate}
     return LossOutput(loss=loss, metrics=metrics)
 
 
