@@ -67,7 +67,23 @@ def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
     assert suite.trace_settings(args, "5,8,40") == ("trace_depth: 5, trace_topk: 8, trace_budget: 40, "
                                                     "negatives_per_positive: 1000, threshold: 0.03, best_by: auc")
     assert suite.trace_settings(args, None) == "trace_depth: 11, trace_topk: 10"
-    assert args.betas == suite.BETAS["shape"] and args.beta == args.static_beta == 0.025
+    assert args.betas == suite.BETAS["shape"] and args.static_beta == 0.025 and args.beta is None
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--traces",
                              "expansion"])
-    assert args.betas == suite.BETAS["expansion"] and args.beta == 0.5
+    assert args.betas == suite.BETAS["expansion"] and args.static_beta == 0.5
+
+
+def test_the_checks_beta_is_the_run_that_prunes_most_within_two_percent():
+    suite = load_tool("bench/c2t")
+    args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--shapes",
+                             "5,8,40", "6,10,60", "--betas", "0.01", "0.02", "0.03", "0.04"])
+
+    def run(beta, verified, tau, shape="5,8,40", verify="kept"):
+        return {"shape": shape, "beta": beta, "prune_at": "selection", "prune_verify": verify,
+                "verified_per_cycle": verified, "verified_vs_unpruned": verified / 40, "tau_vs_unpruned": tau}
+    rows = [run(None, 40, 1.0), run(0.01, 40, 1.0), run(0.02, 36, 0.99), run(0.03, 30, 0.985),
+            run(0.04, 20, 0.93), run(0.05, 10, 0.99, shape="6,10,60"), run(0.035, 25, 0.99, verify="budget")]
+    assert suite.pruning_beta(rows, args) == 0.03
+    rows = [row for row in rows if row["beta"] in (None, 0.01, 0.04)]  # none prunes within 2%
+    assert suite.pruning_beta(rows, args) == 0.04
+    assert suite.pruning_beta(rows[:2], args) == 0.03  # none prunes at all: the middle of --betas

@@ -21,8 +21,9 @@
    --static-beta with the budget's verify (prune_verify budget: what the sizing saves); for every larger shape
    (drafted wider and deeper, verified at a budget), the unpruned tree and each β of --large-betas (the runtime's
    default prune_at); at T=0, 256 new tokens, bf16, every run against the same plain decoding of the same run
-   (`specdraft bench`'s runs: `prune_runs`); then the first shape at --beta in float32, speculative against plain
-   decoding token for token on --lossless-prompts prompts;
+   (`specdraft bench`'s runs: `prune_runs`); then the first shape at --beta (default: the β of its runs that prunes
+   most within 2% of the unpruned τ, `pruning_beta`) in float32, speculative against plain decoding token for token
+   on --lossless-prompts prompts;
 4. Spec-Bench (--spec-bench: a directory of spec_bench_<task>.jsonl, tools/prepare_prompts.py): per task, its first
    --per-task prompts, the first shape unpruned and at --beta (the classifier never saw these tasks).
 
@@ -192,17 +193,33 @@ def run_benches(args, exports: Dict[str, str]) -> Dict:
             (beta, RuntimeConfig.prune_at, "kept") for beta in args.large_betas]
         rows += variant_rows(runtime_of(text), mt_settings, "MT-bench", text, plain_mt, variants)
     first = runtime_of(args.shapes[0])
+    beta = pruning_beta(rows, args) if args.beta is None else args.beta
     for task in args.tasks:
         settings = bench_settings(args, args.per_task, str(Path(args.spec_bench) / f"spec_bench_{task}.jsonl"))
         rows += variant_rows(first, settings, f"Spec-Bench {task}", args.shapes[0], [],
-                             [(args.beta, RuntimeConfig.prune_at, "kept")])
+                             [(beta, RuntimeConfig.prune_at, "kept")])
     check = None
     if args.lossless_prompts > 0:
-        float32 = runtime_of(args.shapes[0], "float32", args.beta)
+        float32 = runtime_of(args.shapes[0], "float32", beta)
         prompts = first_user_turns(float32, args.mt_bench, args.lossless_prompts)
         check = lossless_in_float32(float32, prompts, BenchSettings(max_new_tokens=args.max_new_tokens,
                                                                     lossless_prompts=args.lossless_prompts), None)
     return {"rows": rows, "lossless_float32": check}
+
+
+def pruning_beta(rows: List[Dict], args) -> float:
+    """The β of the Spec-Bench rows and the float32 check when --beta is not given: the first shape's MT-bench run
+    (in the runtime's default place) that prunes most while keeping τ within 2% of its unpruned tree; else, where
+    none prunes within 2%, the smallest β that prunes at all; else the middle of --betas."""
+    runs = [row for row in rows if row["shape"] == args.shapes[0] and row["beta"] is not None
+            and (row["prune_at"], row["prune_verify"]) == (RuntimeConfig.prune_at, "kept")]
+    pruning = [row for row in runs if row["verified_vs_unpruned"] < 1.0]
+    within = [row for row in pruning if row["tau_vs_unpruned"] >= 0.98]
+    if within:
+        return min(within, key=lambda row: row["verified_per_cycle"])["beta"]
+    if pruning:
+        return min(row["beta"] for row in pruning)
+    return sorted(args.betas)[len(args.betas) // 2]
 
 
 def goal_lines(rows: List[Dict], shapes: List[str], check: Optional[Dict]) -> List[str]:
@@ -323,7 +340,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--large-betas", type=float, nargs="+", default=None,
                         help="β swept on the larger shapes (default: LARGE_BETAS of --traces)")
     parser.add_argument("--beta", type=float, default=None,
-                        help="β of the float32 check and the Spec-Bench rows (default: the middle of --betas)")
+                        help="β of the float32 check and the Spec-Bench rows (default: pruning_beta, read off the "
+                             "first shape's runs)")
     parser.add_argument("--max-prompts", type=int, default=80, help="MT-bench prompts")
     parser.add_argument("--per-task", type=int, default=5, help="Spec-Bench prompts a task")
     parser.add_argument("--tasks", nargs="+", default=list(SPEC_BENCH_TASKS))
@@ -342,7 +360,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.betas = args.betas or BETAS[args.traces]
     args.large_betas = args.large_betas or LARGE_BETAS[args.traces]
     middle = sorted(args.betas)[len(args.betas) // 2]
-    args.beta = middle if args.beta is None else args.beta
     args.static_beta = middle if args.static_beta is None else args.static_beta
     if args.static_beta < 0:
         args.static_beta = None
