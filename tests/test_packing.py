@@ -132,7 +132,7 @@ def test_training_on_packed_rows_with_checkpointing(tmp_path, tiny_target_dir, d
     recipe = load_recipe(recipe_path, ["data.max_length=64", "data.pack_length=128"])
     summary = run_train(recipe)
     assert summary["steps"] == 2 and summary["tokens"] == 2 * 4 * 32  # every conversation's tokens, no padding
-    assert summary["best_tau_sim"] >= 1.0
+    assert summary["best"] >= 1.0
     assert seen[0] == ((1, 128), 3)  # four 32-token conversations (documents 0..3), no padding document
 
 

@@ -9,7 +9,8 @@ RUN_DIR (train.output_dir)/
   features/                     data.features=hybrid: the cached target features (specdraft.data.features)
   train_summary.json            steps and tokens of the whole run (a resumed run's too), this fit's seconds and
                                 tokens/s (start-up included), steady tokens/s (from the step times, warm-up left
-                                out), best simulated acceptance length, this GPU's peak allocated bytes
+                                out), the best validation score and what it scores (`monitor`: τ_sim for
+                                drafts, a method's own metric else), this GPU's peak allocated bytes
 
 Resuming reads checkpoints/last.ckpt with torch.load(weights_only=True) (checked before the run writes anything);
 a DeepSpeed checkpoint directory only when its signed manifest says this user's runs wrote it, or with
@@ -320,7 +321,8 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
                "tokens_per_s": module.fit_tokens / seconds,
                "steady_tokens_per_s": step_times.steady_tokens_per_s(max(1, len(step_times.rows) // 5)),
                "train_rows": len(train_idx), "val_rows": len(val_idx), "peak_gpu_memory_bytes": peak_memory(device),
-               "best_tau_sim": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}
+               "monitor": f"val/{spec.monitor}",  # what picked best/ (τ_sim for drafts, the method's own else)
+               "best": next(c.best for c in trainer.callbacks if isinstance(c, DraftSnapshots))}
     if trainer.is_global_zero:
         write_json(run_dir / "train_summary.json", summary)
     return summary

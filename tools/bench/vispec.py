@@ -197,7 +197,7 @@ def tables(report: dict) -> str:
     run_rows = []
     for name, run in report.get("runs", {}).items():
         bench, check = run.get("bench", {}), (run.get("bench") or {}).get("lossless_float32") or {}
-        run_rows.append([name, run["train"]["steps"], fmt(run["train"].get("best_tau_sim"), ".3f"),
+        run_rows.append([name, run["train"]["steps"], fmt(run["train"].get("best"), ".3f"),
                          fmt(bench.get("tau"), ".3f"), fmt(bench.get("tokens_per_s"), ".1f"),
                          fmt(bench.get("tokens_per_s_plain"), ".1f"), fmt(bench.get("speedup_vs_plain"), ".2f"),
                          f"{check.get('identical', '-')}/{check.get('prompts', '-')}"])
