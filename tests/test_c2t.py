@@ -323,3 +323,12 @@ def test_pruned_trees_and_chains_run_in_cuda_graphs_and_take_a_new_threshold(tra
                                                           depth=4, prune_threshold=0.5))
     result = chain.engine.generate(prompt, 24, chain.eos_ids)
     assert result.tokens == plain and max(result.drafted) <= 4
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"trace_budget": 1}, "method.trace_budget must be 0 (the whole expansion) or 2..7"),
+    ({"trace_budget": 8}, "2..7 (the candidates of trees of trace_depth 2 and trace_topk 2), got 8"),
+    ({"trace_budget": -3}, "got -3"), ({"best_by": "loss"}, "method.best_by must be one of recall, auc, got 'loss'")])
+def test_trace_settings_out_of_range_are_one_line_naming_the_key(settings, named):
+    with pytest.raises(SpecdraftError, match=named.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        C2TConfig(draft="x", trace_depth=2, trace_topk=2, **settings)

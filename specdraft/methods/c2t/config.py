@@ -50,8 +50,10 @@ class C2TConfig:
             raise SpecdraftError(f"method.trace_topk must be >= 2 (a tree), got {self.trace_topk}")
         if self.best_by not in BEST_BY:
             raise SpecdraftError(f"method.best_by must be one of {', '.join(BEST_BY)}, got {self.best_by!r}")
-        if self.trace_budget < 0:
-            raise SpecdraftError(f"method.trace_budget must be 0 (the whole expansion) or a node count, got "
+        whole = 1 + self.trace_topk + (self.trace_depth - 1) * self.trace_topk ** 2  # the expansion's candidates
+        if self.trace_budget != 0 and not 2 <= self.trace_budget <= whole:
+            raise SpecdraftError(f"method.trace_budget must be 0 (the whole expansion) or 2..{whole} (the candidates "
+                                 f"of trees of trace_depth {self.trace_depth} and trace_topk {self.trace_topk}), got "
                                  f"{self.trace_budget}")
         if self.negatives_per_positive <= 0:
             raise SpecdraftError(f"method.negatives_per_positive must be > 0, got {self.negatives_per_positive}")
