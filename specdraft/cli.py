@@ -444,7 +444,7 @@ def _add_runtime(sub) -> None:
                             "for token (in bf16 near-tied argmaxes can round apart; 0: off)")
     bench.add_argument("--prune-sweep", type=float, nargs="*", default=None, metavar="BETA",
                        help="drafts that score their tree (C2T): at T=0, the unpruned tree and each BETA, on the same "
-                            "prompts (default: 0.3 0.5 0.7 0.85; none given: no sweep)")
+                            "prompts (default: 0.5, 0.75, 1, 1.25 and 1.5 times its own β; none given: no sweep)")
     bench.set_defaults(func=_bench)
 
 

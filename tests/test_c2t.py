@@ -300,6 +300,17 @@ def test_bench_sweeps_the_prune_threshold(trained, tmp_path):
     assert (tmp_path / "bench" / "bench.png").stat().st_size > 0
 
 
+def test_bench_sweeps_around_the_drafts_own_threshold_by_default(trained, monkeypatch):
+    """No --prune-sweep: β at PRUNE_SWEEP_SCALES times the scorer's own (the export's method.threshold, 0.5)."""
+    from specdraft.runtime import bench
+
+    runtime = load_runtime(trained["export"], RuntimeConfig(device="cpu", dtype="float32", max_len=256, **SHAPE))
+    asked = []
+    monkeypatch.setattr(bench, "prune_runs", lambda runtime, prompts, settings, plain, variants: asked.extend(variants))
+    bench.sweep_prune_thresholds(runtime, [], bench.BenchSettings(), [])
+    assert asked == [None, *((beta, "selection", "kept") for beta in (0.25, 0.375, 0.5, 0.625, 0.75))]
+
+
 @pytest.mark.gpu
 def test_pruned_trees_and_chains_run_in_cuda_graphs_and_take_a_new_threshold(trained):
     """The scorer inside the captured cycle: β set after the capture reaches the graph (its logit lives in a device

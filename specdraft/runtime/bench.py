@@ -37,6 +37,12 @@ from specdraft.runtime.profile import profile_cycles
 from specdraft.targets.vision import PromptInputs, as_prompt, image_model_inputs
 
 
+PRUNE_SWEEP_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
+"""The default β sweep of a draft that scores its tree, as multiples of its own β: a classifier trained on balanced
+traces cuts near 0.5 (0.25-0.75 swept), one trained on every verified candidate near its acceptance rate (C2T's
+0.03: 0.015-0.045)."""
+
+
 @dataclass
 class BenchSettings:
     prompts: str = EvalConfig.prompts
@@ -48,7 +54,8 @@ class BenchSettings:
     hf_prompts: Optional[int] = None  # HF on the first N prompts alone (None: all); its speedups over those prompts
     trace: bool = False
     lossless_prompts: int = 10  # checked in float32 (`lossless_in_float32`); 0: not checked
-    prune_sweep: Sequence[float] = (0.3, 0.5, 0.7, 0.85)  # β swept where the draft scores its tree; (): none
+    prune_sweep: Optional[Sequence[float]] = None  # β swept where the draft scores its tree (None: around its own
+    # β, PRUNE_SWEEP_SCALES times it; (): none)
     judge_thresholds: Sequence[float] = ()  # δ of the draft's judge, one greedy run each after the exact runs
     check_answers: bool = False  # check every answer with its prompt's program (answers.py)
     check_timeout_s: float = 5.0  # time limit of one sandboxed code check
@@ -57,7 +64,7 @@ class BenchSettings:
         if self.hf_prompts is not None and self.hf_prompts < 1:
             raise SpecdraftError(f"--hf-prompts must be at least 1, got {self.hf_prompts} "
                                  f"(--no-hf skips the baseline)")
-        bad = [beta for beta in self.prune_sweep if not 0.0 <= beta <= 1.0]
+        bad = [beta for beta in self.prune_sweep or () if not 0.0 <= beta <= 1.0]
         if bad:
             raise SpecdraftError(f"--prune-sweep thresholds must be in [0, 1], got {bad}")
 
@@ -293,7 +300,7 @@ def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
         "runs": runs, "judge_sweep": sweep, "cycle_profile": profile_cycles(runtime, prompts[0].ids),
         "settings": _settings(runtime, settings),
     }
-    if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep:
+    if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep != ():
         report["prune_sweep"] = sweep_prune_thresholds(runtime, prompts, settings, plain_at_zero)
     report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
     return report
@@ -317,11 +324,13 @@ def judge_sweep(runtime: Runtime, prompts: List, settings: BenchSettings, traces
 def sweep_prune_thresholds(runtime: Runtime, prompts: List, settings: BenchSettings,
                            plain_results: list, thresholds: Optional[Sequence[float]] = None) -> List[dict]:
     """At T=0, the unpruned tree (the draft's tree scorer off), then the scorer at each β of `thresholds`
-    (default settings.prune_sweep), on the same prompts against the same plain decoding (`plain_results`, filled
-    by the first row when empty) -> one summary a row (`prune_threshold` None: unpruned). The engine's scorer and
-    its β are restored after."""
+    (default settings.prune_sweep, else PRUNE_SWEEP_SCALES times the scorer's own β), on the same prompts against
+    the same plain decoding (`plain_results`, filled by the first row when empty) -> one summary a row
+    (`prune_threshold` None: unpruned). The engine's scorer and its β are restored after."""
     engine = runtime.engine
     betas = settings.prune_sweep if thresholds is None else thresholds
+    if betas is None:
+        betas = [min(1.0, round(scale * engine.tree_scorer.threshold, 6)) for scale in PRUNE_SWEEP_SCALES]
     return prune_runs(runtime, prompts, settings, plain_results,
                       [None, *((beta, engine.prune_at, engine.prune_verify) for beta in betas)])
 
