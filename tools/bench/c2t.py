@@ -15,8 +15,8 @@
 2. `specdraft train`: --train-steps steps of Adam at --lr on batches of about --batch-candidates traced candidates
    (the paper's 1,024; its 10 epochs are for far more traces than a suite records: 10 epochs of these would be
    under 100 steps), the held-out recall, positive rate and AUC of the best snapshot; `specdraft export`. A
-   classifier of every verified candidate needs the steps: one fitted to (5, 8, 40) traces on the CPU lost 5.2% of τ
-   for a quarter fewer verified tokens after 1,000 steps at 1e-3, 2.5% after 4,000 and 2.3% at 3e-3;
+   classifier of every verified candidate needs the steps (its low probabilities resolve slowly: after 1,000 steps
+   at 1e-3 its held-out AUC was still rising);
 3. MT-bench (--mt-bench, --max-prompts): for the first tree shape of --shapes, the unpruned tree, then its
    classifier at each β of --betas in each place it may prune (--prune-at: selection, expansion), the verify
    holding only the kept candidates (runtime.prune_verify kept: padded to a multiple of 8 rows), and once at
