@@ -73,6 +73,16 @@ def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
     assert args.betas == suite.BETAS["expansion"] and args.static_beta == 0.5
 
 
+def test_the_recipe_names_the_feature_set(tmp_path):
+    from specdraft.recipes import load_recipe
+
+    suite = load_tool("bench/c2t")
+    args = suite.parse_args([str(tmp_path), "--target", "t", "--train-prompts", str(tmp_path / "p.jsonl"),
+                             "--mt-bench", "m", "--features", "extended"])
+    method = load_recipe(suite.write_recipe(args, tmp_path / "w", "5,8,40")).method
+    assert (method.features, method.trace_budget, method.best_by) == ("extended", 40, "auc")
+
+
 def test_the_checks_beta_is_the_run_that_prunes_most_within_two_percent():
     suite = load_tool("bench/c2t")
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--shapes",

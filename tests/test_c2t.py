@@ -17,7 +17,8 @@ from specdraft.core.types import DraftContext
 from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.drafts import load_draft
 from specdraft.kernels.prune_children import child_inputs
-from specdraft.methods.c2t import C2TClassifier, C2TConfig, ClassifierScorer, collate_traces, draft_digest
+from specdraft.methods.c2t import (C2TClassifier, C2TConfig, ClassifierScorer, c2t_loss, collate_traces,
+                                   draft_digest)
 from specdraft.methods.c2t.model import ENTROPY_TOP, candidate_features
 from specdraft.methods.c2t.traces import TraceRecorder
 from specdraft.runtime.load import load_runtime
@@ -61,6 +62,19 @@ def trained(tiny_target_dir, chat_base_export, tmp_path_factory):
         assert cli.main(["train", str(recipe)]) == 0
         assert cli.main(["export", str(work / "run"), "--out", str(work / "export"), "--dtype", "float32"]) == 0
     return {"work": work, "recipe": recipe, "prompts": prompts, "export": work / "export"}
+
+
+@pytest.fixture(scope="module")
+def extended(trained, tmp_path_factory):
+    """A classifier of the extended features, trained on the same traces and exported."""
+    work = tmp_path_factory.mktemp("c2t_extended")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDRAFT_KERNELS", "reference")
+        torch.manual_seed(0)
+        assert cli.main(["train", str(trained["recipe"]), "method.features=extended",
+                         f"train.output_dir={work / 'run'}"]) == 0
+        assert cli.main(["export", str(work / "run"), "--out", str(work / "export"), "--dtype", "float32"]) == 0
+    return {"export": work / "export"}
 
 
 def test_traces_are_counted_labelled_and_resumed(trained, chat_base_export):
@@ -163,13 +177,16 @@ class _Both:
         return pruned
 
 
+@pytest.mark.parametrize("features", ["paper", "extended"])
 @pytest.mark.parametrize("kernels", ["reference", pytest.param("auto", marks=pytest.mark.triton_kernels)])
-def test_training_reads_the_features_the_runtime_scores(trained, monkeypatch, kernels):
+def test_training_reads_the_features_the_runtime_scores(trained, extended, monkeypatch, kernels, features):
     """A few pruned cycles: every candidate's features as a trace row records them, read back by training's
-    collate and classifier, give the runtime scorer's own decision (the fused kernel's, or its reference's)."""
+    collate and classifier, give the runtime scorer's own decision (the fused kernel's, or its reference's), for
+    either feature set."""
     monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
-    runtime = load_runtime(trained["export"], RuntimeConfig(device="cpu", dtype="float32", max_len=256, **SHAPE))
-    engine, classifier = runtime.engine, load_draft(trained["export"]).draft
+    export = trained["export"] if features == "paper" else extended["export"]
+    runtime = load_runtime(export, RuntimeConfig(device="cpu", dtype="float32", max_len=256, **SHAPE))
+    engine, classifier = runtime.engine, load_draft(export).draft
     both = _Both(engine.tree_scorer)
     engine.set_tree_scorer(both)
     engine.prefill(torch.tensor(runtime.encode_chat(CHAT_PROMPTS[0])), 0.0)
@@ -177,9 +194,9 @@ def test_training_reads_the_features_the_runtime_scores(trained, monkeypatch, ke
     for _ in range(4):
         tree = engine.build_tree()
         engine.accept_and_commit(engine.acceptance(0.0), tree, engine.verify_forward(tree))
-        joint, entropy, depths = both.recorder.take()
-        row = {"joint_logprob": joint.tolist(), "entropy": entropy.tolist(), "depth": depths.tolist(),
-               "label": [0] * joint.shape[0], "draft": "d", "draft_digest": "x"}
+        columns = both.recorder.take()
+        row = {**{name: column.tolist() for name, column in columns.items()}, "label": [0] * len(columns["depth"]),
+               "draft": "d", "draft_digest": "x"}
         with torch.no_grad():
             logits = classifier(collate_traces([row])["features"])  # [C - 1] as training computes them
         runtime_kept = torch.cat(both.kept)
@@ -343,3 +360,16 @@ def test_pruned_trees_and_chains_run_in_cuda_graphs_and_take_a_new_threshold(tra
 def test_trace_settings_out_of_range_are_one_line_naming_the_key(settings, named):
     with pytest.raises(SpecdraftError, match=named.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         C2TConfig(draft="x", trace_depth=2, trace_topk=2, **settings)
+
+
+def test_extended_features_prune_to_the_same_output_and_old_traces_are_one_line(trained, extended):
+    config = json.loads((extended["export"] / "config.json").read_text())
+    assert config["features"][3:] == ["probability", "parent_joint_probability", "rank"]
+    classifier = load_draft(extended["export"]).draft
+    assert classifier.hidden.in_features == 6
+    pruned, tau, same = _decode(extended["export"], CHAT_PROMPTS[:2] + ["an unseen question?"], **SHAPE)
+    assert same and pruned < SHAPE["budget"] - 1 and tau > 1.0
+    old_rows = {"features": torch.rand(4, 3), "labels": torch.tensor([0.0, 1.0, 0.0, 0.0]), "drafts": [],
+                "draft_digests": []}  # traces recorded with the paper's three features alone
+    with pytest.raises(SpecdraftError, match="hold 3 features of a candidate; method.features=extended reads 6"):
+        c2t_loss(classifier, old_rows, C2TConfig(draft="x", features="extended"))

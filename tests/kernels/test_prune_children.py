@@ -4,8 +4,8 @@ the entropy `top_entropy` computes and the FFN over `ffn_features` (what C2T's t
 import pytest
 import torch
 
-from specdraft.kernels.prune_children import (ScorerWeights, child_inputs, ffn_features, ffn_logits,
-                                              prune_children_reference)
+from specdraft.kernels.prune_children import (EXTENDED_FEATURES, PAPER_FEATURES, ScorerWeights, child_inputs,
+                                              ffn_features, ffn_logits, prune_children_reference)
 from specdraft.kernels.prune_children.triton_kernel import prune_children_triton
 from specdraft.kernels.top_entropy import top_entropy_reference
 
@@ -18,9 +18,9 @@ def _inputs(parents: int, k: int, vocab: int, dtype, seed: int = 0):
     return child_logprobs, parent_scores, parent_logits
 
 
-def _weights(hidden: int, cut: float, seed: int = 1) -> ScorerWeights:
+def _weights(hidden: int, cut: float, seed: int = 1, features: int = PAPER_FEATURES) -> ScorerWeights:
     generator = torch.Generator().manual_seed(seed)
-    return ScorerWeights(hidden_weight=torch.randn(hidden, 3, generator=generator),
+    return ScorerWeights(hidden_weight=torch.randn(hidden, features, generator=generator),
                          hidden_bias=torch.randn(hidden, generator=generator),
                          out_weight=torch.randn(hidden, generator=generator) / hidden ** 0.5,
                          out_bias=torch.randn(1, generator=generator), cut=torch.tensor([cut]))
@@ -28,19 +28,22 @@ def _weights(hidden: int, cut: float, seed: int = 1) -> ScorerWeights:
 
 def _logits(child_logprobs, parent_scores, parent_logits, depth, weights, top):
     joint, entropy = child_inputs(child_logprobs, parent_scores, parent_logits, top)
-    return ffn_logits(ffn_features(joint, entropy[:, None], torch.full_like(joint, depth)), weights)
+    extended = () if weights.hidden_weight.shape[1] == PAPER_FEATURES else (
+        child_logprobs, parent_scores[:, None], torch.arange(joint.shape[1])[None, :])
+    return ffn_logits(ffn_features(joint, entropy[:, None], torch.full_like(joint, depth), *extended), weights)
 
 
-@pytest.mark.parametrize("parents, k, vocab, hidden, dtype, depth", [
-    (8, 8, 700, 48, torch.bfloat16, 3), (1, 8, 700, 48, torch.bfloat16, 1), (3, 5, 300, 20, torch.float32, 2),
-    (10, 10, 1500, 48, torch.float16, 7)])
-def test_triton_matches_reference(parents, k, vocab, hidden, dtype, depth):
+@pytest.mark.parametrize("parents, k, vocab, hidden, dtype, depth, features", [
+    (8, 8, 700, 48, torch.bfloat16, 3, PAPER_FEATURES), (1, 8, 700, 48, torch.bfloat16, 1, PAPER_FEATURES),
+    (3, 5, 300, 20, torch.float32, 2, PAPER_FEATURES), (10, 10, 1500, 48, torch.float16, 7, PAPER_FEATURES),
+    (8, 8, 700, 48, torch.bfloat16, 3, EXTENDED_FEATURES), (3, 5, 300, 20, torch.float32, 1, EXTENDED_FEATURES)])
+def test_triton_matches_reference(parents, k, vocab, hidden, dtype, depth, features):
     inputs = _inputs(parents, k, vocab, dtype)
     if parents > 1:
         inputs[1][-1] = -float("inf")  # a parent that was itself dropped (a joint probability of 0)
-    logits = _logits(*inputs, depth, _weights(hidden, 0.0), 100)
+    logits = _logits(*inputs, depth, _weights(hidden, 0.0, features=features), 100)
     cut = logits[torch.isfinite(logits)].median().item()  # about half kept
-    weights = _weights(hidden, cut)
+    weights = _weights(hidden, cut, features=features)
     expected = prune_children_reference(*inputs, depth, weights, 100)
     got = prune_children_triton(*inputs, depth, weights, 100)
     clear = (logits - cut).abs() > 1e-4  # rounding may move a logit at the cut to either side
@@ -62,3 +65,11 @@ def test_reference_keeps_children_scored_at_or_over_the_cut():
     torch.testing.assert_close(entropy, top_entropy_reference(parent_logits, 50))
     features = ffn_features(joint, entropy[:, None], torch.full_like(joint, 2))
     assert torch.equal(features[..., 0], joint.exp()) and (features[..., 2] == 2).all()
+
+
+def test_extended_features_add_own_and_parent_probabilities_and_rank():
+    joint, own, parent = torch.tensor([-1.0, -2.0]), torch.tensor([-0.5, -1.5]), torch.tensor([-0.5, -0.5])
+    features = ffn_features(joint, torch.tensor(0.7), torch.tensor(2), own, parent, torch.tensor([0, 1]))
+    assert features.shape == (2, EXTENDED_FEATURES)
+    torch.testing.assert_close(features[:, :3], ffn_features(joint, torch.tensor(0.7), torch.tensor(2)))
+    torch.testing.assert_close(features[:, 3:], torch.stack([own.exp(), parent.exp(), torch.tensor([0.0, 1.0])], 1))

@@ -80,7 +80,7 @@ def write_recipe(args, work: Path, shape: Optional[str], per_batch: int = 1) -> 
     path = work / "c2t.yaml"
     path.write_text(f"""
 target: {{path: {args.target}}}
-method: {{name: c2t, draft: {Path(args.export).resolve()}, {trace_settings(args, shape)}}}
+method: {{name: c2t, draft: {Path(args.export).resolve()}, features: {args.features}, {trace_settings(args, shape)}}}
 data: {{prompts: [{Path(args.train_prompts_file).resolve()}], max_samples: {args.train_prompts}, max_length: 1024,
        too_long: skip, val_fraction: {args.val_fraction}}}
 distill: {{output_dir: {work / 'traces'}, max_new_tokens: {args.trace_tokens}, shard_size: 16}}
@@ -322,6 +322,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="with --traces shape: rejected candidates kept a tree per accepted one")
     parser.add_argument("--train-beta", type=float, default=0.03,
                         help="with --traces shape: the β training's recall is read at (method.threshold)")
+    parser.add_argument("--features", choices=("paper", "extended"), default="paper",
+                        help="what the classifiers read of a candidate (method.features)")
     parser.add_argument("--train-steps", type=int, default=4000,
                         help="optimizer steps of the classifier (about 10 s a thousand on a GPU)")
     parser.add_argument("--lr", type=float, default=3e-3, help="the classifier's Adam learning rate")

@@ -7,7 +7,8 @@ Dispatch: the Triton kernel when `use_triton(parent_logits)`, else the reference
 import torch
 
 from specdraft.kernels import use_triton
-from specdraft.kernels.prune_children.reference import (ScorerWeights, child_inputs, ffn_features, ffn_logits,
+from specdraft.kernels.prune_children.reference import (EXTENDED_FEATURES, PAPER_FEATURES, ScorerWeights,
+                                                        child_inputs, ffn_features, ffn_logits,
                                                         prune_children_reference)
 
 
@@ -22,5 +23,5 @@ def prune_children(child_logprobs: torch.Tensor, parent_scores: torch.Tensor, pa
     return prune_children_reference(child_logprobs, parent_scores, parent_logits, depth, weights, top)
 
 
-__all__ = ["ScorerWeights", "child_inputs", "ffn_features", "ffn_logits", "prune_children",
-           "prune_children_reference"]
+__all__ = ["EXTENDED_FEATURES", "PAPER_FEATURES", "ScorerWeights", "child_inputs", "ffn_features", "ffn_logits",
+           "prune_children", "prune_children_reference"]

@@ -1,18 +1,24 @@
 """The spec of a tree scorer's pruning (C2T's, decoding/tree.py after each depth's expansion): p expanded parents'
-top-k children, each scored by a two-layer FFN (ReLU, one logit) over three features, the children scored under a
-cut dropped (their log-probabilities -inf). The features of a child: its joint probability (the product of the
-draft's probabilities from the root), the entropy of its parent's draft distribution over its `top` most probable
-tokens (kernels.top_entropy) and its depth. `child_inputs` and `ffn_features` are what a trace records and what
-training reads (specdraft.methods.c2t): the runtime scores the same numbers."""
-from typing import NamedTuple, Tuple
+top-k children, each scored by a two-layer FFN (ReLU, one logit) over three (or six) features, the children scored
+under a cut dropped (their log-probabilities -inf). The features of a child: its joint probability (the product of
+the draft's probabilities from the root), the entropy of its parent's draft distribution over its `top` most
+probable tokens (kernels.top_entropy) and its depth; in the extended set (a first layer of six columns) also its own
+draft probability, its parent's joint probability and its rank among its parent's children. `child_inputs` and
+`ffn_features` are what a trace records and what training reads (specdraft.methods.c2t): the runtime scores the same
+numbers."""
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 from specdraft.kernels.top_entropy import top_entropy
 
 
+PAPER_FEATURES = 3  # joint probability, parent entropy, depth
+EXTENDED_FEATURES = 6  # those, then the child's own draft probability, its parent's joint probability, its rank
+
+
 class ScorerWeights(NamedTuple):
-    hidden_weight: torch.Tensor  # [Hc, 3] float32: the first layer's, over (joint probability, entropy, depth)
+    hidden_weight: torch.Tensor  # [Hc, F] float32: the first layer's, over the features (ffn_features), F 3 or 6
     hidden_bias: torch.Tensor  # [Hc] float32
     out_weight: torch.Tensor  # [Hc] float32: the output layer's
     out_bias: torch.Tensor  # [1] float32
@@ -28,11 +34,19 @@ def child_inputs(child_logprobs: torch.Tensor, parent_scores: torch.Tensor, pare
     return joint, top_entropy(parent_logits, top)
 
 
-def ffn_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+def ffn_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depths: torch.Tensor,
+                 own_logprobs: Optional[torch.Tensor] = None, parent_logprobs: Optional[torch.Tensor] = None,
+                 ranks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """joint_logprobs, parent_entropy, depths [n] (broadcastable) -> [n, 3] float32: joint probability (linear),
-    parent entropy, depth (1-based)."""
-    joint, entropy, depth = torch.broadcast_tensors(joint_logprobs.float(), parent_entropy.float(), depths.float())
-    return torch.stack([joint.exp(), entropy, depth], dim=-1)
+    parent entropy, depth (1-based); with own_logprobs, parent_logprobs and ranks (the extended set) [n, 6]: also
+    the child's own draft probability, its parent's joint probability and its rank among its parent's children as
+    drafted (0: the most probable)."""
+    parts = [joint_logprobs.float(), parent_entropy.float(), depths.float()]
+    if own_logprobs is not None:
+        parts += [own_logprobs.float(), parent_logprobs.float(), ranks.float()]
+    parts = torch.broadcast_tensors(*parts)
+    linear = [part.exp() if index in (0, 3, 4) else part for index, part in enumerate(parts)]  # probabilities
+    return torch.stack(linear, dim=-1)
 
 
 def ffn_logits(features: torch.Tensor, weights: ScorerWeights) -> torch.Tensor:
@@ -46,6 +60,8 @@ def prune_children_reference(child_logprobs: torch.Tensor, parent_scores: torch.
     """child_logprobs [p, k], parent_scores [p], parent_logits [p, V], depth (of the children, 1-based) ->
     [p, k] float32: child_logprobs, -inf where the FFN's logit is under weights.cut."""
     joint, entropy = child_inputs(child_logprobs, parent_scores, parent_logits, top)
-    features = ffn_features(joint, entropy[:, None], torch.full_like(joint, depth))  # [p, k, 3]
+    extended = () if weights.hidden_weight.shape[1] == PAPER_FEATURES else (
+        child_logprobs, parent_scores[:, None], torch.arange(joint.shape[1], device=joint.device)[None, :])
+    features = ffn_features(joint, entropy[:, None], torch.full_like(joint, depth), *extended)  # [p, k, F]
     keep = ffn_logits(features, weights) >= weights.cut
     return torch.where(keep, child_logprobs.float(), float("-inf"))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from specdraft.core.errors import SpecdraftError
 
 BEST_BY = ("recall", "auc")
+FEATURE_SETS = ("paper", "extended")
 
 
 @dataclass
@@ -16,6 +17,10 @@ class C2TConfig:
     stage loads it; the export carries a copy."""
     hidden_size: int = 48
     """Width of the classifier's hidden layer (two layers, ReLU, sigmoid output: 241 parameters at 48)."""
+    features: str = "paper"
+    """What the classifier reads of a candidate: "paper" (its joint probability, its parent's top-1,000 entropy, its
+    depth) or "extended" (those, then its own draft probability, its parent's joint probability and its rank among
+    its parent's children: all the runtime's scorer has at hand, no hidden state; 385 parameters at 48)."""
     threshold: float = 0.5
     """β for trees, the export's default: candidates the classifier scores below it are dropped
     (runtime.prune_threshold overrides it)."""
@@ -48,6 +53,8 @@ class C2TConfig:
                 raise SpecdraftError(f"method.{name} must be >= 1, got {getattr(self, name)}")
         if self.trace_topk < 2:
             raise SpecdraftError(f"method.trace_topk must be >= 2 (a tree), got {self.trace_topk}")
+        if self.features not in FEATURE_SETS:
+            raise SpecdraftError(f"method.features must be one of {', '.join(FEATURE_SETS)}, got {self.features!r}")
         if self.best_by not in BEST_BY:
             raise SpecdraftError(f"method.best_by must be one of {', '.join(BEST_BY)}, got {self.best_by!r}")
         whole = 1 + self.trace_topk + (self.trace_depth - 1) * self.trace_topk ** 2  # the expansion's candidates

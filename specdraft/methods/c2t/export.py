@@ -13,11 +13,13 @@ from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.c2t.config import C2TConfig
 from specdraft.methods.c2t.model import C2TClassifier, ClassifierScorer
 
-FEATURES = ("joint_probability", "parent_entropy_top1000", "depth")  # the classifier's input, in order
+FEATURES = {"paper": ("joint_probability", "parent_entropy_top1000", "depth"),
+            "extended": ("joint_probability", "parent_entropy_top1000", "depth", "probability",
+                         "parent_joint_probability", "rank")}  # the classifier's input, in order
 
 
 def c2t_to_hf(classifier: C2TClassifier, cfg: C2TConfig, target: TargetInfo, provenance: Dict[str, Any]):
-    config = {"architectures": ["C2TTreeClassifier"], "model_type": "c2t", "features": list(FEATURES),
+    config = {"architectures": ["C2TTreeClassifier"], "model_type": "c2t", "features": list(FEATURES[cfg.features]),
               "hidden_size": classifier.hidden.out_features,
               "specdraft": {"method": "c2t", "method_config": asdict(cfg), **provenance}}
     return config, {name: tensor.detach() for name, tensor in classifier.state_dict().items()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -20,19 +20,27 @@ from torch import nn
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext, LossOutput
-from specdraft.kernels.prune_children import ScorerWeights, ffn_features, prune_children
+from specdraft.kernels.prune_children import (EXTENDED_FEATURES, PAPER_FEATURES, ScorerWeights, ffn_features,
+                                              prune_children)
 from specdraft.methods.c2t.config import C2TConfig
 
-NUM_FEATURES = 3  # joint probability, parent entropy, depth
 ENTROPY_TOP = 1000
 """M: the parent entropy is over its draft distribution's M most probable tokens (renormalised)."""
 
 
-def candidate_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor,
-                       depths: torch.Tensor) -> torch.Tensor:
-    """joint_logprobs, parent_entropy, depths [n] (as traces record them) -> the classifier's input [n, 3] float32
-    (`kernels.prune_children.ffn_features`, what the runtime scores)."""
-    return ffn_features(joint_logprobs, parent_entropy, depths)
+def num_features(cfg: C2TConfig) -> int:
+    return EXTENDED_FEATURES if cfg.features == "extended" else PAPER_FEATURES
+
+
+def candidate_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, depths: torch.Tensor,
+                       own_logprobs: Optional[torch.Tensor] = None,
+                       ranks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """joint_logprobs, parent_entropy, depths [n] (as traces record them; with own_logprobs and ranks, the extended
+    set) -> the classifier's input [n, 3 or 6] float32 (`kernels.prune_children.ffn_features`, what the runtime
+    scores: the parent's joint log-probability is the joint less the candidate's own)."""
+    if own_logprobs is None:
+        return ffn_features(joint_logprobs, parent_entropy, depths)
+    return ffn_features(joint_logprobs, parent_entropy, depths, own_logprobs, joint_logprobs - own_logprobs, ranks)
 
 
 def draft_digest(draft: nn.Module) -> str:
@@ -46,21 +54,24 @@ def draft_digest(draft: nn.Module) -> str:
 
 
 def feature_scale(cfg: C2TConfig) -> torch.Tensor:
-    """[3]: what the classifier multiplies its features by first, so that each spans about [0, 1] (the joint
-    probability as it is, the entropy over ln M, the depth over the traced trees' depth). Unscaled, the depth
+    """[3 or 6]: what the classifier multiplies its features by first, so that each spans about [0, 1] (the
+    probabilities as they are, the entropy over ln M, the depth over the traced trees' depth, the rank over their
+    top-k). Unscaled, the depth
     (up to 11) and the entropy (up to 6.9) swamp the joint probability, and Adam at 1e-3 takes far more steps
     than a few hundred to undo it (on synthetic trees, a few hundred steps left the classifier ranking the
     candidates a tree verifies worse than their joint probability alone does)."""
-    return torch.tensor([1.0, 1.0 / math.log(ENTROPY_TOP), 1.0 / cfg.trace_depth])
+    paper = [1.0, 1.0 / math.log(ENTROPY_TOP), 1.0 / cfg.trace_depth]
+    return torch.tensor(paper if cfg.features == "paper" else [*paper, 1.0, 1.0, 1.0 / cfg.trace_topk])
 
 
 class C2TClassifier(nn.Module):
-    """The trained part of a C2T draft: [n, 3] features -> [n] logits. `base` (not a submodule: saved apart) is the
-    draft whose trees it prunes. `feature_scale` (a buffer, exported) scales the features before the first layer."""
+    """The trained part of a C2T draft: [n, F] features (F: num_features) -> [n] logits. `base` (not a submodule:
+    saved apart) is the draft whose trees it prunes. `feature_scale` (a buffer, exported) scales the features before
+    the first layer."""
 
     def __init__(self, cfg: C2TConfig, ctx: DraftContext):
         super().__init__()
-        self.hidden = nn.Linear(NUM_FEATURES, cfg.hidden_size)
+        self.hidden = nn.Linear(num_features(cfg), cfg.hidden_size)
         self.out = nn.Linear(cfg.hidden_size, 1)
         self.register_buffer("feature_scale", feature_scale(cfg))
         object.__setattr__(self, "base", ctx.base)
@@ -71,17 +82,24 @@ class C2TClassifier(nn.Module):
         traces (as loaded: the runtime moves the base to its device and dtype in place)."""
         return draft_digest(self.base.draft) if self.base is not None else None
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:  # [n, 3] -> [n]
+    def forward(self, features: torch.Tensor) -> torch.Tensor:  # [n, >= F] -> [n]
+        features = features[:, :self.hidden.in_features]  # a batch holds every feature its traces record
         return self.out(torch.relu(self.hidden(features * self.feature_scale)))[:, 0]
 
     def input_layer(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The first layer over the unscaled features, the scale folded in -> (weight [Hc, 3], bias [Hc]): what the
+        """The first layer over the unscaled features, the scale folded in -> (weight [Hc, F], bias [Hc]): what the
         runtime's kernel applies."""
         return self.hidden.weight * self.feature_scale[None, :], self.hidden.bias
 
 
 def _check_traces(classifier: C2TClassifier, batch: Dict) -> None:
-    """Every row of the batch was recorded over the draft this classifier prunes, or one line naming both."""
+    """Every row of the batch was recorded over the draft this classifier prunes, and holds the features it reads,
+    or one line naming what is missing."""
+    wanted, held = classifier.hidden.in_features, batch["features"].shape[1]
+    if held < wanted:
+        raise SpecdraftError(f"these trace rows hold {held} features of a candidate; method.features=extended reads "
+                             f"{wanted}: record the traces again with `specdraft distill-data` into a new "
+                             f"distill.output_dir")
     if classifier.base_digest is None:
         return
     for source, digest in zip(batch["drafts"], batch["draft_digests"]):
@@ -107,7 +125,7 @@ def c2t_loss(classifier: C2TClassifier, batch: Dict, cfg: C2TConfig) -> LossOutp
     snapshot (method.best_by): recall then the lowest positive rate (recall - 1e-3 x positive rate, the paper's),
     or the AUC."""
     _check_traces(classifier, batch)
-    features, labels = batch["features"], batch["labels"]  # [n, 3], [n]
+    features, labels = batch["features"], batch["labels"]  # [n, 6] (or [n, 3]), [n]
     logits = classifier(features)
     if labels.numel() == 0:  # rows without a traced tree (an answer that ended at once)
         zero = logits.sum()
@@ -166,13 +184,16 @@ class ClassifierScorer:
 
 
 def collate_traces(rows: List[Dict]) -> Dict:
-    """Trace rows (one a prompt, list columns: traces.py) -> {features [n, 3], labels [n] float32, and each row's
-    draft and its digest (lists)}: every kept candidate of every row, in order."""
+    """Trace rows (one a prompt, list columns: traces.py) -> {features [n, 6] (the extended set; [n, 3] for rows
+    recorded without a candidate's own log-probability and rank), labels [n] float32, and each row's draft and its
+    digest (lists)}: every kept candidate of every row, in order."""
     def column(name, dtype):
         parts = [torch.tensor(row[name], dtype=dtype).reshape(-1) for row in rows]  # a copy: arrays read-only
         return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
 
+    extended = () if rows and "logprob" not in rows[0] else (column("logprob", torch.float32),
+                                                                column("rank", torch.float32))
     features = candidate_features(column("joint_logprob", torch.float32), column("entropy", torch.float32),
-                                  column("depth", torch.float32))
+                                  column("depth", torch.float32), *extended)
     return {"features": features, "labels": column("label", torch.float32),
             "drafts": [str(row["draft"]) for row in rows], "draft_digests": [str(row["draft_digest"]) for row in rows]}

@@ -3,12 +3,11 @@
 For each prompt (its first user turn, chat-templated) the runtime's engine decodes greedily with the base draft over
 a tree of `method.trace_depth` x `method.trace_topk` whose verified nodes are the whole expansion (no rerank, the
 paper's) or, with `method.trace_budget`, the budget's best by joint probability (the runtime's selection). A
-recording tree scorer keeps every candidate and records what the runtime's scorer would be given (joint
-log-probability, parent entropy, depth); the verify pass labels each verified candidate accepted or not (on the
-target's greedy path). Per traced tree all accepted candidates are kept and `negatives_per_positive` times as many
-verified, rejected ones at random (at least one), so that the classes stay about balanced. One record row per
-prompt, the kept candidates in list columns, with the draft it was recorded over (its path and a digest of its
-weights: training refuses rows of another draft).
+recording tree scorer keeps every candidate and records what the runtime's scorer would be given (COLUMNS); the
+verify pass labels each verified candidate accepted or not (on the target's greedy path). Per traced tree all
+accepted candidates are kept and `negatives_per_positive` times as many verified, rejected ones at random (at least
+one), so that the classes stay about balanced. One record row per prompt, the kept candidates in list columns, with
+the draft it was recorded over (its path and a digest of its weights: training refuses rows of another draft).
 """
 from __future__ import annotations
 
@@ -27,6 +26,12 @@ from specdraft.methods.c2t.model import ENTROPY_TOP, draft_digest
 from specdraft.targets.load import eos_token_ids
 
 
+COLUMNS = ("joint_logprob", "entropy", "depth", "logprob", "rank")
+"""What a trace row records of each kept candidate (a list column each, beside its label): its joint
+log-probability, its parent's top-M entropy, its depth (1-based), its own draft log-probability and its rank among
+its parent's children as drafted: every feature either feature set (method.features) reads."""
+
+
 def trace_features():
     """The `datasets.Features` of a trace row."""
     from datasets import Features, Sequence, Value
@@ -35,13 +40,15 @@ def trace_features():
         "source": Value("string"), "index": Value("int64"), "draft": Value("string"),
         "draft_digest": Value("string"), "cycles": Value("int64"), "accepted": Value("int64"),
         "candidates": Value("int64"), "joint_logprob": Sequence(Value("float32")),
-        "entropy": Sequence(Value("float32")), "depth": Sequence(Value("int32")), "label": Sequence(Value("int8"))})
+        "entropy": Sequence(Value("float32")), "depth": Sequence(Value("int32")),
+        "logprob": Sequence(Value("float32")), "rank": Sequence(Value("int32")), "label": Sequence(Value("int8"))})
 
 
 def trace_fingerprint(cfg: C2TConfig) -> Dict[str, Any]:
     """The settings that make two runs' traces interchangeable (besides the prompts and the target)."""
     return {"draft": cfg.draft, "trace_depth": cfg.trace_depth, "trace_topk": cfg.trace_topk,
-            "trace_budget": cfg.trace_budget, "negatives_per_positive": cfg.negatives_per_positive}
+            "trace_budget": cfg.trace_budget, "negatives_per_positive": cfg.negatives_per_positive,
+            "columns": list(COLUMNS)}
 
 
 def trace_shape(cfg: C2TConfig) -> TreeShape:
@@ -52,29 +59,30 @@ def trace_shape(cfg: C2TConfig) -> TreeShape:
 
 class TraceRecorder:
     """A TreeScorer that keeps every candidate and records what the runtime's scorer computes of each (its joint
-    log-probability, its parent's entropy: `kernels.prune_children.child_inputs`, the same numbers), one call per
-    depth."""
+    log-probability, its parent's entropy: `kernels.prune_children.child_inputs`, the same numbers; its depth, own
+    log-probability and rank), one call per depth."""
 
     threshold = 0.0
     chain_threshold = 0.0
 
     def __init__(self):
-        self.calls: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
+        self.calls: List[Dict[str, torch.Tensor]] = []
 
     def prune(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, parent_logits: torch.Tensor,
               depth: int) -> torch.Tensor:
         joint, entropy = child_inputs(child_logprobs, parent_scores, parent_logits, ENTROPY_TOP)  # [p, k], [p]
-        self.calls.append((joint.flatten(), entropy[:, None].expand_as(joint).flatten(), depth))
+        ranks = torch.arange(joint.shape[1], dtype=torch.int32, device=joint.device)[None, :].expand_as(joint)
+        self.calls.append({"joint_logprob": joint.flatten(), "entropy": entropy[:, None].expand_as(joint).flatten(),
+                           "depth": torch.full((joint.numel(),), depth, dtype=torch.int32, device=joint.device),
+                           "logprob": child_logprobs.float().flatten(), "rank": ranks.flatten()})
         return child_logprobs
 
-    def take(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The recorded calls since the last take, joined -> joint_logprobs, parent_entropy, depths [C - 1]: one
-        entry per candidate after the root, in candidate order (the order the expansion numbers them)."""
-        joint = torch.cat([call[0] for call in self.calls])
-        entropy = torch.cat([call[1] for call in self.calls])
-        depths = torch.cat([torch.full_like(call[0], call[2], dtype=torch.int32) for call in self.calls])
+    def take(self) -> Dict[str, torch.Tensor]:
+        """The recorded calls since the last take, joined -> {column of COLUMNS: [C - 1]}: one entry per candidate
+        after the root, in candidate order (the order the expansion numbers them)."""
+        columns = {name: torch.cat([call[name] for call in self.calls]) for name in COLUMNS}
         self.calls = []
-        return joint, entropy, depths
+        return columns
 
 
 def _prompt_ids(tokenizer, conversation) -> List[int]:
@@ -120,15 +128,15 @@ class TraceMaker:
         prompt = _prompt_ids(self.ctx.target.tokenizer, conversation)
         trees = self._trace(prompt)
         kept = [self._kept(*tree) for tree in trees]
-        joined = [torch.cat(parts).tolist() for parts in zip(*kept)] if kept else [[]] * 4  # the four columns
+        joined = {name: torch.cat([part[name] for part in kept]).tolist() if kept else []
+                  for name in (*COLUMNS, "label")}
         return {"source": conversation.source, "index": conversation.index, "draft": str(self.ctx.base.source),
-                "draft_digest": self.digest, "cycles": len(trees), "accepted": sum(int(t[3].sum()) for t in trees),
-                "candidates": sum(int(t[4].sum()) for t in trees), "joint_logprob": joined[0], "entropy": joined[1],
-                "depth": joined[2], "label": joined[3]}
+                "draft_digest": self.digest, "cycles": len(trees), "accepted": sum(int(t[1].sum()) for t in trees),
+                "candidates": sum(int(t[2].sum()) for t in trees), **joined}
 
-    def _trace(self, prompt: List[int]) -> List[Tuple[torch.Tensor, ...]]:
-        """Greedy decoding of `prompt` with traced trees -> per cycle (joint_logprobs, parent_entropy, depths,
-        accepted, verified [C - 1] bool), on the host."""
+    def _trace(self, prompt: List[int]) -> List[Tuple[Dict[str, torch.Tensor], torch.Tensor, torch.Tensor]]:
+        """Greedy decoding of `prompt` with traced trees -> per cycle ({column: [C - 1]}, accepted, verified [C - 1]
+        bool), on the host."""
         engine, max_new = self.engine, self.ctx.distill.max_new_tokens
         if len(prompt) + max_new + engine.shape.budget + engine.shape.scratch > engine.max_len:
             raise SpecdraftError(f"prompt of {len(prompt)} tokens + {max_new} new tokens + a traced tree of "
@@ -137,27 +145,28 @@ class TraceMaker:
         policy, trees = engine.acceptance(0.0), []
         while len(generated) < max_new and generated[-1] not in self.eos_ids:
             tree = engine.build_tree()
-            joint, entropy, depths = self.recorder.take()
+            columns = self.recorder.take()
             out = engine.accept_and_commit(policy, tree, engine.verify_forward(tree))
             accepted_nodes = out.accepted_nodes[out.accepted_nodes > 0]  # the drafted nodes the target accepted
-            accepted = torch.zeros(joint.shape[0], dtype=torch.bool, device=joint.device)
+            accepted = torch.zeros(len(columns["depth"]), dtype=torch.bool, device=engine.device)
             accepted[tree.candidate_ids[accepted_nodes] - 1] = True  # candidate c is entry c - 1 (after the root)
             verified = torch.zeros_like(accepted)
             drafted = tree.candidate_ids[tree.valid & (tree.candidate_ids > 0)]  # the verified nodes but the root
             verified[drafted - 1] = True
-            trees.append(tuple(t.cpu() for t in (joint, entropy, depths, accepted, verified)))
+            trees.append(({name: column.cpu() for name, column in columns.items()}, accepted.cpu(), verified.cpu()))
             count, *emitted = out.for_host.tolist()
             new_tokens = emitted[:count]
             eos = next((i for i, token in enumerate(new_tokens) if token in self.eos_ids), None)
             generated += new_tokens if eos is None else new_tokens[:eos + 1]
         return trees
 
-    def _kept(self, joint, entropy, depths, accepted, verified) -> Tuple[torch.Tensor, ...]:
-        """One traced tree's accepted candidates and a random draw of its verified, rejected ones -> the four
-        columns."""
+    def _kept(self, columns: Dict[str, torch.Tensor], accepted: torch.Tensor,
+              verified: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """One traced tree's accepted candidates and a random draw of its verified, rejected ones -> their columns
+        and labels."""
         positives = accepted.nonzero()[:, 0]
         negatives = (verified & ~accepted).nonzero()[:, 0]
         wanted = max(1, round(self.cfg.negatives_per_positive * positives.numel()))
         negatives = negatives[torch.randperm(negatives.numel())[:wanted]]
         chosen = torch.cat([positives, negatives])
-        return joint[chosen], entropy[chosen], depths[chosen], accepted[chosen].to(torch.int8)
+        return {**{name: column[chosen] for name, column in columns.items()}, "label": accepted[chosen].to(torch.int8)}
