@@ -40,7 +40,7 @@ def ffn_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tensor, dep
     """joint_logprobs, parent_entropy, depths [n] (broadcastable) -> [n, 3] float32: joint probability (linear),
     parent entropy, depth (1-based); with own_logprobs, parent_logprobs and ranks (the extended set) [n, 6]: also
     the child's own draft probability, its parent's joint probability and its rank among its parent's children as
-    drafted (0: the most probable)."""
+    drafted (0: the first, the most probable at T=0)."""
     parts = [joint_logprobs.float(), parent_entropy.float(), depths.float()]
     if own_logprobs is not None:
         parts += [own_logprobs.float(), parent_logprobs.float(), ranks.float()]
