@@ -373,3 +373,14 @@ def test_extended_features_prune_to_the_same_output_and_old_traces_are_one_line(
                 "draft_digests": []}  # traces recorded with the paper's three features alone
     with pytest.raises(SpecdraftError, match="hold 3 features of a candidate; method.features=extended reads 6"):
         c2t_loss(classifier, old_rows, C2TConfig(draft="x", features="extended"))
+
+
+def test_the_best_snapshot_is_picked_by_recall_or_by_auc():
+    classifier = C2TClassifier(C2TConfig(draft="x"), DraftContext(target=None))
+    generator = torch.Generator().manual_seed(0)
+    batch = {"features": torch.rand(64, 3, generator=generator), "drafts": [], "draft_digests": [],
+             "labels": (torch.rand(64, generator=generator) > 0.8).float()}
+    for best_by in ("recall", "auc"):
+        metrics = c2t_loss(classifier, batch, C2TConfig(draft="x", best_by=best_by)).metrics
+        expected = metrics["auc"] if best_by == "auc" else metrics["recall"] - 1e-3 * metrics["positive_rate"]
+        torch.testing.assert_close(metrics["best_by"], expected)

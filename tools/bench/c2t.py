@@ -216,12 +216,19 @@ def pruning_beta(rows: List[Dict], args) -> float:
     runs = [row for row in rows if row["shape"] == args.shapes[0] and row["beta"] is not None
             and (row["prune_at"], row["prune_verify"]) == (RuntimeConfig.prune_at, "kept")]
     pruning = [row for row in runs if row["verified_vs_unpruned"] < 1.0]
-    within = [row for row in pruning if row["tau_vs_unpruned"] >= 0.98]
-    if within:
-        return min(within, key=lambda row: row["verified_per_cycle"])["beta"]
+    best = fewest_verified_within(pruning)
+    if best is not None:
+        return best["beta"]
     if pruning:
         return min(row["beta"] for row in pruning)
     return sorted(args.betas)[len(args.betas) // 2]
+
+
+def fewest_verified_within(runs: List[Dict]) -> Optional[Dict]:
+    """Of pruned runs, the one that verifies the fewest tokens while keeping τ within 2% of its unpruned tree (the
+    goal's), or None."""
+    within = [row for row in runs if row["beta"] is not None and row["tau_vs_unpruned"] >= 0.98]
+    return min(within, key=lambda row: row["verified_per_cycle"]) if within else None
 
 
 def goal_lines(rows: List[Dict], shapes: List[str], check: Optional[Dict]) -> List[str]:
@@ -244,10 +251,9 @@ def goal_lines(rows: List[Dict], shapes: List[str], check: Optional[Dict]) -> Li
 
 def first_shape_line(first: List[Dict], unpruned: Dict, shape: str) -> str:
     """The first shape's pruned run that keeps τ within 2% of its unpruned tree with the fewest verified tokens."""
-    within = [row for row in first if row["beta"] is not None and row["tau_vs_unpruned"] >= 0.98]
-    if not within:
+    best = fewest_verified_within(first)
+    if best is None:
         return f"- tree {shape}: no β keeps τ within 2% of the unpruned tree's"
-    best = min(within, key=lambda row: row["verified_per_cycle"])
     return (f"- tree {shape}, {variant_name(best)} β={best['beta']:g}: τ {100 * (best['tau_vs_unpruned'] - 1):+.1f}% "
             f"(goal within 2%), verified tokens {100 * (best['verified_vs_unpruned'] - 1):+.1f}% (goal <= -25%; "
             f"{best['verify_rows_per_cycle']:.1f} rows a verify), tokens/s "
