@@ -23,6 +23,7 @@ CHECKPOINTING_ALIASES = {"false": "none", "true": "full"}
 OPTIMIZERS = ("auto", "adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
 CUDA_GRAPHS = ("auto", "true", "false")
+PREFETCH_FEATURES = ("auto", "true", "false")
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd", "adaptive")
 PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
@@ -225,6 +226,15 @@ class TrainConfig:
     method whose loss declares itself graph-safe (EAGLE-3); elsewhere eager. The first two batches of each shape run eagerly,
     then one capture (fewer shapes: a larger data.pad_to_multiple); a capture that fails trains eagerly (auto) or
     stops with an error naming this key (true). false: never."""
+    prefetch_features: str = "auto"
+    """Compute the next batch's target features on a side CUDA stream, started as soon as the step's backward is
+    queued: the target's forward then runs beside the gradients' reduction across GPUs (ZeRO-2's reduce-scatter
+    and all-gather, which follow the backward on the compute stream) and the optimizer step, and the next step
+    finds its features ready (specdraft.train.prefetch). GPU memory holds one batch's features more. auto (the
+    default): on CUDA devices with data.features=online and the target whole on each GPU (not partitioned by
+    train.shard_target), unless train.cuda_graphs captures the step (its graph replays the target's forward);
+    true: wherever those features are (on a CPU computed in the same order, synchronously), an error naming
+    this key elsewhere; false: never (each step computes its own)."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -258,6 +268,8 @@ class TrainConfig:
         _check_choice("train.compile", self.compile, COMPILE)
         self.cuda_graphs = str(self.cuda_graphs).lower()
         _check_choice("train.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        self.prefetch_features = str(self.prefetch_features).lower()
+        _check_choice("train.prefetch_features", self.prefetch_features, PREFETCH_FEATURES)
         self.shard_target = str(self.shard_target).lower()
         _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
         self.zero3_persist = str(self.zero3_persist).lower()
@@ -268,6 +280,10 @@ class TrainConfig:
         if self.shard_target == "true" and self.strategy != "deepspeed_stage_3":
             raise SpecdraftError(f"train.shard_target=true partitions the target with ZeRO-3: it needs "
                                  f"train.strategy=deepspeed_stage_3, got {self.strategy} (or train.shard_target=false)")
+        if self.prefetch_features == "true" and self.cuda_graphs == "true":
+            raise SpecdraftError("train.prefetch_features=true needs a step outside CUDA graphs, and "
+                                 "train.cuda_graphs=true captures it (its graph replays the target's forward); "
+                                 "set train.prefetch_features=auto or false, or train.cuda_graphs=auto or false")
 
 
 @dataclass
@@ -431,6 +447,7 @@ class Recipe:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self):
+        self._check_prefetch_features()
         if self.train.shard_target != "true":
             return
         if self.data.features != "online":
@@ -440,6 +457,22 @@ class Recipe:
             raise SpecdraftError(f"train.shard_target=true cannot partition quantized weights "
                                  f"(target.quantization={self.target.quantization}); use train.shard_target=false "
                                  f"or target.quantization=none")
+
+    def _check_prefetch_features(self) -> None:
+        """train.prefetch_features=true runs the target's forward a batch ahead: online features of a target that
+        is not partitioned (the rest, a method on its own records or shard_target=auto resolving to partitioned,
+        is checked once the feature source exists: specdraft.train.prefetch)."""
+        if self.train.prefetch_features != "true":
+            return
+        if self.data.features != "online":
+            raise SpecdraftError(f"train.prefetch_features=true runs the target's forward a batch ahead: it needs "
+                                 f"data.features=online, got {self.data.features}; set "
+                                 f"train.prefetch_features=auto or false")
+        if self.train.shard_target == "true":
+            raise SpecdraftError("train.prefetch_features=true needs the target whole on each GPU, and "
+                                 "train.shard_target=true partitions it (DeepSpeed's engine gathers its layers with "
+                                 "hooks inside the forward, not on a side stream); set train.prefetch_features=auto "
+                                 "or false, or train.shard_target=false")
 
 
 SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,

@@ -67,7 +67,7 @@ def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
     assert suite.trace_settings(args, "5,8,40") == ("trace_depth: 5, trace_topk: 8, trace_budget: 40, "
                                                     "negatives_per_positive: 1000, threshold: 0.03, best_by: auc")
     assert suite.trace_settings(args, None) == "trace_depth: 11, trace_topk: 10"
-    assert args.betas == suite.BETAS["shape"] and args.static_beta == 0.035 and args.beta is None
+    assert args.betas == suite.BETAS["shape"] and args.static_beta == 0.03 and args.beta is None
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--traces",
                              "expansion"])
     assert args.betas == suite.BETAS["expansion"] and args.static_beta == 0.5

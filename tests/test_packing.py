@@ -121,10 +121,10 @@ def test_training_on_packed_rows_with_checkpointing(tmp_path, tiny_target_dir, d
 
     seen, draft_batch = [], DraftModule._draft_batch
 
-    def recording(module, batch):
+    def recording(module, batch, features=None):
         seen.append((tuple(batch["input_ids"].shape), int(batch["document_ids"].max())))
         assert module.draft.activation_checkpointing
-        return draft_batch(module, batch)
+        return draft_batch(module, batch, features)
 
     monkeypatch.setattr(DraftModule, "_draft_batch", recording)
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2,

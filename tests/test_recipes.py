@@ -77,6 +77,14 @@ BASE = "method: {name: eagle3}\n"
      "conversation); got data.features=offline"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["target.quantization=4bit"],
      "train.shard_target=true cannot partition quantized weights (target.quantization=4bit)"),
+    (BASE, ["train.prefetch_features=bogus"], "unknown train.prefetch_features 'bogus'; valid: auto, true, false"),
+    (BASE, ["train.prefetch_features=true", "data.features=offline"],
+     "train.prefetch_features=true runs the target's forward a batch ahead: it needs data.features=online, got "
+     "offline; set train.prefetch_features=auto or false"),
+    (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["train.prefetch_features=true"],
+     "train.prefetch_features=true needs the target whole on each GPU, and train.shard_target=true partitions it"),
+    (BASE, ["train.prefetch_features=true", "train.cuda_graphs=true"],
+     "train.prefetch_features=true needs a step outside CUDA graphs, and train.cuda_graphs=true captures it"),
     (BASE, ["train.deepspeed.zero_optimization.reduce_bucket_size=5"],
      "train.deepspeed configures DeepSpeed: it needs a deepspeed_* train.strategy, got auto"),
 ])
@@ -103,6 +111,12 @@ def test_activation_checkpointing_takes_a_mode_or_a_yaml_boolean(tmp_path, value
 @pytest.mark.parametrize("value, expected", [("true", "true"), ("false", "false"), ("auto", "auto")])
 def test_compile_accepts_yaml_booleans(tmp_path, value, expected):
     assert load_recipe(_write(tmp_path, BASE + f"train: {{compile: {value}}}\n")).train.compile == expected
+
+
+@pytest.mark.parametrize("value, expected", [("true", "true"), ("False", "false"), ("auto", "auto")])
+def test_prefetch_features_accepts_yaml_booleans(tmp_path, value, expected):
+    text = BASE + f"train: {{prefetch_features: {value}}}\n"
+    assert load_recipe(_write(tmp_path, text)).train.prefetch_features == expected
 
 
 def test_missing_recipe_file(tmp_path):

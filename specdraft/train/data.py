@@ -1,7 +1,7 @@
 """The distilled dataset as training batches: split, answer-token counts, collation, resumable sampling."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import lightning as L
 import numpy as np
@@ -174,10 +174,23 @@ class ResumableSampler(Sampler[int]):
             yield int(self.indices[order[offset]])
 
 
+BatchStream = Callable[[Iterator[Dict]], Iterator[Dict]]
+"""What a training loader's batches pass through on their way to the trainer (FeaturePrefetch.track)."""
+
+
 class ResumableLoader(DataLoader):
     """The training loader. It resumes exactly by itself: its ResumableSampler starts at the global position the
     data module restored. Its own state is empty; having one is how Lightning knows it is resumable (else it
-    warns, at every mid-epoch resume, that the loader is not)."""
+    warns, at every mid-epoch resume, that the loader is not). `batch_stream`: what its batches pass through
+    (train.prefetch_features numbers them and reads one ahead), or None."""
+
+    def __init__(self, *args, batch_stream: Optional[BatchStream] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_stream = batch_stream
+
+    def __iter__(self):
+        batches = super().__iter__()
+        return batches if self.batch_stream is None else self.batch_stream(batches)
 
     def state_dict(self) -> Dict[str, int]:
         return {}
@@ -194,6 +207,9 @@ class DistilledData(L.LightningDataModule):
         self.dataset, self.data_cfg, self.train_cfg = dataset, data_cfg, train_cfg
         self.train_idx, self.val_idx = train_idx, val_idx
         self.resumed_position, self.resumed_step = 0, 0
+        self.batch_stream: Optional[BatchStream] = None
+        """What the training batches pass through (DraftModule.batch_stream: train.prefetch_features); None: as
+        collated. Validation batches never do."""
 
     def _collate(self, rows):
         if self.data_cfg.pack_length:
@@ -223,7 +239,7 @@ class DistilledData(L.LightningDataModule):
         sampler = ResumableSampler(self.train_idx, cfg.seed, cfg.max_steps * self._samples_per_step(), self._start,
                                    lambda: self.trainer.global_rank, lambda: self.trainer.world_size)
         return ResumableLoader(self.dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
-                               collate_fn=self._collate, **self._loader_options())
+                               collate_fn=self._collate, batch_stream=self.batch_stream, **self._loader_options())
 
     def val_dataloader(self):
         subset = self.dataset.select(self.val_idx)

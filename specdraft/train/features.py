@@ -76,6 +76,9 @@ class OnlineFeatures:
 
     graph_safe = True
     """Whether a CUDA graph may capture it with the step (train.cuda_graphs): no host work per batch."""
+    prefetchable = True
+    """Whether it may run a batch ahead on a side CUDA stream (train.prefetch_features): it reads the batch's
+    tensors and the frozen target's weights only, with no module hooks of DeepSpeed's engine."""
 
     def __init__(self, model: torch.nn.Module, layers: List[int], compile: str = "false"):
         """compile: train.compile (auto compiles the decoder layers on CUDA, unless quantized)."""
@@ -102,6 +105,7 @@ class VisionOnlineFeatures(OnlineFeatures):
     run through its vision tower and projector, then its language model (specdraft.targets.vision)."""
 
     graph_safe = False  # reads each batch's images on the host
+    prefetchable = True  # the images are read and processed on the host, then copied on the side stream
 
     def __init__(self, model: torch.nn.Module, processor, layers: List[int], distill_dirs: List[str],
                  compile: str = "false"):
@@ -122,6 +126,7 @@ class ShardedOnlineFeatures(OnlineFeatures):
     gathered once into a whole copy on every GPU."""
 
     graph_safe = False  # DeepSpeed's engine gathers the weights in each forward
+    prefetchable = False  # the engine's module hooks gather them on the compute stream: not from a side stream
 
     def __init__(self, build: Callable[[], torch.nn.Module], layers: List[int]):
         super().__init__(None, layers)
@@ -154,6 +159,7 @@ class OfflineFeatures:
     index 0 is not stored, the embedding table [V, H] to look the embeddings up."""
 
     graph_safe = False  # not yet captured with a step: its batches carry the features from the host
+    prefetchable = False  # nothing to run ahead: the features come with the batch
 
     def __init__(self, lm_head: torch.Tensor, embed_tokens: Optional[torch.Tensor], stored: List[int],
                  cfg: TargetConfig):
@@ -179,6 +185,7 @@ class HybridFeatures:
     """Online with a write-through cache of every batch's features; reads the cache when the batch has them."""
 
     graph_safe = False  # writes each batch's features to disk
+    prefetchable = False  # writes each batch's features to disk, and may release the target between batches
 
     def __init__(self, online: OnlineFeatures, offline: OfflineFeatures, store: FeatureStore, num_rows: int):
         self.online, self.offline, self.store, self.num_rows = online, offline, store, num_rows

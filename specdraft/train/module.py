@@ -23,6 +23,7 @@ from specdraft.methods.base import MethodSpec
 from specdraft.train.device_reads import Deferred
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 from specdraft.train.graphs import GraphNeeds, StepGraphs, graphs_enabled
+from specdraft.train.prefetch import PREFETCH_KEY, FeaturePrefetch, PrefetchNeeds, pop_seq, prefetch_enabled
 from specdraft.train.timing import is_logged_step
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ class DraftModule(L.LightningModule):
         self.step_graphs: Optional[StepGraphs] = None
         """The training steps' CUDA graphs (train.cuda_graphs), set up at the first step; None: eager steps."""
         self._graphs_resolved = False
+        self.prefetch: Optional[FeaturePrefetch] = None
+        """The next batch's features computed ahead (train.prefetch_features): made for the training loader
+        (`batch_stream`), dropped at the first step if the setting resolves off; None: each step computes its own."""
+        self._step_seq: Optional[int] = None
+        """The number of the batch the current training step holds (None: an unnumbered batch)."""
 
     @property
     def target_model(self):
@@ -113,11 +119,13 @@ class DraftModule(L.LightningModule):
             for name, buffer in module.named_buffers(recurse=False):
                 module._buffers[name] = buffer.to(device)
 
-    def _draft_batch(self, batch):
+    def _draft_batch(self, batch, features=None):
+        """`features`: the batch's target features when already computed (prefetched), else computed here."""
         if self.features is None:
             return batch
         return DraftBatch(input_ids=batch["input_ids"], loss_mask=batch["loss_mask"],
-                          attention_mask=batch["attention_mask"], features=self.features(batch),
+                          attention_mask=batch["attention_mask"],
+                          features=self.features(batch) if features is None else features,
                           position_ids=batch.get("position_ids"), document_ids=batch.get("document_ids"))
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
@@ -129,16 +137,20 @@ class DraftModule(L.LightningModule):
         """What the rates count in one batch: its real tokens, or the records of a method trained on its own."""
         return len(next(iter(batch.values()))) if self.features is None else int(batch["attention_mask"].sum())
 
-    def _loss(self, batch):
-        return self.spec.loss(self.draft, self._draft_batch(batch), self.method_cfg)
+    def _loss(self, batch, features=None):
+        return self.spec.loss(self.draft, self._draft_batch(batch, features), self.method_cfg)
 
     def _train_loss(self, batch):
         """The step's loss, replayed from a CUDA graph when train.cuda_graphs captures it (its backward then
-        hands the replayed gradients to the parameters), else computed here."""
+        hands the replayed gradients to the parameters), else computed here, on the features prefetched for this
+        batch when there are some."""
         if not self._graphs_resolved:
             self._graphs_resolved = True
             self._set_up_step_graphs(packed=isinstance(batch, dict) and batch.get("position_ids") is not None)
-        return self._loss(batch) if self.step_graphs is None else self.step_graphs(batch)
+            self._set_up_prefetch()
+        if self.step_graphs is not None:
+            return self.step_graphs(batch)
+        return self._loss(batch, None if self.prefetch is None else self.prefetch.take(self._step_seq))
 
     def _set_up_step_graphs(self, packed: bool) -> None:
         """train.cuda_graphs resolved for this run (at its first step: `packed`, whether its rows are packed)."""
@@ -151,7 +163,40 @@ class DraftModule(L.LightningModule):
             params = [param for group in self._param_groups() for param in group["params"]]
             self.step_graphs = StepGraphs(self._loss, params, strict=cfg.cuda_graphs == "true")
 
+    def _prefetch_needs(self, device, eager_step: bool = True) -> PrefetchNeeds:
+        return PrefetchNeeds(cuda=torch.device(device).type == "cuda", eager_step=eager_step,
+                             features_prefetchable=self.features is not None and self.features.prefetchable)
+
+    def batch_stream(self, device):
+        """What the training loader's batches pass through for train.prefetch_features (FeaturePrefetch.track:
+        numbered, read one ahead) when it may turn on for this run on `device`, else None; true where it cannot
+        is an error here. Whether it does is settled at the first step (not when a CUDA graph captures it)."""
+        if not prefetch_enabled(self.train_cfg.prefetch_features, self._prefetch_needs(device)):
+            return None
+        self.prefetch = FeaturePrefetch(self.features, device)
+        return self.prefetch.track
+
+    def _set_up_prefetch(self) -> None:
+        """train.prefetch_features resolved for this run at its first step, once train.cuda_graphs is."""
+        needs = self._prefetch_needs(self.trainer.strategy.root_device, eager_step=self.step_graphs is None)
+        setting = self.train_cfg.prefetch_features
+        if not prefetch_enabled(setting, needs):
+            self.prefetch = None
+        unmet = needs.unmet(setting) if setting != "false" else []
+        choice = "the next batch's target features ahead (on CUDA on a side stream)" if self.prefetch is not None \
+            else "each step computes its own" + (f" (needs {unmet[0]})" if unmet else "")
+        log.info("%s=%s: %s", PREFETCH_KEY, setting, choice)
+
+    def on_after_backward(self):
+        """The step's backward is enqueued (under DeepSpeed: engine.backward, whose end enqueues the gradients'
+        reductions, has returned; engine.step has not run): the next batch's features start, under the
+        precision's autocast as the step's own would."""
+        if self.prefetch is not None and self._step_seq is not None:
+            with self.trainer.precision_plugin.train_step_context():
+                self.prefetch.after_backward(self._step_seq)
+
     def training_step(self, batch, batch_idx):
+        self._step_seq = pop_seq(batch)
         result = self._train_loss(batch)
         if self._logs_this_step():
             elapsed = time.perf_counter() - self._fit_started

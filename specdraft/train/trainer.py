@@ -313,6 +313,7 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
                        base=load_base(spec, recipe.method, info))
     module = DraftModule(spec, recipe.method, cfg, ctx, features)
     data = data_class(rows, recipe.data, cfg, train_idx, val_idx)
+    data.batch_stream = module.batch_stream(device)  # train.prefetch_features
     started = time.perf_counter()
     fit(trainer, module, data, resume_from)
     seconds = time.perf_counter() - started

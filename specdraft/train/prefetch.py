@@ -1,0 +1,157 @@
+"""The next batch's target features, computed on a side CUDA stream while the current step ends
+(train.prefetch_features).
+
+A training step runs on the compute stream in order: the frozen target's forward (the batch's features), the
+draft's forward and backward, the gradients' reduction across the ranks (with overlap_comm off,
+specdraft.train.deepspeed_step, ZeRO-2's reduce-scatter and all-gather run on that stream after the backward),
+then the optimizer step. Nothing hides the reduction. `FeaturePrefetch` starts the next batch's target forward on
+a side stream as soon as the step's backward is enqueued: the module's `on_after_backward`, which Lightning calls
+after DeepSpeed's `engine.backward` (whose end enqueues the reductions) and before `engine.step`. The device runs
+it beside the reductions and the optimizer step, and the next step finds its features computed.
+
+Which batch comes next: the training loader's batches carry a sequence number (SEQ_KEY, a Python int, which
+Lightning's transfer to the device passes through as it is) and are read one ahead (`track`), so that when step
+n's backward is enqueued batch n + 1 is on the host. Lightning reads no batch ahead for a loader with a length
+(ours): in lightning/pytorch/loops/fetchers.py, `_PrefetchDataFetcher.__iter__` skips its pre-fetching when
+`self.length is not None` ("ignore pre-fetching, it's not necessary"), so that while step n runs the loader has
+yielded batch n only. A step takes features only when their number is its batch's (`take`); otherwise (the first
+step, a batch with no predecessor in this fit) it computes its own.
+
+Off CUDA the same path runs without streams: `after_backward` computes the features there and then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+
+from specdraft.core.errors import SpecdraftError
+from specdraft.core.types import TargetFeatures
+
+PREFETCH_KEY = "train.prefetch_features"
+SEQ_KEY = "batch_seq"
+"""The key of a training batch's sequence number (an int) while prefetching may run; the step removes it."""
+
+
+@dataclass
+class PrefetchNeeds:
+    """What train.prefetch_features needs of a run, each false with the reason it is not met."""
+
+    cuda: bool
+    features_prefetchable: bool
+    eager_step: bool = True
+    """The step is not replayed from a CUDA graph (train.cuda_graphs)."""
+
+    def unmet(self, setting: str) -> List[str]:
+        """The unmet needs for `setting`: true also runs on a CPU (synchronously), auto on CUDA only."""
+        checks = [(self.cuda or setting == "true", "a CUDA device"),
+                  (self.features_prefetchable, "online features of a target held whole on each GPU (data.features="
+                                               "online, not train.shard_target's partitioned target, whose layers "
+                                               "DeepSpeed's engine gathers with hooks inside the forward)"),
+                  (self.eager_step, "a step outside CUDA graphs (train.cuda_graphs captures this one: its graph "
+                                    "replays the target's forward itself)")]
+        return [reason for met, reason in checks if not met]
+
+
+def prefetch_enabled(setting: str, needs: PrefetchNeeds) -> bool:
+    """train.prefetch_features (auto, true, false) resolved: auto prefetches wherever `needs` are all met; true
+    is an error naming the first unmet one."""
+    if setting == "false":
+        return False
+    unmet = needs.unmet(setting)
+    if unmet and setting == "true":
+        raise SpecdraftError(f"{PREFETCH_KEY}=true needs {unmet[0]}; set {PREFETCH_KEY}=auto or false")
+    return not unmet
+
+
+def pop_seq(batch) -> Optional[int]:
+    """The batch's sequence number, removed from it (no loss, graph or count sees it); None if it has none."""
+    return batch.pop(SEQ_KEY, None) if isinstance(batch, dict) else None
+
+
+def to_device(batch: Dict, device: torch.device) -> Dict:
+    """The batch's tensors copied to `device` without blocking the host (training batches are pinned on CUDA);
+    its other values (image names, the sequence number) as they are."""
+    return {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+            for name, value in batch.items()}
+
+
+def computed_tensors(features: TargetFeatures) -> List[torch.Tensor]:
+    """The tensors a feature forward allocates: hidden states and the final one [B, T, H], the context's (the LM
+    head is the target's own weight)."""
+    final = [] if features.final_hidden is None else [features.final_hidden]
+    return [*features.hidden_states.values(), *final, *features.context.values()]
+
+
+class FeaturePrefetch:
+    """The features of the batch after the current one, for a feature source `features` (batch -> TargetFeatures,
+    its batch on `device`). The training loader's batches pass through `track`; the module calls `after_backward`
+    with its step's number and `take` at the next step."""
+
+    def __init__(self, features: Callable[[Dict], TargetFeatures], device):
+        self.features, self.device = features, torch.device(device)
+        self.handed_out: Dict[int, Dict] = {}
+        """Number -> host batch the loader has handed out whose features no step has started yet: the one read
+        ahead (two where Lightning's fetcher reads one ahead as well)."""
+        self.held: Optional[Tuple[int, TargetFeatures, Optional[torch.cuda.Event]]] = None
+        """(batch number, its features, the side stream's event after them; None off CUDA)."""
+        self.stream: Optional[torch.cuda.Stream] = None
+        self.next_seq = 0
+        """The next batch's number: it runs on across the loader's iterators, so that no number comes twice."""
+        self.taken = 0
+        """Steps whose features came from a prefetch."""
+
+    def track(self, batches: Iterable[Dict]) -> Iterator[Dict]:
+        """The loader's batches, each numbered (SEQ_KEY), read one ahead: while batch n is out, batch n + 1 is in
+        `handed_out` (the last batch has none after it)."""
+        self.handed_out.clear()
+        iterator = iter(batches)
+        ahead = self._numbered(next(iterator, None))
+        while ahead is not None:
+            current, ahead = ahead, self._numbered(next(iterator, None))
+            self.handed_out = {n: batch for n, batch in self.handed_out.items() if n >= current[SEQ_KEY]}
+            if ahead is not None:
+                self.handed_out[ahead[SEQ_KEY]] = ahead
+            yield current
+
+    def _numbered(self, batch: Optional[Dict]) -> Optional[Dict]:
+        if batch is None:
+            return None
+        self.next_seq += 1
+        return {**batch, SEQ_KEY: self.next_seq - 1}
+
+    def after_backward(self, seq: int) -> None:
+        """Start the features of batch seq + 1, if the loader has handed it out: on CUDA on the side stream, with
+        an event after them (the host goes on at once); elsewhere computed here."""
+        batch = self.handed_out.pop(seq + 1, None)
+        if batch is None:
+            return
+        if self.device.type != "cuda":
+            self.held = (seq + 1, self.features(to_device(batch, self.device)), None)
+            return
+        main = torch.cuda.current_stream(self.device)
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+            self.stream.wait_stream(main)  # the target's weights were placed by the compute stream's work
+        with torch.cuda.stream(self.stream):
+            features = self.features(to_device(batch, self.device))
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        for tensor in computed_tensors(features):
+            # Allocated on the side stream, freed once the compute stream's step is done with them: without this
+            # the caching allocator would hand their memory to the next prefetch while that step still reads it.
+            tensor.record_stream(main)
+        self.held = (seq + 1, features, event)
+
+    def take(self, seq: Optional[int]) -> Optional[TargetFeatures]:
+        """The features prefetched for batch `seq` (the current stream waits for their event first), or None
+        when none were; features of another batch are dropped, never returned."""
+        held, self.held = self.held, None
+        if held is None or seq is None or held[0] != seq:
+            return None
+        _, features, event = held
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        self.taken += 1
+        return features
