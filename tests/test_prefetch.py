@@ -41,6 +41,20 @@ def run_steps(prefetch, loader, transfer=lambda batch: batch):
     return steps
 
 
+def recorded_prefetches(monkeypatch) -> list:
+    """The FeaturePrefetch objects the training module makes from here on, in order."""
+    from specdraft.train import module
+
+    made = []
+
+    def recording_prefetch(*args, **kwargs):
+        made.append(FeaturePrefetch(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(module, "FeaturePrefetch", recording_prefetch)
+    return made
+
+
 def test_each_step_takes_its_own_batch_s_features_and_the_last_has_no_successor():
     source = CountingFeatures()
     prefetch = FeaturePrefetch(source, "cpu")
@@ -170,18 +184,11 @@ def test_a_fit_with_prefetched_features_ends_with_the_weights_of_one_without(tmp
 
     from specdraft.drafts import SNAPSHOT_FILE
     from specdraft.recipes import load_recipe
-    from specdraft.train import module
     from specdraft.train.trainer import run_train
 
     target_dir, distill_dir = (request.getfixturevalue("tiny_vlm_dir"), request.getfixturevalue("distilled_images")) \
         if method == "vispec" else (request.getfixturevalue("tiny_target_dir"), request.getfixturevalue("distilled"))
-    made = []
-
-    def recording_prefetch(*args, **kwargs):
-        made.append(FeaturePrefetch(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(module, "FeaturePrefetch", recording_prefetch)
+    made = recorded_prefetches(monkeypatch)
     runs = {}
     for prefetch in ("false", "true"):
         out = tmp_path / prefetch
@@ -239,20 +246,13 @@ def test_a_resumed_run_with_prefetched_features_ends_with_the_uninterrupted_run_
 
     from specdraft.drafts import SNAPSHOT_FILE
     from specdraft.recipes import load_recipe
-    from specdraft.train import module
     from specdraft.train.trainer import run_train
 
     class StopAtStep2(Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             trainer.should_stop = trainer.should_stop or trainer.global_step == 2
 
-    made = []
-
-    def recording_prefetch(*args, **kwargs):
-        made.append(FeaturePrefetch(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(module, "FeaturePrefetch", recording_prefetch)
+    made = recorded_prefetches(monkeypatch)
     weights = {}
     for name in ("whole", "resumed"):
         out = tmp_path / name
