@@ -24,6 +24,7 @@ OPTIMIZERS = ("auto", "adamw", "adamw8bit", "adamw8bit_fused")
 COMPILE = ("auto", "true", "false")
 CUDA_GRAPHS = ("auto", "true", "false")
 PREFETCH_FEATURES = ("auto", "true", "false")
+PREFETCH_STARTS = ("backward", "gradients")
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd", "adaptive")
 PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
@@ -235,6 +236,13 @@ class TrainConfig:
     train.shard_target), unless train.cuda_graphs captures the step (its graph replays the target's forward);
     true: wherever those features are (on a CPU computed in the same order, synchronously), an error naming
     this key elsewhere; false: never (each step computes its own)."""
+    prefetch_start: str = "backward"
+    """When the side stream starts the next batch's features (train.prefetch_features): backward (the default)
+    as soon as the step's backward is queued, so that they run beside the whole backward; gradients once the
+    step's first gradient is complete (a post-accumulate-grad hook on the trained weights), so that they run
+    beside the rest of the backward, the gradients' reduction across GPUs and the optimizer step. An EAGLE-3
+    draft's weights are shared by its training-time-test steps: its first gradient is complete only in the
+    backward of the first step, shortly before the reduction."""
     shard_target: str = "auto"
     """The frozen target under deepspeed_stage_3 with online features: true partitions its weights across the
     ranks (each GPU holds 1/N of them, plus a whole copy of its LM head for the teacher; every step all-gathers
@@ -270,6 +278,8 @@ class TrainConfig:
         _check_choice("train.cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
         self.prefetch_features = str(self.prefetch_features).lower()
         _check_choice("train.prefetch_features", self.prefetch_features, PREFETCH_FEATURES)
+        self.prefetch_start = str(self.prefetch_start).lower()
+        _check_choice("train.prefetch_start", self.prefetch_start, PREFETCH_STARTS)
         self.shard_target = str(self.shard_target).lower()
         _check_choice("train.shard_target", self.shard_target, SHARD_TARGET)
         self.zero3_persist = str(self.zero3_persist).lower()

@@ -37,6 +37,7 @@ def run_steps(prefetch, loader, transfer=lambda batch: batch):
     for batch in prefetch.track(loader):
         seq = pop_seq(transfer(batch))
         steps.append((seq, prefetch.take(seq)))
+        prefetch.mark_gradient()  # as the module's post-accumulate-grad hook does in the backward
         prefetch.after_backward(seq)
     return steps
 
@@ -161,7 +162,7 @@ def logged_losses(run_dir):
     return [float(row["train/loss"]) for row in rows if row.get("train/loss")]
 
 
-def _recipe(tmp_path, target_dir, distill_dir, method, prefetch, accumulate):
+def _recipe(tmp_path, target_dir, distill_dir, method, prefetch, accumulate, start="backward"):
     method_yaml = "{name: vispec, ttt_steps: 3, draft_vocab_size: 256, num_queries: 3}" if method == "vispec" \
         else "{name: eagle3, ttt_steps: 3, draft_vocab_size: 256}"
     path = tmp_path / "recipe.yaml"
@@ -171,15 +172,18 @@ method: {method_yaml}
 data: {{val_fraction: 0.2, max_length: 256}}
 distill: {{output_dir: {distill_dir}}}
 train: {{output_dir: {tmp_path / 'run'}, max_steps: 5, micro_batch_size: 2, accumulate_grad_batches: {accumulate},
-         val_every_steps: 2, lr: 3.0e-3, warmup_steps: 1, log_every_steps: 1, prefetch_features: {prefetch}}}
+         val_every_steps: 2, lr: 3.0e-3, warmup_steps: 1, log_every_steps: 1, prefetch_features: {prefetch},
+         prefetch_start: {start}}}
 """)
     return path
 
 
-@pytest.mark.parametrize("method, accumulate", [("eagle3", 1), ("eagle3", 2), ("vispec", 1)])
+@pytest.mark.parametrize("method, accumulate, start", [("eagle3", 1, "backward"), ("eagle3", 2, "backward"),
+                                                       ("vispec", 1, "backward"), ("eagle3", 2, "gradients")])
 def test_a_fit_with_prefetched_features_ends_with_the_weights_of_one_without(tmp_path, request, monkeypatch,
-                                                                           method, accumulate):
-    """Validations every 2 steps (and at the last, 5) fall between a prefetch and the step that takes it."""
+                                                                           method, accumulate, start):
+    """Validations every 2 steps (and at the last, 5) fall between a prefetch and the step that takes it; with
+    train.prefetch_start=gradients every micro-batch's backward marks its first complete gradient once."""
     from safetensors.torch import load_file
 
     from specdraft.drafts import SNAPSHOT_FILE
@@ -193,10 +197,11 @@ def test_a_fit_with_prefetched_features_ends_with_the_weights_of_one_without(tmp
     for prefetch in ("false", "true"):
         out = tmp_path / prefetch
         out.mkdir()
-        run_train(load_recipe(_recipe(out, target_dir, distill_dir, method, prefetch, accumulate)))
+        run_train(load_recipe(_recipe(out, target_dir, distill_dir, method, prefetch, accumulate, start)))
         runs[prefetch] = (load_file(str(out / "run" / "last" / SNAPSHOT_FILE)), logged_losses(out / "run"))
     assert len(made) == 1  # false makes none
     assert made[0].taken == 5 * accumulate - 1  # every micro-batch but the first took its prefetched features
+    assert made[0].gradient_marks == (5 * accumulate if start == "gradients" else 0)
     (eager, eager_losses), (prefetched, losses) = runs["false"], runs["true"]
     assert len(losses) >= 5 and losses == eager_losses
     assert eager.keys() == prefetched.keys()
@@ -225,10 +230,24 @@ def test_true_without_a_feature_source_that_runs_ahead_is_an_error_before_traini
     assert DraftModule(spec, spec.config(), TrainConfig(), ctx, None).batch_stream(torch.device("cpu")) is None
 
 
+def test_the_first_complete_gradient_of_a_step_is_marked_once():
+    prefetch = FeaturePrefetch(CountingFeatures(), "cpu", start="gradients")
+    for _ in range(3):
+        prefetch.mark_gradient()
+    assert prefetch.gradient_marks == 1
+    prefetch.after_backward(0)  # the step's end: the next step marks again
+    prefetch.mark_gradient()
+    assert prefetch.gradient_marks == 2
+    backward = FeaturePrefetch(CountingFeatures(), "cpu")
+    backward.mark_gradient()
+    assert backward.gradient_marks == 0
+
+
 @pytest.mark.gpu
-def test_on_cuda_the_features_come_from_the_side_stream_and_the_step_waits_for_them():
+@pytest.mark.parametrize("start", ["backward", "gradients"])
+def test_on_cuda_the_features_come_from_the_side_stream_and_the_step_waits_for_them(start):
     source = CountingFeatures()
-    prefetch = FeaturePrefetch(source, "cuda")
+    prefetch = FeaturePrefetch(source, "cuda", start=start)
     pinned = [{name: value.pin_memory() if isinstance(value, torch.Tensor) else value for name, value in b.items()}
               for b in batches(3)]
     steps = run_steps(prefetch, pinned, lambda batch: {**batch, "input_ids": batch["input_ids"].cuda()})

@@ -78,6 +78,7 @@ BASE = "method: {name: eagle3}\n"
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["target.quantization=4bit"],
      "train.shard_target=true cannot partition quantized weights (target.quantization=4bit)"),
     (BASE, ["train.prefetch_features=bogus"], "unknown train.prefetch_features 'bogus'; valid: auto, true, false"),
+    (BASE, ["train.prefetch_start=soon"], "unknown train.prefetch_start 'soon'; valid: backward, gradients"),
     (BASE, ["train.prefetch_features=true", "data.features=offline"],
      "train.prefetch_features=true runs the target's forward a batch ahead: it needs data.features=online, got "
      "offline; set train.prefetch_features=auto or false"),

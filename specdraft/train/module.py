@@ -173,7 +173,7 @@ class DraftModule(L.LightningModule):
         is an error here. Whether it does is settled at the first step (not when a CUDA graph captures it)."""
         if not prefetch_enabled(self.train_cfg.prefetch_features, self._prefetch_needs(device)):
             return None
-        self.prefetch = FeaturePrefetch(self.features, device)
+        self.prefetch = FeaturePrefetch(self.features, device, self.train_cfg.prefetch_start)
         return self.prefetch.track
 
     def _set_up_prefetch(self) -> None:
@@ -182,9 +182,13 @@ class DraftModule(L.LightningModule):
         setting = self.train_cfg.prefetch_features
         if not prefetch_enabled(setting, needs):
             self.prefetch = None
+        if self.prefetch is not None and self.prefetch.start == "gradients":
+            for group in self._param_groups():
+                for param in group["params"]:
+                    param.register_post_accumulate_grad_hook(lambda _: self.prefetch.mark_gradient())
         unmet = needs.unmet(setting) if setting != "false" else []
-        choice = "the next batch's target features ahead (on CUDA on a side stream)" if self.prefetch is not None \
-            else "each step computes its own" + (f" (needs {unmet[0]})" if unmet else "")
+        choice = f"the next batch's target features ahead (on CUDA on a side stream, from the {self.prefetch.start})" \
+            if self.prefetch is not None else "each step computes its own" + (f" (needs {unmet[0]})" if unmet else "")
         log.info("%s=%s: %s", PREFETCH_KEY, setting, choice)
 
     def on_after_backward(self):

@@ -17,6 +17,12 @@ n's backward is enqueued batch n + 1 is on the host. Lightning reads no batch ah
 yielded batch n only. A step takes features only when their number is its batch's (`take`); otherwise (the first
 step, a batch with no predecessor in this fit) it computes its own.
 
+Where the side stream starts (train.prefetch_start): `backward` at once, so that the next forward runs beside the
+whole backward; `gradients` at the event `mark_gradient` records on the compute stream when the step's first
+gradient is complete (the module's post-accumulate-grad hook), so that it runs beside the rest of the backward,
+the reduction and the optimizer step, and no earlier. A forward that starts at once may be done before the
+reduction begins, leaving nothing beside it.
+
 Off CUDA the same path runs without streams: `after_backward` computes the features there and then.
 """
 from __future__ import annotations
@@ -89,8 +95,14 @@ class FeaturePrefetch:
     its batch on `device`). The training loader's batches pass through `track`; the module calls `after_backward`
     with its step's number and `take` at the next step."""
 
-    def __init__(self, features: Callable[[Dict], TargetFeatures], device):
-        self.features, self.device = features, torch.device(device)
+    def __init__(self, features: Callable[[Dict], TargetFeatures], device, start: str = "backward"):
+        """start: train.prefetch_start (backward, gradients)."""
+        self.features, self.device, self.start = features, torch.device(device), start
+        self.gradient_marks = 0
+        """Steps whose first complete gradient was marked (start=gradients)."""
+        self._start_event: Optional[torch.cuda.Event] = None
+        """The compute stream's event at the step's first complete gradient (start=gradients, CUDA)."""
+        self._marked = False
         self.handed_out: Dict[int, Dict] = {}
         """Number -> host batch the loader has handed out whose features no step has started yet: the one read
         ahead (two where Lightning's fetcher reads one ahead as well)."""
@@ -121,9 +133,21 @@ class FeaturePrefetch:
         self.next_seq += 1
         return {**batch, SEQ_KEY: self.next_seq - 1}
 
+    def mark_gradient(self) -> None:
+        """A gradient of the step is complete (a post-accumulate-grad hook): the first of the step, with
+        start=gradients, records where the side stream may start (on CUDA: an event on the compute stream)."""
+        if self.start != "gradients" or self._marked:
+            return
+        self._marked = True
+        self.gradient_marks += 1
+        if self.device.type == "cuda":
+            self._start_event = torch.cuda.Event()
+            self._start_event.record(torch.cuda.current_stream(self.device))
+
     def after_backward(self, seq: int) -> None:
         """Start the features of batch seq + 1, if the loader has handed it out: on CUDA on the side stream, with
         an event after them (the host goes on at once); elsewhere computed here."""
+        start_event, self._start_event, self._marked = self._start_event, None, False
         batch = self.handed_out.pop(seq + 1, None)
         if batch is None:
             return
@@ -134,6 +158,8 @@ class FeaturePrefetch:
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)
             self.stream.wait_stream(main)  # the target's weights were placed by the compute stream's work
+        if start_event is not None:
+            self.stream.wait_event(start_event)
         with torch.cuda.stream(self.stream):
             features = self.features(to_device(batch, self.device))
             event = torch.cuda.Event()
