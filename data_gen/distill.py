@@ -396,7 +396,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
     it extends and the method's record maker loaded once, then each missing shard made and written."""
     from tqdm.auto import tqdm
 
-    from specdraft.drafts import load_base
+    from specdraft.drafts import load_base, load_guide
     from specdraft.targets.load import load_target
 
     spec = get_method(recipe.method_name)
@@ -407,7 +407,8 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
     done, started = owned - sum(len(shard) for shard in shards.values()), time.time()
     with tqdm(total=owned, initial=done, unit="prompt", desc=f"distill ({spec.name} records)") as progress:
         context = RecordContext(target=target, base=load_base(spec, recipe.method, target.info), device=device,
-                                distill=recipe.distill, data=recipe.data, progress=progress.update)
+                                distill=recipe.distill, data=recipe.data, progress=progress.update,
+                                guide=load_guide(spec, recipe.method, target.info))
         maker = spec.records.maker(recipe.method, context)
         for shard_index, shard in shards.items():
             torch.manual_seed(recipe.distill.seed + shard_index)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError, error_summary
 from specdraft.core.io import reading
-from specdraft.core.types import BaseDraft, DraftContext, TargetInfo
+from specdraft.core.types import GEOMETRY, BaseDraft, DraftContext, TargetInfo
 from specdraft.methods import get_method
 from specdraft.methods.base import MethodSpec
 from specdraft.targets import load_target_info
@@ -129,7 +129,8 @@ def as_base(loaded: LoadedDraft) -> BaseDraft:
 
     source = loaded.source.parent if loaded.source.name == EXPORT_FILE else loaded.source.parents[1]
     return BaseDraft(method=spec.name, draft=draft, method_cfg=cfg,
-                     feature_layers=tuple(spec.feature_layers(cfg, loaded.target)), runtime=runtime, source=str(source))
+                     feature_layers=tuple(spec.feature_layers(cfg, loaded.target)), runtime=runtime, source=str(source),
+                     base=loaded.base)
 
 
 def load_base(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional[BaseDraft]:
@@ -137,6 +138,26 @@ def load_base(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional
     if spec.base_draft is None:
         return None
     return as_base(load_draft(spec.base_draft(method_cfg), target=target))
+
+
+def load_guide(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optional[BaseDraft]:
+    """The trained draft of this method that its record stage's `guide` hook names, loaded; None where it names
+    none. One that is missing, of another method or made for another target is a one-line error naming the key."""
+    named = spec.records.guide(method_cfg) if spec.records is not None and spec.records.guide is not None else None
+    if named is None:
+        return None
+    key, path = named
+    try:
+        loaded = load_draft(path)
+    except SpecdraftError as err:
+        raise SpecdraftError(f"{key}={path}: {err}") from None
+    if loaded.spec.name != spec.name:
+        raise SpecdraftError(f"{key}={path} holds a {loaded.spec.name} draft, not a {spec.name}")
+    changed = next((name for name in GEOMETRY if getattr(loaded.target, name) != getattr(target, name)), None)
+    if changed is not None:
+        raise SpecdraftError(f"{key}={path} was made for another target ({loaded.target.name_or_path}: {changed}="
+                             f"{getattr(loaded.target, changed)}, this one's is {getattr(target, changed)})")
+    return as_base(loaded)
 
 
 def state_dict_mismatch(err: RuntimeError) -> str:

@@ -1,7 +1,8 @@
 """The judge suite, tools/bench/judge.py, on a tiny target beside a tiny EAGLE-3 draft (CPU, about a minute: slow):
 labels mined on checked prompts, the head trained and exported, the δ sweep benched on held-out prompts against
-exact and plain decoding; its table and JSON."""
+exact and plain decoding; its table and JSON; a second, on-policy round beside the first."""
 import json
+import zlib
 
 import pytest
 
@@ -58,3 +59,33 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
 def test_overrides_typed_after_the_shapes_stay_overrides(tmp_path):
     args = load_tool("bench/judge")._args([str(tmp_path), "a=1", "--shape", "5,8,40", "6", "train.max_steps=3"])
     assert args.shape == ["5,8,40", "6"] and args.overrides == ["a=1", "train.max_steps=3"]
+
+
+@pytest.mark.slow
+def test_a_second_round_mines_with_the_first_round_s_judge_and_reports_both(tmp_path, monkeypatch, tiny_target_dir,
+                                                                              distilled, capsys):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    monkeypatch.setitem(checks.CHECKS, "hashed", lambda check, answer: zlib.crc32(answer.encode()) % 3 != 0)
+    base = train_base_export(tmp_path / "base", tiny_target_dir, distilled)
+    train = write_prompts(tmp_path / "train.jsonl", [{"prompt": f"q{i}?", "check": "hashed", "answer": i}
+                                                     for i in range(6)])
+    heldout = write_prompts(tmp_path / "heldout.jsonl", [{"prompt": f"h{i}?", "check": "hashed", "answer": -1}
+                                                         for i in range(2)])
+    work = tmp_path / "work"
+    report = load_tool("bench/judge").main([
+        str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3", "train.val_every_steps=3",
+        "train.micro_batch_size=2", "train.warmup_steps=1", "--target", str(tiny_target_dir), "--train-prompts",
+        str(train), "--heldout-prompts", str(heldout), "--thresholds", "0.9", "0", "--precision-targets", "0.5",
+        "--max-new-tokens", "8", "--shape", "3", "--lossless-prompts", "1", "--rounds", "2", "--mine-threshold", "0",
+        "--work", str(work)])
+    first, second = report["rounds"]
+    assert first["round"] == 1 and first["mine_judge"] is None and first["labels"] == report["labels"]
+    assert second["mine_judge"] == str(work / "export") and second["mine_threshold"] == 0.0
+    assert second["labels"]["prompts"] == 6 and second["labels"]["unrecoverable"] is not None
+    round1_sweep = [point["judge_threshold"] for point in first["sweep"]]
+    assert set(round1_sweep) <= {point["judge_threshold"] for point in second["sweep"]}
+    recipe = (work / "round2" / "train" / "recipe.yaml").read_text()
+    assert str(work / "labels") in recipe and str(work / "round2" / "labels") in recipe  # both rounds' labels
+    assert (work / "round2" / "export" / "config.json").is_file()
+    out = capsys.readouterr().out
+    assert "round 2, mined with" in out and "round 2: τ ratio / retained / label precision" in out

@@ -16,6 +16,10 @@ IMAGE_MASK = "image_mask"
 """Extra prompt context: which prompt positions hold image tokens, [P] bool (training: [B, T])."""
 
 
+GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+"""The TargetInfo fields a trained draft fits: a draft runs only beside a target equal in all of them."""
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """Geometry of the frozen target, read from its own config (never from a recipe)."""
@@ -83,6 +87,8 @@ class BaseDraft:
     """runtime target model -> the base draft's runtime drafter (moved to the target's device and dtype)."""
     source: str
     """The export or run directory it came from."""
+    base: Optional["BaseDraft"] = None
+    """The draft it extends in turn, when it is an add-on itself (a judge's copy of its draft)."""
 
 
 @dataclass

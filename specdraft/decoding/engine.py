@@ -89,8 +89,12 @@ class SpecEngine:
                  intermediate: Optional[IntermediateModel] = None, sample_drafts: bool = True,
                  chain_stop: Optional[StopRule] = None, policy: Optional[DraftingPolicy] = None,
                  prune_at: str = "selection", prune_verify: str = "kept",
-                 sampling_shape: Optional[TreeShape] = None):
+                 sampling_shape: Optional[TreeShape] = None, trace_target_choices: bool = False):
+        """trace_target_choices: each cycle also keeps the target's own greedy choice after every node (one argmax
+        more a cycle) for its trace rows (`target_next`): under a judge an accepted token need not be that choice
+        (the judge's on-policy mining reads it)."""
         self.target, self.drafter, self.shape, self.max_len = target, drafter, shape, max_len
+        self.trace_target_choices = trace_target_choices
         self.sampling_shape = sampling_shape  # the fixed tree's shape at T > 0 (None: `shape`)
         self.shapes = (shape,) if sampling_shape is None else (shape, sampling_shape)  # what the buffers must hold
         self.prune_at, self.prune_verify = checked_prune_options(prune_at, prune_verify)
@@ -281,6 +285,8 @@ class SpecEngine:
         depth_limit = self.shape.depth if depth_limit is None else depth_limit
         accepted_nodes, accept_length, bonus = policy.accept(logits, tree, depth_limit, randomness, hidden)
         out = self.commit(tree, captured, accepted_nodes, accept_length, bonus)
+        if self.trace_target_choices:
+            out.target_next = logits.argmax(-1)  # [N]: what the target itself would emit after each node
         if self.tree_scorer is not None:  # the host reads how many nodes the pruned tree verified, at a fixed place
             room = self.most_tokens + 1 - out.for_host.shape[0]  # a policy's cycles emit up to most_tokens
             padded = torch.nn.functional.pad(out.for_host, (0, room))  # [most_tokens + 1]

@@ -31,6 +31,8 @@ class CycleOutput:
     tree: Optional[DraftTree] = None
     for_host: Optional[torch.Tensor] = None  # what the host reads of a cycle: [depth + 2] count, then emitted
     # (then, with a tree scorer, the tree's valid nodes)
+    target_next: Optional[torch.Tensor] = None  # [N] the target's argmax after each node of `tree` (read by traces
+    # alone: under a judge an accepted token may not be the target's own choice)
 
 
 def finished(generated: List[int], new_tokens: List[int], eos_ids: Sequence[int], max_new_tokens: int) -> bool:
@@ -47,6 +49,9 @@ def cut_answer(generated: List[int], eos_ids: Sequence[int], max_new_tokens: int
 
 def trace_row(out: CycleOutput) -> dict:
     tree = out.tree
-    return {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "valid": tree.valid.tolist(),
-            "draft_logprobs": [round(x, 5) if x != float("-inf") else None for x in tree.joint_logprobs.tolist()],
-            "accepted_nodes": [n for n in out.accepted_nodes.tolist() if n >= 0]}
+    row = {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(), "valid": tree.valid.tolist(),
+           "draft_logprobs": [round(x, 5) if x != float("-inf") else None for x in tree.joint_logprobs.tolist()],
+           "accepted_nodes": [n for n in out.accepted_nodes.tolist() if n >= 0]}
+    if out.target_next is not None:
+        row["target_next"] = out.target_next.tolist()
+    return row

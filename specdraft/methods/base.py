@@ -37,6 +37,8 @@ class RecordContext:
     distill: Any
     data: Any
     progress: Callable[[int], None]
+    guide: Optional[BaseDraft] = None
+    """A trained draft of the method itself that its records are made with (RecordStage.guide), loaded."""
 
 
 class RecordMaker(Protocol):
@@ -60,6 +62,10 @@ class RecordStage:
     """(cfg, ctx) -> the object that turns a shard's conversations into records (loaded once per run)."""
     collate: Callable[[List[Dict[str, Any]]], Dict[str, torch.Tensor]]
     """Record rows -> one batch for the method's loss (the loss receives this dict, not a DraftBatch)."""
+    guide: Optional[Callable[[Any], Optional[Tuple[str, str]]]] = None
+    """cfg -> (its recipe key, the export or run directory) of a trained draft of this same method that the data
+    stage makes records with (the judge's method.mine_judge: on-policy mining), or None. The data stage loads it,
+    checked against the target, into RecordContext.guide."""
 
 
 @dataclass(frozen=True)

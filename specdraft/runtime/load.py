@@ -15,6 +15,7 @@ import torch
 from specdraft.config import RUNTIME_QUANTIZATIONS, RuntimeConfig, TargetConfig
 from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
+from specdraft.core.types import GEOMETRY
 from specdraft.drafts import RECIPE_FILE, LoadedDraft, load_draft
 from specdraft.decoding.depth_choice import DepthChoice
 from specdraft.decoding.depth_stop import DepthStop
@@ -56,9 +57,6 @@ class Runtime:
         prompt = image_prompt(self.target.model, self.target.processor, ids, images, self.engine.max_len)
         prompt.text = text
         return prompt
-
-
-GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")  # what a draft fits
 
 
 def _check_geometry(loaded: LoadedDraft, target: LoadedTarget) -> None:

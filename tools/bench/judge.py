@@ -22,6 +22,13 @@ check of exact decoding and the goal (the highest τ ratio at a retained accurac
 --shape entries the same head is benched at each (the float32 check on the first): below, each other shape's exact τ,
 every δ's τ ratio and retained accuracy, and its goal (a chain may leave the judge more to accept than a wide tree,
 whose other children often hold the target's token already). WORK/judge.json (or --out).
+
+--rounds N (N > 1) adds on-policy rounds (DAgger-style): round k mines the same training prompts with round k-1's
+judge deciding acceptance in the mining runs (`method.mine_judge`, at δ = --mine-threshold), so that the labels
+judge the states judge decoding reaches, trains a head on every round's labels so far, exports it and benches it on
+the first shape at round 1's sweep (and the δ its own precision targets choose), under WORK/roundK. Below the
+table: each later round's labels (unrecoverable mismatches among them) and, per δ, every round's τ ratio, retained
+accuracy and label precision side by side.
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ GOAL_RETAINED = 0.98
 TRAIN_PROMPTS = 3000
 THRESHOLDS = [0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
 PRECISION_TARGETS = [0.99, 0.995]
+MINE_THRESHOLD = 0.9
 
 
 def _cli(argv: List[str], seconds: Dict[str, float]) -> None:
@@ -70,29 +78,58 @@ def shape_flags(text: str) -> List[str]:
 
 
 def run_stages(args, work: Path) -> Dict[str, float]:
-    """distill-data (mined labels), train, export, the head on its held-out labels (the δ of each precision
-    target joins the sweep), then bench on the held-out prompts -> each stage's seconds."""
+    """Every round's stages (`run_round`) -> each stage's seconds (a later round's prefixed with `round K`)."""
+    seconds: Dict[str, float] = {}
+    for number in range(1, args.rounds + 1):
+        stages = run_round(args, work, number)
+        seconds.update(stages if number == 1 else {f"round {number} {name}": value for name, value in stages.items()})
+        write_json(work / "stage_seconds.json", seconds)
+    return seconds
+
+
+def round_dir(work: Path, number: int) -> Path:
+    """Where a round's labels, run, export and bench go: WORK for the first, WORK/roundK after it."""
+    return work if number == 1 else work / f"round{number}"
+
+
+def round_overrides(args, work: Path, number: int) -> List[str]:
+    """The judge recipe's overrides for one round: round 1 mines with exact acceptance; round k > 1 with round
+    k-1's judge at --mine-threshold, and trains on every round's labels so far."""
+    out = round_dir(work, number)
     target = [f"target.path={args.target}"] if args.target else []
     overrides = [f"method.draft={args.export}", f"data.prompts=[{args.train_prompts}]",
-                 f"distill.output_dir={work / 'labels'}", f"train.output_dir={work / 'train'}",
+                 f"distill.output_dir={out / 'labels'}", f"train.output_dir={out / 'train'}",
                  f"distill.max_new_tokens={args.max_new_tokens}", f"target.dtype={args.dtype}", *target,
                  *args.overrides]
+    if number > 1:
+        earlier = ",".join(str(round_dir(work, k) / "labels") for k in range(1, number))
+        overrides += [f"method.mine_judge={round_dir(work, number - 1) / 'export'}",
+                      f"method.mine_threshold={args.mine_threshold}", f"train.extra_distilled=[{earlier}]"]
+    return overrides
+
+
+def run_round(args, work: Path, number: int) -> Dict[str, float]:
+    """distill-data (mined labels), train, export, the head on its held-out labels (the δ of each precision
+    target joins the sweep), then bench on the held-out prompts -> each stage's seconds. Round 1 benches every
+    --shape; a later round the first, at round 1's sweep and its own chosen δ."""
+    out, overrides = round_dir(work, number), round_overrides(args, work, number)
     seconds: Dict[str, float] = {}
     _cli(["distill-data", str(args.recipe), *overrides], seconds)
     _cli(["train", str(args.recipe), *overrides], seconds)
-    _cli(["export", str(work / "train"), "--format", "hf", "--out", str(work / "export")], seconds)
-    labels = heldout_labels(work, args.thresholds, args.precision_targets)
-    write_json(work / "heldout_labels.json", labels)
-    for index, shape in enumerate(args.shape):  # the float32 check on the first shape's prompts alone
-        bench = ["bench", str(work / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature",
+    _cli(["export", str(out / "train"), "--format", "hf", "--out", str(out / "export")], seconds)
+    first_sweep = [] if number == 1 else sweep(args.thresholds, _read(work / "heldout_labels.json"))
+    labels = heldout_labels(out, sorted({*args.thresholds, *first_sweep}), args.precision_targets)
+    write_json(out / "heldout_labels.json", labels)
+    thresholds = sorted({*first_sweep, *sweep(args.thresholds, labels)})
+    for index, shape in enumerate(args.shape if number == 1 else args.shape[:1]):  # float32 check: round 1's first
+        bench = ["bench", str(out / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature",
                  "0", "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts",
-                 str(args.lossless_prompts if index == 0 else 0), "--dtype", args.dtype, "--judge-threshold",
-                 *map(str, sweep(args.thresholds, labels)), *shape_flags(shape), "--out", str(bench_dir(work, index,
-                                                                                                        shape))]
+                 str(args.lossless_prompts if index == 0 and number == 1 else 0), "--dtype", args.dtype,
+                 "--judge-threshold", *map(str, thresholds), *shape_flags(shape), "--out",
+                 str(bench_dir(out, index, shape))]
         stage: Dict[str, float] = {}
         _cli([*bench, *(["--target", args.target] if args.target else [])], stage)
         seconds["bench" if index == 0 else f"bench {shape}"] = stage["bench"]
-    write_json(work / "stage_seconds.json", seconds)
     return seconds
 
 
@@ -144,11 +181,13 @@ def label_stats(labels_dir: Path) -> dict:
     from datasets import load_from_disk
 
     counts = _read(labels_dir / "counts.json")
-    dataset = load_from_disk(str(labels_dir / "dataset")).select_columns(["labels", "check_errors"])
+    dataset = load_from_disk(str(labels_dir / "dataset"))
     labels = [label for row in dataset["labels"] for label in row]
+    unrecoverable = sum(dataset["unrecoverable"]) if "unrecoverable" in dataset.column_names else None
     return {"prompts": counts.get("input"), "labelled_prompts": counts.get("ok"), "skipped": counts.get("skipped"),
             "errors": counts.get("error"), "labels": len(labels), "positives": sum(labels),
-            "negatives": len(labels) - sum(labels), "check_errors": sum(dataset["check_errors"])}
+            "negatives": len(labels) - sum(labels), "check_errors": sum(dataset["check_errors"]),
+            "unrecoverable": unrecoverable}
 
 
 def goal(bench: dict) -> Optional[dict]:
@@ -172,22 +211,48 @@ def shape_summary(bench: dict) -> dict:
                       for run in bench.get("judge_sweep") or []]}
 
 
+def head_metrics(out: Path) -> dict:
+    """A round's head on its validation labels (the train stage's best snapshot)."""
+    head = _read(out / "train" / "best" / "meta.json").get("metrics", {})
+    return {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")}
+
+
+def round_summary(args, work: Path, number: int) -> dict:
+    """One round on the first shape: how its labels were mined, the labels, its head, exact τ, the goal and per δ
+    the τ ratio, retained accuracy and the held-out labels' precision."""
+    out = round_dir(work, number)
+    heldout = _read(out / "heldout_labels.json")
+    summary = shape_summary(_read(out / "bench" / "bench.json"))
+    for point in summary["sweep"]:
+        point["label_precision"] = _label_point(heldout, point["judge_threshold"]).get("precision")
+    mined_by = None if number == 1 else str(round_dir(work, number - 1) / "export")
+    return {"round": number, "mine_judge": mined_by, "mine_threshold": None if number == 1 else args.mine_threshold,
+            "labels": label_stats(out / "labels"), "head": head_metrics(out), **summary}
+
+
 def collect(args, work: Path) -> dict:
     bench, seconds = _read(work / "bench" / "bench.json"), _read(work / "stage_seconds.json")
     others = {shape: shape_summary(_read(bench_dir(work, index, shape) / "bench.json"))
               for index, shape in enumerate(args.shape) if index > 0}
-    head = _read(work / "train" / "best" / "meta.json").get("metrics", {})
-    return {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
-            "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
-            "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
-            "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
-            "head": {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")},
-            "stage_seconds": seconds, "bench": bench, "goal": goal(bench), "other_shapes": others}
+    report = {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
+              "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
+              "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
+              "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
+              "head": head_metrics(work), "stage_seconds": seconds, "bench": bench, "goal": goal(bench),
+              "other_shapes": others}
+    if args.rounds > 1:
+        report["rounds"] = [round_summary(args, work, number) for number in range(1, args.rounds + 1)]
+    return report
+
+
+def _label_point(heldout: dict, threshold: Optional[float]) -> dict:
+    """The held-out labels' curve at δ ({} for exact decoding or a δ not on the curve)."""
+    return next((p for p in heldout.get("curve") or [] if p["threshold"] == threshold), {})
 
 
 def _label_cells(heldout: dict, threshold: Optional[float]) -> List[str]:
     """The held-out labels' precision and recall at δ (dashes for exact decoding or a δ not on the curve)."""
-    point = next((p for p in heldout.get("curve") or [] if p["threshold"] == threshold), {})
+    point = _label_point(heldout, threshold)
     return [fmt(point.get("precision"), ".3f"), fmt(point.get("recall"), ".3f")]
 
 
@@ -220,6 +285,41 @@ def _other_shapes(report: dict) -> List[str]:
                                 "goal"], rows)]
 
 
+def _round_line(summary: dict) -> str:
+    """How a later round mined, what it labelled and its head."""
+    labels = summary["labels"]
+    return (f"round {summary['round']}, mined with {summary['mine_judge']} at δ={summary['mine_threshold']:g}: "
+            f"{labels['labels']} labels ({labels['positives']} positive) from {labels['labelled_prompts']} of "
+            f"{labels['prompts']} prompts, {labels['unrecoverable']} unrecoverable mismatches, "
+            f"{labels['check_errors']} failed branch checks; head held out: balanced accuracy "
+            f"{fmt(summary['head']['balanced_acc'], '.3f')}")
+
+
+def _round_cell(summary: dict, threshold: float) -> str:
+    """A round's τ ratio / retained accuracy / label precision at δ (a dash where it did not bench δ)."""
+    point = next((p for p in summary["sweep"] if p["judge_threshold"] == threshold), None)
+    if point is None:
+        return "-"
+    return (f"{point['tau_ratio']:.2f} / {fmt(point['retained_accuracy'], '.3f')} / "
+            f"{fmt(point['label_precision'], '.3f')}")
+
+
+def _rounds(report: dict) -> List[str]:
+    """Each later round's labels, then per δ every round's τ ratio / retained accuracy / label precision, its
+    exact τ and its goal (the first shape)."""
+    rounds = report.get("rounds") or []
+    if not rounds:
+        return []
+    lines = [""] + [_round_line(summary) for summary in rounds[1:]]
+    thresholds = sorted({point["judge_threshold"] for summary in rounds for point in summary["sweep"]})
+    rows = [["exact τ", *(fmt(summary["exact_tau"], ".2f") for summary in rounds)]]
+    for threshold in thresholds:
+        rows.append([f"δ={threshold:.4g}", *(_round_cell(summary, threshold) for summary in rounds)])
+    rows.append(["goal", *(_goal_text(summary["goal"]) for summary in rounds)])
+    header = ["", *(f"round {summary['round']}: τ ratio / retained / label precision" for summary in rounds)]
+    return [*lines, "", markdown_table(header, rows)]
+
+
 def table(report: dict) -> str:
     bench, labels, head = report["bench"], report["labels"], report["head"]
     heldout = report.get("heldout_labels") or {}
@@ -245,7 +345,7 @@ def table(report: dict) -> str:
                              "label recall", "plain accuracy", "accuracy", "retained accuracy", "identical to plain",
                              "lossless"], rows), "",
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
-             "goal (retained accuracy >= 98%): " + _goal_text(reached), *_other_shapes(report),
+             "goal (retained accuracy >= 98%): " + _goal_text(reached), *_other_shapes(report), *_rounds(report),
              "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
     return "\n".join(lines)
 
@@ -269,12 +369,21 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="DEPTH,TOPK,BUDGET (a tree) or DEPTH (a chain); more than one: each benched with the "
                              "same head, the first in full")
     parser.add_argument("--lossless-prompts", type=int, default=10, help="exact decoding checked in float32")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="mining rounds: each after the first mines with the previous round's judge (on-policy) "
+                             "and trains on every round's labels")
+    parser.add_argument("--mine-threshold", type=float, default=MINE_THRESHOLD,
+                        help="δ of the previous round's judge in a later round's mining runs")
     parser.add_argument("--work", type=Path, default=Path("runs/bench/judge"))
     parser.add_argument("--out", type=Path, default=None, help="where judge.json goes (default: WORK)")
     parser.add_argument("--collect", action="store_true", help="only read an existing WORK")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     args.shape, args.overrides = split_overrides(args.shape, args.overrides)  # and --shape
     check_shapes(parser, args.shape)  # a bad shape stops here, not after the mining and training
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not 0.0 <= args.mine_threshold <= 1.0:
+        parser.error(f"--mine-threshold must be in [0, 1], got {args.mine_threshold}")
     return args
 
 

@@ -6,13 +6,15 @@ speedup (`specdraft bench --check-answers`).
 
 An add-on: it serves beside a trained draft (`method.draft`, EAGLE-3, PosS or Kangaroo), whose export it carries.
 Its data stage mines labels automatically, as AutoJudge does (arXiv:2504.20039), or reads labels a user supplies
-(`mining`); training fits the head on those records alone (`model`: balanced loss, accuracy, recall and
-specificity logged, balanced accuracy picking best/); the runtime's JudgedGreedy (specdraft.decoding.accept)
-reads the head's scores in the ordinary verify pass, trees and chains alike.
+(`mining`), optionally with an earlier judge deciding acceptance in the mining runs (`on_policy`); training fits
+the head on those records alone (`model`: balanced loss, accuracy, recall and specificity logged, balanced accuracy
+picking best/); the runtime's JudgedGreedy (specdraft.decoding.accept) reads the head's scores in the ordinary
+verify pass, trees and chains alike.
 """
 from specdraft.methods.base import ExportFormat, MethodSpec, RecordStage
 from specdraft.methods.judge.config import JudgeConfig
-from specdraft.methods.judge.mining import JudgeMiner, mismatches, record_features
+from specdraft.methods.judge.mining import JudgeMiner, mismatches, record_features, records_fingerprint
+from specdraft.methods.judge.on_policy import mining_guide
 from specdraft.methods.judge.model import (
     JudgeHead,
     LinearJudge,
@@ -35,8 +37,8 @@ SPEC = MethodSpec(
     from_export=judge_from_export,
     runtime=judge_runtime,
     base_draft=lambda cfg: cfg.draft,
-    records=RecordStage(features=record_features, fingerprint=lambda cfg: {"draft": cfg.draft},
-                        maker=JudgeMiner, collate=judge_collate),
+    records=RecordStage(features=record_features, fingerprint=records_fingerprint,
+                        maker=JudgeMiner, collate=judge_collate, guide=mining_guide),
     monitor="balanced_acc",
     reads_embeddings=False,
 )

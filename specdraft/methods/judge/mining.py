@@ -13,6 +13,12 @@ answer is still correct, 0 if not. A branch whose check fails itself labels noth
 the drafted token, what the judge reads at run time; the states come from the branch's own first forward
 (`Greedy`, `branch_batch_size` branches at a time).
 
+On-policy (`method.mine_judge`, on_policy.py): the base runs accept by a judge at `method.mine_threshold`, so their
+answers may hold judge-accepted tokens (and need not pass their check). Every position where the draft's own next
+token is not the target's is a mismatch, the judge-accepted ones included, and gets two branches: the candidate (the
+draft's token) and the control (the target's own token), both continued greedily. The control's answer failing its
+check labels nothing (the state was lost before: `unrecoverable`); else the candidate's verdict is the label.
+
 Supplied (a prompt record that carries `labels`, in any prompt file of data.prompts):
     {"prompt": "What is 2 + 3?", "labels": [{"prefix": "2 + 3 = ", "candidate": "5", "label": 1},
                                             {"prefix": "The sum is", "candidate_id": 1234, "label": 0}]}
@@ -27,7 +33,7 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -40,6 +46,8 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.outputs import GenerationResult
 from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
+from specdraft.methods.judge.config import JudgeConfig
+from specdraft.methods.judge.on_policy import judge_accepted, mining_judge
 from specdraft.targets.generate import greedy_continuations
 from specdraft.targets.load import eos_token_ids
 
@@ -55,7 +63,19 @@ def record_features():
                      "labels": Sequence(Value("int8")), "hidden": Sequence(Value("float16")),
                      "positions": Sequence(Value("int32")), "draft_tokens": Sequence(Value("int32")),
                      "target_tokens": Sequence(Value("int32")), "check_errors": Value("int32"),
-                     "cycles": Value("int32"), "answer_tokens": Value("int32")})
+                     "unrecoverable": Value("int32"), "cycles": Value("int32"), "answer_tokens": Value("int32")})
+
+
+RECORDS_SCHEMA = 2
+"""The shards' columns' version (2: `unrecoverable`), in the fingerprint: resuming over older shards is refused."""
+
+
+def records_fingerprint(cfg: JudgeConfig) -> Dict[str, Any]:
+    """The settings that make two runs' labels interchangeable (besides the prompts and the target)."""
+    values: Dict[str, Any] = {"draft": cfg.draft, "schema": RECORDS_SCHEMA}
+    if cfg.mine_judge is not None:
+        values.update(mine_judge=cfg.mine_judge, mine_threshold=cfg.mine_threshold)
+    return values
 
 
 @dataclass
@@ -74,6 +94,11 @@ class Branch:
     """Supplied labels come with it; mined ones from the branch's check."""
     continuation: List[int] = field(default_factory=list)
     hidden: Optional[torch.Tensor] = None
+    control: Optional["Branch"] = None
+    """On-policy mining: the target's own token at the position instead; the label stands only where its answer
+    passes the check."""
+    unrecoverable: bool = False
+    """The control's answer fails its check: no label."""
 
 
 @dataclass
@@ -195,13 +220,16 @@ class JudgeMiner:
         self._records: Dict[str, list] = {}
 
     def _engine(self) -> SpecEngine:
-        """The base draft drafting for the target, as `specdraft.runtime.load.build_runtime` builds it."""
+        """The base draft drafting for the target, as `specdraft.runtime.load.build_runtime` builds it: exact
+        acceptance, or method.mine_judge's (on-policy mining)."""
         info, shape = self.target.info, TreeShape()
         room = shape.budget + shape.scratch + shape.depth + 2  # the last cycle's tree and scratch
         max_len = min(self.ctx.data.max_length + self.ctx.distill.max_new_tokens + room, info.max_position_embeddings)
         target_model = from_hf(self.target.model, info)
+        judge = mining_judge(self.cfg, self.ctx.guide, self.ctx.base, target_model.device)
         return SpecEngine(target_model, self.ctx.base.runtime(target_model), shape, max_len,
-                          hf_rope_tables(self.target.model, max_len))
+                          hf_rope_tables(self.target.model, max_len), judge=judge,
+                          trace_target_choices=judge is not None)
 
     def record_of(self, conversation) -> dict:
         if conversation.source not in self._records:
@@ -233,7 +261,8 @@ class JudgeMiner:
                 prompts.append(self._mined(conversation, check, answer))
             except _Unlabelled as unlabelled:
                 self._problem(problems, conversation, unlabelled)
-        continue_branches(self.greedy, [branch for prompt in prompts for branch in prompt.branches])
+        branches = [branch for prompt in prompts for branch in prompt.branches]
+        continue_branches(self.greedy, branches + [branch.control for branch in branches if branch.control is not None])
         self._label(prompts)
         rows = []
         for prompt in prompts:
@@ -272,23 +301,43 @@ class JudgeMiner:
         return solved
 
     def _mined(self, conversation, check: Check, greedy_answer: List[int]) -> Prompt:
-        """Speculative decoding with the draft (traced), each mismatch a branch. Its answer is checked again where
-        it differs from the batched greedy one (a near-tied argmax rounded the other way, below float32)."""
+        """Speculative decoding with the draft (traced), each mismatch a branch. Under exact acceptance its answer is
+        checked again where it differs from the batched greedy one (a near-tied argmax rounded the other way, below
+        float32); under a mining judge each branch has its control instead (`_on_policy`)."""
         prompt_ids, budget = self.prompt_ids(conversation), self.ctx.distill.max_new_tokens
         try:
             result = self.engine.generate(prompt_ids, budget, self.eos_ids, trace=True)
         except SpecdraftError as err:
             raise _Unlabelled("skipped", str(err)) from None
         answer = result.tokens
+        if self.engine.judge is not None:
+            return Prompt(conversation.source, conversation.index, "mined", self._on_policy(prompt_ids, result),
+                          check, len(result.accepted), len(answer))
         if answer != greedy_answer:
             solved = verdict(check, self._text(answer), self.cfg.check_timeout_s)
             if not solved:
                 raise _unsolved(solved)
-        branches = [Branch(prefix=prompt_ids + answer[:t] + [token], answer=answer[:t] + [token],
-                           room=budget - t - 1 if token not in self.eos_ids else 0, position=t, draft_token=token,
-                           target_token=answer[t]) for t, token in mismatches(result)]
+        branches = [self._branch(prompt_ids, answer[:t], token, answer[t]) for t, token in mismatches(result)]
         return Prompt(conversation.source, conversation.index, "mined", branches, check, len(result.accepted),
                       len(answer))
+
+    def _branch(self, prompt_ids: List[int], before: List[int], token: int, target_token: int) -> Branch:
+        """The branch that takes `token` after the answer so far (`before`), with the room the budget leaves."""
+        room = self.ctx.distill.max_new_tokens - len(before) - 1 if token not in self.eos_ids else 0
+        return Branch(prefix=prompt_ids + before + [token], answer=before + [token], room=room, position=len(before),
+                      draft_token=token, target_token=target_token)
+
+    def _on_policy(self, prompt_ids: List[int], result: GenerationResult) -> List[Branch]:
+        """Every mismatch of a judged run, the judge's accepted ones and those it refused (on_policy.py): the
+        candidate branch (the draft's token), its control the target's own token."""
+        answer = result.tokens
+        found = judge_accepted(result) + [(t, token, answer[t]) for t, token in mismatches(result)]
+        branches = []
+        for t, token, own in sorted(found):
+            branch = self._branch(prompt_ids, answer[:t], token, own)
+            branch.control = self._branch(prompt_ids, answer[:t], own, own)
+            branches.append(branch)
+        return branches
 
     def _supplied(self, conversation, record: dict) -> Prompt:
         prompt_ids, tokenizer = self.prompt_ids(conversation), self.target.tokenizer
@@ -317,11 +366,18 @@ class JudgeMiner:
             return list(pool.map(lambda job: verdict(job[0], job[1], timeout), jobs))
 
     def _label(self, prompts: List[Prompt]) -> None:
-        """Each mined branch's verdict on its answer: the drafted token, then the target's greedy continuation."""
+        """Each mined branch's verdict on its answer: the drafted token, then the target's greedy continuation;
+        with a control, the label stands only where the control's answer passes (a failed one: unrecoverable)."""
         mined = [(prompt.check, branch) for prompt in prompts if prompt.check is not None for branch in prompt.branches]
-        outcomes = self._verdicts([(check, self._text(branch.answer + branch.continuation)) for check, branch in mined])
-        for (_, branch), outcome in zip(mined, outcomes):
+        checked = mined + [(check, branch.control) for check, branch in mined if branch.control is not None]
+        outcomes = self._verdicts([(check, self._text(branch.answer + branch.continuation))
+                                   for check, branch in checked])
+        for (_, branch), outcome in zip(checked, outcomes):
             branch.label = None if outcome is None else int(outcome)
+        for _, branch in mined:
+            if branch.control is not None:
+                branch.unrecoverable = branch.control.label == 0
+                branch.label = branch.label if branch.control.label == 1 else None
 
 
 def _unsolved(outcome: Optional[bool]) -> "_Unlabelled":
@@ -350,10 +406,11 @@ def _candidate_id(tokenizer, item: dict) -> int:
 
 def _row(prompt: Prompt) -> dict:
     labelled = [branch for branch in prompt.branches if branch.label is not None]
+    unrecoverable = sum(branch.unrecoverable for branch in prompt.branches)
     hidden = torch.stack([b.hidden for b in labelled]).flatten().numpy() if labelled else np.zeros(0, np.float16)
     return {"source": prompt.source, "index": prompt.index, "origin": prompt.origin,
             "labels": [b.label for b in labelled], "hidden": hidden,
             "positions": [b.position for b in labelled], "draft_tokens": [b.draft_token for b in labelled],
             "target_tokens": [b.target_token for b in labelled],
-            "check_errors": len(prompt.branches) - len(labelled), "cycles": prompt.cycles,
-            "answer_tokens": prompt.answer_tokens}
+            "check_errors": len(prompt.branches) - len(labelled) - unrecoverable, "unrecoverable": unrecoverable,
+            "cycles": prompt.cycles, "answer_tokens": prompt.answer_tokens}
