@@ -46,3 +46,32 @@ train: {{output_dir: {tmp_path / 'run'}, max_steps: 3, micro_batch_size: 2, val_
          warmup_steps: 1, log_every_steps: 1}}
 """)
     return recipe
+
+
+def judge_miner(target, base: Path, max_new_tokens: int, **settings):
+    """A JudgeMiner of the loaded tiny `target` beside the exported `base` draft, its method settings as given,
+    its context as the data stage makes it (the base draft and any method.mine_judge loaded) -> (miner, the
+    progress callback's counts)."""
+    from specdraft.config import DataConfig, DistillConfig
+    from specdraft.drafts import load_base, load_guide
+    from specdraft.methods.base import RecordContext
+    from specdraft.methods.judge import JudgeConfig, JudgeMiner
+
+    spec, cfg, done = METHODS["judge"], JudgeConfig(draft=str(base), **settings), []
+    ctx = RecordContext(target=target, base=load_base(spec, cfg, target.info), device="cpu",
+                        distill=DistillConfig(max_new_tokens=max_new_tokens), data=DataConfig(max_length=256),
+                        progress=done.append, guide=load_guide(spec, cfg, target.info))
+    return JudgeMiner(cfg, ctx), done
+
+
+def mine_labels(tmp_path: Path, target, base: Path, records: Iterable[dict], max_new_tokens: int, **settings):
+    """The judge's records of `records` (prompt records), every prompt checked to be counted once -> (miner, rows,
+    problems)."""
+    from specdraft.data.sources import load_conversations
+
+    records = list(records)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", records)
+    miner, done = judge_miner(target, base, max_new_tokens, **settings)
+    rows, problems = miner.records(dict(enumerate(load_conversations([str(prompts)]))))
+    assert len(rows) + len(problems) == sum(done) == len(records)  # every prompt counted once
+    return miner, rows, problems

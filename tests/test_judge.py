@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdraft import cli
-from specdraft.config import DataConfig, DistillConfig, RuntimeConfig, TargetConfig
+from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext
 from specdraft.data import checks
@@ -23,8 +23,7 @@ from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import DraftTree, TreeShape
 from specdraft.drafts import load_base
 from specdraft.methods import METHODS
-from specdraft.methods.base import RecordContext
-from specdraft.methods.judge import (JudgeConfig, JudgeHead, JudgeMiner, judge_collate, judge_loss, label_curve,
+from specdraft.methods.judge import (JudgeConfig, JudgeHead, judge_collate, judge_loss, label_curve,
                                      mismatches, threshold_for_precision)
 from specdraft.methods.judge.mining import Greedy, best_child, static_generator
 from specdraft.recipes import load_recipe, save_recipe
@@ -33,7 +32,7 @@ from specdraft.runtime.load import load_runtime, set_judge_threshold
 from specdraft.targets import load_target
 from specdraft.targets.generate import greedy_continuations
 from specdraft.targets.load import eos_token_ids
-from tests.addons import train_base_export, write_prompts
+from tests.addons import judge_miner, mine_labels, train_base_export, write_prompts
 
 SPEC = METHODS["judge"]
 MAX_NEW = 12
@@ -55,20 +54,11 @@ def target(tiny_target_dir):
 
 
 def _miner(target, base, **settings):
-    cfg = JudgeConfig(draft=str(base), **settings)
-    done = []
-    ctx = RecordContext(target=target, base=load_base(SPEC, cfg, target.info), device="cpu",
-                        distill=DistillConfig(max_new_tokens=MAX_NEW), data=DataConfig(max_length=256),
-                        progress=done.append)
-    return JudgeMiner(cfg, ctx), done
+    return judge_miner(target, base, MAX_NEW, **settings)
 
 
 def _mine(tmp_path, target, base, records, **settings):
-    prompts = write_prompts(tmp_path / "prompts.jsonl", records)
-    miner, done = _miner(target, base, **settings)
-    rows, problems = miner.records(dict(enumerate(load_conversations([str(prompts)]))))
-    assert len(rows) + len(problems) == sum(done) == len(records)  # every prompt counted once
-    return miner, rows, problems
+    return mine_labels(tmp_path, target, base, records, MAX_NEW, **settings)
 
 
 def _always(check, answer):

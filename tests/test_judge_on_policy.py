@@ -12,41 +12,23 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft import cli
-from specdraft.config import DataConfig, DistillConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.data import checks
 from specdraft.data.sources import load_conversations
 from specdraft.decoding.outputs import GenerationResult
-from specdraft.drafts import load_base, load_guide
 from specdraft.methods import METHODS
-from specdraft.methods.base import RecordContext
-from specdraft.methods.judge import JudgeConfig, JudgeMiner, mismatches
+from specdraft.methods.judge import JudgeConfig, mismatches
 from specdraft.methods.judge.mining import RECORDS_SCHEMA, records_fingerprint
 from specdraft.methods.judge.on_policy import judge_accepted
 from specdraft.recipes import load_recipe, save_recipe
-from specdraft.targets import load_target
 from specdraft.targets.generate import greedy_continuations
-from tests.addons import train_base_export, write_prompts
+from tests.addons import judge_miner, mine_labels
+from tests.test_judge import _reference_kernels, base, target  # noqa: F401  the same fixtures
 from tests.tools import load_tool
 
 SPEC = METHODS["judge"]
 MAX_NEW = 12
 PROMPTS = [{"prompt": f"question {i}?", "check": "hashed", "answer": i} for i in range(6)]
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory, tiny_target_dir, distilled):
-    return train_base_export(tmp_path_factory.mktemp("base"), tiny_target_dir, distilled)
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target_dir):
-    return load_target(TargetConfig(path=str(tiny_target_dir)))
 
 
 def judge_export(directory, target_dir, draft):
@@ -76,20 +58,11 @@ def hashed(check, answer):
 
 
 def miner_of(target, base, **settings):
-    cfg = JudgeConfig(draft=str(base), **settings)
-    done = []
-    ctx = RecordContext(target=target, base=load_base(SPEC, cfg, target.info), device="cpu",
-                        distill=DistillConfig(max_new_tokens=MAX_NEW), data=DataConfig(max_length=256),
-                        progress=done.append, guide=load_guide(SPEC, cfg, target.info))  # as the data stage does
-    return JudgeMiner(cfg, ctx), done
+    return judge_miner(target, base, MAX_NEW, **settings)
 
 
 def mine(tmp_path, target, base, records, **settings):
-    prompts = write_prompts(tmp_path / "prompts.jsonl", records)
-    miner, done = miner_of(target, base, **settings)
-    rows, problems = miner.records(dict(enumerate(load_conversations([str(prompts)]))))
-    assert len(rows) + len(problems) == sum(done) == len(records)  # every prompt counted once
-    return miner, rows, problems
+    return mine_labels(tmp_path, target, base, records, MAX_NEW, **settings)
 
 
 def test_judge_accepted_reads_the_target_s_own_choice_from_the_trace():
