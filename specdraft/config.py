@@ -228,10 +228,10 @@ class TrainConfig:
     then one capture (fewer shapes: a larger data.pad_to_multiple); a capture that fails trains eagerly (auto) or
     stops with an error naming this key (true). false: never."""
     prefetch_features: str = "auto"
-    """Compute the next batch's target features on a side CUDA stream, started as soon as the step's backward is
-    queued: the target's forward then runs beside the gradients' reduction across GPUs (ZeRO-2's reduce-scatter
-    and all-gather, which follow the backward on the compute stream) and the optimizer step, and the next step
-    finds its features ready (specdraft.train.prefetch). GPU memory holds one batch's features more. auto (the
+    """Compute the next batch's target features on a side CUDA stream, queued once the step's backward is: the
+    target's forward then runs beside the rest of the step (from where train.prefetch_start says: the backward,
+    the gradients' reduction across GPUs, the optimizer step), and the next step finds its features ready
+    (specdraft.train.prefetch). GPU memory holds one batch's features more. auto (the
     default): on CUDA devices with data.features=online and the target whole on each GPU (not partitioned by
     train.shard_target), unless train.cuda_graphs captures the step (its graph replays the target's forward);
     true: wherever those features are (on a CPU computed in the same order, synchronously), an error naming

@@ -4,10 +4,10 @@
 A training step runs on the compute stream in order: the frozen target's forward (the batch's features), the
 draft's forward and backward, the gradients' reduction across the ranks (with overlap_comm off,
 specdraft.train.deepspeed_step, ZeRO-2's reduce-scatter and all-gather run on that stream after the backward),
-then the optimizer step. Nothing hides the reduction. `FeaturePrefetch` starts the next batch's target forward on
-a side stream as soon as the step's backward is enqueued: the module's `on_after_backward`, which Lightning calls
-after DeepSpeed's `engine.backward` (whose end enqueues the reductions) and before `engine.step`. The device runs
-it beside the reductions and the optimizer step, and the next step finds its features computed.
+then the optimizer step. Nothing hides the reduction. `FeaturePrefetch` queues the next batch's target forward on
+a side stream once the step's backward is enqueued: the module's `on_after_backward`, which Lightning calls after
+DeepSpeed's `engine.backward` (whose end enqueues the reductions) and before `engine.step`. The device runs it
+beside the rest of the step, and the next step finds its features computed.
 
 Which batch comes next: the training loader's batches carry a sequence number (SEQ_KEY, a Python int, which
 Lightning's transfer to the device passes through as it is) and are read one ahead (`track`), so that when step
