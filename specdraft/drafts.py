@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError, error_summary
 from specdraft.core.io import reading
-from specdraft.core.types import GEOMETRY, BaseDraft, DraftContext, TargetInfo
+from specdraft.core.types import BaseDraft, DraftContext, TargetInfo, geometry_mismatch
 from specdraft.methods import get_method
 from specdraft.methods.base import MethodSpec
 from specdraft.targets import load_target_info
@@ -153,10 +153,9 @@ def load_guide(spec: MethodSpec, method_cfg: Any, target: TargetInfo) -> Optiona
         raise SpecdraftError(f"{key}={path}: {err}") from None
     if loaded.spec.name != spec.name:
         raise SpecdraftError(f"{key}={path} holds a {loaded.spec.name} draft, not a {spec.name}")
-    changed = next((name for name in GEOMETRY if getattr(loaded.target, name) != getattr(target, name)), None)
-    if changed is not None:
-        raise SpecdraftError(f"{key}={path} was made for another target ({loaded.target.name_or_path}: {changed}="
-                             f"{getattr(loaded.target, changed)}, this one's is {getattr(target, changed)})")
+    mismatch = geometry_mismatch(loaded.target, target)
+    if mismatch is not None:
+        raise SpecdraftError(f"{key}={path} was made for another target: {mismatch}")
     return as_base(loaded)
 
 

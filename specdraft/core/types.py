@@ -20,6 +20,16 @@ GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_head
 """The TargetInfo fields a trained draft fits: a draft runs only beside a target equal in all of them."""
 
 
+def geometry_mismatch(trained: "TargetInfo", given: "TargetInfo") -> Optional[str]:
+    """How a draft trained for `trained` does not fit `given`, as one phrase naming the first GEOMETRY field that
+    differs; None when it fits."""
+    name = next((name for name in GEOMETRY if getattr(trained, name) != getattr(given, name)), None)
+    if name is None:
+        return None
+    return (f"the draft was trained for a target with {name}={getattr(trained, name)} ({trained.name_or_path}); "
+            f"{given.name_or_path} has {name}={getattr(given, name)}")
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """Geometry of the frozen target, read from its own config (never from a recipe)."""

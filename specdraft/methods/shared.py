@@ -1,7 +1,9 @@
 """What several methods share below their own packages: the frequency-ranked draft vocabulary (FR-Spec,
-arXiv:2502.14856) and the sequence shift their losses use."""
+arXiv:2502.14856), the digest that names a trained draft's weights (add-ons check which draft they were made
+with) and the sequence shift their losses use."""
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import torch
@@ -34,6 +36,16 @@ class DraftVocab(nn.Module):
 
     def draft_ids(self) -> torch.Tensor:  # [Vd] target ids of the draft vocabulary
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+
+def draft_digest(draft: nn.Module) -> str:
+    """A digest of a draft's weights (names, shapes and values in float32): which draft a record was made with,
+    whatever device or dtype it was loaded in."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(draft.state_dict().items()):
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from specdraft.config import RUNTIME_QUANTIZATIONS, RuntimeConfig, TargetConfig
 from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.types import GEOMETRY
+from specdraft.core.types import geometry_mismatch
 from specdraft.drafts import RECIPE_FILE, LoadedDraft, load_draft
 from specdraft.decoding.depth_choice import DepthChoice
 from specdraft.decoding.depth_stop import DepthStop
@@ -60,12 +60,9 @@ class Runtime:
 
 
 def _check_geometry(loaded: LoadedDraft, target: LoadedTarget) -> None:
-    trained, given = loaded.target, target.info
-    for field_name in GEOMETRY:
-        if getattr(trained, field_name) != getattr(given, field_name):
-            raise SpecdraftError(f"the draft was trained for a target with {field_name}={getattr(trained, field_name)}"
-                                 f" ({trained.name_or_path}); {given.name_or_path} has "
-                                 f"{field_name}={getattr(given, field_name)}")
+    mismatch = geometry_mismatch(loaded.target, target.info)
+    if mismatch is not None:
+        raise SpecdraftError(mismatch)
 
 
 def resolve_device(device: str) -> torch.device:

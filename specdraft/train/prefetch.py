@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetFeatures
@@ -74,13 +75,6 @@ def prefetch_enabled(setting: str, needs: PrefetchNeeds) -> bool:
 def pop_seq(batch) -> Optional[int]:
     """The batch's sequence number, removed from it (no loss, graph or count sees it); None if it has none."""
     return batch.pop(SEQ_KEY, None) if isinstance(batch, dict) else None
-
-
-def to_device(batch: Dict, device: torch.device) -> Dict:
-    """The batch's tensors copied to `device` without blocking the host (training batches are pinned on CUDA);
-    its other values (image names, the sequence number) as they are."""
-    return {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-            for name, value in batch.items()}
 
 
 def computed_tensors(features: TargetFeatures) -> List[torch.Tensor]:
@@ -146,13 +140,14 @@ class FeaturePrefetch:
 
     def after_backward(self, seq: int) -> None:
         """Start the features of batch seq + 1, if the loader has handed it out: on CUDA on the side stream, with
-        an event after them (the host goes on at once); elsewhere computed here."""
+        an event after them (the host goes on at once); elsewhere computed here. The batch moves to the device as
+        Lightning moves the step's own (`move_data_to_device`: non-blocking on CUDA, from pinned memory)."""
         start_event, self._start_event, self._marked = self._start_event, None, False
         batch = self.handed_out.pop(seq + 1, None)
         if batch is None:
             return
         if self.device.type != "cuda":
-            self.held = (seq + 1, self.features(to_device(batch, self.device)), None)
+            self.held = (seq + 1, self.features(move_data_to_device(batch, self.device)), None)
             return
         main = torch.cuda.current_stream(self.device)
         if self.stream is None:
@@ -161,7 +156,7 @@ class FeaturePrefetch:
         if start_event is not None:
             self.stream.wait_event(start_event)
         with torch.cuda.stream(self.stream):
-            features = self.features(to_device(batch, self.device))
+            features = self.features(move_data_to_device(batch, self.device))
             event = torch.cuda.Event()
             event.record(self.stream)
         for tensor in computed_tensors(features):

@@ -10,7 +10,6 @@ then `ffn_features`): one computation of the features for both.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from typing import Dict, List, Optional, Tuple
 
@@ -23,6 +22,7 @@ from specdraft.core.types import DraftContext, LossOutput
 from specdraft.kernels.prune_children import (EXTENDED_FEATURES, PAPER_FEATURES, ScorerWeights, ffn_features,
                                               prune_children)
 from specdraft.methods.c2t.config import C2TConfig
+from specdraft.methods.shared import draft_digest
 
 ENTROPY_TOP = 1000
 """M: the parent entropy is over its draft distribution's M most probable tokens (renormalised)."""
@@ -41,16 +41,6 @@ def candidate_features(joint_logprobs: torch.Tensor, parent_entropy: torch.Tenso
     if own_logprobs is None:
         return ffn_features(joint_logprobs, parent_entropy, depths)
     return ffn_features(joint_logprobs, parent_entropy, depths, own_logprobs, joint_logprobs - own_logprobs, ranks)
-
-
-def draft_digest(draft: nn.Module) -> str:
-    """A digest of a draft's weights (names, shapes and values in float32): which draft a trace was recorded
-    over, whatever device or dtype it was loaded in."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(draft.state_dict().items()):
-        digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def feature_scale(cfg: C2TConfig) -> torch.Tensor:

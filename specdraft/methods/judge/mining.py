@@ -97,8 +97,11 @@ class Branch:
     control: Optional["Branch"] = None
     """On-policy mining: the target's own token at the position instead; the label stands only where its answer
     passes the check."""
-    unrecoverable: bool = False
-    """The control's answer fails its check: no label."""
+
+    @property
+    def unrecoverable(self) -> bool:
+        """The control's answer fails its check: no label."""
+        return self.control is not None and self.control.label == 0
 
 
 @dataclass
@@ -375,9 +378,8 @@ class JudgeMiner:
         for (_, branch), outcome in zip(checked, outcomes):
             branch.label = None if outcome is None else int(outcome)
         for _, branch in mined:
-            if branch.control is not None:
-                branch.unrecoverable = branch.control.label == 0
-                branch.label = branch.label if branch.control.label == 1 else None
+            if branch.control is not None and branch.control.label != 1:
+                branch.label = None
 
 
 def _unsolved(outcome: Optional[bool]) -> "_Unlabelled":

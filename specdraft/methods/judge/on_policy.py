@@ -25,6 +25,7 @@ from specdraft.core.types import BaseDraft
 from specdraft.decoding.outputs import GenerationResult
 from specdraft.methods.judge.config import JudgeConfig
 from specdraft.methods.judge.model import LinearJudge
+from specdraft.methods.shared import draft_digest
 
 
 def mining_guide(cfg: JudgeConfig) -> Optional[Tuple[str, str]]:
@@ -46,15 +47,8 @@ def mining_judge(cfg: JudgeConfig, guide: Optional[BaseDraft], base: Optional[Ba
 
 
 def same_draft(one: BaseDraft, other: BaseDraft) -> bool:
-    """Whether two loaded base drafts are one draft: the same method and equal weights."""
-    if one.method != other.method:
-        return False
-    ours, theirs = one.draft.state_dict(), other.draft.state_dict()
-    if ours.keys() != theirs.keys():
-        return False
-    return all(ours[name].shape == theirs[name].shape
-               and torch.equal(ours[name].detach().float().cpu(), theirs[name].detach().float().cpu())
-               for name in ours)
+    """Whether two loaded base drafts are one draft: the same method and weights (their digests)."""
+    return one.method == other.method and draft_digest(one.draft) == draft_digest(other.draft)
 
 
 def judge_accepted(result: GenerationResult) -> List[Tuple[int, int, int]]:
