@@ -25,6 +25,13 @@ COMPILE = ("auto", "true", "false")
 CUDA_GRAPHS = ("auto", "true", "false")
 PREFETCH_FEATURES = ("auto", "true", "false")
 PREFETCH_STARTS = ("backward", "gradients")
+PREFETCH_NEEDS = {  # what train.prefetch_features needs of a run, as its refusals name it
+    "cuda": "a CUDA device",
+    "online": "online features of a target held whole on each GPU (data.features=online, not train.shard_target's "
+              "partitioned target, whose layers DeepSpeed's engine gathers with hooks inside the forward)",
+    "eager": "a step outside CUDA graphs (train.cuda_graphs captures the step: its graph replays the target's "
+             "forward itself)",
+}
 DISTILL_ENGINES = ("auto", "hf", "static")
 POLICIES = ("fixed", "sam", "svip", "ddd", "adaptive")
 PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
@@ -35,6 +42,14 @@ MAX_RETRIEVED = 32
 def _check_choice(what: str, value: str, valid) -> None:
     if value not in valid:
         raise choices_error(what, value, valid)
+
+
+def prefetch_refusal(need: str, got: str = "") -> SpecdraftError:
+    """train.prefetch_features=true where PREFETCH_NEEDS[need] is not met, in one line (with the setting that
+    stands in its way, where a recipe key does)."""
+    setting = f", got {got}" if got else ""
+    return SpecdraftError(f"train.prefetch_features=true needs {PREFETCH_NEEDS[need]}{setting}; "
+                          f"set train.prefetch_features=auto or false")
 
 
 def checkpointing_mode(value) -> str:
@@ -291,9 +306,7 @@ class TrainConfig:
             raise SpecdraftError(f"train.shard_target=true partitions the target with ZeRO-3: it needs "
                                  f"train.strategy=deepspeed_stage_3, got {self.strategy} (or train.shard_target=false)")
         if self.prefetch_features == "true" and self.cuda_graphs == "true":
-            raise SpecdraftError("train.prefetch_features=true needs a step outside CUDA graphs, and "
-                                 "train.cuda_graphs=true captures it (its graph replays the target's forward); "
-                                 "set train.prefetch_features=auto or false, or train.cuda_graphs=auto or false")
+            raise prefetch_refusal("eager", got="train.cuda_graphs=true")
 
 
 @dataclass
@@ -475,15 +488,9 @@ class Recipe:
         if self.train.prefetch_features != "true":
             return
         if self.data.features != "online":
-            raise SpecdraftError(f"train.prefetch_features=true runs the target's forward a batch ahead: it needs "
-                                 f"data.features=online, got {self.data.features}; set "
-                                 f"train.prefetch_features=auto or false")
+            raise prefetch_refusal("online", got=f"data.features={self.data.features}")
         if self.train.shard_target == "true":
-            raise SpecdraftError("train.prefetch_features=true needs the target whole on each GPU, and "
-                                 "train.shard_target=true partitions it (DeepSpeed's engine gathers its layers with "
-                                 "hooks inside the forward, not on a side stream); set train.prefetch_features=auto "
-                                 "or false, or train.shard_target=false")
-
+            raise prefetch_refusal("online", got="train.shard_target=true")
 
 SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,
             "train": TrainConfig, "eval": EvalConfig, "runtime": RuntimeConfig}

@@ -80,12 +80,14 @@ BASE = "method: {name: eagle3}\n"
     (BASE, ["train.prefetch_features=bogus"], "unknown train.prefetch_features 'bogus'; valid: auto, true, false"),
     (BASE, ["train.prefetch_start=soon"], "unknown train.prefetch_start 'soon'; valid: backward, gradients"),
     (BASE, ["train.prefetch_features=true", "data.features=offline"],
-     "train.prefetch_features=true runs the target's forward a batch ahead: it needs data.features=online, got "
-     "offline; set train.prefetch_features=auto or false"),
+     "train.prefetch_features=true needs online features of a target held whole on each GPU (data.features=online, "
+     "not train.shard_target's partitioned target, whose layers DeepSpeed's engine gathers with hooks inside the "
+     "forward), got data.features=offline; set train.prefetch_features=auto or false"),
     (BASE + "train: {shard_target: true, strategy: deepspeed_stage_3}\n", ["train.prefetch_features=true"],
-     "train.prefetch_features=true needs the target whole on each GPU, and train.shard_target=true partitions it"),
+     "inside the forward), got train.shard_target=true; set train.prefetch_features=auto or false"),
     (BASE, ["train.prefetch_features=true", "train.cuda_graphs=true"],
-     "train.prefetch_features=true needs a step outside CUDA graphs, and train.cuda_graphs=true captures it"),
+     "train.prefetch_features=true needs a step outside CUDA graphs (train.cuda_graphs captures the step: its graph "
+     "replays the target's forward itself), got train.cuda_graphs=true; set train.prefetch_features=auto or false"),
     (BASE, ["train.deepspeed.zero_optimization.reduce_bucket_size=5"],
      "train.deepspeed configures DeepSpeed: it needs a deepspeed_* train.strategy, got auto"),
 ])

@@ -14,7 +14,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from specdraft.config import OPTIMIZERS, TrainConfig
+from specdraft.config import OPTIMIZERS, PREFETCH_NEEDS, TrainConfig
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.kernels.adamw8bit import AdamW8bitFused
 from specdraft.layers.zero import gathered
@@ -187,8 +187,10 @@ class DraftModule(L.LightningModule):
                 for param in group["params"]:
                     param.register_post_accumulate_grad_hook(lambda _: self.prefetch.mark_gradient())
         unmet = needs.unmet(setting) if setting != "false" else []
-        choice = f"the next batch's target features ahead (on CUDA on a side stream, from the {self.prefetch.start})" \
-            if self.prefetch is not None else "each step computes its own" + (f" (needs {unmet[0]})" if unmet else "")
+        if self.prefetch is not None:
+            choice = f"the next batch's target features ahead (on CUDA on a side stream, from the {self.prefetch.start})"
+        else:
+            choice = "each step computes its own" + (f" (needs {PREFETCH_NEEDS[unmet[0]]})" if unmet else "")
         log.info("%s=%s: %s", PREFETCH_KEY, setting, choice)
 
     def on_after_backward(self):

@@ -33,7 +33,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from specdraft.core.errors import SpecdraftError
+from specdraft.config import prefetch_refusal
 from specdraft.core.types import TargetFeatures
 
 PREFETCH_KEY = "train.prefetch_features"
@@ -51,14 +51,11 @@ class PrefetchNeeds:
     """The step is not replayed from a CUDA graph (train.cuda_graphs)."""
 
     def unmet(self, setting: str) -> List[str]:
-        """The unmet needs for `setting`: true also runs on a CPU (synchronously), auto on CUDA only."""
-        checks = [(self.cuda or setting == "true", "a CUDA device"),
-                  (self.features_prefetchable, "online features of a target held whole on each GPU (data.features="
-                                               "online, not train.shard_target's partitioned target, whose layers "
-                                               "DeepSpeed's engine gathers with hooks inside the forward)"),
-                  (self.eager_step, "a step outside CUDA graphs (train.cuda_graphs captures this one: its graph "
-                                    "replays the target's forward itself)")]
-        return [reason for met, reason in checks if not met]
+        """The unmet needs for `setting` (PREFETCH_NEEDS keys): true also runs on a CPU (synchronously), auto on
+        CUDA only."""
+        checks = [(self.cuda or setting == "true", "cuda"), (self.features_prefetchable, "online"),
+                  (self.eager_step, "eager")]
+        return [need for met, need in checks if not met]
 
 
 def prefetch_enabled(setting: str, needs: PrefetchNeeds) -> bool:
@@ -68,7 +65,7 @@ def prefetch_enabled(setting: str, needs: PrefetchNeeds) -> bool:
         return False
     unmet = needs.unmet(setting)
     if unmet and setting == "true":
-        raise SpecdraftError(f"{PREFETCH_KEY}=true needs {unmet[0]}; set {PREFETCH_KEY}=auto or false")
+        raise prefetch_refusal(unmet[0])
     return not unmet
 
 
