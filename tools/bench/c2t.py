@@ -53,12 +53,13 @@ from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 
 from specdraft.config import PRUNE_AT, RuntimeConfig  # noqa: E402
 
-BETAS = {"shape": [0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06],
+BETAS = {"shape": [0.005, 0.01, 0.012, 0.014, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05],
          "expansion": [0.3, 0.4, 0.5, 0.6, 0.7]}
 """β swept on the first shape by --traces: a classifier of every verified candidate scores about the chance of
 acceptance (a (5, 8, 40) tree accepts about 5% of its nodes). Where it starts to cut depends on the classifier: on
-SmolLM2's head the paper's three features cut 6% of the verified tokens at 0.03 and half at 0.035, the six extended
-ones 44% at 0.02 already; one of balanced classes scores higher."""
+SmolLM2's head the six extended features (the default, as recipes/c2t_smollm2.yaml) cut 15% of the verified tokens
+at 0.01, 28% at 0.014 and 44% at 0.02, the paper's three 6% at 0.03 and half at 0.035; one of balanced classes
+scores higher."""
 LARGE_BETAS = {"shape": [0.005, 0.01, 0.015, 0.02, 0.025, 0.03], "expansion": [0.4, 0.6]}
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -330,7 +331,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="with --traces shape: rejected candidates kept a tree per accepted one")
     parser.add_argument("--train-beta", type=float, default=0.03,
                         help="with --traces shape: the β training's recall is read at (method.threshold)")
-    parser.add_argument("--features", choices=("paper", "extended"), default="paper",
+    parser.add_argument("--features", choices=("paper", "extended"), default="extended",
                         help="what the classifiers read of a candidate (method.features)")
     parser.add_argument("--train-steps", type=int, default=4000,
                         help="optimizer steps of the classifier (about 10 s a thousand on a GPU)")
