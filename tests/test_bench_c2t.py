@@ -65,9 +65,9 @@ def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
     suite = load_tool("bench/c2t")
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m"])
     assert suite.trace_settings(args, "5,8,40") == ("trace_depth: 5, trace_topk: 8, trace_budget: 40, "
-                                                    "negatives_per_positive: 1000, threshold: 0.03, best_by: auc")
+                                                    "negatives_per_positive: 1000, threshold: 0.014, best_by: auc")
     assert suite.trace_settings(args, None) == "trace_depth: 11, trace_topk: 10"
-    assert args.betas == suite.BETAS["shape"] and args.static_beta == 0.03 and args.beta is None
+    assert args.betas == suite.BETAS["shape"] and args.static_beta == 0.02 and args.beta is None  # the middle one
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--traces",
                              "expansion"])
     assert args.betas == suite.BETAS["expansion"] and args.static_beta == 0.5
@@ -78,9 +78,9 @@ def test_the_recipe_names_the_feature_set(tmp_path):
 
     suite = load_tool("bench/c2t")
     args = suite.parse_args([str(tmp_path), "--target", "t", "--train-prompts", str(tmp_path / "p.jsonl"),
-                             "--mt-bench", "m", "--features", "extended"])
+                             "--mt-bench", "m", "--features", "paper"])
     method = load_recipe(suite.write_recipe(args, tmp_path / "w", "5,8,40")).method
-    assert (method.features, method.trace_budget, method.best_by) == ("extended", 40, "auc")
+    assert (method.features, method.trace_budget, method.best_by) == ("paper", 40, "auc")
 
 
 def test_the_checks_beta_is_the_run_that_prunes_most_within_two_percent():

@@ -329,8 +329,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--trace-topk", type=int, default=10, help="with --traces expansion")
     parser.add_argument("--negatives-per-positive", type=float, default=1000.0,
                         help="with --traces shape: rejected candidates kept a tree per accepted one")
-    parser.add_argument("--train-beta", type=float, default=0.03,
-                        help="with --traces shape: the β training's recall is read at (method.threshold)")
+    parser.add_argument("--train-beta", type=float, default=0.014,
+                        help="with --traces shape: the β training's recall is read at, the export's own "
+                             "(method.threshold)")
     parser.add_argument("--features", choices=("paper", "extended"), default="extended",
                         help="what the classifiers read of a candidate (method.features)")
     parser.add_argument("--train-steps", type=int, default=4000,
