@@ -1,12 +1,11 @@
 """What a user sees of the libraries: Lightning's lines once, no advertisement, no DeepSpeed accelerator guess, no
-library deprecation, no bar for a model load that takes a blink; and the smoke path's whole log clean (slow)."""
+library deprecation, no bar for a model load that takes a blink. The smoke path's whole log is checked with its run
+(test_smoke_smollm2.py) by `log_problems`."""
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ADVERTS = ("💡 Tip", "litlogger", "litmodels", "Lightning Experiments")
@@ -86,19 +85,3 @@ def test_the_log_checker_sees_repeats_and_tracebacks():
     assert log_problems(f"{finished}\nINFO: x\n{finished}\n") == [f"repeated: {finished}"]  # a second run's bar
     assert log_problems("eval:  67%|#   | 2/3 [00:01<00:00]\neval:  67%|#   | 2/3 [00:01<00:00]\n")  # unfinished
 
-
-@pytest.mark.slow
-def test_the_smoke_path_prints_a_clean_log(tmp_path):
-    """`SMOKE=1 bash tools/run_default.sh` (with .venv, as tools/setup.sh makes it; its runs in tmp_path): no
-    traceback, no repeated line, no advert; `done:` names the export's eval.json by a normalized path. Minutes on
-    2 CPU cores."""
-    if not (REPO / ".venv" / "bin" / "specdraft").exists():
-        pytest.skip("needs .venv (bash tools/setup.sh)")
-    overrides = [f"distill.output_dir={tmp_path / 'data'}", f"train.output_dir={tmp_path / 'train'}"]
-    done = subprocess.run(["bash", "tools/run_default.sh", "recipes/smoke/eagle3_smollm2.yaml", *overrides],
-                          capture_output=True, text=True, timeout=3600, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    log = done.stdout + done.stderr
-    assert done.returncode == 0, log[-3000:]
-    assert not log_problems(log), log_problems(log)
-    assert visible_lines(done.stdout)[-1] == f"done: {tmp_path / 'export' / 'eval.json'}"  # bars go to stderr
