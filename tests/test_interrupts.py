@@ -1,7 +1,8 @@
 """Ctrl-C (a KeyboardInterrupt, monkeypatched into the work) during `distill-data`, `train` and `bench`: one line
 saying what was kept and how to go on, exit 130, no traceback, nothing half-written; the same command (train:
 with train.resume=auto) then finishes from there. Also the bad paths and prompt files that must fail before a model
-loads. CPU, tiny random models."""
+loads. CPU, tiny random models. Each test puts back what it interrupted by hand: monkeypatch.undo() would also drop
+conftest's SPECDRAFT_KERNELS=reference and run the second half's kernels in Triton's interpreter (minutes)."""
 import json
 import signal
 
@@ -53,15 +54,14 @@ def distill_recipe(tmp_path, target_dir):
 
 def test_an_interrupted_distill_keeps_its_shards_and_resumes(tmp_path, tiny_target_dir, monkeypatch, capsys):
     recipe = distill_recipe(tmp_path, tiny_target_dir)
-    monkeypatch.setattr(distill, "distill_shard", interrupt_on_call(distill.distill_shard, 2))
+    real = distill.distill_shard
+    monkeypatch.setattr(distill, "distill_shard", interrupt_on_call(real, 2))
     assert cli.main(["distill-data", str(recipe)]) == 130
     line = the_one_line(capsys.readouterr().err, "distill-data")
     out = tmp_path / "data"
     assert f"1 of its 3 shards written in {shards_dir(out)}" in line and "run the same command again" in line
     assert sorted(p.name for p in shards_dir(out).iterdir()) == ["shard-00000"] and not no_temporaries(out)
-    monkeypatch.undo()
     shard_calls = []
-    real = distill.distill_shard
     monkeypatch.setattr(distill, "distill_shard", lambda ctx, dialogs, index: shard_calls.append(index) or
                         real(ctx, dialogs, index))
     assert cli.main(["distill-data", str(recipe)]) == 0
@@ -90,7 +90,7 @@ def test_an_interrupted_train_keeps_its_checkpoint_and_resumes(tmp_path, tiny_ta
     assert "add train.resume=auto to the same command to resume from step 10" in line
     assert (run / "checkpoints" / "last.ckpt").is_file() and not (run / "train_summary.json").exists()
     assert json.loads((run / "last" / "meta.json").read_text())["step"] == 10 and not no_temporaries(run)
-    monkeypatch.undo()
+    monkeypatch.setattr(DraftModule, "training_step", step)
     with caplog.at_level("INFO", logger="specdraft.train.trainer"):
         assert cli.main(["train", str(recipe), "train.resume=auto"]) == 0
     assert "last.ckpt at step 10" in caplog.text
@@ -112,12 +112,13 @@ BENCH = ["--max-new-tokens", "6", "--device", "cpu", "--max-len", "256", "--chai
 
 def test_an_interrupted_bench_writes_nothing_and_runs_again(export_dir, monkeypatch, capsys):
     prompts = export_dir.parent / "eval.jsonl"  # 3 prompts: the 3rd generate is the 2nd timed prompt
-    monkeypatch.setattr(SpecEngine, "generate", interrupt_on_call(SpecEngine.generate, 3))
+    generate = SpecEngine.generate
+    monkeypatch.setattr(SpecEngine, "generate", interrupt_on_call(generate, 3))
     assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), *BENCH]) == 130
     line = the_one_line(capsys.readouterr().err, "bench")  # the progress bar's line ended before it
     assert f"nothing written to {export_dir}" in line and "run the same command again" in line
     assert not (export_dir / "bench.json").exists() and not no_temporaries(export_dir)
-    monkeypatch.undo()
+    monkeypatch.setattr(SpecEngine, "generate", generate)
     assert cli.main(["bench", str(export_dir), "--prompts", str(prompts), *BENCH]) == 0
     assert (export_dir / "bench.json").is_file() and (export_dir / "bench.png").is_file()  # beside the export
 
