@@ -492,5 +492,6 @@ class Recipe:
         if self.train.shard_target == "true":
             raise prefetch_refusal("online", got="train.shard_target=true")
 
+
 SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,
             "train": TrainConfig, "eval": EvalConfig, "runtime": RuntimeConfig}
