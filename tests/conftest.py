@@ -6,8 +6,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-if not torch.cuda.is_available():  # Triton kernels are tested on the CPU through its interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if not torch.cuda.is_available():  # Triton kernels are tested on the CPU through its interpreter, where a test
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # asks for them (`_kernels_on_cpu`); elsewhere the references
+    os.environ.setdefault("SPECDRAFT_KERNELS", "reference")  # run, in fixtures of any scope and subprocesses too
 
 import pytest  # noqa: E402
 
@@ -31,13 +32,15 @@ def _seed():
 
 
 @pytest.fixture(autouse=True)
-def _reference_kernels_on_cpu(request, monkeypatch):
+def _kernels_on_cpu(request, monkeypatch):
     """On a CPU the Triton kernels run through Triton's interpreter, far too slowly for whole trainings and
-    generations: every test runs the kernels' PyTorch references (its subprocesses too) except tests/kernels, which
-    compares each kernel with its reference, and the tests marked `triton_kernels`, which decode through them."""
-    if torch.cuda.is_available() or "triton_kernels" in request.keywords or request.node.path.parent.name == "kernels":
+    generations: the process runs the kernels' PyTorch references (SPECDRAFT_KERNELS=reference, set above for
+    every fixture and subprocess) except in tests/kernels, which compares each kernel with its reference, and the
+    tests marked `triton_kernels`, which decode through them."""
+    if torch.cuda.is_available() or not ("triton_kernels" in request.keywords
+                                         or request.node.path.parent.name == "kernels"):
         return
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    monkeypatch.delenv("SPECDRAFT_KERNELS", raising=False)
 
 
 @pytest.fixture(scope="session")

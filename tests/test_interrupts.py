@@ -1,8 +1,7 @@
 """Ctrl-C (a KeyboardInterrupt, monkeypatched into the work) during `distill-data`, `train` and `bench`: one line
 saying what was kept and how to go on, exit 130, no traceback, nothing half-written; the same command (train:
 with train.resume=auto) then finishes from there. Also the bad paths and prompt files that must fail before a model
-loads. CPU, tiny random models. Each test puts back what it interrupted by hand: monkeypatch.undo() would also drop
-conftest's SPECDRAFT_KERNELS=reference and run the second half's kernels in Triton's interpreter (minutes)."""
+loads. CPU, tiny random models."""
 import json
 import signal
 

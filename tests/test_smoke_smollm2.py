@@ -22,11 +22,8 @@ def smoke_run(tmp_path_factory):
         pytest.skip("needs .venv (bash tools/setup.sh)")
     runs = tmp_path_factory.mktemp("smoke")
     overrides = [f"distill.output_dir={runs / 'data'}", f"train.output_dir={runs / 'train'}"]
-    # As a user's shell starts it: without conftest's TRITON_INTERPRET (set for tests/kernels), which would run every
-    # kernel in the interpreter here, since a module's fixture comes before the per-test one choosing the references.
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     done = subprocess.run(["bash", "tools/run_default.sh", SMOKE, *overrides], capture_output=True, text=True,
-                          timeout=3600, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)})
+                          timeout=3600, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return runs, done
 
