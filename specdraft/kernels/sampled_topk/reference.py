@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from specdraft.kernels.tree_sample.reference import scaled_logits
+from specdraft.kernels.temperature import scaled_logits
 
 
 def sampled_topk_reference(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, exponential: torch.Tensor,
