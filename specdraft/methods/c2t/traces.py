@@ -23,6 +23,7 @@ from specdraft.kernels.prune_children import child_inputs
 from specdraft.methods.base import RecordContext
 from specdraft.methods.c2t.config import C2TConfig
 from specdraft.methods.c2t.model import ENTROPY_TOP, draft_digest
+from specdraft.targets.chat import template_ids
 from specdraft.targets.load import eos_token_ids
 
 
@@ -86,10 +87,9 @@ class TraceRecorder:
 
 
 def _prompt_ids(tokenizer, conversation) -> List[int]:
-    """The chat-templated first user turn (transformers 5 may return a BatchEncoding)."""
+    """The chat-templated first user turn."""
     first_user = next(message for message in conversation.messages if message["role"] == "user")
-    result = tokenizer.apply_chat_template([first_user], tokenize=True, add_generation_prompt=True)
-    return list(result["input_ids"] if hasattr(result, "keys") else result)
+    return template_ids(tokenizer, [first_user], add_generation_prompt=True)
 
 
 class TraceMaker:

@@ -48,6 +48,7 @@ from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods.judge.config import JudgeConfig
 from specdraft.methods.judge.on_policy import judge_accepted, mining_judge
+from specdraft.targets.chat import template_ids
 from specdraft.targets.generate import greedy_continuations
 from specdraft.targets.load import eos_token_ids
 
@@ -243,9 +244,7 @@ class JudgeMiner:
         """The conversation's first user turn (after its system prompt, if any), chat template applied."""
         messages = conversation.messages
         first_user = next(i for i, message in enumerate(messages) if message["role"] == "user")
-        encoded = self.target.tokenizer.apply_chat_template(messages[:first_user + 1], add_generation_prompt=True,
-                                                            return_dict=True)
-        return list(encoded["input_ids"])
+        return template_ids(self.target.tokenizer, messages[:first_user + 1], add_generation_prompt=True)
 
     def records(self, conversations) -> Tuple[List[dict], List[dict]]:
         problems, prompts, checked = [], [], []
