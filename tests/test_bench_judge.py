@@ -71,13 +71,15 @@ def test_a_second_round_mines_with_the_first_round_s_judge_and_reports_both(tmp_
                                                      for i in range(6)])
     heldout = write_prompts(tmp_path / "heldout.jsonl", [{"prompt": f"h{i}?", "check": "hashed", "answer": -1}
                                                          for i in range(2)])
+    heldout_labels = write_prompts(tmp_path / "heldout_labels.jsonl",
+                                   [{"prompt": f"t{i}?", "check": "hashed", "answer": i} for i in range(4)])
     work = tmp_path / "work"
     report = load_tool("bench/judge").main([
         str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3", "train.val_every_steps=3",
         "train.micro_batch_size=2", "train.warmup_steps=1", "--target", str(tiny_target_dir), "--train-prompts",
         str(train), "--heldout-prompts", str(heldout), "--thresholds", "0.9", "0", "--precision-targets", "0.5",
         "--max-new-tokens", "8", "--shape", "3", "--lossless-prompts", "1", "--rounds", "2", "--mine-threshold", "0",
-        "--work", str(work)])
+        "--template-labels", str(heldout_labels), "--work", str(work)])
     first, second = report["rounds"]
     assert first["round"] == 1 and first["mine_judge"] is None and first["labels"] == report["labels"]
     assert second["mine_judge"] == str(work / "export") and second["mine_threshold"] == 0.0
@@ -87,5 +89,10 @@ def test_a_second_round_mines_with_the_first_round_s_judge_and_reports_both(tmp_
     recipe = (work / "round2" / "train" / "recipe.yaml").read_text()
     assert str(work / "labels") in recipe and str(work / "round2" / "labels") in recipe  # both rounds' labels
     assert (work / "round2" / "export" / "config.json").is_file()
+    templates = report["template_labels"]  # mined once, with exact acceptance; every round's head scored on them
+    assert templates["mined"]["prompts"] == 4 and templates["labels"] == templates["mined"]["labels"]
+    assert (work / "template_labels.json").is_file() and (work / "round2" / "template_labels.json").is_file()
+    assert all("template_precision" in point for point in second["sweep"])
     out = capsys.readouterr().out
-    assert "round 2, mined with" in out and "round 2: τ ratio / retained / label precision" in out
+    assert "round 2, mined with" in out and "label precision / template-label precision" in out
+    assert f"labels mined on {heldout_labels}:" in out

@@ -51,8 +51,14 @@ def test_splits_are_disjoint_templates_and_items_do_not_depend_on_the_count():
     assert len(conversations) == 5 and conversations[0].messages[0]["content"] == first
     with pytest.raises(SpecdraftError, match="unknown task split 'dev'; valid: heldout, train"):
         load_conversations(["tasks:dev"])
-    with pytest.raises(SpecdraftError, match="the count must be a positive integer"):
-        load_conversations(["tasks:train:lots"])
+    for bad in ("tasks:train:lots", "tasks:train:0", "tasks:train:5..5", "tasks:train:..4"):
+        with pytest.raises(SpecdraftError, match="write tasks:SPLIT:COUNT with a positive integer COUNT"):
+            load_conversations([bad])
+
+
+def test_a_range_of_items_is_the_same_items_as_in_the_whole_split():
+    later = load_conversations(["tasks:heldout:30..34"])
+    assert [c.messages[0]["content"] for c in later] == [r["prompt"] for r in task_records("heldout", 34)[30:]]
 
 
 @pytest.mark.parametrize("kind, expected, answer, verdict_", [

@@ -3,14 +3,15 @@ reversal, counting, field extraction, JSON formatting and the like, each a templ
 words from a seeded generator. Two disjoint sets of templates: `train` (to mine labels on) and `heldout` (to
 measure quality on templates no label came from).
 
-As a prompt set: `tasks:SPLIT` or `tasks:SPLIT:COUNT` (default count 500), read like any prompt file
-(specdraft.data.sources); item i of a split is the same whatever the count. Each record is a `prompt`, its
-`check` and `answer` (checks.py) and its `template`.
+As a prompt set: `tasks:SPLIT`, `tasks:SPLIT:COUNT` (the first COUNT items; default 500) or `tasks:SPLIT:START..END`
+(items START to END - 1: say, labels mined on a held-out template's items that a bench of its first items never
+sees), read like any prompt file (specdraft.data.sources); item i of a split is the same whatever the count. Each
+record is a `prompt`, its `check` and `answer` (checks.py) and its `template`.
 """
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from specdraft.core.errors import SpecdraftError, choices_error
 
@@ -149,6 +150,65 @@ def json_year(rng):
                  "json", {"title": title, "year": year})
 
 
+def first_word(rng):
+    words = rng.sample(ANIMALS, rng.randint(3, 5))
+    return _item(f"What is the first word in this list: {', '.join(words)}?", "text", words[0], reject=words[2:])
+
+
+def opposite(rng):
+    word, answer = rng.choice([("hot", "cold"), ("big", "small"), ("day", "night"), ("up", "down"),
+                               ("fast", "slow"), ("happy", "sad"), ("open", "closed"), ("wet", "dry")])
+    return _item(f"What is the opposite of {word}? Answer with one word.", "text", answer)
+
+
+def extract_year(rng):
+    title, year = f"The {rng.choice(COLORS).title()} {rng.choice(ANIMALS).title()}", rng.randint(1950, 2020)
+    return _item(f"Title: {title}\nYear: {year}\nAuthor: {rng.choice(NAMES)}\n\nIn which year was this book "
+                 f"published?", "number", year)
+
+
+def extract_score(rng):
+    name, city, score = rng.choice(NAMES), rng.choice(CITIES), rng.randint(10, 99)
+    return _item(f"Player: {name}\nTeam: {city}\nScore: {score}\n\nWhat is the player's score?", "number", score)
+
+
+def extract_team(rng):
+    name, city, score = rng.choice(NAMES), rng.choice(CITIES), rng.randint(10, 99)
+    return _item(f"Player: {name}\nScore: {score}\nTeam: {city}\n\nWhich team does the player play for?", "text",
+                 city, reject=[name])
+
+
+def extract_owner(rng):
+    owner, animal, age = rng.choice(NAMES), rng.choice(ANIMALS), rng.randint(2, 15)
+    return _item(f"Pet: {animal}\nAge: {age}\nOwner: {owner}\n\nWho owns the pet?", "text", owner)
+
+
+def sentence_age(rng):
+    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    return _item(f"{name} is {age} years old and lives in {city}. How old is {name}?", "number", age)
+
+
+def sentence_city(rng):
+    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    return _item(f"{name} lives in {city} and is {age} years old. In which city does {name} live?", "text", city)
+
+
+def sentence_price(rng):
+    item, price = rng.choice(FRUITS), rng.randint(2, 30)
+    return _item(f"A {item} costs {price} dollars at the market. How much does the {item} cost?", "number", price)
+
+
+def sentence_pet(rng):
+    name, animal = rng.choice(NAMES), rng.choice(ANIMALS)
+    return _item(f"{name} has a pet {animal} at home. What kind of animal is {name}'s pet?", "text", animal)
+
+
+def json_pet(rng):
+    animal, name = rng.choice(ANIMALS), rng.choice(NAMES)
+    return _item(f'Write a JSON object with the key "animal" set to "{animal}" and the key "owner" set to "{name}".',
+                 "json", {"animal": animal, "owner": name})
+
+
 # ---- held-out templates -----------------------------------------------------------------------------------
 def subtract(rng):
     a = rng.randint(20, 90)
@@ -226,30 +286,38 @@ TEMPLATES: Dict[str, List[Template]] = {  # the kinds SmolLM2-135M-Instruct most
     "train": [add, largest, extract_age, extract_city, extract_price, json_person, capital, multiply, km_to_m,
               hours_to_minutes, sort_numbers, reverse_words, count_items, add, largest, extract_age, extract_city,
               extract_price, json_person, extract_id, extract_pet, extract_product, json_country, json_year,
-              extract_id, extract_pet, extract_product, json_country, json_year],
+              extract_id, extract_pet, extract_product, json_country, json_year, first_word, opposite, extract_year,
+              extract_score, extract_team, extract_owner, sentence_age, sentence_city, sentence_price, sentence_pet,
+              json_pet],
     "heldout": [json_city, json_three, extract_email, extract_phone, capital_of, extract_name, smallest, sum_of,
                 extract_color, subtract, kg_to_g, sort_descending, count_colors, json_city, json_three, extract_email,
                 extract_phone, capital_of],
 }
 
 
-def task_records(split: str, count: int = DEFAULT_COUNT) -> List[dict]:
-    """The first `count` items of a split: item i uses template i mod T, drawn from a generator seeded by
-    (split, i), so a longer set starts with the shorter one."""
+def task_records(split: str, count: int = DEFAULT_COUNT, start: int = 0) -> List[dict]:
+    """Items `start` to `start + count - 1` of a split: item i uses template i mod T, drawn from a generator seeded
+    by (split, i), so a longer set starts with the shorter one."""
     if split not in TEMPLATES:
         raise choices_error("task split", split, sorted(TEMPLATES))
     templates = TEMPLATES[split]
     records = []
-    for index in range(count):
+    for index in range(start, start + count):
         template = templates[index % len(templates)]
         rng = random.Random(f"{split}:{index}")
         records.append({**template(rng), "template": template.__name__})
     return records
 
 
-def parse_source(source: str) -> tuple:
-    """`tasks:SPLIT[:COUNT]` -> (split, count)."""
-    split, _, count = source[len(PREFIX):].partition(":")
-    if count and not (count.isdigit() and int(count) > 0):
-        raise SpecdraftError(f"prompt set {source!r}: the count must be a positive integer (tasks:SPLIT:COUNT)")
-    return split, int(count) if count else DEFAULT_COUNT
+def parse_source(source: str) -> Tuple[str, int, int]:
+    """`tasks:SPLIT[:COUNT]` or `tasks:SPLIT:START..END` -> (split, count, start)."""
+    split, _, items = source[len(PREFIX):].partition(":")
+    if not items:
+        return split, DEFAULT_COUNT, 0
+    first, dots, last = items.partition("..")
+    if dots and first.isdigit() and last.isdigit() and int(last) > int(first):
+        return split, int(last) - int(first), int(first)
+    if not dots and items.isdigit() and int(items) > 0:
+        return split, int(items), 0
+    raise SpecdraftError(f"prompt set {source!r}: write tasks:SPLIT:COUNT with a positive integer COUNT, or "
+                         f"tasks:SPLIT:START..END with integers START < END")

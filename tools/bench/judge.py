@@ -29,6 +29,11 @@ judge the states judge decoding reaches, trains a head on every round's labels s
 the first shape at round 1's sweep (and the δ its own precision targets choose), under WORK/roundK. Below the
 table: each later round's labels (unrecoverable mismatches among them) and, per δ, every round's τ ratio, retained
 accuracy and label precision side by side.
+
+--template-labels PROMPTS (say tasks:heldout:100..600: the held-out templates' items past the bench's first 100)
+mines labels there too, with exact acceptance, and scores each round's head on them: precision and recall on
+templates no label it trained on came from, beside its validation labels'. A head whose precision holds on its
+validation labels but not on these has learned its templates, not the task.
 """
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shap
 from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 
 GOAL_RETAINED = 0.98
-TRAIN_PROMPTS = 3000
+TRAIN_PROMPTS = 4000
 THRESHOLDS = [0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
 PRECISION_TARGETS = [0.99, 0.995]
 MINE_THRESHOLD = 0.9
@@ -121,6 +126,13 @@ def run_round(args, work: Path, number: int) -> Dict[str, float]:
     labels = heldout_labels(out, sorted({*args.thresholds, *first_sweep}), args.precision_targets)
     write_json(out / "heldout_labels.json", labels)
     thresholds = sorted({*first_sweep, *sweep(args.thresholds, labels)})
+    if args.template_labels:
+        if number == 1:
+            mined: Dict[str, float] = {}
+            _cli(["distill-data", str(args.recipe), *overrides, f"data.prompts=[{args.template_labels}]",
+                  f"distill.output_dir={work / 'template_labels'}"], mined)
+            seconds["template labels"] = mined["distill-data"]
+        write_json(out / "template_labels.json", template_labels(out, work / "template_labels", thresholds))
     for index, shape in enumerate(args.shape if number == 1 else args.shape[:1]):  # float32 check: round 1's first
         bench = ["bench", str(out / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature",
                  "0", "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts",
@@ -141,8 +153,7 @@ def bench_dir(work: Path, index: int, shape: str) -> Path:
 def heldout_labels(work: Path, thresholds: List[float], precision_targets: List[float]) -> dict:
     """The trained head on the labels of its validation prompts (the train stage's split): scores of positives
     and negatives, precision and recall at each δ, and the δ that reaches each precision target on them."""
-    from specdraft.drafts import load_draft
-    from specdraft.methods.judge import LinearJudge, judge_collate, label_curve, threshold_for_precision
+    from specdraft.methods.judge import judge_collate
     from specdraft.recipes import load_recipe
     from specdraft.train.data import load_distilled, split_distilled
 
@@ -150,7 +161,26 @@ def heldout_labels(work: Path, thresholds: List[float], precision_targets: List[
     dirs = [recipe.distill.output_dir, *recipe.train.extra_distilled]
     dataset = load_distilled(dirs, all_columns=True)
     _, val_idx = split_distilled(dirs, len(dataset), recipe.data.val_fraction, recipe.train.seed)
-    batch = judge_collate(list(dataset.select(val_idx)))
+    return label_report(work, judge_collate(list(dataset.select(val_idx))), thresholds, precision_targets)
+
+
+def template_labels(work: Path, labels_dir: Path, thresholds: List[float]) -> dict:
+    """The trained head on every label of `labels_dir` (mined on --template-labels: templates no training label
+    came from), as `heldout_labels` reports its validation labels."""
+    from specdraft.methods.judge import judge_collate
+    from specdraft.train.data import load_distilled
+
+    batch = judge_collate(list(load_distilled([labels_dir], all_columns=True)))
+    return label_report(work, batch, thresholds, [])
+
+
+def label_report(work: Path, batch: Dict[str, torch.Tensor], thresholds: List[float],
+                 precision_targets: List[float]) -> dict:
+    """WORK's trained head on a batch of labels: score percentiles per class, the curve at each δ, and the δ
+    reaching each precision target."""
+    from specdraft.drafts import load_draft
+    from specdraft.methods.judge import LinearJudge, label_curve, threshold_for_precision
+
     labels = batch["labels"]
     with torch.no_grad():
         scores = LinearJudge(load_draft(work / "train").draft).scores(batch["hidden"]) if len(labels) else labels
@@ -223,8 +253,11 @@ def round_summary(args, work: Path, number: int) -> dict:
     out = round_dir(work, number)
     heldout = _read(out / "heldout_labels.json")
     summary = shape_summary(_read(out / "bench" / "bench.json"))
+    templates = _read(out / "template_labels.json")
     for point in summary["sweep"]:
         point["label_precision"] = _label_point(heldout, point["judge_threshold"]).get("precision")
+        if templates:
+            point["template_precision"] = _label_point(templates, point["judge_threshold"]).get("precision")
     mined_by = None if number == 1 else str(round_dir(work, number - 1) / "export")
     return {"round": number, "mine_judge": mined_by, "mine_threshold": None if number == 1 else args.mine_threshold,
             "labels": label_stats(out / "labels"), "head": head_metrics(out), **summary}
@@ -239,7 +272,10 @@ def collect(args, work: Path) -> dict:
               "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
               "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
               "head": head_metrics(work), "stage_seconds": seconds, "bench": bench, "goal": goal(bench),
-              "other_shapes": others}
+              "other_shapes": others, "template_labels_prompts": args.template_labels}
+    if args.template_labels:
+        report["template_labels"] = {"mined": label_stats(work / "template_labels"),
+                                     **_read(work / "template_labels.json")}
     if args.rounds > 1:
         report["rounds"] = [round_summary(args, work, number) for number in range(1, args.rounds + 1)]
     return report
@@ -263,6 +299,22 @@ def _heldout_line(heldout: dict) -> str:
     return (f"held-out labels: {heldout.get('labels')} ({heldout.get('positives')} positive); score percentiles "
             f"10/25/50/75/90% positives {quantiles.get('positive')}, negatives {quantiles.get('negative')}; "
             f"chosen {chosen or '-'}")
+
+
+def _template_lines(report: dict) -> List[str]:
+    """The head on labels mined on --template-labels (templates it never trained on): precision and recall per δ
+    beside those on its validation labels."""
+    templates = report.get("template_labels")
+    if not templates:
+        return []
+    heldout = report.get("heldout_labels") or {}
+    rows = [[f"δ={point['threshold']:.4g}", *_label_cells(heldout, point["threshold"]),
+             fmt(point["precision"], ".3f"), fmt(point["recall"], ".3f"), point["false_accepts"]]
+            for point in templates["curve"]]
+    return ["", f"labels mined on {report['template_labels_prompts']}: {templates['labels']} "
+                f"({templates['positives']} positive) from {templates['mined']['labelled_prompts']} prompts",
+            markdown_table(["", "validation labels: precision", "recall", "these labels: precision", "recall",
+                            "false accepts"], rows)]
 
 
 def _goal_text(reached: Optional[dict]) -> str:
@@ -300,8 +352,9 @@ def _round_cell(summary: dict, threshold: float) -> str:
     point = next((p for p in summary["sweep"] if p["judge_threshold"] == threshold), None)
     if point is None:
         return "-"
-    return (f"{point['tau_ratio']:.2f} / {fmt(point['retained_accuracy'], '.3f')} / "
+    cell = (f"{point['tau_ratio']:.2f} / {fmt(point['retained_accuracy'], '.3f')} / "
             f"{fmt(point['label_precision'], '.3f')}")
+    return cell + (f" / {fmt(point['template_precision'], '.3f')}" if "template_precision" in point else "")
 
 
 def _rounds(report: dict) -> List[str]:
@@ -316,7 +369,9 @@ def _rounds(report: dict) -> List[str]:
     for threshold in thresholds:
         rows.append([f"δ={threshold:.4g}", *(_round_cell(summary, threshold) for summary in rounds)])
     rows.append(["goal", *(_goal_text(summary["goal"]) for summary in rounds)])
-    header = ["", *(f"round {summary['round']}: τ ratio / retained / label precision" for summary in rounds)]
+    templates = " / template-label precision" if report.get("template_labels") else ""
+    header = ["", *(f"round {summary['round']}: τ ratio / retained / label precision{templates}"
+                    for summary in rounds)]
     return [*lines, "", markdown_table(header, rows)]
 
 
@@ -345,7 +400,8 @@ def table(report: dict) -> str:
                              "label recall", "plain accuracy", "accuracy", "retained accuracy", "identical to plain",
                              "lossless"], rows), "",
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
-             "goal (retained accuracy >= 98%): " + _goal_text(reached), *_other_shapes(report), *_rounds(report),
+             "goal (retained accuracy >= 98%): " + _goal_text(reached), *_template_lines(report),
+             *_other_shapes(report), *_rounds(report),
              "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
     return "\n".join(lines)
 
@@ -358,6 +414,10 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "judge_smollm2.yaml")
     parser.add_argument("--train-prompts", default=f"tasks:train:{TRAIN_PROMPTS}", help="prompts labels are mined on")
     parser.add_argument("--heldout-prompts", default="tasks:heldout:100", help="prompts the sweep is benched on")
+    parser.add_argument("--template-labels", default=None,
+                        help="prompts of templates the head never trains on (say tasks:heldout:100..600, past the "
+                             "bench's items): labels mined on them with exact acceptance, each round's head scored "
+                             "on them beside its validation labels")
     parser.add_argument("--thresholds", type=float, nargs="+", default=THRESHOLDS)
     parser.add_argument("--precision-targets", type=float, nargs="*", default=PRECISION_TARGETS,
                         help="each adds to the sweep the δ reaching this precision on the held-out labels")
