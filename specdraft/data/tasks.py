@@ -44,6 +44,11 @@ def _unsorted(rng: random.Random, count: int) -> List[int]:
     return values
 
 
+def _person(rng: random.Random) -> tuple:
+    """A name, a city and an adult age, drawn in that order."""
+    return rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+
+
 def _conversion(rng: random.Random, small: str, large: str, factor: int) -> dict:
     amount = rng.randint(2, 9)
     return _item(f"How many {small} are in {amount} {large}?", "number", amount * factor)
@@ -94,12 +99,12 @@ def count_items(rng):
 
 
 def extract_age(rng):
-    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    name, city, age = _person(rng)
     return _item(f"Name: {name}\nAge: {age}\nCity: {city}\n\nWhat is the age of this person?", "number", age)
 
 
 def extract_city(rng):
-    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    name, city, age = _person(rng)
     return _item(f"Name: {name}\nCity: {city}\nAge: {age}\n\nWhich city does this person live in?", "text", city)
 
 
@@ -184,12 +189,12 @@ def extract_owner(rng):
 
 
 def sentence_age(rng):
-    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    name, city, age = _person(rng)
     return _item(f"{name} is {age} years old and lives in {city}. How old is {name}?", "number", age)
 
 
 def sentence_city(rng):
-    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    name, city, age = _person(rng)
     return _item(f"{name} lives in {city} and is {age} years old. In which city does {name} live?", "text", city)
 
 
@@ -231,7 +236,7 @@ def sort_descending(rng):
 
 
 def extract_name(rng):
-    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    name, city, age = _person(rng)
     return _item(f"City: {city}\nAge: {age}\nName: {name}\n\nWhat is the name of this person?", "text", name,
                  reject=[city])
 
@@ -267,7 +272,7 @@ def extract_color(rng):
 
 
 def json_three(rng):
-    name, city, age = rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
+    name, city, age = _person(rng)
     return _item(f'Write a JSON object with the keys "name", "city" and "age" set to "{name}", "{city}" and {age}.',
                  "json", {"name": name, "city": city, "age": age})
 
