@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_console import log_problems, visible_lines
+from tests.logs import log_problems, visible_lines
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = "recipes/smoke/eagle3_smollm2.yaml"

@@ -1,0 +1,30 @@
+"""Reading a captured log as a user would see it: what a terminal shows of it, and what in it a user should not
+see (test_console.py checks the checker; test_smoke_smollm2.py checks the smoke path's whole log with it)."""
+import re
+
+ADVERTS = ("💡 Tip", "litlogger", "litmodels", "Lightning Experiments")
+
+
+def visible_lines(log: str) -> list:
+    """The lines a terminal shows of a log: each line's last carriage-return segment, cursor moves removed."""
+    lines = [re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line).split("\r")[-1].strip() for line in log.split("\n")]
+    return [line for line in lines if line]
+
+
+def log_problems(log: str) -> list:
+    """What a user should not see: tracebacks, repeated lines, adverts, DeepSpeed's guess, library deprecations."""
+    lines = visible_lines(log)
+    problems = [f"repeated: {line}" for index, line in enumerate(lines)
+                if line in lines[:index] and not finished_bar_redrawn(lines, index)]
+    problems += [f"traceback: {line}" for line in lines if line.startswith("Traceback")]
+    problems += [f"advert: {line}" for line in lines if any(advert in line for advert in ADVERTS)]
+    problems += [f"dependency note: {line}" for line in lines
+                 if "Setting accelerator to CPU" in line or re.search(r"site-packages/.*(deprecated|Warning)", line)]
+    return problems
+
+
+def finished_bar_redrawn(lines: list, index: int) -> bool:
+    """Whether line `index` is a finished progress bar drawn again right below itself: tqdm's close redraws its
+    last state, on a line of its own when the stream is not a terminal and that state was already printed
+    (seen once in a slow CI run: `eval: 100%|...| 3/3` twice). Any other repeat is a problem."""
+    return index > 0 and lines[index] == lines[index - 1] and re.search(r": 100%\|.*\| (\d+)/\1 \[", lines[index])
