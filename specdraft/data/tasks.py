@@ -44,7 +44,7 @@ def _unsorted(rng: random.Random, count: int) -> List[int]:
     return values
 
 
-def _person(rng: random.Random) -> tuple:
+def _person(rng: random.Random) -> Tuple[str, str, int]:
     """A name, a city and an adult age, drawn in that order."""
     return rng.choice(NAMES), rng.choice(CITIES), rng.randint(18, 80)
 

@@ -188,8 +188,8 @@ class DraftModule(L.LightningModule):
                     param.register_post_accumulate_grad_hook(lambda _: self.prefetch.mark_gradient())
         unmet = needs.unmet(setting) if setting != "false" else []
         if self.prefetch is not None:
-            choice = f"the next batch's target features ahead (on CUDA on a side stream, from the " \
-                     f"{self.prefetch.start})"
+            choice = ("the next batch's target features ahead (on CUDA on a side stream, from the "
+                      f"{self.prefetch.start})")
         else:
             choice = "each step computes its own" + (f" (needs {PREFETCH_NEEDS[unmet[0]]})" if unmet else "")
         log.info("%s=%s: %s", PREFETCH_KEY, setting, choice)
