@@ -42,13 +42,18 @@ fi
 host=$(hostname -s)
 cpus=$(nproc)
 memory_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10 / nodes ))
+names=()
 if [ "$nodes" = 1 ]; then
   names=("$host")
 else
-  names=()
   for i in $(seq "$nodes"); do names+=("node$i"); done
-  # the node names resolve to this machine, as a cluster's DNS resolves its nodes (one line, rewritten)
-  hosts=$(grep -v '# specdraft local_cluster.sh$' /etc/hosts || true)
+fi
+# node1 .. nodeN resolve to this machine, as a cluster's DNS resolves its nodes (one line of our own, rewritten;
+# none for the host's own name)
+hosts=$(grep -v '# specdraft local_cluster.sh$' /etc/hosts || true)
+if [ "$nodes" = 1 ]; then
+  printf '%s\n' "$hosts" >/etc/hosts
+else
   printf '%s\n127.0.0.1 %s # specdraft local_cluster.sh\n' "$hosts" "${names[*]}" >/etc/hosts
 fi
 mkdir -p /etc/slurm "$state" "$logs" /run/munge
