@@ -2,7 +2,7 @@
 (no SLURM needed), and jobs on a real SLURM (marker `slurm`; skipped unless `sinfo` finds a cluster: `bash
 tools/slurm/local_cluster.sh` starts a two-node one here, as CI does). A tiny CPU training job is preempted once
 and must end where an uninterrupted run ends, on one node and on two; a distill-data array of three workers must
-write what one worker writes. About 4 minutes on 2 cores."""
+write what one worker writes. About 6 minutes on 2 cores."""
 import json
 import os
 import re
