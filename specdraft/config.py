@@ -195,9 +195,10 @@ class TrainConfig:
     precision: str = "auto"
     """auto (bf16-mixed where the hardware has it, else 32), or any Lightning precision string."""
     devices: str = "auto"
-    """Lightning devices: auto, a count, or a list such as '0,1'."""
+    """Lightning devices: auto, a count, or a list such as '0,1'. Under torchrun or srun, auto is the launcher's
+    processes per node."""
     num_nodes: int = 1
-    """Nodes (multi-node runs go through SLURM)."""
+    """Nodes; under torchrun (--nnodes) or srun (--nodes) it must match the launcher's (docs/slurm.md)."""
     val_every_steps: int = 200
     """Validate (acceptance metrics, best checkpoint) every this many optimizer steps."""
     log_every_steps: int = 10

@@ -33,15 +33,26 @@ def test_tiny_cpu_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_profile_runs_every_rank_under_the_profiler(tmp_path):
+def test_profile_runs_every_rank_under_the_profiler(tmp_path, capsys):
     """--profile runs each configuration through tools/profile_train.py: the rate is still measured, and each of
-    the 2 ranks writes its own op tables."""
+    the 2 ranks writes its own op tables and (--trace) Chrome trace, rank 0's read for NCCL's overlap (a CPU
+    trace has no device kernels: gloo); --nccl-channels 4 adds a run of its own beside the 2-process one."""
     report = scale.main(["--config", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--rows", "16",
-                               "--strategies", "ddp", "--gpus", "2", "--profile", "1", "--out", str(tmp_path)])
-    assert report["results"][0]["status"] == "ok" and report["results"][0]["timed_steps"] == 2
-    run = tmp_path / "work" / "runs" / "ddp-2"
-    ranks = [json.loads((run / name).read_text()) for name in ("profile_train.json", "profile_train_rank1.json")]
-    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 and r["top_host"] for r in ranks)
+                         "--strategies", "ddp", "--gpus", "2", "--profile", "1", "--trace", "--nccl-channels", "4",
+                         "--out", str(tmp_path)])
+    assert [(r["gpus"], r["nccl_channels"], r["status"], r["timed_steps"]) for r in report["results"]] == \
+        [(2, None, "ok", 2), (2, 4, "ok", 2)]
+    for name, result in zip(("ddp-2", "ddp-2-ch4"), report["results"]):
+        run = tmp_path / "work" / "runs" / name
+        ranks = [json.loads((run / name).read_text()) for name in ("profile_train.json", "profile_train_rank1.json")]
+        assert [r["rank"] for r in ranks] == [0, 1] and all(r["world_size"] == 2 and r["top_host"] for r in ranks)
+        assert (run / "trace_rank1.json").is_file() and (tmp_path / "logs" / f"{name}.log").is_file()
+        overlap = result["nccl_overlap"]
+        assert overlap["trace"] == str(run / "trace.json") and overlap["steps"] == 1
+        assert overlap["device_kernels"] == overlap["nccl_kernels"] == 0 and overlap["nccl_ms"] == 0
+    assert report["environment"] == scale.MULTICAST_OFF
+    printed = capsys.readouterr().out
+    assert "| ddp | 2 | 4 |" in printed and "| ddp | 2 | NCCL's | no device kernels in the trace |" in printed
 
 
 @pytest.mark.slow
@@ -109,6 +120,61 @@ def test_sync_waits_sum_the_time_inside_wrapped_synchronizations(monkeypatch):
     with pytest.raises(RuntimeError, match="device lost"):
         timed(0.02)
     assert sync_waits.seconds >= 0.03
+
+
+def kernel(name: str, stream: int, start_ms: float, end_ms: float, device: int = 0, category: str = "kernel"):
+    """A device event as Kineto writes it in a Chrome trace (microseconds)."""
+    return {"ph": "X", "cat": category, "name": name, "pid": device, "tid": stream, "ts": 1e3 * start_ms,
+            "dur": 1e3 * (end_ms - start_ms), "args": {"device": device, "stream": stream, "grid": [1, 1, 1]}}
+
+
+def test_nccl_overlap_splits_nccl_time_into_overlapped_and_exposed(tmp_path):
+    """Two profiled steps on one device: compute on the main stream (7) and a side stream (20, the prefetched
+    forward), two NCCL kernels on NCCL's stream (30); a copy and a host op, which are neither."""
+    events = [kernel("ampere_bf16_gemm", 7, 0, 10), kernel("elementwise", 7, 12, 20), kernel("flash_fwd", 20, 5, 15),
+              kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 30, 8, 14),
+              kernel("ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16(ncclWork)", 30, 18, 25),
+              kernel("Memcpy HtoD", 7, 25, 30, category="gpu_memcpy"), kernel("softmax", 7, 40, 42),
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5e4}]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    overlap = scale.nccl_overlap(trace, steps=2)
+    # NCCL: [8, 14) + [18, 25) = 13 ms; compute: [0, 20) + [40, 42) = 22 ms; both: [8, 14) + [18, 20) = 8 ms
+    expected = {"device_kernels": 6, "nccl_kernels": 2, "nccl_ms": 6.5, "overlapped_ms": 4.0, "exposed_ms": 2.5,
+                "compute_ms": 11.0, "idle_ms": 7.5,  # [0, 42) less the 27 ms busy, over 2 steps
+                "nccl_ms_by_collective": {"AllReduce": 3.0, "ReduceScatter": 3.5},
+                "compute_ms_by_stream": {"20": 5.0, "7": 10.0}, "overlapped_ms_by_stream": {"20": 3.0, "7": 3.0}}
+    for key, value in expected.items():
+        assert overlap[key] == pytest.approx(value), key
+    assert "| ddp | 2 | 6.5 | 4.0 | 2.5 | 11.0 | 7.5 | 20: 3.0, 7: 3.0 |" in scale.table(
+        [{"strategy": "ddp", "gpus": 2, "status": "ok", "tokens_per_s": 1.0, "tokens_per_s_per_gpu": 0.5,
+          "step_seconds_median": 1.0, "efficiency": None, "nccl_overlap": overlap}])
+    events.append(kernel("gemm", 7, 0, 1, device=1))
+    trace.write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(ValueError, match="kernels of devices \\[0, 1\\]"):
+        scale.nccl_overlap(trace, steps=2)
+
+
+def test_nccl_channels_add_runs_beside_every_multi_gpu_configuration(tmp_path):
+    """--nccl-channels 4,8: a run per value beside each multi-GPU configuration (one GPU once), each in its own
+    directory, NCCL_MAX_NCHANNELS in its environment; NVLink multicast off in every one; strategies comma- or
+    space-separated."""
+    args = scale.parse_args(["--strategies", "deepspeed_stage_2", "deepspeed_stage_3,ddp", "--gpus", "1,2",
+                             "--nccl-channels", "4,8", "--out", str(tmp_path)])
+    assert list(scale.configurations(args)) == [(name, gpus, channels) for name in ("deepspeed_stage_2",
+                                                "deepspeed_stage_3", "ddp")
+                                                for gpus, channels in ((1, None), (2, None), (2, 4), (2, 8))]
+    assert scale.run_dir(tmp_path, "deepspeed_stage_3:shard", 2, 8).name == "deepspeed_stage_3-shard-2-ch8"
+    argv = scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args, 4)
+    assert f"train.output_dir={tmp_path / 'runs' / 'ddp-2-ch4'}" in argv
+    assert scale.train_env("cuda", 4)["NCCL_MAX_NCHANNELS"] == "4"
+    assert scale.MULTICAST_OFF == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                                   "NVSHMEM_DISABLE_NVLS": "1"}
+    for env in (scale.train_env("cuda"), scale.train_env("cpu", 8)):
+        assert scale.MULTICAST_OFF.items() <= env.items()
+    for bad in ("four", "0,4"):
+        with pytest.raises(SystemExit):
+            scale.parse_args(["--nccl-channels", bad, "--out", str(tmp_path)])
 
 
 def test_trace_goes_to_profiled_runs_only(tmp_path):

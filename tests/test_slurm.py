@@ -1,12 +1,15 @@
-"""`specdraft slurm`: the rendered sbatch scripts (no SLURM needed), and jobs on a real SLURM (marker `slurm`;
-skipped unless `sinfo` finds a cluster: `bash tools/slurm/local_cluster.sh` starts a one-node one here, as CI
-does). A tiny CPU training job is preempted once and must end where an uninterrupted run ends; a distill-data
-array of three workers must write what one worker writes. About 3 minutes on 2 cores."""
+"""`specdraft slurm`: the rendered sbatch scripts (no SLURM needed), two nodes started by torchrun on this machine
+(no SLURM needed), and jobs on a real SLURM (marker `slurm`; skipped unless `sinfo` finds a cluster: `bash
+tools/slurm/local_cluster.sh` starts a two-node one here, as CI does). A tiny CPU training job is preempted once
+and must end where an uninterrupted run ends, on one node and on two; a distill-data array of three workers must
+write what one worker writes. About 6 minutes on 2 cores."""
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,10 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_from_disk
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import load_file
 
 from specdraft import cli
+from specdraft.config import TrainConfig
+from specdraft.core.errors import SpecdraftError
 from specdraft.data.format import dataset_dir
+from specdraft.train.cluster import cluster_plugins, node_layout
 from tests.test_train_export_eval import make_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,18 +91,59 @@ def test_slurm_bad_input(tmp_path, tiny_target_dir, distilled, capsys, argv, mes
     assert message in capsys.readouterr().err
 
 
+def _launched_by(monkeypatch, **env) -> None:
+    """This process as a launcher's rank: no launcher variables but `env`."""
+    for name in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))] + ["LOCAL_WORLD_SIZE"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_torchrun_layout_wins_inside_slurm(monkeypatch):
+    """torchrun started inside a SLURM allocation (an srun task per node, each running torchrun): Lightning's
+    torchrun environment, not SLURM's; train.devices=auto takes LOCAL_WORLD_SIZE; a recipe whose num_nodes
+    disagrees is a one-line error."""
+    _launched_by(monkeypatch, TORCHELASTIC_RUN_ID="r", LOCAL_WORLD_SIZE="1", WORLD_SIZE="2", SLURM_NTASKS="2",
+                 SLURM_JOB_NAME="specdraft-train", SLURM_NNODES="2")
+    assert cluster_plugins() == []
+    assert node_layout(TrainConfig(devices="auto", num_nodes=2)) == (1, 2)
+    with pytest.raises(SpecdraftError, match=re.escape(
+            "torchrun started the ranks with LOCAL_WORLD_SIZE=1, WORLD_SIZE=2, but the recipe says train.num_nodes=1 "
+            "(the launcher's: 2): pass train.num_nodes=2 train.devices=1")):
+        node_layout(TrainConfig(devices="1", num_nodes=1))
+
+
+def test_srun_layout(monkeypatch):
+    """Under srun: Lightning's SLURM environment with auto-requeue on SIGUSR1; devices=auto is
+    SLURM_NTASKS_PER_NODE; outside any launcher the recipe's layout goes to Lightning as it is."""
+    _launched_by(monkeypatch, SLURM_NTASKS="4", SLURM_JOB_NAME="specdraft-train", SLURM_NTASKS_PER_NODE="2",
+                 SLURM_NNODES="2")
+    (plugin,) = cluster_plugins()
+    assert isinstance(plugin, SLURMEnvironment) and plugin.auto_requeue and plugin.requeue_signal == signal.SIGUSR1
+    assert node_layout(TrainConfig(devices="auto", num_nodes=2)) == (2, 2)
+    with pytest.raises(SpecdraftError, match=r"train\.devices=4 \(the launcher's: 2\)"):
+        node_layout(TrainConfig(devices="4", num_nodes=2))
+    _launched_by(monkeypatch)
+    assert cluster_plugins() == [] and node_layout(TrainConfig(devices="auto", num_nodes=3)) == ("auto", 3)
+
+
 # ---------------------------------------------------------------- a real SLURM
 
 
-def _cluster_or_skip() -> None:
+def _cluster_or_skip(nodes: int = 1) -> None:
+    """Skips unless a SLURM cluster answers with at least `nodes` nodes up."""
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         pytest.skip("SLURM is not installed (sinfo/sbatch not found); bash tools/slurm/local_cluster.sh starts one")
     try:
-        done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=20)
     except subprocess.TimeoutExpired:
         pytest.skip("no SLURM cluster answers (sinfo timed out)")
-    if done.returncode != 0 or not re.search(r"idle|mixed|allocated", done.stdout):
+    up = {line.split()[0] for line in done.stdout.splitlines() if re.search(r" (idle|mixed|allocated)\S*$", line)}
+    if done.returncode != 0 or not up:
         pytest.skip(f"no SLURM cluster answers: sinfo says {(done.stderr or done.stdout).strip()[:200]!r}")
+    if len(up) < nodes:
+        pytest.skip(f"the SLURM cluster has {len(up)} node(s) up, {nodes} needed: bash tools/slurm/local_cluster.sh "
+                    f"{nodes} starts {nodes} on this machine")
 
 
 def _env() -> dict:
@@ -150,9 +198,10 @@ def uninterrupted(tmp_path_factory, tiny_target_dir, distilled):
     return tmp_path / "run"
 
 
-def _submit_training(tmp_path, tiny_target_dir, distilled) -> tuple:
-    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=STEPS, val_every_steps=CHECKPOINT_EVERY)
-    result = _specdraft("slurm", "train", str(recipe_path), "--nodes", "1", "--gpus-per-node", "0",
+def _submit_training(tmp_path, tiny_target_dir, distilled, nodes: int = 1, **train) -> tuple:
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=STEPS, val_every_steps=CHECKPOINT_EVERY,
+                              **train)
+    result = _specdraft("slurm", "train", str(recipe_path), "--nodes", str(nodes), "--gpus-per-node", "0",
                         "--cpus-per-task", "1", "--time", "00:30:00")
     run = tmp_path / "run"
     wait_for(lambda: (run / "checkpoints" / "last.ckpt").exists(), "the first checkpoint", 300, run / "slurm")
@@ -223,3 +272,91 @@ def test_distill_array_of_three_equals_one_worker(tmp_path, tiny_target_dir):
     assert len({row["index"] for row in rows}) == len(rows) == 7
     throughput = json.loads((out / "throughput.json").read_text())
     assert throughput["workers"] == 3 and sorted(w["worker"] for w in throughput["per_worker"]) == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- two nodes, on this machine
+# Two ranks, one a node, against one node running the same two ranks: the same global batch (2 ranks x 2 rows),
+# seed and data order (rows are dealt by global rank). DDP averages the two ranks' gradients with one gloo
+# all-reduce: each element is a + b, which floating point gives exactly whichever rank's operand comes first, so
+# nothing depends on the launcher and the weights must be equal bit for bit.
+
+TWO_RANKS = {"strategy": "ddp", "micro_batch_size": 2}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _assert_same_weights(run: Path, expected: Path) -> None:
+    weights, expected_weights = (load_file(path / "last" / "draft.safetensors") for path in (run, expected))
+    assert weights.keys() == expected_weights.keys()
+    for name, weight in expected_weights.items():
+        assert torch.equal(weights[name], weight), f"{name} differs: {(weights[name] - weight).abs().max()}"
+
+
+def _two_ranks_summary(run: Path) -> dict:
+    """The run's summary, checked to be one of two ranks reading 2 rows of 32 tokens each a step."""
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["tokens"] == STEPS * 2 * 2 * 32, summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def one_node_two_ranks(tmp_path_factory, tiny_target_dir, distilled):
+    """The reference: the training on one node, Lightning starting its two ranks (train.devices=2)."""
+    tmp_path = tmp_path_factory.mktemp("one_node")
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=STEPS, val_every_steps=CHECKPOINT_EVERY,
+                              **TWO_RANKS)
+    _specdraft("train", str(recipe_path), "train.devices=2")
+    _two_ranks_summary(tmp_path / "run")
+    return tmp_path / "run"
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_equal_one_node(tmp_path, tiny_target_dir, distilled, one_node_two_ranks):
+    """torchrun --nnodes 2 --nproc-per-node 1, one launcher a node (--node-rank 0 and 1), rendezvous at
+    127.0.0.1: two ranks on two nodes, gloo, the weights of the one-node run."""
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=STEPS, val_every_steps=CHECKPOINT_EVERY,
+                              **TWO_RANKS)
+    port = str(_free_port())
+    env = {k: v for k, v in _env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    launchers = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                   "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                                   "--master-port", port, "-m", "specdraft.cli", "train", str(recipe_path),
+                                   "train.num_nodes=2", "train.devices=1"],
+                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for node in (0, 1)]
+    logs = []
+    try:
+        for launcher in launchers:
+            logs.append(launcher.communicate(timeout=600)[0])
+    finally:
+        for launcher in launchers:
+            launcher.kill()
+    assert [launcher.returncode for launcher in launchers] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in logs[0] and "GLOBAL_RANK: 1, MEMBER: 2/2" in logs[1]
+    _two_ranks_summary(tmp_path / "run")
+    _assert_same_weights(tmp_path / "run", one_node_two_ranks)
+
+
+@pytest.mark.slurm
+def test_two_slurm_nodes_requeued_once_end_like_one_node(tmp_path, tiny_target_dir, distilled, one_node_two_ranks):
+    """`specdraft slurm train --nodes 2`: one rank on each of two nodes (srun), preempted by `scontrol requeue`
+    after its first checkpoint, restarted on two nodes, resumed: the weights of the uninterrupted one-node run."""
+    _cluster_or_skip(nodes=2)
+    job_id, run = _submit_training(tmp_path, tiny_target_dir, distilled, nodes=2, **TWO_RANKS)
+    assert not (run / "train_summary.json").exists(), "the job finished before it could be preempted"
+    state = job_state(job_id)
+    assert state["NumNodes"] == "2" and state["NumTasks"] == "2", state
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    _release_when_pending(job_id, run / "slurm")
+    log = _finished_log(job_id, run)
+    assert job_state(job_id)["NumNodes"] == "2"
+    for rank in (0, 1):
+        assert log.count(f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2") == 2, log[-3000:]  # started, restarted
+    step = int(re.search(r"resumed \S+last\.ckpt at step (\d+)", log).group(1))
+    assert step % CHECKPOINT_EVERY == 0 and CHECKPOINT_EVERY <= step < STEPS
+    _two_ranks_summary(run)
+    _assert_same_weights(run, one_node_two_ranks)

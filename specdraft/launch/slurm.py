@@ -1,9 +1,9 @@
 """`specdraft slurm train|distill-data RECIPE --nodes N --gpus-per-node G [...] [key=value ...]`.
 
-Renders an sbatch script from a template (specdraft/launch/templates/train.sbatch or distill-data.sbatch, shipped in the package, or
---template PATH), writes it beside the run's output (OUTPUT_DIR/slurm/KIND.sbatch, logs in the same folder) and
-submits it with `sbatch` unless --dry-run, which prints it instead. The recipe is loaded (with the overrides)
-first, so a bad recipe fails here and not in the queue.
+Renders an sbatch script from a template (specdraft/launch/templates/train.sbatch or distill-data.sbatch, shipped
+in the package, or --template PATH), writes it beside the run's output (OUTPUT_DIR/slurm/KIND.sbatch, logs in the
+same folder) and submits it with `sbatch` unless --dry-run, which prints it instead. The recipe is loaded (with
+the overrides) first, so a bad recipe fails here and not in the queue.
 
 Templates are `string.Template` text; the placeholders (docs/slurm.md):
   ${job_name} ${nodes} ${tasks_per_node} ${array} ${log} ${signal_seconds} ${workdir} ${command} ${directives}
@@ -11,7 +11,8 @@ ${directives} holds the optional #SBATCH lines (partition, account, time, memory
 with a `$` (the shell's own variables) is left as it is.
 
 train: N nodes x G tasks (one per GPU; one CPU task per node when G is 0), srun, --requeue and
---signal=USR1@S; the command adds `train.resume=auto` and the layout (train.num_nodes, train.devices).
+--signal=USR1@S; the command adds `train.resume=auto` and the layout (train.num_nodes, train.devices), which the
+trainer checks against srun's (specdraft.train.cluster). Rank 0 listens at the first node of the job.
 distill-data: an array of W tasks (default N x G, or N on CPUs), one GPU each; every task is one worker.
 """
 from __future__ import annotations

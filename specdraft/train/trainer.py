@@ -29,7 +29,6 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from safetensors.torch import save_file
 
 from specdraft.config import Recipe, TrainConfig
@@ -44,6 +43,7 @@ from specdraft.core.types import DraftContext
 from specdraft.targets import load_target_info
 from specdraft.train.deepspeed_step import merge_config, sets_reduce_scatter, step_config
 from specdraft.train.device_reads import SigtermFlag
+from specdraft.train.cluster import cluster_plugins, node_layout
 from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
 from specdraft.train.manifest import check_checkpoint_file
@@ -158,11 +158,8 @@ def _resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
 
 
 def _plugins() -> list:
-    """Under SLURM (srun): Lightning's SLURM environment with auto-requeue. On SIGUSR1 (sbatch --signal) it
-    saves hpc_ckpt_N.ckpt and runs `scontrol requeue`; the requeued job resumes with train.resume=auto."""
-    if SLURMEnvironment.detect():
-        return [SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1)]
-    return []
+    """Under SLURM (srun, not torchrun): Lightning's SLURM environment with auto-requeue (specdraft.train.cluster)."""
+    return cluster_plugins()
 
 
 def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
@@ -170,13 +167,13 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
                   trust_checkpoint: bool = False) -> L.Trainer:
     checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                   every_n_train_steps=cfg.val_every_steps)
-    devices = int(cfg.devices) if cfg.devices.isdigit() else cfg.devices
+    devices, num_nodes = node_layout(cfg)  # checked against torchrun's or srun's layout
     callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(),
                  FinishLastStep(cfg, run_dir / "checkpoints"), StepTimes(run_dir / "logs", cfg.log_every_steps),
                  CheckpointStep(),
                  TrainProgress(cfg, ("train/loss", "train/tokens_per_s", f"val/{monitor}")), *extra_callbacks]
     trainer = L.Trainer(
-        accelerator="auto", devices=devices, num_nodes=cfg.num_nodes,
+        accelerator="auto", devices=devices, num_nodes=num_nodes,
         strategy=_strategy(cfg, resume_from, trust_checkpoint),
         precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
         accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip or None,

@@ -7,6 +7,8 @@ train` (`train`, the default); and the host work ZeRO-3 adds on a CPU: a draft's
     python tools/bench/scale.py --config tiny --device cpu --out /tmp/bench     # tiny model, CPU, ddp
     python tools/bench/scale.py --gpus 1,2 --strategies deepspeed_stage_3 --profile 2 --out DIR   # where it goes
     python tools/bench/scale.py --gpus 1,4 --warmup 5 --steps 30 --phases --out DIR  # every rank's phases
+    python tools/bench/scale.py --gpus 1,2,4 --profile 3 --trace --nccl-channels 4,8 --out DIR  # NCCL's overlap
+    python tools/bench/scale.py overlap DIR/work/runs/deepspeed_stage_2-4/trace.json --steps 3   # one trace's
     python tools/bench/scale.py zero3-host --steps 300 --out DIR                 # CPU: 2, 3, 3-whole
     python tools/bench/scale.py target-linear --steps 200 --out DIR              # CPU
     python tools/bench/scale.py cli --out DIR      # specdraft train with recipes/eagle3_llama3.yaml beside the harness
@@ -25,6 +27,13 @@ rewritten after every configuration, so an interrupted run keeps what it measure
 OUT/logs/STRATEGY-N.log. On the CPU DeepSpeed is not available (Lightning runs it on CUDA only), so the tiny CPU
 run measures ddp with 1 and 2 processes.
 
+`--nccl-channels 4,8` adds, beside every multi-GPU configuration, one run per value with NCCL_MAX_NCHANNELS set
+to it: fewer channels take fewer SMs from the kernels NCCL shares the device with (the next batch's target
+forward, prefetched on a side stream), at some bandwidth. Every process the suite starts keeps NVLink multicast off
+(MULTICAST_OFF). With `--trace`, rank 0's Chrome trace is read (`nccl_overlap`): per step, the device time of
+NCCL's kernels, how much of it ran while compute kernels ran (overlapped, by compute stream too) and how much
+ran alone (exposed: what the step waits for), beside the device's idle time. `overlap TRACE` reads one trace.
+
 `cli`: tools/bench/train_cli.py (its docstring says what it runs).
 
 `zero3-host`, `target-linear`: tools/bench/scale_host.py (its docstring says what they measure).
@@ -34,10 +43,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from suite import REPO, child_env, finish, kill_group, machine, markdown_table, run_parts, sibling, write_report
 
@@ -106,22 +117,43 @@ train: {{micro_batch_size: 1, lr: 1.0e-4, warmup_steps: 1, log_every_steps: 1, s
     return path
 
 
-def run_dir(work: Path, strategy: str, gpus: int) -> Path:
-    return work / "runs" / f"{strategy.replace(':', '-')}-{gpus}"
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""NVLink multicast off in NCCL, PyTorch's symmetric memory and NVSHMEM, in every process the suite starts (a
+program using it can take a shared host's GPUs out of service: tools/gpu/README.md)."""
 
 
-def train_dir(work: Path, strategy: str, gpus: int, args) -> Path:
+def config_name(strategy: str, gpus: int, channels: Optional[int] = None) -> str:
+    """STRATEGY-N, or STRATEGY-N-chC with NCCL_MAX_NCHANNELS=C: a configuration's run directory and log name."""
+    return f"{strategy.replace(':', '-')}-{gpus}" + (f"-ch{channels}" if channels else "")
+
+
+def configurations(args) -> Iterator[Tuple[str, int, Optional[int]]]:
+    """(strategy, GPUs, NCCL channels or None: NCCL's own) in the order they run: every strategy at every GPU count,
+    and each --nccl-channels value beside every multi-GPU count (one GPU reduces nothing across devices)."""
+    for strategy in args.strategies:
+        for gpus in args.gpus:
+            yield strategy, gpus, None
+            for channels in args.nccl_channels if gpus > 1 else ():
+                yield strategy, gpus, channels
+
+
+def run_dir(work: Path, strategy: str, gpus: int, channels: Optional[int] = None) -> Path:
+    return work / "runs" / config_name(strategy, gpus, channels)
+
+
+def train_dir(work: Path, strategy: str, gpus: int, args, channels: Optional[int] = None) -> Path:
     """The run's train.output_dir: the run directory, or (--profile, --phases) profile_train's `train` inside it."""
-    return run_dir(work, strategy, gpus) / "train" if args.profile or args.phases else run_dir(work, strategy, gpus)
+    folder = run_dir(work, strategy, gpus, channels)
+    return folder / "train" if args.profile or args.phases else folder
 
 
-def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list:
+def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args, channels: Optional[int] = None) -> list:
     """The `specdraft train` command of one configuration (`STRATEGY:shard`: the target partitioned); with
     --profile, tools/profile_train.py running the same recipe and overrides, its last steps under the profiler;
     with --phases, the same with every timed step's phases timed instead."""
     name, _, option = strategy.partition(":")
     steps = args.warmup + args.steps
-    overrides = [f"train.output_dir={train_dir(work, strategy, gpus, args)}", f"train.strategy={name}",
+    overrides = [f"train.output_dir={train_dir(work, strategy, gpus, args, channels)}", f"train.strategy={name}",
                  f"train.devices={gpus}", f"train.max_steps={steps}", f"train.val_every_steps={steps + 1}",
                  f"train.shard_target={'true' if option == 'shard' else 'auto'}"]
     overrides += args.override
@@ -131,12 +163,15 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args) -> list
     flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync \
         + ["--pin-cores"] * args.pin_cores + ["--split-forward"] * args.split_forward
     return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--warmup", str(warmup),
-            "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus)), *flags]
+            "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus, channels)), *flags]
 
 
-def train_env(device: str) -> dict:
-    """The environment of a configuration's `specdraft train` process (on a CPU: no GPU, one thread each)."""
-    env = child_env(drop=["SLURM_"], HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+def train_env(device: str, channels: Optional[int] = None) -> dict:
+    """The environment of a configuration's `specdraft train` process: NVLink multicast off, NCCL_MAX_NCHANNELS
+    when `channels` is given (else whatever this environment says), and on a CPU no GPU and one thread each."""
+    env = child_env(drop=["SLURM_"], HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **MULTICAST_OFF)
+    if channels:
+        env["NCCL_MAX_NCHANNELS"] = str(channels)
     if device == "cpu":
         env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     return env
@@ -159,18 +194,19 @@ def log_tail(path: Path, lines: int = 8) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
-def measure(work: Path, strategy: str, gpus: int, args) -> dict:
-    """One configuration's steady tokens/s from its step times; raises on a failed or unmeasurable run."""
+def measure(work: Path, strategy: str, gpus: int, args, channels: Optional[int] = None) -> dict:
+    """One configuration's steady tokens/s from its step times (with --trace, rank 0's NCCL overlap too); raises
+    on a failed or unmeasurable run."""
     from specdraft.train.timing import read_step_times, steady_rate
 
-    log_path = args.out / "logs" / f"{strategy.replace(':', '-')}-{gpus}.log"
+    log_path = args.out / "logs" / f"{config_name(strategy, gpus, channels)}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        returncode = run_process_group(train_argv(work, args.recipe, strategy, gpus, args),
-                                       train_env(args.device), log, args.timeout)
+        returncode = run_process_group(train_argv(work, args.recipe, strategy, gpus, args, channels),
+                                       train_env(args.device, channels), log, args.timeout)
     if returncode != 0:
         raise RuntimeError(f"exit {returncode}: {log_tail(log_path, 3)}")
-    rows = read_step_times(train_dir(work, strategy, gpus, args) / "logs" / "step_times.csv")
+    rows = read_step_times(train_dir(work, strategy, gpus, args, channels) / "logs" / "step_times.csv")
     rate = steady_rate(rows, args.warmup)
     if rate is None:
         raise RuntimeError(f"{len(rows)} timed steps: too few after {args.warmup} warm-up steps")
@@ -178,7 +214,9 @@ def measure(work: Path, strategy: str, gpus: int, args) -> dict:
     result = {"tokens_per_s": rate, "tokens_per_s_per_gpu": rate / gpus, "timed_steps": len(step_seconds),
               "step_seconds_median": float(np.median(step_seconds)), "first_step_seconds": rows[0][1]}
     if args.phases:
-        result["phase_ms_median_by_rank"] = phases_by_rank(run_dir(work, strategy, gpus))
+        result["phase_ms_median_by_rank"] = phases_by_rank(run_dir(work, strategy, gpus, channels))
+    if args.trace:
+        result["nccl_overlap"] = nccl_overlap(run_dir(work, strategy, gpus, channels) / "trace.json", args.profile)
     return result
 
 
@@ -200,18 +238,20 @@ def _measure_suffix(key: str) -> str:
     return "" if measure == "ms" else "_" + measure.removesuffix("_ms")
 
 
-def run_one(work: Path, strategy: str, gpus: int, args) -> dict:
+def run_one(work: Path, strategy: str, gpus: int, args, channels: Optional[int] = None) -> dict:
     """One configuration -> its result, status "ok" or the error (a failure never stops the benchmark)."""
-    result = {"strategy": strategy, "gpus": gpus, "status": "ok"}
+    result = {"strategy": strategy, "gpus": gpus, "nccl_channels": channels, "status": "ok"}
     started = time.perf_counter()
     try:
-        result.update(measure(work, strategy, gpus, args))
+        result.update(measure(work, strategy, gpus, args, channels))
     except subprocess.TimeoutExpired:
         result["status"] = f"timeout after {args.timeout} s"
     except Exception as err:  # recorded; the next configuration still runs
         result["status"] = f"error: {type(err).__name__}: {err}"[:2000]
     result["wall_seconds"] = time.perf_counter() - started
-    print(f"{strategy} x{gpus}: {result['status'].splitlines()[0]} ({result['wall_seconds']:.0f} s)", flush=True)
+    setting = f" NCCL_MAX_NCHANNELS={channels}" if channels else ""
+    print(f"{strategy} x{gpus}{setting}: {result['status'].splitlines()[0]} ({result['wall_seconds']:.0f} s)",
+          flush=True)
     return result
 
 
@@ -225,15 +265,142 @@ def add_efficiency(results: list) -> list:
 
 
 def table(results: list) -> str:
+    """The rates; a column of NCCL channel settings when some row set one, and with --trace a second table of
+    rank 0's NCCL overlap."""
+    channels = any(r.get("nccl_channels") for r in results)
     rows = []
     for r in results:
+        config = [r["strategy"], r["gpus"]] + ([r.get("nccl_channels") or "NCCL's"] if channels else [])
         if r["status"] != "ok":
-            rows.append([r["strategy"], r["gpus"], r["status"].splitlines()[0][:90], "", "", ""])
+            rows.append(config + [r["status"].splitlines()[0][:90], "", "", ""])
             continue
-        rows.append([r["strategy"], r["gpus"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
-                     f"{r['step_seconds_median']:.3f} s",
-                     "-" if r["efficiency"] is None else f"{100 * r['efficiency']:.1f}%"])
-    return markdown_table(["strategy", "GPUs", "tokens/s", "per GPU", "step (median)", "efficiency"], rows)
+        rows.append(config + [f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                              f"{r['step_seconds_median']:.3f} s",
+                              "-" if r["efficiency"] is None else f"{100 * r['efficiency']:.1f}%"])
+    header = ["strategy", "GPUs"] + (["NCCL channels"] if channels else [])
+    rates = markdown_table(header + ["tokens/s", "per GPU", "step (median)", "efficiency"], rows)
+    overlaps = [r for r in results if r["status"] == "ok" and "nccl_overlap" in r]
+    return rates + ("\n\n" + overlap_table(overlaps, header) if overlaps else "")
+
+
+def overlap_table(results: list, header: List[str]) -> str:
+    """Rank 0's NCCL overlap per step, one row a configuration (`header`'s columns first)."""
+    rows = []
+    for r in results:
+        o = r["nccl_overlap"]
+        streams = ", ".join(f"{stream}: {ms:.1f}" for stream, ms in o["overlapped_ms_by_stream"].items())
+        cells = [f"{o['nccl_ms']:.1f}", f"{o['overlapped_ms']:.1f}", f"{o['exposed_ms']:.1f}",
+                 f"{o['compute_ms']:.1f}", f"{o['idle_ms']:.1f}", streams or "-"]
+        rows.append([r["strategy"], r["gpus"]] + ([r.get("nccl_channels") or "NCCL's"] if len(header) > 2 else [])
+                    + (cells if o["device_kernels"] else ["no device kernels in the trace", "", "", "", "", ""]))
+    return markdown_table(header + ["NCCL ms/step", "overlapped", "exposed", "compute", "device idle",
+                                    "overlapped by compute stream"], rows)
+
+
+# ---------------------------------------------------------------- NCCL overlap, from a Chrome trace
+
+NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)
+"""NCCL's kernels (ncclKernel_*, ncclDevKernel_*): every other device kernel is compute."""
+DEVICE_CATEGORIES = ("kernel",)
+"""The trace's device kernels (Kineto's category); copies and memsets (gpu_memcpy, gpu_memset) are neither."""
+
+
+def merged(intervals: List[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """(start, end) intervals -> their union as sorted, disjoint intervals."""
+    union: List[List[float]] = []
+    for start, end in sorted(intervals):
+        if union and start <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], end)
+        else:
+            union.append([start, end])
+    return [(start, end) for start, end in union]
+
+
+def covered(union: List[Tuple[float, float]]) -> float:
+    return sum(end - start for start, end in union)
+
+
+def intersection(first: List[Tuple[float, float]], second: List[Tuple[float, float]]) -> float:
+    """The length both unions (sorted, disjoint: merged's) cover."""
+    total, i, j = 0.0, 0, 0
+    while i < len(first) and j < len(second):
+        total += max(0.0, min(first[i][1], second[j][1]) - max(first[i][0], second[j][0]))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def device_kernels(trace_path: Path) -> List[dict]:
+    """One rank's Chrome trace -> its device's kernels (Kineto's `kernel` events, by `args.device` else pid)."""
+    by_device: Dict[int, List[dict]] = {}
+    for event in json.loads(Path(trace_path).read_text()).get("traceEvents", []):
+        if event.get("ph") == "X" and event.get("cat") in DEVICE_CATEGORIES and event.get("dur", 0) > 0:
+            by_device.setdefault(int(event.get("args", {}).get("device", event.get("pid"))), []).append(event)
+    if len(by_device) > 1:
+        raise ValueError(f"{trace_path}: kernels of devices {sorted(by_device)}; one rank's trace has one device's")
+    return next(iter(by_device.values()), [])
+
+
+def span(event: dict) -> Tuple[float, float]:
+    """A trace event's (start, end), in the trace's microseconds."""
+    return float(event["ts"]), float(event["ts"]) + float(event["dur"])
+
+
+def unions_by(events: List[dict], key) -> Dict[str, List[Tuple[float, float]]]:
+    """{key(event): the union of those events' spans}, keys sorted."""
+    groups: Dict[str, List[Tuple[float, float]]] = {}
+    for event in events:
+        groups.setdefault(str(key(event)), []).append(span(event))
+    return {name: merged(spans) for name, spans in sorted(groups.items())}
+
+
+def nccl_overlap(trace_path: Path, steps: int) -> dict:
+    """One rank's Chrome trace (torch.profiler's export_chrome_trace) -> per step (ms over the trace's `steps`), on
+    its device: NCCL's kernels' time (the union of their intervals), the part of it during which a compute kernel
+    also ran (overlapped: hidden, though it shares the SMs) and the part during which none did (exposed: the
+    step waits for it); compute's time, the device's idle time between its first and last kernel, NCCL's time
+    by collective, and by compute stream the stream's busy time (a side stream's forward slowed by sharing the
+    SMs with NCCL takes longer than at one GPU) and the part of NCCL's time it overlapped (streams overlap each
+    other, so these may sum to more than `overlapped_ms`)."""
+    events = device_kernels(trace_path)
+    nccl_events = [event for event in events if NCCL_KERNEL.match(event["name"])]
+    compute_events = [event for event in events if not NCCL_KERNEL.match(event["name"])]
+    nccl, compute = merged([span(e) for e in nccl_events]), merged([span(e) for e in compute_events])
+    busy = merged(nccl + compute)
+    streams = unions_by(compute_events, lambda event: event.get("args", {}).get("stream", event.get("tid")))
+    ms = lambda us: us * 1e-3 / max(steps, 1)  # noqa: E731 (microseconds over the trace -> ms a step)
+    overlapped = intersection(nccl, compute)
+    idle = busy[-1][1] - busy[0][0] - covered(busy) if busy else 0.0
+    return {"trace": str(trace_path), "steps": steps, "device_kernels": len(events), "nccl_kernels": len(nccl_events),
+            "nccl_ms": ms(covered(nccl)), "overlapped_ms": ms(overlapped), "exposed_ms": ms(covered(nccl) - overlapped),
+            "compute_ms": ms(covered(compute)), "idle_ms": ms(idle),
+            "nccl_ms_by_collective": {name: ms(covered(union)) for name, union in
+                                      unions_by(nccl_events, lambda event: collective(event["name"])).items()},
+            "compute_ms_by_stream": {stream: ms(covered(union)) for stream, union in streams.items()},
+            "overlapped_ms_by_stream": {stream: ms(intersection(nccl, union)) for stream, union in streams.items()
+                                        if intersection(nccl, union) > 0}}
+
+
+def collective(kernel_name: str) -> str:
+    """ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(...) -> ReduceScatter; ncclKernel_AllGather_... -> AllGather."""
+    match = re.match(r"nccl(?:Dev)?Kernel_([A-Za-z]+)", kernel_name)
+    return match.group(1) if match else kernel_name.split("(")[0]
+
+
+def overlap_main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description="NCCL time overlapped with compute vs exposed, from one rank's "
+                                                 "Chrome trace (tools/profile_train.py --trace)")
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--steps", type=int, default=1, help="steps the trace covers (its times are divided by it)")
+    parser.add_argument("--out", type=Path, help="a .json file or a directory for nccl_overlap.json")
+    args = parser.parse_args(argv)
+    report = nccl_overlap(args.trace, args.steps)
+    print(json.dumps(report, indent=1))
+    if args.out:
+        write_report(args.out, report, "nccl_overlap")
+    return report
 
 
 def parse_args(argv=None):
@@ -241,9 +408,9 @@ def parse_args(argv=None):
     parser.add_argument("--config", choices=sorted(CONFIGS), default="llama8b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--gpus", default=None, help="GPU (process) counts, e.g. 1,2 (default 1,2 and 4 if present)")
-    parser.add_argument("--strategies", default=None,
-                        help="default: deepspeed_stage_2,deepspeed_stage_3 on cuda, ddp on cpu; "
-                             "deepspeed_stage_3:shard partitions the target")
+    parser.add_argument("--strategies", nargs="+", default=None,
+                        help="comma- or space-separated; default: deepspeed_stage_2,deepspeed_stage_3 on cuda, ddp "
+                             "on cpu; deepspeed_stage_3:shard partitions the target")
     parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     parser.add_argument("--warmup", type=int, default=3, help="steps not timed (the first compiles)")
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows (cycled)")
@@ -251,7 +418,11 @@ def parse_args(argv=None):
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="profile the last STEPS timed steps of every rank (tools/profile_train.py): op tables "
                              "in each run's logs and profile_train*.json; the profiler's overhead is in the rates")
-    parser.add_argument("--trace", action="store_true", help="with --profile: each rank's Chrome trace too")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --profile: each rank's Chrome trace too, and rank 0's NCCL overlap read from it")
+    parser.add_argument("--nccl-channels", default="", metavar="C,C",
+                        help="beside every multi-GPU configuration, one run per value with NCCL_MAX_NCHANNELS=C "
+                             "(fewer SMs for NCCL's kernels, less bandwidth)")
     parser.add_argument("--phases", action="store_true",
                         help="no profiler: every rank's host time per phase of each timed step (forward, backward, "
                              "optimizer step), in each run's profile_train*.json; the rates are those of plain runs "
@@ -284,7 +455,13 @@ def parse_args(argv=None):
         args.gpus = ",".join(str(n) for n in (1, 2, 4) if n <= max(present, 1))
     args.gpus = [int(n) for n in args.gpus.split(",")]
     default = "deepspeed_stage_2,deepspeed_stage_3" if args.device == "cuda" else "ddp"
-    args.strategies = (args.strategies or default).split(",")
+    args.strategies = [name for value in (args.strategies or [default]) for name in value.split(",") if name]
+    try:
+        args.nccl_channels = [int(value) for value in args.nccl_channels.split(",") if value]
+    except ValueError:
+        parser.error(f"--nccl-channels {args.nccl_channels}: channel counts, e.g. 4,8")
+    if any(value < 1 for value in args.nccl_channels):
+        parser.error(f"--nccl-channels {args.nccl_channels}: each at least 1")
     return args
 
 
@@ -307,18 +484,17 @@ def train_main(argv=None) -> dict:
     report = {"config": args.config, "device": args.device, "machine": machine(args.device),
               "seq_len": spec["seq_len"], "micro_batch_per_gpu": rows_per_gpu,
               "overrides": args.override, "warmup_steps": args.warmup, "timed_steps": args.steps,
-              "target": spec["target"], "results": []}
-    for strategy in args.strategies:
-        for gpus in args.gpus:
-            report["results"].append(run_one(work, strategy, gpus, args))
-            add_efficiency(report["results"])
-            write_report(args.out, report, "scale")
+              "profiled_steps": args.profile, "environment": MULTICAST_OFF, "target": spec["target"], "results": []}
+    for strategy, gpus, channels in configurations(args):
+        report["results"].append(run_one(work, strategy, gpus, args, channels))
+        add_efficiency(report["results"])
+        write_report(args.out, report, "scale")
     return finish(table(report["results"]), args.out, report, "scale")
 
 
 def main(argv=None) -> dict:
     return run_parts({"train": train_main, "zero3-host": scale_host.zero3_host_main,
-                      "target-linear": scale_host.target_linear_main,
+                      "target-linear": scale_host.target_linear_main, "overlap": overlap_main,
                       "cli": lambda rest: sibling("train_cli").main(rest)}, argv)
 
 
