@@ -19,7 +19,9 @@ join), `top_entropy` (a draft distribution's entropy over its top M tokens), `pr
 pruning of a depth's children: C2T's FFN over their joint probability, their parent's top-M entropy and their
 depth, in one launch); in every decoder layer (the target's and the draft heads'), `rms_norm` ((residual add +)
 RMSNorm), `rope_cache` (rotary q and k + the KV-cache write) and `silu_mul` (SwiGLU's activation), one launch each,
-rounding where the unfused ops round (`rounding.py`); for bulk generation (decoding/batched.py), `ragged_attention`
+rounding where the unfused ops round (`rounding.py`); in a mixture-of-experts layer (Qwen3-MoE, Mixtral),
+`grouped_experts` (each row through its k routed experts, a touched expert's weights read once a block of its
+rows, untouched ones never); for bulk generation (decoding/batched.py), `ragged_attention`
 (each query over its own sequence's slots of a cache that holds many). The runtime ops are CUDA-graph capturable:
 static shapes, no host sync, per-call scalars as device tensors.
 `python tools/bench/kernels.py` times each against its reference on a GPU.

@@ -10,6 +10,7 @@ import torch
 
 from specdraft.kernels.adamw8bit import StepScalars, adamw8bit_step, moments_of, new_state
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.kernels.grouped_experts import grouped_experts
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.quant_linear import quant_linear, quantize
 from specdraft.kernels.rms_norm import rms_norm
@@ -51,6 +52,9 @@ CALLS = {  # module: (its dispatching function, the Triton launcher's name, a ca
     "tree_sample": (verify_sampled, "verify_sampled_triton",
                     lambda op: op(torch.randn(3, 20), torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]),
                                   torch.tensor([0, 1, 2]), torch.rand(4), 2, 1.0)),
+    "grouped_experts": (grouped_experts, "grouped_experts_triton",
+                        lambda op: op(torch.randn(2, 16), torch.randn(4, 16, 16), torch.randn(4, 16, 8),
+                                      torch.tensor([[0, 1], [1, 3]]), torch.rand(2, 2))),
     "tree_frontier": (advance_frontier, "advance_frontier_triton",
                       lambda op: op(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2),
                                     torch.tensor([1, 2]), 3, torch.randn(2, 8), torch.ones(2, 5, dtype=torch.bool))),
