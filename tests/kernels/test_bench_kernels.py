@@ -13,7 +13,7 @@ def test_bench_kernels_cpu(tmp_path, capsys):
     ops = {row["op"] for row in result["rows"]}
     assert ops == {"draft_topk", "draft_topk vs torch.topk", "verify_greedy", "compact_kv", "tree_attention",
                    "rms_norm", "add_rms_norm", "rope_cache", "silu_mul", "draft_input", "advance_frontier",
-                   "select_tree", "commit_path", "top_entropy", "prune_children"}
+                   "select_tree", "commit_path", "top_entropy", "prune_children", "grouped_experts"}
     assert all(row["bitwise"] for row in result["rows"]
                if row["op"] in {"rms_norm", "add_rms_norm", "rope_cache", "draft_input"})
     assert all(row["reference_us"] > 0 and row["triton_us"] > 0 for row in result["rows"])

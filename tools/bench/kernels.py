@@ -261,6 +261,28 @@ def silu_mul_cases(models, rows_list, device):
                               lambda impl, h=halves: [impl(*h)])
 
 
+MOE_MODELS = {"qwen3-30b-a3b": {"hidden": 2048, "inter": 768, "experts": 128, "top_k": 8}}
+TINY_MOE = {"tiny": {"hidden": 64, "inter": 48, "experts": 8, "top_k": 2}}
+
+
+def grouped_experts_cases(models, rows_list, device):
+    """Random routing (distinct experts within a row); the reference runs every expert over every row, masked."""
+    from specdraft.kernels.grouped_experts.reference import grouped_experts_reference
+    from specdraft.kernels.grouped_experts.triton_kernel import grouped_experts_triton
+
+    for name, model in models.items():
+        hidden_size, inter, experts, top_k = model["hidden"], model["inter"], model["experts"], model["top_k"]
+        gate_up = torch.randn(experts, 2 * inter, hidden_size, device=device).div_(hidden_size ** 0.5).bfloat16()
+        down = torch.randn(experts, hidden_size, inter, device=device).div_(inter ** 0.5).bfloat16()
+        for rows in rows_list:
+            args = (torch.randn(rows, hidden_size, device=device).bfloat16(), gate_up, down,
+                    torch.rand(rows, experts, device=device).argsort(dim=1)[:, :top_k],
+                    torch.softmax(torch.randn(rows, top_k, device=device), dim=-1))
+            yield Case("grouped_experts", f"{name} N={rows} E={experts} k={top_k}",
+                       lambda a=args: grouped_experts_reference(*a), lambda a=args: grouped_experts_triton(*a),
+                       _same(lambda e, g: torch.allclose(e.float(), g.float(), rtol=2e-2, atol=2e-2)))
+
+
 def frontier_cases(models, topks, device):
     from specdraft.kernels.tree_frontier.reference import advance_frontier_reference
     from specdraft.kernels.tree_frontier.triton_kernel import advance_frontier_triton
@@ -324,6 +346,7 @@ def all_cases(device: torch.device, ops: set):
               "rms_norm": lambda: norm_cases(models, nodes, device),
               "rope_cache": lambda: rope_cases(models, nodes, seq_len, device),
               "silu_mul": lambda: silu_mul_cases(models, nodes, device),
+              "grouped_experts": lambda: grouped_experts_cases(TINY_MOE if tiny else MOE_MODELS, nodes, device),
               "draft_input": lambda: draft_input_cases(models, nodes, device),
               "advance_frontier": lambda: frontier_cases(models, (4,) if tiny else (8, 10), device),
               "select_tree": lambda: select_cases([(3, 2, 6)] if tiny else [(6, 8, 48), (6, 10, 60)], device),
@@ -384,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="runs/bench", help="a directory (OUT/kernels.json) or a .json path")
     parser.add_argument("--ops", default="draft_topk,verify_greedy,compact_kv,tree_attention,rms_norm,rope_cache,"
                                          "silu_mul,draft_input,advance_frontier,select_tree,commit_path,top_entropy,"
-                                         "prune_children")
+                                         "prune_children,grouped_experts")
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--reps", type=int, default=15, help="timed graph replays (the median is reported)")
     args = parser.parse_args(argv)
