@@ -127,6 +127,24 @@ def _cases():
                                             torch.ones(num_nodes, num_nodes, dtype=torch.bool), 0.1)
         yield attention, ["_split_kernel", "_combine_kernel"], run
     yield from _layer_cases()
+    yield from _moe_cases()
+
+
+def _moe_cases():
+    """grouped_experts: Qwen3-30B-A3B's experts (bfloat16) at a decoding step and a 64-node verify, and float32 at
+    sizes that are not multiples of the inner step."""
+    from specdraft.kernels.grouped_experts import triton_kernel as experts
+
+    names = ["_route_kernel", "_gate_up_kernel", "_down_kernel", "_sum_kernel"]
+    for rows, hidden, inter, num_experts, top_k, dtype in [(1, 2048, 768, 128, 8, torch.bfloat16),
+                                                           (64, 2048, 768, 128, 8, torch.bfloat16),
+                                                           (16, 1000, 300, 8, 2, torch.float32)]:
+        def run(rows=rows, hidden=hidden, inter=inter, num_experts=num_experts, top_k=top_k, dtype=dtype):
+            experts.grouped_experts_triton(
+                torch.empty(rows, hidden, dtype=dtype), torch.empty(num_experts, 2 * inter, hidden, dtype=dtype),
+                torch.empty(num_experts, hidden, inter, dtype=dtype), torch.zeros(rows, top_k, dtype=torch.int64),
+                torch.empty(rows, top_k))
+        yield experts, names, run
 
 
 def _layer_cases():
