@@ -15,8 +15,8 @@ ignored folder `.m/MODEL/pNN/` (the piece and a manifest of them all), and print
 which checks the carried piece against the manifest and stashes it outside the checkout ($HOME/models/MODEL/); the
 call that brings the last missing piece joins them and seeds specdraft's cache (`seed_cache`: sha256 checked, marker
 written), so that recipes naming `pkg:MODEL` run there unchanged. Pieces may come in any order, twice, or in calls
-that also run other work; `receive` says which are still missing. Only this call's imports of the Python standard
-library run for a piece; the last one imports specdraft.targets.parts (torch is on the GPU machine).
+that also run other work; `receive` says which are still missing. A call that stashes a piece runs on Python's
+standard library alone; the joining call imports specdraft.targets (torch, which the GPU machine has).
 """
 from __future__ import annotations
 
