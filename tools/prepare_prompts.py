@@ -4,14 +4,17 @@ Writes OUT_DIR/train_prompts.jsonl (alpaca, ShareGPT, GSM8K train: OpenAI `messa
 copies MT-bench's question.jsonl beside it (mt_bench.jsonl) and splits Spec-Bench's questions by task
 (spec_bench_<task>.jsonl: translation, summarization, qa, math_reasoning, rag, and mt_bench, its MT-bench
 categories together), for `.data/` to travel to the GPU machine (or runs/prompts/ for recipes/c2t_smollm2.yaml).
+With `--code N` it also writes code_prompts.jsonl: up to N programming prompts of the alpaca and ShareGPT sets that
+train_prompts.jsonl leaves out (the code recipes' second set; HumanEval stays an evaluation set).
 
-    python tools/prepare_prompts.py --shared ../shared/data --out .data --per-source 1600,1200,600,600
+    python tools/prepare_prompts.py --shared ../shared/data --out .data --per-source 1600,1200,600,600 --code 600
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +25,16 @@ SPEC_BENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag
 SOURCES = ("alpaca/alpaca_5000.json", "sharegpt/ShareGPT_V3_filtered_1000.json",
            "sharegpt/sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json", "gsm8k/train.jsonl",
            "sharegpt/ShareGPT_V3_filtered_500.json")
+CODE_SOURCES = tuple(source for source in SOURCES if not source.startswith("gsm8k/"))
+CODE_REQUEST = re.compile(
+    r"```|\bdef \w+\(|\bfunction\s*\w*\s*\(|#include\b|^\s*(import|from) [\w.]+|=>|\b\w+\(\)"
+    r"|\b(python|javascript|typescript|c\+\+|c#|golang|sql|bash|php|kotlin|html|css|regex|node\.?js|react|django"
+    r"|numpy|pandas|java)\b"
+    r"|\b(write|implement|create|generate|fix|debug|refactor|optimi[sz]e|explain|convert)\b[^.?!\n]{0,60}"
+    r"\b(code|function|script|program|class|method|query|algorithm|api|snippet)s?\b",
+    re.IGNORECASE | re.MULTILINE)
+"""A programming prompt: a code block or code syntax, a programming language or library named, or a request to
+write, fix or explain code."""
 
 
 def split_spec_bench(question_file: Path, out: Path) -> dict:
@@ -37,6 +50,22 @@ def split_spec_bench(question_file: Path, out: Path) -> dict:
     return {task: len(lines) for task, lines in by_task.items()}
 
 
+def first_user_turn(conversation) -> dict:
+    return next(m for m in conversation.messages if m["role"] == "user")
+
+
+def code_rows(shared: Path, left_out: set, count: int, rng: random.Random) -> list:
+    """Up to `count` programming prompts (CODE_REQUEST) of CODE_SOURCES whose origins are not in `left_out`."""
+    found = []
+    for rel in CODE_SOURCES:
+        for conversation in load_conversations([str(shared / rel)]):
+            origin = f"{rel}#{conversation.index}"
+            if conversation.skip_reason is None and origin not in left_out and \
+                    CODE_REQUEST.search(first_user_turn(conversation)["content"]):
+                found.append({"messages": [first_user_turn(conversation)], "origin": origin})
+    return rng.sample(found, min(count, len(found)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shared", default="../shared/data")
@@ -45,6 +74,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exclude", default=None, help="a train_prompts.jsonl whose prompts are left out")
     parser.add_argument("--name", default="train_prompts.jsonl")
+    parser.add_argument("--code", type=int, default=0, help="also write code_prompts.jsonl: up to this many "
+                                                             "programming prompts that the training mix leaves out")
     args = parser.parse_args()
     counts = [int(c) for c in args.per_source.split(",")]
     rng = random.Random(args.seed)
@@ -58,8 +89,7 @@ def main() -> None:
         usable = [c for c in load_conversations([str(Path(args.shared) / rel)])
                   if c.skip_reason is None and f"{rel}#{c.index}" not in excluded]
         for conversation in rng.sample(usable, min(count, len(usable))):
-            first_user = next(m for m in conversation.messages if m["role"] == "user")
-            rows.append({"messages": [first_user], "origin": f"{rel}#{conversation.index}"})
+            rows.append({"messages": [first_user_turn(conversation)], "origin": f"{rel}#{conversation.index}"})
     rng.shuffle(rows)
     with open(out / args.name, "w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
@@ -67,6 +97,11 @@ def main() -> None:
     tasks = split_spec_bench(Path(args.shared) / "spec_bench" / "question.jsonl", out)
     print("Spec-Bench: " + ", ".join(f"{task} {count}" for task, count in tasks.items()) + f" -> {out}")
     print(f"{len(rows)} training prompts -> {out / args.name}")
+    if args.code:
+        code = code_rows(Path(args.shared), excluded | {row["origin"] for row in rows}, args.code, rng)
+        with open(out / "code_prompts.jsonl", "w") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in code)
+        print(f"{len(code)} code prompts -> {out / 'code_prompts.jsonl'}")
 
 
 if __name__ == "__main__":

@@ -42,11 +42,12 @@ class Runtime:
     settings: RuntimeConfig
 
     def encode_chat(self, text: str) -> List[int]:
-        """A user turn's token ids, chat template applied (a target without one: the text's own tokens)."""
-        target = self.target
-        if target.processor is not None or target.tokenizer.chat_template:
-            return target.chat.ids([{"role": "user", "content": text}], add_generation_prompt=True)
-        return target.tokenizer(text)["input_ids"]
+        """A user turn's token ids, chat template (or target.prompt_format's plain form) applied (a target without
+        either: the text's own tokens)."""
+        chat = self.target.chat
+        if chat.forms_prompts:
+            return chat.ids([{"role": "user", "content": text}], add_generation_prompt=True)
+        return self.target.tokenizer(text)["input_ids"]
 
     def prompt(self, text: str, images: Sequence = ()) -> PromptInputs:
         """A user turn and its images (PIL; `<image>` in the text places each, else they come first) as the engine

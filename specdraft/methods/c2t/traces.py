@@ -23,7 +23,7 @@ from specdraft.kernels.prune_children import child_inputs
 from specdraft.methods.base import RecordContext
 from specdraft.methods.c2t.config import C2TConfig
 from specdraft.methods.c2t.model import ENTROPY_TOP, draft_digest
-from specdraft.targets.chat import template_ids
+from specdraft.targets.chat import TextChat
 from specdraft.targets.load import eos_token_ids
 
 
@@ -86,10 +86,10 @@ class TraceRecorder:
         return columns
 
 
-def _prompt_ids(tokenizer, conversation) -> List[int]:
-    """The chat-templated first user turn."""
+def _prompt_ids(chat: TextChat, conversation) -> List[int]:
+    """The first user turn, chat template (or target.prompt_format's plain form) applied."""
     first_user = next(message for message in conversation.messages if message["role"] == "user")
-    return template_ids(tokenizer, [first_user], add_generation_prompt=True)
+    return chat.ids([first_user], add_generation_prompt=True)
 
 
 class TraceMaker:
@@ -125,7 +125,7 @@ class TraceMaker:
 
     @torch.no_grad()
     def _row(self, conversation) -> dict:
-        prompt = _prompt_ids(self.ctx.target.tokenizer, conversation)
+        prompt = _prompt_ids(self.ctx.target.chat, conversation)
         trees = self._trace(prompt)
         kept = [self._kept(*tree) for tree in trees]
         joined = {name: torch.cat([part[name] for part in kept]).tolist() if kept else []

@@ -48,7 +48,6 @@ from specdraft.decoding.target import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods.judge.config import JudgeConfig
 from specdraft.methods.judge.on_policy import judge_accepted, mining_judge
-from specdraft.targets.chat import template_ids
 from specdraft.targets.generate import greedy_continuations
 from specdraft.targets.load import eos_token_ids
 
@@ -241,10 +240,11 @@ class JudgeMiner:
         return self._records[conversation.source][conversation.index]
 
     def prompt_ids(self, conversation) -> List[int]:
-        """The conversation's first user turn (after its system prompt, if any), chat template applied."""
+        """The conversation's first user turn (after its system prompt, if any), chat template (or
+        target.prompt_format's plain form) applied."""
         messages = conversation.messages
         first_user = next(i for i, message in enumerate(messages) if message["role"] == "user")
-        return template_ids(self.target.tokenizer, messages[:first_user + 1], add_generation_prompt=True)
+        return self.target.chat.ids(messages[:first_user + 1], add_generation_prompt=True)
 
     def records(self, conversations) -> Tuple[List[dict], List[dict]]:
         problems, prompts, checked = [], [], []
