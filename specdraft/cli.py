@@ -19,7 +19,7 @@ from specdraft.core.errors import Interrupted, SpecdraftError
 
 
 def _distill(args) -> dict:
-    from data_gen.distill import merge_only, run_distill
+    from specdraft.distill.run import merge_only, run_distill
     from specdraft.recipes import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides, args.trust_remote_code)

@@ -78,7 +78,7 @@ def test_heads_train_on_their_own_targets_and_bench_lossless(suite, heads):
 
 def test_a_rerun_keeps_the_trained_heads(suite, heads, monkeypatch):
     _, args, tmp_path = heads
-    monkeypatch.setattr("data_gen.distill.run_distill", lambda recipe: pytest.fail("distilled again"))
+    monkeypatch.setattr("specdraft.distill.run.run_distill", lambda recipe: pytest.fail("distilled again"))
     parsed = suite.heads_args(args[1:])
     work = tmp_path / "work"
     assert suite.trained_head(parsed.recipe, "int4", work, parsed, parsed.overrides) == work / "int4" / "export"

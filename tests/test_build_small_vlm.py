@@ -137,7 +137,7 @@ def test_long_rows_are_what_distillation_sends(built):
     from PIL import Image
     from transformers import AutoProcessor
 
-    from data_gen.image_prompts import with_instruction
+    from specdraft.distill.image_prompts import with_instruction
     from specdraft.data.sources import load_conversations
     from specdraft.targets.chat import VisionChat
 

@@ -49,7 +49,7 @@ def test_quantized_target_trains(tmp_path, tiny_target_dir, distilled, quantizat
 def test_quantized_offline_features(tmp_path, tiny_target_dir, distilled):
     import shutil
 
-    from data_gen.features import dump_features
+    from specdraft.distill.features import dump_features
 
     shutil.copytree(distilled, tmp_path / "data")
     recipe_path = make_recipe(tmp_path, tiny_target_dir, tmp_path / "data", max_steps=2, val_every_steps=2)

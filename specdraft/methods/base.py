@@ -44,7 +44,7 @@ class RecordContext:
 class RecordMaker(Protocol):
     def records(self, conversations: Dict[int, Any]) -> Tuple[List[dict], List[dict]]:
         """{position: Conversation} of one shard -> (record rows, problems): every conversation yields rows or a
-        problem (`data_gen.distill.problem_entry`), so a shard's counts add up (ok + error + skipped = input)."""
+        problem (`specdraft.distill.run.problem_entry`), so a shard's counts add up (ok + error + skipped = input)."""
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def held_out(run_dir: Path) -> Dict:
 def make_classifier(args, shape: Optional[str]) -> Dict:
     """Traces, training and export of one classifier (for `shape`'s trees, or from whole expansions: None) -> the
     export's path and each stage's seconds and counts."""
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
     from specdraft.export import export_draft
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train

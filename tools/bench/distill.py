@@ -1,4 +1,4 @@
-"""Distillation suite: distill-data throughput with 1, 2, ... workers, one GPU each (data_gen/workers.py), on the
+"""Distillation suite: distill-data throughput with 1, 2, ... workers, one GPU each (specdraft/distill/workers.py), on the
 recipe's target (`workers`, the default); and its two answer engines, Hugging Face generate and the static
 batched engine, side by side on one GPU (`engines`).
 
@@ -179,7 +179,7 @@ def _distill(args, engine: str, dtype: str, samples: int, name: str, max_new_tok
     """One fresh distill-data run in this process -> its throughput, counts and wall time."""
     import torch
 
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
 
     out = args.out / "engines" / name
     shutil.rmtree(out, ignore_errors=True)

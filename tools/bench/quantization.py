@@ -318,7 +318,7 @@ def decode_main(argv=None) -> dict:
 def trained_head(recipe_path: str, setting: str, work: Path, args, overrides: List[str]) -> Path:
     """Distill with the target at `setting`, train the recipe's head on it, export it -> the export (WORK/SETTING/;
     each stage skipped where its output is there)."""
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
     from specdraft.export import export_draft
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train

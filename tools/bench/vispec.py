@@ -75,7 +75,7 @@ def answer_lengths(distill_dir: Path) -> Dict[int, int]:
 
 def distill_stage(args, out: Path, report: dict):
     """Regenerate without the instruction (the length check's prompts), then with it (the training data)."""
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
 
     started = time.perf_counter()
     run_distill(suite_recipe(args, out, "vispec", args.length_prompts, instruction=False))
