@@ -1,17 +1,17 @@
-"""The ViSpec suite, tools/bench/vispec.py, on the small VLM tools/build_small_vlm.py builds in its tiny mode (a tiny
+"""The ViSpec suite, tools/bench/vispec.py, on the small VLM specdraft.vlm builds in its tiny mode (a tiny
 random language model; its drawn-image prompt sets), CPU, float32: distill with and without the answer instruction,
 ViSpec and EAGLE-3 trained on the same data, steps and seed, both benched against plain decoding on prompts with
 the instruction; tables, JSON."""
 import json
 
+from specdraft.vlm.build import build_small_vlm
 from tests.tools import load_tool
 
 
 def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tiny_target_dir, capsys, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     vlm = tmp_path / "vlm"
-    load_tool("build_small_vlm").main(["--out", str(vlm), "--tiny", "--target", str(tiny_target_dir), "--device",
-                                       "cpu", "--save-dtype", "float32"])
+    build_small_vlm(vlm, target=str(tiny_target_dir), device="cpu", tiny=True, save_dtype="float32")
     suite = load_tool("bench/vispec")
     report = suite.main([str(vlm), "--out", str(tmp_path / "out"), "--distill-prompts", "4", "--length-prompts", "2",
                          "--max-new-tokens", "8", "--steps", "2", "--batch", "2", "--bench-prompts", "2",

@@ -14,7 +14,7 @@ REQUIRED_KEYS = ["data.prompts", "data.max_samples", "distill.max_new_tokens", "
 
 RECIPE_TARGETS = {"vispec": ("smallvlm", "llava16")}
 """A method's small and large targets where they are not SmolLM2 and Llama-3 (vision-language methods: the small VLM
-tools/build_small_vlm.py builds, and LLaVA-1.6)."""
+`specdraft build-small-vlm` builds, and LLaVA-1.6)."""
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -6,7 +6,7 @@ held-out images.
     python tools/bench/vispec.py runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
-image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --prompts DIR. In this process:
+image a path relative to its JSONL; `specdraft build-small-vlm` writes both), or --prompts DIR. In this process:
   1. lengths: the first --length-prompts distill prompts regenerated without the answer instruction, then the first
      --distill-prompts with it (recipes/vispec_smallvlm.yaml's distill.answer_instruction): the training data;
      the answer-length distribution with and without it, on the same prompts;
@@ -32,9 +32,9 @@ from typing import Dict, List, Optional
 
 from suite import fmt, machine, markdown_table, split_overrides, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the small VLM's prompt helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shape parser the suites share
 from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
-from vlm_prompts import length_summary  # noqa: E402
+from specdraft.vlm.prompts import length_summary  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vispec_smallvlm.yaml"
 
@@ -219,7 +219,7 @@ def tables(report: dict) -> str:
 
 def _args(argv: Optional[List[str]]):
     parser = argparse.ArgumentParser(description="ViSpec against a text-only EAGLE-3 head on one VLM")
-    parser.add_argument("vlm", type=Path, help="the VLM directory (tools/build_small_vlm.py's output)")
+    parser.add_argument("vlm", type=Path, help="the VLM directory (`specdraft build-small-vlm`'s output)")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for every stage, key=value")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/vispec"))
     parser.add_argument("--prompts", dest="prompt_dir", type=Path, default=None,
