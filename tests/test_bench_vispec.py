@@ -5,14 +5,13 @@ the instruction; tables, JSON."""
 import json
 
 from specdraft.vlm.build import build_small_vlm
-from tests.tools import load_tool
+from tools.bench import vispec as suite
 
 
 def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tiny_target_dir, capsys, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     vlm = tmp_path / "vlm"
     build_small_vlm(vlm, target=str(tiny_target_dir), device="cpu", tiny=True, save_dtype="float32")
-    suite = load_tool("bench/vispec")
     report = suite.main([str(vlm), "--out", str(tmp_path / "out"), "--distill-prompts", "4", "--length-prompts", "2",
                          "--max-new-tokens", "8", "--steps", "2", "--batch", "2", "--bench-prompts", "2",
                          "--bench-new-tokens", "8", "--lossless-prompts", "2", "--device", "cpu", "--dtype",
@@ -46,5 +45,5 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
 
 
 def test_overrides_typed_after_the_shapes_stay_overrides(tmp_path):
-    args = load_tool("bench/vispec")._args([str(tmp_path), "--shapes", "12", "10,6,48", "data.max_length=1536"])
+    args = suite._args([str(tmp_path), "--shapes", "12", "10,6,48", "data.max_length=1536"])
     assert args.shapes == ["12", "10,6,48"] and args.overrides == ["data.max_length=1536"]

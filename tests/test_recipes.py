@@ -137,9 +137,10 @@ def test_recipe_reference_is_current():
     import subprocess
     import sys
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_recipe_reference.py"
-    result = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True)
-    assert result.returncode == 0, "docs/recipes.md is stale: run python tools/gen_recipe_reference.py"
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "tools.gen_recipe_reference", "--check"], cwd=root,
+                            capture_output=True)
+    assert result.returncode == 0, "docs/recipes.md is stale: run python -m tools.gen_recipe_reference"
 
 
 def test_deepspeed_entries_merge_over_specdraft_s_config(tmp_path):

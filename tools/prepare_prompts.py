@@ -5,7 +5,7 @@ copies MT-bench's question.jsonl beside it (mt_bench.jsonl) and splits Spec-Benc
 (spec_bench_<task>.jsonl: translation, summarization, qa, math_reasoning, rag, and mt_bench, its MT-bench
 categories together), for `.data/` to travel to the GPU machine (or runs/prompts/ for recipes/c2t_smollm2.yaml).
 
-    python tools/prepare_prompts.py --shared ../shared/data --out .data --per-source 1600,1200,600,600
+    python -m tools.prepare_prompts --shared ../shared/data --out .data --per-source 1600,1200,600,600
 """
 from __future__ import annotations
 

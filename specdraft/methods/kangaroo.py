@@ -11,7 +11,7 @@ Exit layer ℓ (`exit_layer`): the paper exits Vicuna-7B after 2 of its 32 layer
 that deeper exits buy acceptance at the price of a costlier draft step, with the best speed-up that shallow.
 The default keeps that share of the depth, ℓ = max(1, round(L / 16)) (SmolLM2-135M, L=30: 2; Llama-3.1-8B: 2).
 On SmolLM2 the sweep agrees: ℓ = 1, 2, 3, 4 gave 1.43, 1.46, 1.33 and 1.27x plain decoding on a (3, 4, 12) tree
-(docs/benchmarks.md); sweep it on other targets (`python tools/bench/runtime.py kangaroo EXPORT...`).
+(docs/benchmarks.md); sweep it on other targets (`python -m tools.bench.runtime kangaroo EXPORT...`).
 
 Shared target parts: the LM head and final norm are the target's, never copies: in training they come from the
 frozen target the trainer holds (`bind_target`), in the evaluator from the target it loads (`bind_target`), in

@@ -2,8 +2,8 @@
 same regenerated long answers, for the same steps with the same seed, and benched against plain decoding on
 held-out images.
 
-    python tools/bench/vispec.py runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
-    python tools/bench/vispec.py runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
+    python -m tools.bench.vispec runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
+    python -m tools.bench.vispec runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
 image a path relative to its JSONL; `specdraft build-small-vlm` writes both), or --prompts DIR. In this process:
@@ -25,16 +25,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import fmt, machine, markdown_table, split_overrides, write_report
+from tools.bench.suite import fmt, machine, markdown_table, split_overrides, write_report
+from tools.count_cycle_launches import check_shapes, parse_shape
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shape parser the suites share
-from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
-from specdraft.vlm.prompts import length_summary  # noqa: E402
+from specdraft.vlm.prompts import length_summary
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vispec_smallvlm.yaml"
 
