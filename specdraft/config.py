@@ -244,7 +244,7 @@ class TrainConfig:
     less memory); selective (attention's activations are kept, the post-attention norm and MLP block and the
     LM head with its loss are recomputed: their gate, up and LM-head matmuls run twice); full (the whole step,
     about a quarter more draft compute). true is full, false is none. docs/training.md gives what each keeps
-    at Llama-3.1-8B widths (`python tools/bench/train.py activations`)."""
+    at Llama-3.1-8B widths (`python -m tools.bench.train activations`)."""
     optimizer: str = "auto"
     """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter), adamw8bit (bitsandbytes'
     AdamW8bit, blockwise 8-bit moments: 2 bytes per parameter, about 2.5 GB less for an 8B-target EAGLE-3

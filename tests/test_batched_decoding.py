@@ -33,7 +33,7 @@ def mixed_prompts(count: int, seed: int = 1, longest: int = 40):
 
 def hf_greedy(model, prompts, max_new_tokens, eos_ids):
     """Hugging Face generate on the left-padded batch, each answer cut before its first EOS."""
-    from data_gen.distill import cut_at_eos, left_pad
+    from specdraft.distill.run import cut_at_eos, left_pad
 
     input_ids, attention_mask = left_pad(prompts, 0, model.device)
     output = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,

@@ -5,11 +5,10 @@ import json
 import pytest
 
 from tests.test_train_export_eval import make_recipe
-from tests.tools import load_tool
+from tools.bench import acceptance as suite
 
 
 def test_every_run_trains_exports_and_evaluates_on_the_same_data(tmp_path, tiny_target_dir, distilled, capsys):
-    suite = load_tool("bench/acceptance")
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     eagle3 = make_recipe(recipes, tiny_target_dir, distilled)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.distilled import CHAT_PROMPTS
-from tests.tools import load_tool
+from tools.bench import c2t as suite
 
 
 @pytest.fixture(autouse=True)
@@ -21,7 +21,6 @@ def _prompts(path, texts):
 
 
 def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_base_export, capsys):
-    suite = load_tool("bench/c2t")
     spec_bench = tmp_path / "spec_bench"
     spec_bench.mkdir()
     _prompts(spec_bench / "spec_bench_qa.jsonl", ["an unseen question?"])
@@ -62,7 +61,6 @@ def test_c2t_suite_traces_trains_and_benches(tmp_path, tiny_target_dir, chat_bas
 
 
 def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
-    suite = load_tool("bench/c2t")
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m"])
     assert suite.trace_settings(args, "5,8,40") == ("trace_depth: 5, trace_topk: 8, trace_budget: 40, "
                                                     "negatives_per_positive: 1000, threshold: 0.014, best_by: auc")
@@ -76,7 +74,6 @@ def test_traces_of_a_shape_are_its_budget_and_of_expansions_the_papers():
 def test_the_recipe_names_the_feature_set(tmp_path):
     from specdraft.recipes import load_recipe
 
-    suite = load_tool("bench/c2t")
     args = suite.parse_args([str(tmp_path), "--target", "t", "--train-prompts", str(tmp_path / "p.jsonl"),
                              "--mt-bench", "m", "--features", "paper"])
     method = load_recipe(suite.write_recipe(args, tmp_path / "w", "5,8,40")).method
@@ -84,7 +81,6 @@ def test_the_recipe_names_the_feature_set(tmp_path):
 
 
 def test_the_checks_beta_is_the_run_that_prunes_most_within_two_percent():
-    suite = load_tool("bench/c2t")
     args = suite.parse_args(["export", "--target", "t", "--train-prompts", "p", "--mt-bench", "m", "--shapes",
                              "5,8,40", "6,10,60", "--betas", "0.01", "0.02", "0.03", "0.04"])
 

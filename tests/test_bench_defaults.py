@@ -5,9 +5,7 @@ import json
 import pytest
 
 from tests.test_train_export_eval import make_recipe
-from tests.tools import load_tool
-
-defaults = load_tool("bench/defaults")
+from tools.bench import defaults
 
 
 @pytest.mark.slow

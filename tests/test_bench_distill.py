@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.tools import load_tool
+from tools.bench import distill
 
 
 @pytest.mark.slow
@@ -13,8 +13,7 @@ def test_one_and_two_workers_distill_the_same_answers(tmp_path, tiny_target_dir,
     prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(6)))
     overrides = [f"target.path={tiny_target_dir}", f"data.prompts=[{prompts}]", "data.max_length=256",
                  "distill.max_new_tokens=4", "distill.shard_size=2", "distill.batch_size=2"]
-    report = load_tool("bench/distill").main(["--device", "cpu", "--workers", "1,2", "--out", str(tmp_path / "out"),
-                                              "--", *overrides])
+    report = distill.main(["--device", "cpu", "--workers", "1,2", "--out", str(tmp_path / "out"), "--", *overrides])
     assert [(r["workers"], r["status"]) for r in report["results"]] == [(1, "ok"), (2, "ok")]
     first, second = report["results"]
     assert first["counts"] == second["counts"] == {"input": 6, "ok": 6, "error": 0, "skipped": 0}
@@ -31,7 +30,7 @@ def test_engines_side_by_side(tmp_path, tiny_target_dir, monkeypatch, capsys, on
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"}]}) + "\n"
                                for i in range(5)))
-    report = load_tool("bench/distill").main([
+    report = distill.main([
         "engines", "--prompts", str(prompts), "--device", "cpu", "--batch-size", "2", "--max-prompts", "5",
         "--identity-prompts", "3", "--out", str(tmp_path / "out"), "--", f"target.path={tiny_target_dir}",
         "distill.max_new_tokens=5"])

@@ -8,7 +8,7 @@ import pytest
 
 from specdraft.data import checks
 from tests.addons import train_base_export, write_prompts
-from tests.tools import load_tool
+from tools.bench import judge as suite
 
 
 @pytest.mark.slow
@@ -28,7 +28,6 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
                                                      for i in range(4)])
     heldout = write_prompts(tmp_path / "heldout.jsonl", [{"prompt": f"h{i}?", "check": "parity", "answer": -1}
                                                          for i in range(2)])
-    suite = load_tool("bench/judge")
     report = suite.main([str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3",
                          "train.val_every_steps=3", "train.micro_batch_size=2", "train.warmup_steps=1",
                          "--target", str(tiny_target_dir), "--train-prompts", str(train), "--heldout-prompts",
@@ -57,7 +56,7 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
 
 
 def test_overrides_typed_after_the_shapes_stay_overrides(tmp_path):
-    args = load_tool("bench/judge")._args([str(tmp_path), "a=1", "--shape", "5,8,40", "6", "train.max_steps=3"])
+    args = suite._args([str(tmp_path), "a=1", "--shape", "5,8,40", "6", "train.max_steps=3"])
     assert args.shape == ["5,8,40", "6"] and args.overrides == ["a=1", "train.max_steps=3"]
 
 
@@ -74,7 +73,7 @@ def test_a_second_round_mines_with_the_first_round_s_judge_and_reports_both(tmp_
     heldout_labels = write_prompts(tmp_path / "heldout_labels.jsonl",
                                    [{"prompt": f"t{i}?", "check": "hashed", "answer": i} for i in range(4)])
     work = tmp_path / "work"
-    report = load_tool("bench/judge").main([
+    report = suite.main([
         str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3", "train.val_every_steps=3",
         "train.micro_batch_size=2", "train.warmup_steps=1", "--target", str(tiny_target_dir), "--train-prompts",
         str(train), "--heldout-prompts", str(heldout), "--thresholds", "0.9", "0", "--precision-targets", "0.5",

@@ -8,12 +8,7 @@ import pytest
 import torch
 
 from tests.test_train_export_eval import make_recipe
-from tests.tools import load_tool
-
-
-@pytest.fixture(scope="module")
-def suite():
-    return load_tool("bench/quantization")
+from tools.bench import quantization as suite
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +26,7 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def test_decode_measures_each_setting(suite, tmp_path, capsys):
+def test_decode_measures_each_setting(tmp_path, capsys):
     report = suite.main(["decode", "--geometry", "tiny", "--tokens", "8", "--prompt-len", "8", "--out",
                          str(tmp_path)])
     rows = {row["weights"]: row for row in report["rows"]}
@@ -53,7 +48,7 @@ def _heads_args(tmp_path, tiny_target_dir) -> list:
 
 
 @pytest.fixture(scope="module")
-def heads(suite, tmp_path_factory, tiny_target_dir):
+def heads(tmp_path_factory, tiny_target_dir):
     """(the `heads` report, its arguments, its directory): both heads distilled, trained, exported and benched, the
     int4 head once more with hierarchical drafting (the tiny target as the small model)."""
     tmp_path = tmp_path_factory.mktemp("heads")
@@ -63,7 +58,7 @@ def heads(suite, tmp_path_factory, tiny_target_dir):
         return suite.main(args), args, tmp_path
 
 
-def test_heads_train_on_their_own_targets_and_bench_lossless(suite, heads):
+def test_heads_train_on_their_own_targets_and_bench_lossless(heads):
     report, args, tmp_path = heads
     assert [(row["head"], row["target"], row["intermediate"]) for row in report["rows"]] == [
         ("none", "none", None), ("none", "int4", None), ("int4", "int4", None), ("int4", "int4", args[-1])]
@@ -76,16 +71,16 @@ def test_heads_train_on_their_own_targets_and_bench_lossless(suite, heads):
     assert "| head trained on | decoding for |" in suite.heads_table(report["rows"])
 
 
-def test_a_rerun_keeps_the_trained_heads(suite, heads, monkeypatch):
+def test_a_rerun_keeps_the_trained_heads(heads, monkeypatch):
     _, args, tmp_path = heads
-    monkeypatch.setattr("data_gen.distill.run_distill", lambda recipe: pytest.fail("distilled again"))
+    monkeypatch.setattr("specdraft.distill.run.run_distill", lambda recipe: pytest.fail("distilled again"))
     parsed = suite.heads_args(args[1:])
     work = tmp_path / "work"
     assert suite.trained_head(parsed.recipe, "int4", work, parsed, parsed.overrides) == work / "int4" / "export"
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_the_triton_kernels_decode_in_cuda_graphs(suite, heads, tmp_path, monkeypatch):
+def test_on_a_gpu_the_triton_kernels_decode_in_cuda_graphs(heads, tmp_path, monkeypatch):
     """Both parts as the GPU command runs them (Triton kernels, CUDA graphs), on small shapes."""
     monkeypatch.delenv("SPECDRAFT_KERNELS")
     report = suite.main(["decode", "--geometry", "smollm2", "--tokens", "16", "--prompt-len", "16", "--device", "cuda",

@@ -6,15 +6,10 @@ import json
 
 import pytest
 
-from tests.tools import load_tool
+from tools.bench import runtime as suite
 
 
-@pytest.fixture(scope="module")
-def suite():
-    return load_tool("bench/runtime")
-
-
-def test_gaps_time_the_loop_every_way(suite, tmp_path, monkeypatch, capsys):
+def test_gaps_time_the_loop_every_way(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     report = suite.main(["gaps", "--config", "tiny", "--shape", "3,2,6", "--tokens", "16", "--prompt-len", "12",
                          "--repeats", "1", "--max-len", "128", "--device", "cpu", "--out", str(tmp_path)])
@@ -33,11 +28,11 @@ def _run(prompt_ms, step_ms, cycle_ms):
                             "spec_s": (prompt_ms + cycle_ms * (t // 3)) / 1000} for t in (30, 90, 150, 256)]}
 
 
-def test_fit_recovers_prompt_and_step_costs(suite):
+def test_fit_recovers_prompt_and_step_costs():
     costs = suite.loop_costs(_run(25.0, 1.5, 2.4))
     assert costs["plain_prompt_ms"] == pytest.approx(25.0) and costs["plain_step_ms"] == pytest.approx(1.5)
     assert costs["spec_prompt_ms"] == pytest.approx(25.0) and costs["spec_cycle_ms"] == pytest.approx(2.4)
 
 
-def test_one_step_count_puts_everything_on_the_step(suite):
+def test_one_step_count_puts_everything_on_the_step():
     assert suite.fit_line([5, 5], [1.0, 1.0]) == (0.0, 0.2)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools import load_tool
+from tools import profile_train
+from tools.bench import scale
 
-scale = load_tool("bench/scale")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -87,7 +87,7 @@ def test_phase_experiments_go_to_every_phase_run_only(tmp_path, flag):
     --phases."""
     args = scale.parse_args(["--device", "cpu", "--phases", flag, "--out", str(tmp_path)])
     argv = scale.train_argv(tmp_path, tmp_path / "recipe.yaml", "ddp", 2, args)
-    assert argv[1].endswith("profile_train.py") and "--phases" in argv and argv[-1] == flag
+    assert argv[1:3] == ["-m", "tools.profile_train"] and "--phases" in argv and argv[-1] == flag
     with pytest.raises(SystemExit):
         scale.parse_args(["--device", "cpu", flag, "--out", str(tmp_path)])
 
@@ -95,7 +95,6 @@ def test_phase_experiments_go_to_every_phase_run_only(tmp_path, flag):
 def test_pin_cores_splits_physical_cores_between_local_ranks():
     """--pin-cores: each local rank a disjoint contiguous share of the physical cores, hyperthread siblings together;
     fewer cores than ranks is an error."""
-    profile_train = load_tool("profile_train")
     cores = [[0, 32], [1, 33], [2, 34], [3, 35], [4, 36]]
     shares = [profile_train.rank_cores(cores, rank, 2) for rank in range(2)]
     assert shares == [[[0, 32], [1, 33]], [[2, 34], [3, 35]]]
@@ -106,7 +105,7 @@ def test_pin_cores_splits_physical_cores_between_local_ranks():
 
 def test_sync_waits_sum_the_time_inside_wrapped_synchronizations(monkeypatch):
     """--phases' wait measure: a wrapped synchronization adds its duration, raising or not, and returns its value."""
-    sync_waits = load_tool("profile_train").SyncWaits
+    sync_waits = profile_train.SyncWaits
     monkeypatch.setattr(sync_waits, "seconds", 0.0)
 
     def wait(seconds):

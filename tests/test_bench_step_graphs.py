@@ -4,15 +4,10 @@ import json
 
 import pytest
 
-from tests.tools import load_tool
+from tools.bench import step_graphs as bench
 
 
-@pytest.fixture(scope="module")
-def bench():
-    return load_tool("bench/step_graphs")
-
-
-def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
+def test_tiny_cpu_run_writes_every_row(tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--batch", "2", "--warmup", "3",
                 "--steps", "1", "--profile", "1", "--out", str(out)])
@@ -31,7 +26,7 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
     assert "goal (a graph row >= 2x plain's steps/s)" in printed
 
 
-def test_a_failing_row_is_reported_and_the_others_run(bench, tmp_path, monkeypatch):
+def test_a_failing_row_is_reported_and_the_others_run(tmp_path, monkeypatch):
     def broken(self, batch):
         raise RuntimeError("no kernel image is available\nmore")
 
@@ -42,13 +37,13 @@ def test_a_failing_row_is_reported_and_the_others_run(bench, tmp_path, monkeypat
     assert [r["status"] for r in report["rows"]] == ["error: RuntimeError: no kernel image is available"] * 2
 
 
-def test_graph_rows_need_a_warmup_that_reaches_the_capture(bench, tmp_path):
+def test_graph_rows_need_a_warmup_that_reaches_the_capture(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--config", "tiny", "--device", "cpu", "--warmup", "2", "--out", str(tmp_path)])
 
 
 @pytest.mark.slow
-def test_cli_part_times_specdraft_train_and_reports_a_graph_row_that_cannot_run(bench, tmp_path, capsys):
+def test_cli_part_times_specdraft_train_and_reports_a_graph_row_that_cannot_run(tmp_path, capsys):
     """`specdraft train` on the CPU: defaults runs and is timed; train.cuda_graphs=true is the row's one-line error."""
     report = bench.cli_main(["--config", "tiny", "--device", "cpu", "--recipe", "recipes/smoke/eagle3_smollm2.yaml",
                              "--seq-len", "64", "--batch", "2", "--rows", "defaults", "graphs", "--warmup", "5",

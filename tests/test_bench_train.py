@@ -6,14 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tools import load_tool
-
-@pytest.fixture(scope="module")
-def bench():
-    return load_tool("bench/train")
+from tools.bench import train as bench
 
 
-def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
+def test_tiny_cpu_run_writes_every_row(tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--warmup", "1", "--steps", "1",
                 "--out", str(out)])
@@ -36,7 +32,7 @@ def test_tiny_cpu_run_writes_every_row(bench, tmp_path, capsys):
     assert "ms per step by phase" in printed and "| ours-swiglu-8bit-fused | 32 | ok |" in printed
 
 
-def test_profile_adds_op_tables_to_a_row(bench, tmp_path, capsys):
+def test_profile_adds_op_tables_to_a_row(tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--warmup", "1", "--steps", "1",
                 "--rows", "ours-no-ckpt", "--profile", "1", "--out", str(out)])
@@ -45,7 +41,7 @@ def test_profile_adds_op_tables_to_a_row(bench, tmp_path, capsys):
     assert "ours-no-ckpt T=32, most device time" in capsys.readouterr().out
 
 
-def test_flop_counts_match_issue_6_at_llama_8b(bench):
+def test_flop_counts_match_issue_6_at_llama_8b():
     """The shape-based count lands near the issue's 15.6 + 17.4 GFLOP per token at 2048 tokens."""
     from transformers import LlamaConfig
 
@@ -57,7 +53,7 @@ def test_flop_counts_match_issue_6_at_llama_8b(bench):
     assert 14.5e9 < target < 16.5e9 and 15.5e9 < draft < 18e9
 
 
-def test_out_of_memory_is_a_status_not_a_crash(bench, monkeypatch):
+def test_out_of_memory_is_a_status_not_a_crash(monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise bench.torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
 
@@ -67,14 +63,14 @@ def test_out_of_memory_is_a_status_not_a_crash(bench, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_tiny_cuda_run_compiles_flex_and_runs_every_row(bench, tmp_path):
+def test_tiny_cuda_run_compiles_flex_and_runs_every_row(tmp_path):
     report = bench.main(["--config", "tiny", "--device", "cuda", "--seq-lens", "256", "--warmup", "1",
                          "--steps", "2", "--out", str(tmp_path / "bench.json")])
     assert [r["status"] for r in report["rows"]] == ["ok"] * len(bench.train_rows.ROWS)
     assert all(r["peak_gib_beyond_resident"] > 0 for r in report["rows"])
 
 
-def test_each_mode_keeps_less_than_the_one_before(bench, tmp_path, capsys):
+def test_each_mode_keeps_less_than_the_one_before(tmp_path, capsys):
     out = tmp_path / "activations.json"
     bench.main(["activations", "--config", "tiny", "--out", str(tmp_path)])
     rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
@@ -86,7 +82,7 @@ def test_each_mode_keeps_less_than_the_one_before(bench, tmp_path, capsys):
     assert "kept for the backward" in capsys.readouterr().out
 
 
-def test_the_compiled_layer_keeps_no_more_than_the_eager_one(bench, tmp_path):
+def test_the_compiled_layer_keeps_no_more_than_the_eager_one(tmp_path):
     """train.compile casts the layer's weights outside the compiled parts, once per unroll: it keeps one bf16
     copy of each for the backward, as eager autocast does, not one per TTT step."""
     kept = {}

@@ -4,12 +4,11 @@ import json
 
 import torch
 
-from tests.tools import load_tool
+from tools.bench import verify_cost as suite
 
 
 def test_verify_cost_tables_a_pass_per_tree_size(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    suite = load_tool("bench/verify_cost")
     report = suite.main(["--config", "tiny", "--context", "16", "--nodes", "8", "1", "4", "--reference", "8",
                          "--repeats", "2", "--rounds", "1", "--device", "cpu", "--out", str(tmp_path)])
     assert [row["nodes"] for row in report["rows"]] == [1, 4, 8] and all(row["ms"] > 0 for row in report["rows"])
@@ -18,7 +17,6 @@ def test_verify_cost_tables_a_pass_per_tree_size(tmp_path, monkeypatch, capsys):
 
 
 def test_a_random_tree_sees_its_ancestors_alone():
-    suite = load_tool("bench/verify_cost")
     depths, mask = suite.random_tree(12, torch.Generator().manual_seed(0))
     assert depths[0] == 0 and (depths[1:] >= 1).all() and mask.diagonal().all()
     assert torch.equal(mask.sum(1), depths + 1) and not mask.triu(1).any()  # parents come first
@@ -26,7 +24,6 @@ def test_a_random_tree_sees_its_ancestors_alone():
 
 def test_the_matmul_breakdown_times_each_split_that_divides_the_inner_dimension(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    suite = load_tool("bench/verify_cost")
     report = suite.main(["--config", "tiny", "--context", "8", "--nodes", "4", "1", "--repeats", "1", "--rounds", "1",
                          "--device", "cpu", "--dtype", "float32", "--matmuls", "--split-k", "2", "3",
                          "--out", str(tmp_path)])
@@ -38,7 +35,6 @@ def test_the_matmul_breakdown_times_each_split_that_divides_the_inner_dimension(
 
 
 def test_a_split_k_product_is_the_product():
-    suite = load_tool("bench/verify_cost")
     generator = torch.Generator().manual_seed(0)
     x, weight = torch.randn(5, 24, generator=generator), torch.randn(7, 24, generator=generator)
     for splits in (1, 2, 3, 8):
@@ -60,7 +56,6 @@ def test_the_breakdown_holds_every_matmul_of_a_verify_pass(monkeypatch):
             return func(*args, **(kwargs or {}))
 
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    suite = load_tool("bench/verify_cost")
     model = suite.random_target("tiny", 32, torch.device("cpu"), torch.float32)
     depths, mask = suite.random_tree(6, torch.Generator().manual_seed(0))
     prefix_len = torch.full((1,), 8, dtype=torch.long)

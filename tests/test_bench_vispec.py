@@ -1,18 +1,17 @@
-"""The ViSpec suite, tools/bench/vispec.py, on the small VLM tools/build_small_vlm.py builds in its tiny mode (a tiny
+"""The ViSpec suite, tools/bench/vispec.py, on the small VLM specdraft.vlm builds in its tiny mode (a tiny
 random language model; its drawn-image prompt sets), CPU, float32: distill with and without the answer instruction,
 ViSpec and EAGLE-3 trained on the same data, steps and seed, both benched against plain decoding on prompts with
 the instruction; tables, JSON."""
 import json
 
-from tests.tools import load_tool
+from specdraft.vlm.build import build_small_vlm
+from tools.bench import vispec as suite
 
 
 def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tiny_target_dir, capsys, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     vlm = tmp_path / "vlm"
-    load_tool("build_small_vlm").main(["--out", str(vlm), "--tiny", "--target", str(tiny_target_dir), "--device",
-                                       "cpu", "--save-dtype", "float32"])
-    suite = load_tool("bench/vispec")
+    build_small_vlm(vlm, target=str(tiny_target_dir), device="cpu", tiny=True, save_dtype="float32")
     report = suite.main([str(vlm), "--out", str(tmp_path / "out"), "--distill-prompts", "4", "--length-prompts", "2",
                          "--max-new-tokens", "8", "--steps", "2", "--batch", "2", "--bench-prompts", "2",
                          "--bench-new-tokens", "8", "--lossless-prompts", "2", "--device", "cpu", "--dtype",
@@ -46,5 +45,5 @@ def test_the_suite_regenerates_trains_both_drafts_and_benches_them(tmp_path, tin
 
 
 def test_overrides_typed_after_the_shapes_stay_overrides(tmp_path):
-    args = load_tool("bench/vispec")._args([str(tmp_path), "--shapes", "12", "10,6,48", "data.max_length=1536"])
+    args = suite._args([str(tmp_path), "--shapes", "12", "10,6,48", "data.max_length=1536"])
     assert args.shapes == ["12", "10,6,48"] and args.overrides == ["data.max_length=1536"]

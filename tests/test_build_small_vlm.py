@@ -1,22 +1,26 @@
-"""tools/build_small_vlm.py in its tiny mode: the saved directory loads as a plain LLaVA model + processor and
+"""`specdraft build-small-vlm` (specdraft/vlm/) in its tiny mode: the saved directory loads as a plain LLaVA model + processor and
 generates from an image prompt, the processor gives the rows the tool trained on, the drawn prompt sets are well
 formed, and the accuracy report is written."""
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.tools import load_tool
-
-build_small_vlm = load_tool("build_small_vlm")
-vlm_scenes = load_tool("vlm_scenes")
+from specdraft import cli
+from specdraft.core.errors import SpecdraftError
+from specdraft.vlm import build as build_small_vlm
+from specdraft.vlm import long as vlm_long
+from specdraft.vlm import prompts as vlm_prompts
+from specdraft.vlm import scenes as vlm_scenes
 
 
 @pytest.fixture(scope="module")
 def built(tiny_target_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("small_vlm") / "vlm"
-    build_small_vlm.main(["--out", str(out), "--tiny", "--target", str(tiny_target_dir), "--device", "cpu"])
+    assert cli.main(["build-small-vlm", "--out", str(out), "--tiny", "--target", str(tiny_target_dir),
+                     "--device", "cpu"]) == 0
     return out
 
 
@@ -92,9 +96,9 @@ def test_descriptions_read_back_and_chance_is_low():
     for scene in scenes:
         stated = vlm_scenes.read_description(vlm_scenes.describe(scene))
         assert all(vlm_scenes.score(vlm_scenes.facts(scene), stated).values())
-    records = [build_small_vlm.vlm_prompts.prompt_record("test", i, s) for i, s in enumerate(scenes)]
+    records = [vlm_prompts.prompt_record("test", i, s) for i, s in enumerate(scenes)]
     answers = [random.Random(0).choice(records)["conversations"][1]["value"] for _ in records]
-    report = build_small_vlm.vlm_prompts.accuracy(records, answers)
+    report = vlm_prompts.accuracy(records, answers)
     assert report["count"]["chance"] < 0.4 and report["colours"]["chance"] < 0.2
     assert report["count"]["accuracy"] < 0.6
 
@@ -102,11 +106,9 @@ def test_descriptions_read_back_and_chance_is_low():
 def test_settings_override():
     settings = build_small_vlm.parse_settings(build_small_vlm.Settings(), ["lora_steps=5", "tiny_lm=true"])
     assert settings.lora_steps == 5 and settings.tiny_lm
-    with pytest.raises(SystemExit, match="unknown setting"):
+    with pytest.raises(SpecdraftError, match="unknown setting"):
         build_small_vlm.parse_settings(build_small_vlm.Settings(), ["nope=1"])
 
-
-vlm_long = load_tool("vlm_long")
 
 
 def test_long_descriptions_open_with_the_short_one_state_every_fact_and_mostly_depend_on_the_image():
@@ -126,7 +128,7 @@ def test_long_descriptions_open_with_the_short_one_state_every_fact_and_mostly_d
 def test_the_instruction_is_the_one_the_recipes_append():
     from specdraft.recipes import load_recipe
 
-    root = build_small_vlm.Path(build_small_vlm.__file__).resolve().parents[1] / "recipes"
+    root = Path(__file__).resolve().parents[1] / "recipes"
     for name in ("vispec_smallvlm.yaml", "smoke/vispec_smallvlm.yaml", "vispec_llava16.yaml"):
         assert load_recipe(root / name, []).distill.answer_instruction == vlm_long.INSTRUCTION
 
@@ -137,7 +139,7 @@ def test_long_rows_are_what_distillation_sends(built):
     from PIL import Image
     from transformers import AutoProcessor
 
-    from data_gen.image_prompts import with_instruction
+    from specdraft.distill.image_prompts import with_instruction
     from specdraft.data.sources import load_conversations
     from specdraft.targets.chat import VisionChat
 
@@ -166,4 +168,4 @@ def test_accuracy_reports_long_answers_beside_plain_ones(built):
     assert long["lengths"]["with"]["answers"] == long["lengths"]["without"]["answers"] == 2
     assert set(long["attributes"]) <= {"count", "colours", "shapes", "objects", "sizes", "word", "word_colour",
                                        "word_row", "bar_count", "bar_colours", "tallest", "bar_values"}
-    assert "| with instruction | 2 |" in build_small_vlm.vlm_prompts.long_table({"long": long})
+    assert "| with instruction | 2 |" in vlm_prompts.long_table({"long": long})

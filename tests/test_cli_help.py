@@ -7,7 +7,7 @@ import pytest
 
 from specdraft import cli
 
-COMMANDS = ("distill-data", "train", "export", "eval", "generate", "bench", "slurm")
+COMMANDS = ("distill-data", "train", "export", "eval", "generate", "bench", "slurm", "build-small-vlm")
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict:

@@ -5,12 +5,11 @@ import json
 
 import pytest
 
-from tests.tools import load_tool
+from tools import count_cycle_launches as tool
 
 
 @pytest.mark.triton_kernels
 def test_a_cycle_is_counted_phase_by_phase_against_a_plain_step(tmp_path, capsys):
-    tool = load_tool("count_cycle_launches")
     report = tool.main(["--config", "tiny", "--shapes", "3", "3,2,6", "--prune", "0.5", "--out", str(tmp_path)])
     chain, tree, pruned, selected = report["rows"]
     assert report["plain_step"] > 0 and "triton:_rms_norm_kernel" in report["plain_ops"]
@@ -34,7 +33,6 @@ def test_a_sampled_cycle_is_counted_and_its_acceptance_does_not_walk_depth_by_de
     """T=1 against T=0 on one tree: the host's draws outside the graph counted apart, no host sync, and the
     rejection sampling's acceptance and the sampled children in a few fused launches (`kernels.tree_sample`,
     `kernels.sampled_topk`), not op by op."""
-    tool = load_tool("count_cycle_launches")
     report = tool.count("tiny", ["3,2,6"], temperatures=(0.0, 1.0), point_mass=True)
     greedy, sampled, point_mass = report["rows"]
     assert (greedy["drafts"], sampled["drafts"], point_mass["drafts"]) == ("-", "sampled", "point mass")
@@ -59,7 +57,6 @@ def test_a_vispec_cycle_adds_one_launch_a_drafting_step_and_three_to_its_ingest(
     """A ViSpec draft after an image prompt, against EAGLE-3's on the same shapes: img_fc is one matmul onto the
     image's global term at each step after the first, and a cycle's ingest (bookkeeping) is EAGLE-3's at shifted
     slots; the verify is the target's alone, and the cycle still holds no host sync."""
-    tool = load_tool("count_cycle_launches")
     report = tool.count("tiny", ["3,2,6", "4"], vispec=True)
     rows = {(row["shape"], row["method"]): row for row in report["rows"]}
     for shape, depth in (("3,2,6", 3), ("4", 4)):

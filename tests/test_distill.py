@@ -1,4 +1,4 @@
-"""data_gen.distill end to end on a tiny random target: rows, loss masks, counts, resumption, too-long prompts and
+"""specdraft.distill.run end to end on a tiny random target: rows, loss masks, counts, resumption, too-long prompts and
 generation failures. CPU, offline."""
 import json
 import shutil
@@ -6,8 +6,8 @@ import shutil
 import pytest
 from datasets import load_from_disk
 
-import data_gen.distill as distill
-from data_gen.distill import run_distill
+import specdraft.distill.run as distill
+from specdraft.distill.run import run_distill
 from specdraft.recipes import load_recipe
 from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, read_counts, shards_dir
 from specdraft.core.errors import SpecdraftError

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from datasets import load_from_disk
 
-from data_gen.distill import run_distill
+from specdraft.distill.run import run_distill
 from specdraft.core.errors import SpecdraftError
 from specdraft.data.format import dataset_dir, shards_dir
 from tests.test_distill import RECORDS, make_recipe
@@ -60,7 +60,7 @@ def test_static_resumes_a_sampled_run_to_the_same_draws(tmp_path, target_dir):
 
 def test_auto_takes_hf_on_the_cpu(tmp_path, caplog):
     target = save_tiny_target(tmp_path / "target", layers=1)
-    with caplog.at_level(logging.INFO, logger="data_gen.engine"):
+    with caplog.at_level(logging.INFO, logger="specdraft.distill.engine"):
         run_distill(make_recipe(tmp_path, target, [{"prompt": "hi"}]), device="cpu")
     assert "distill.engine=auto: Hugging Face generate (the static engine pays on a GPU)" in caplog.text
 
@@ -83,11 +83,11 @@ def test_a_target_the_static_engine_cannot_run(tmp_path, caplog):
     with pytest.raises(SpecdraftError, match=r"distill.engine=static cannot run target .*biased: biases on o_proj "
                                              r"or the MLP; use distill.engine=hf or auto"):
         run_distill(make_recipe(tmp_path, target, [{"prompt": "hi"}], ["distill.engine=static"]), device="cpu")
-    from data_gen.engine import static_engine
+    from specdraft.distill.engine import static_engine
     from specdraft.targets import load_target
 
     recipe = make_recipe(tmp_path, target, [{"prompt": "hi"}])
-    with caplog.at_level(logging.INFO, logger="data_gen.engine"):
+    with caplog.at_level(logging.INFO, logger="specdraft.distill.engine"):
         assert static_engine(recipe, load_target(recipe.target), [0], "cuda") is None
     assert "distill.engine=auto: Hugging Face generate (biases on o_proj or the MLP)" in caplog.text
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import load_from_disk
 
-from data_gen.distill import run_distill
+from specdraft.distill.run import run_distill
 from specdraft.core.errors import SpecdraftError
 from specdraft.data.format import IMAGE_ROW_FEATURES, dataset_dir, shards_dir
 from specdraft.data.images import load_image, resolve_image

@@ -6,9 +6,9 @@ import threading
 import pytest
 from datasets import load_from_disk
 
-import data_gen.distill as distill
-from data_gen.distill import merge_only, run_distill
-from data_gen.workers import Worker, local_device_index, resolve_worker, worker_from_env, worker_shards
+import specdraft.distill.run as distill
+from specdraft.distill.run import merge_only, run_distill
+from specdraft.distill.workers import Worker, local_device_index, resolve_worker, worker_from_env, worker_shards
 from specdraft import cli
 from specdraft.config import DistillConfig
 from specdraft.data.format import dataset_dir, read_counts, shards_dir

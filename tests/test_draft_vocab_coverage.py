@@ -3,9 +3,7 @@ vocabulary's counts give, both columns grow with the size, and the whole vocabul
 import json
 
 from tests.test_train_export_eval import make_recipe
-from tests.tools import load_tool
-
-coverage_tool = load_tool("draft_vocab_coverage")
+from tools import draft_vocab_coverage as coverage_tool
 
 
 def test_coverage_grows_to_one_at_the_whole_vocabulary(tmp_path, tiny_target_dir, distilled):

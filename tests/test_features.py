@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_gen.features import dump_features, shard_file
+from specdraft.distill.features import dump_features, shard_file
 from specdraft import cli
 from specdraft.recipes import load_recipe
 from specdraft.data.features import FINAL, FeatureStore, feature_names, features_dir, hidden_key

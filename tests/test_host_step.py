@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.tools import load_tool
+from tools import host_step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_the_table_leaves_the_loop_what_no_region_holds():
     regions = SimpleNamespace(seconds={"forward": 0.2, "backward": 0.3, "grad hooks": 0.01, "engine.step": 0.05,
                                        "callbacks": 0.01, "next batch": 0.02})
-    ms = load_tool("host_step").table(regions, wall=0.6, steps=2)
+    ms = host_step.table(regions, wall=0.6, steps=2)
     assert ms["step"] == pytest.approx(300.0) and ms["forward"] == pytest.approx(100.0) and ms["epilogue"] == 0.0
     assert ms["loop rest"] == pytest.approx(10.0)  # within-backward regions are not subtracted twice
 
@@ -30,7 +30,7 @@ def _free_port() -> int:
 
 def test_a_zero2_run_on_the_cpu_times_every_region(tmp_path):
     env = {**os.environ, "MASTER_PORT": str(_free_port())}
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "host_step.py"), "--warmup", "2", "--steps", "3",
+    done = subprocess.run([sys.executable, "-m", "tools.host_step", "--warmup", "2", "--steps", "3",
                            "--work", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     ms = json.loads(done.stdout.strip().splitlines()[-1])

@@ -2,7 +2,7 @@
 
 Layers, bottom to top; a module imports only from layers below its own, or from its own package:
     core -> kernels -> layers, config -> data, targets -> decoding -> methods -> recipes -> drafts
-    -> runtime, launch -> eval, export, train, data_gen -> cli
+    -> runtime, launch -> eval, export, train, distill, vlm -> cli
 No circle among modules either, and no private name (`_x`) imported from another module.
 """
 from __future__ import annotations
@@ -22,28 +22,25 @@ LAYERS: List[Set[str]] = [
     {"specdraft.recipes"},
     {"specdraft.drafts"},
     {"specdraft.runtime", "specdraft.launch"},
-    {"specdraft.eval", "specdraft.export", "specdraft.train", "data_gen"},
+    {"specdraft.eval", "specdraft.export", "specdraft.train", "specdraft.distill", "specdraft.vlm"},
     {"specdraft.cli"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 
 def package_sources(root: Path = REPO) -> Dict[str, str]:
-    """{dotted module name: source} of every module of specdraft and data_gen."""
+    """{dotted module name: source} of every module of specdraft."""
     sources = {}
-    for package in ("specdraft", "data_gen"):
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            sources[name] = path.read_text()
+    for path in sorted((root / "specdraft").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        sources[name] = path.read_text()
     return sources
 
 
 def unit_of(module: str) -> str:
-    """The layered unit a module belongs to (its top package below specdraft, or data_gen), '' for the root."""
+    """The layered unit a module belongs to (its top package below specdraft), '' for the root."""
     parts = module.split(".")
-    if parts[0] == "data_gen":
-        return "data_gen"
     return ".".join(parts[:2]) if len(parts) > 1 else ""
 
 
@@ -64,7 +61,7 @@ def internal_graph(sources: Dict[str, str]) -> Dict[str, Dict[str, List[str]]]:
     for module, source in sources.items():
         edges: Dict[str, List[str]] = {}
         for target, names in imports_of(source):
-            if unit_of(target) == "" and not target.startswith(("specdraft", "data_gen")):
+            if unit_of(target) == "" and not target.startswith("specdraft"):
                 continue
             for name in names or [""]:
                 submodule = f"{target}.{name}"

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-import data_gen.distill as distill
+import specdraft.distill.run as distill
 from specdraft import cli
 from specdraft.decoding.engine import SpecEngine
 from specdraft.data.format import read_counts, shards_dir

@@ -24,7 +24,7 @@ from specdraft.recipes import load_recipe, save_recipe
 from specdraft.targets.generate import greedy_continuations
 from tests.addons import judge_miner, mine_labels
 from tests.test_judge import _reference_kernels, base, target  # noqa: F401  the same fixtures
-from tests.tools import load_tool
+from tools.bench import judge as suite
 
 SPEC = METHODS["judge"]
 MAX_NEW = 12
@@ -210,7 +210,6 @@ def copy_tree(source, destination):
 
 
 def test_the_suite_parses_rounds_and_the_mining_threshold(tmp_path):
-    suite = load_tool("bench/judge")
     default = suite._args([str(tmp_path)])
     assert default.rounds == 1 and default.mine_threshold == 0.9
     args = suite._args([str(tmp_path), "--rounds", "2", "--mine-threshold", "0.8", "train.max_steps=3"])
@@ -221,7 +220,6 @@ def test_the_suite_parses_rounds_and_the_mining_threshold(tmp_path):
 
 
 def test_a_later_round_mines_with_the_previous_round_s_judge_on_every_label_so_far(tmp_path):
-    suite = load_tool("bench/judge")
     args = suite._args([str(tmp_path / "draft"), "--rounds", "3", "--mine-threshold", "0.8", "a=1"])
     work = tmp_path / "work"
     first, third = suite.round_overrides(args, work, 1), suite.round_overrides(args, work, 3)

@@ -3,10 +3,7 @@
 import pytest
 
 from specdraft.decoding.stats import acceptance_by_position
-from tests.tools import load_tool
-
-def _merge():
-    return load_tool("merge_eval").merge
+from tools.merge_eval import merge
 
 
 def _report(accepted, k=3):
@@ -19,7 +16,7 @@ def _report(accepted, k=3):
 
 def test_merge_equals_the_report_of_all_cycles():
     first, second = [0, 3, 1, 2], [3, 3, 0]
-    merged, whole = _merge()([_report(first), _report(second)]), _report(first + second)
+    merged, whole = merge([_report(first), _report(second)]), _report(first + second)
     assert merged["tau"] == pytest.approx(whole["tau"])
     assert merged["acceptance_by_position"] == pytest.approx(whole["acceptance_by_position"])
     assert merged["prompts"] == 2 and merged["lossless"] is True

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from specdraft.config import RuntimeConfig
 
-from data_gen.distill import run_distill
+from specdraft.distill.run import run_distill
 from specdraft.recipes import load_recipe
 from specdraft.drafts import EXPORT_FILE, load_draft
 from specdraft.eval.run import run_eval

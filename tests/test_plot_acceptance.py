@@ -4,10 +4,7 @@ import json
 import pytest
 
 from specdraft.decoding.stats import acceptance_by_position
-from tests.tools import load_tool
-
-def _tool():
-    return load_tool("plot_acceptance")
+from tools import plot_acceptance
 
 
 def _write(path, accepted, k):
@@ -21,7 +18,7 @@ def test_plot_table_and_json(tmp_path, capsys):
     first = _write(tmp_path / "a.json", [0, 1, 3, 3], 3)
     second = _write(tmp_path / "b.json", [2, 3, 3, 1], 3)
     out = tmp_path / "plot" / "acceptance.png"
-    assert _tool().main([f"EAGLE-3={first}", f"PosS-2={second}", "--out", str(out)]) == 0
+    assert plot_acceptance.main([f"EAGLE-3={first}", f"PosS-2={second}", "--out", str(out)]) == 0
     assert out.stat().st_size > 0
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["EAGLE-3"]["acceptance_by_position"] == pytest.approx([0.75, 2 / 3, 1.0])
@@ -38,10 +35,10 @@ def test_bench_reports_give_their_greedy_run(tmp_path, capsys):
     sampled = {**run, "temperature": 1.0, "tau": 1.5}
     report = {"tau": 2.0, "runs": [sampled, run], "cycle_profile": {"cycle_ms": 2.25}}
     (tmp_path / "bench.json").write_text(json.dumps(report))
-    assert _tool().main([f"Kangaroo={tmp_path / 'bench.json'}", "--out", str(tmp_path / "a.png")]) == 0
+    assert plot_acceptance.main([f"Kangaroo={tmp_path / 'bench.json'}", "--out", str(tmp_path / "a.png")]) == 0
     assert "| Kangaroo | 2.000 | 80.0 | 50.0 | 1.60 | 2.250 | 0.50 | 1.00 |" in capsys.readouterr().out
 
 
 def test_bad_argument_names_it(tmp_path):
     with pytest.raises(SystemExit, match="not LABEL=PATH"):
-        _tool().main(["nolabel", "--out", str(tmp_path / "x.png")])
+        plot_acceptance.main(["nolabel", "--out", str(tmp_path / "x.png")])

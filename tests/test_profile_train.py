@@ -2,13 +2,13 @@
 import json
 
 from tests.test_train_export_eval import make_recipe
-from tests.tools import load_tool
+from tools import profile_train
 
 
 def test_profile_train_reports_steps_and_ops(tmp_path, tiny_target_dir, distilled, capsys):
     recipe = make_recipe(tmp_path, tiny_target_dir, distilled)
-    report = load_tool("profile_train").main([str(recipe), "--warmup", "2", "--steps", "3", "--top", "5",
-                                              "--out", str(tmp_path / "prof")])
+    report = profile_train.main([str(recipe), "--warmup", "2", "--steps", "3", "--top", "5",
+                                 "--out", str(tmp_path / "prof")])
     assert report["steps"] == 3 and report["train_summary"]["steps"] == 5
     assert report["step_ms"] > 0 and len(report["top_host"]) == 5
     assert report["device_busy_ms"] == 0 and report["kernel_launches_per_step"] == 0  # no GPU: no kernels
@@ -22,8 +22,8 @@ def test_split_forward_times_the_target_and_the_draft_apart(tmp_path, tiny_targe
     """--phases --split-forward: the forward as `target` (the frozen target's features) and `draft`, each step's
     four phases summing to its time; the module's features still work through the wrapper (validation off)."""
     recipe = make_recipe(tmp_path, tiny_target_dir, distilled)
-    report = load_tool("profile_train").main([str(recipe), "--warmup", "1", "--steps", "2", "--phases",
-                                              "--split-forward", "--out", str(tmp_path / "prof")])
+    report = profile_train.main([str(recipe), "--warmup", "1", "--steps", "2", "--phases",
+                                 "--split-forward", "--out", str(tmp_path / "prof")])
     phases = report["phase_ms_each"]
     assert list(phases) == ["target", "draft", "backward", "step"]
     assert all(len(values) == 2 and min(values) > 0 for values in phases.values())

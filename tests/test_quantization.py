@@ -49,7 +49,7 @@ def test_quantized_target_trains(tmp_path, tiny_target_dir, distilled, quantizat
 def test_quantized_offline_features(tmp_path, tiny_target_dir, distilled):
     import shutil
 
-    from data_gen.features import dump_features
+    from specdraft.distill.features import dump_features
 
     shutil.copytree(distilled, tmp_path / "data")
     recipe_path = make_recipe(tmp_path, tiny_target_dir, tmp_path / "data", max_steps=2, val_every_steps=2)
@@ -71,9 +71,9 @@ def test_bench_quantization_tool_runs_tiny(tmp_path, tiny_target_dir, distilled)
 
     root = Path(__file__).resolve().parents[1]
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled)
-    result = subprocess.run([sys.executable, str(root / "tools" / "bench" / "quantization.py"), str(recipe_path),
+    result = subprocess.run([sys.executable, "-m", "tools.bench.quantization", str(recipe_path),
                              "--work", str(tmp_path / "work"), "--settings", "none", "--steps", "4",
-                             "--micro-batch", "2"], capture_output=True, text=True, timeout=300)
+                             "--micro-batch", "2"], cwd=root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "val τ_sim vs bf16" in result.stdout
     report = json.loads((tmp_path / "work" / "quantization.json").read_text())

@@ -14,7 +14,7 @@ REQUIRED_KEYS = ["data.prompts", "data.max_samples", "distill.max_new_tokens", "
 
 RECIPE_TARGETS = {"vispec": ("smallvlm", "llava16")}
 """A method's small and large targets where they are not SmolLM2 and Llama-3 (vision-language methods: the small VLM
-tools/build_small_vlm.py builds, and LLaVA-1.6)."""
+`specdraft build-small-vlm` builds, and LLaVA-1.6)."""
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -137,9 +137,10 @@ def test_recipe_reference_is_current():
     import subprocess
     import sys
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "gen_recipe_reference.py"
-    result = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True)
-    assert result.returncode == 0, "docs/recipes.md is stale: run python tools/gen_recipe_reference.py"
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "tools.gen_recipe_reference", "--check"], cwd=root,
+                            capture_output=True)
+    assert result.returncode == 0, "docs/recipes.md is stale: run python -m tools.gen_recipe_reference"
 
 
 def test_deepspeed_entries_merge_over_specdraft_s_config(tmp_path):

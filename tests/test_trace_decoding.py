@@ -5,13 +5,12 @@ import json
 import torch
 
 from specdraft.decoding.tree import TreeShape
-from tests.tools import load_tool
+from tools import count_cycle_launches, trace_decoding as tool
 
 
 def test_both_modes_are_traced_step_by_step(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    engine = load_tool("count_cycle_launches").build_engine("tiny", TreeShape(depth=3, topk=2, budget=6))
-    tool = load_tool("trace_decoding")
+    engine = count_cycle_launches.build_engine("tiny", TreeShape(depth=3, topk=2, budget=6))
     prompt = torch.randint(0, 320, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     rows = [tool.trace_mode(engine, mode, prompt, 16, tmp_path / f"{mode}.json") for mode in ("plain", "spec")]
     plain, spec = rows

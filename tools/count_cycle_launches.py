@@ -7,7 +7,7 @@ and a shape reaches a speedup S over plain decoding only at τ ≥ S × that rat
 counts do not depend on the weights, so random ones serve; they do depend on the shape, the layer count and the
 fused kernels (run with TRITON_INTERPRET=1 to count the Triton kernels as the GPU runs them).
 
-    TRITON_INTERPRET=1 python tools/count_cycle_launches.py --config smollm2 --shapes 6 6,8,48 5,8,32 \\
+    TRITON_INTERPRET=1 python -m tools.count_cycle_launches --config smollm2 --shapes 6 6,8,48 5,8,32 \\
         --out runs/cycle_launches
 
 Prints a table and writes OUT/cycle_launches.json; each row counts the cycle's host syncs too (reads of values and
@@ -29,17 +29,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from specdraft.config import PRUNE_AT, RuntimeConfig  # noqa: E402
-from specdraft.core.io import write_json  # noqa: E402
+from specdraft.config import PRUNE_AT, RuntimeConfig
+from specdraft.core.io import write_json
 
 CONFIGS = {  # target geometry (Hugging Face LlamaConfig fields) and the head's draft vocabulary
     "smollm2": ({"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,

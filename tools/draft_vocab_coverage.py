@@ -6,7 +6,7 @@ falls in: at coverage c, no draft position is accepted more often than c.
 Two columns per size: the training answers themselves, and the target's greedy answers to the recipe's
 evaluation prompts (eval.prompts: MT-bench by default), generated here with Hugging Face `generate`.
 
-    python tools/draft_vocab_coverage.py recipes/eagle3_smollm2.yaml distill.output_dir=RUN \\
+    python -m tools.draft_vocab_coverage recipes/eagle3_smollm2.yaml distill.output_dir=RUN \\
         'train.extra_distilled=[RUN2]' --max-prompts 20 --sizes 4096,8192,16384,32768 --out runs/coverage
 
 Prints the table and writes OUT/draft_vocab_coverage.json.
@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 from tqdm import tqdm
-
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def coverage(token_ids: torch.Tensor, vocab: torch.Tensor) -> float:
@@ -89,5 +85,4 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

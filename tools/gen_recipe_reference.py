@@ -1,7 +1,7 @@
 """Render every recipe key, its default and its docstring into docs/recipes.md (a test checks it is current).
 
-    python tools/gen_recipe_reference.py            # rewrite docs/recipes.md
-    python tools/gen_recipe_reference.py --check    # exit 1 if docs/recipes.md is stale
+    python -m tools.gen_recipe_reference            # rewrite docs/recipes.md
+    python -m tools.gen_recipe_reference --check    # exit 1 if docs/recipes.md is stale
 """
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import inspect
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's specdraft, not whichever one an editable install points at
+from specdraft.config import SECTIONS
+from specdraft.methods import METHODS
 
-from specdraft.config import SECTIONS  # noqa: E402
-from specdraft.methods import METHODS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "docs" / "recipes.md"
 

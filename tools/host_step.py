@@ -17,7 +17,7 @@ check), and times named regions of the steps after --warmup with the wall clock:
     next batch       the data fetcher: sampler, the dataset's rows, collate
     loop rest        the step's wall time less all of the above (Lightning's loop, closure, LR schedule, ...)
 
-    python tools/host_step.py [RECIPE] [KEY=VALUE ...] --warmup 10 --steps 30 [--cprofile OUT.prof]
+    python -m tools.host_step [RECIPE] [KEY=VALUE ...] --warmup 10 --steps 30 [--cprofile OUT.prof]
 
 Prints a markdown table (ms per step) and one JSON line (with `weights`, a digest of the draft's weights after
 the timed steps: an A/B of settings that must not change the training compares them). Compute on a CPU is not a
@@ -30,7 +30,6 @@ import collections
 import functools
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -166,8 +165,7 @@ def table(regions: Regions, wall: float, steps: int) -> dict:
 
 
 def write_data(work: Path) -> None:
-    sys.path.insert(0, str(REPO / "tools" / "bench"))
-    import scale
+    from tools.bench import scale
 
     shape = scale.CONFIGS["tiny"]
     if not (work / "target" / "config.json").exists():
@@ -188,7 +186,6 @@ def main(argv=None) -> dict:
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "OMP_NUM_THREADS": "1"})  # one thread: the CPU's compute stays small beside the host work
     os.environ.setdefault("MASTER_PORT", "29611")
-    sys.path.insert(0, str(REPO))  # this checkout's specdraft, not an installed one
     import torch
 
     torch.set_num_threads(1)

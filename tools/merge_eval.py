@@ -1,6 +1,6 @@
 """Merge eval.json files of disjoint prompt ranges (eval.skip_prompts / eval.max_prompts) into one report.
 
-    python tools/merge_eval.py OUT.json a/eval.json b/eval.json ...
+    python -m tools.merge_eval OUT.json a/eval.json b/eval.json ...
 """
 from __future__ import annotations
 

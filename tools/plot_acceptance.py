@@ -1,7 +1,7 @@
 """Acceptance by draft position for several evaluations on one plot (e.g. EAGLE-3 against PosS-1/2/3), with a
 table of τ and the per-position rates.
 
-    python tools/plot_acceptance.py --out runs/acceptance.png \
+    python -m tools.plot_acceptance --out runs/acceptance.png \
         EAGLE-3=runs/eagle3/eval/eval.json PosS-2=runs/poss2/eval/eval.json
 
 Each argument is LABEL=PATH of an `eval.json` (`specdraft eval`, tools/merge_eval.py) or a `bench.json`

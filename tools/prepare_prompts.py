@@ -7,7 +7,7 @@ categories together), for `.data/` to travel to the GPU machine (or runs/prompts
 With `--code N` it also writes code_prompts.jsonl: up to N programming prompts of the alpaca and ShareGPT sets that
 train_prompts.jsonl leaves out (the code recipes' second set; HumanEval stays an evaluation set).
 
-    python tools/prepare_prompts.py --shared ../shared/data --out .data --per-source 1600,1200,600,600 --code 600
+    python -m tools.prepare_prompts --shared ../shared/data --out .data --per-source 1600,1200,600,600 --code 600
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ The run is `specdraft train RECIPE [overrides]` itself (same data, features, dra
 Lightning runs the forward and backward inside the optimizer's step (its closure), so the optimizer's own range
 (`Optimizer.step#AdamW.step`) covers the whole step: read the op tables, not that range.
 
-    python tools/profile_train.py recipes/eagle3_smollm2.yaml target.path=... --warmup 30 --steps 10 --out runs/prof
+    python -m tools.profile_train recipes/eagle3_smollm2.yaml target.path=... --warmup 30 --steps 10 --out runs/prof
 
 Writes OUT/profile_train.json (and OUT/trace.json, a Chrome trace, with --trace). Prints the tables. On several
 GPUs every rank profiles its own steps: rank R > 0 writes profile_train_rankR.json (and trace_rankR.json).

@@ -8,7 +8,7 @@ takes more than its launches suggest, this tells which side that time is on. The
 own (its CPU events), so read the wall columns beside `specdraft bench`'s rates; the kernel columns are the
 device's own.
 
-    python tools/trace_decoding.py EXPORT_DIR --prompts .data/mt_bench.jsonl --tokens 128 --out runs/trace
+    python -m tools.trace_decoding EXPORT_DIR --prompts .data/mt_bench.jsonl --tokens 128 --out runs/trace
 
 Prints a table and writes OUT/trace_decoding.json and a Chrome trace per mode (OUT/<mode>_trace.json). On a CPU
 there are no device kernels: the kernel columns read n/a.
@@ -16,17 +16,13 @@ there are no device kernels: the kernel columns read n/a.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from specdraft.core.io import write_json  # noqa: E402
+from specdraft.core.io import write_json
 
 
 def _kernel_times(profiler) -> Optional[Dict[str, float]]:

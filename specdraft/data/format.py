@@ -1,4 +1,4 @@
-"""The distilled dataset's on-disk layout: the one contract between `data_gen` and the trainer.
+"""The distilled dataset's on-disk layout: the one contract between `specdraft.distill` and the trainer.
 
 DISTILL_DIR/
   shards/shard-00000/ ...   one Hugging Face `datasets` dataset per shard (Arrow), written atomically

@@ -9,7 +9,7 @@ one depth behind the drafting: depth d + 1 is queued before depth d's flag is re
 for the host between depths; a stop at d wastes that one queued step. What a stop saves: the draft steps past it
 and the verify rows of the depths not drafted. What it costs against the fixed tree's single graph: a graph
 launch and a flag copy per depth, and no cycle in flight while the host reads the tokens (the engine reads every
-cycle of a policy before queuing the next). `tools/count_cycle_launches.py --policy` counts both.
+cycle of a policy before queuing the next). `python -m tools.count_cycle_launches --policy` counts both.
 """
 from __future__ import annotations
 

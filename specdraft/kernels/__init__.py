@@ -24,7 +24,7 @@ rounding where the unfused ops round (`rounding.py`); in a mixture-of-experts la
 rows, untouched ones never); for bulk generation (decoding/batched.py), `ragged_attention`
 (each query over its own sequence's slots of a cache that holds many). The runtime ops are CUDA-graph capturable:
 static shapes, no host sync, per-call scalars as device tensors.
-`python tools/bench/kernels.py` times each against its reference on a GPU.
+`python -m tools.bench.kernels` times each against its reference on a GPU.
 For training, `adamw8bit` is one tensor's AdamW step from blockwise 8-bit moments (and `AdamW8bitFused`, the
 optimizer of train.optimizer=adamw8bit_fused).
 """

@@ -7,12 +7,14 @@ none of them branches on a method's name. A new method that needs something else
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 from torch import nn
 
 from specdraft.core.drafting import Drafter, IntermediateModel
+from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import BaseDraft, DraftBatch, DraftContext, LossOutput, TargetInfo
 
 
@@ -44,7 +46,7 @@ class RecordContext:
 class RecordMaker(Protocol):
     def records(self, conversations: Dict[int, Any]) -> Tuple[List[dict], List[dict]]:
         """{position: Conversation} of one shard -> (record rows, problems): every conversation yields rows or a
-        problem (`data_gen.distill.problem_entry`), so a shard's counts add up (ok + error + skipped = input)."""
+        problem (`specdraft.distill.run.problem_entry`), so a shard's counts add up (ok + error + skipped = input)."""
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,24 @@ class MethodSpec:
     """(cfg, target) -> hidden-state indices the draft reads (see TargetFeatures.hidden_states)."""
     exports: Dict[str, ExportFormat]
     """Export formats by name (`hf`, `speculators`, ...)."""
-    from_export: Callable[[Dict[str, Any], Dict[str, torch.Tensor], DraftContext], Tuple[Any, nn.Module]]
-    """(config.json, tensors, ctx) of an `hf` export -> (cfg, draft) ready for evaluation (ctx.target: the
-    geometry it was trained for; ctx.base: the draft an add-on extends)."""
     runtime: Callable[[nn.Module, Any, Any], Drafter]
     """(draft, cfg, runtime target model) -> the runtime's drafter (specdraft.core.drafting). The evaluator and
     the runtime both draft through it: a method writes its inference once."""
+    from_export: Optional[Callable[[Dict[str, Any], Dict[str, torch.Tensor], DraftContext], Tuple[Any, nn.Module]]] \
+        = None
+    """(config.json, tensors, ctx) of an `hf` export -> (cfg, draft) ready for evaluation (ctx.target: the
+    geometry it was trained for; ctx.base: the draft an add-on extends). None: `read_export`, the method's
+    config from the export's saved method_config, built and loaded (`export_config`, `export_requires` and
+    `export_tensors` adjust it)."""
+    export_config: Optional[Callable[[Dict[str, Any]], Any]] = None
+    """The default from_export's cfg for an export that saved no method_config: config.json -> cfg from the keys of
+    a checkpoint written elsewhere (EAGLE-3: SGLang's); None refuses such an export."""
+    export_requires: Tuple[str, ...] = ()
+    """Fields a saved method_config must hold for the default from_export to read it as this method's (PosS:
+    num_specialists, which an EAGLE-3 method_config lacks but PosS's defaults would fill)."""
+    export_tensors: Optional[Callable[[Dict[str, torch.Tensor], nn.Module], Dict[str, torch.Tensor]]] = None
+    """The default from_export's (an export's tensors, the built draft) -> the state dict loaded strictly into it
+    (EAGLE-3: vLLM's layer names mapped back, tensors the head does not hold dropped); None: the tensors as read."""
     intermediate: Optional[Callable[[nn.Module, Any, Any], IntermediateModel]] = None
     """(draft, cfg, runtime target model) -> this draft as the small model of hierarchical drafting, which checks
     another draft's tree before the target verifies the sequence it keeps (runtime.intermediate names its export);
@@ -117,3 +131,26 @@ class MethodSpec:
     reads_embeddings: bool = True
     """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
     the target's embedding table to recompute them from the token ids."""
+
+    def __post_init__(self):
+        if self.from_export is None:
+            object.__setattr__(self, "from_export", partial(read_export, self))
+
+
+def read_export(spec: MethodSpec, config: Dict[str, Any], tensors: Dict[str, torch.Tensor],
+                ctx: DraftContext) -> Tuple[Any, nn.Module]:
+    """The default `from_export`: cfg = spec.config(**config.json's specdraft.method_config) (or
+    spec.export_config(config) where none was saved), the draft built by spec.build and every tensor loaded
+    strictly (after spec.export_tensors)."""
+    saved = (config.get("specdraft") or {}).get("method_config")
+    if saved and all(name in saved for name in spec.export_requires):
+        cfg = spec.config(**saved)
+    elif not saved and spec.export_config is not None:
+        cfg = spec.export_config(config)
+    else:
+        raise SpecdraftError(f"this export has no {spec.name} method_config in config.json['specdraft']; export "
+                             f"it with specdraft export --format hf")
+    draft = spec.build(cfg, ctx)
+    draft.load_state_dict(tensors if spec.export_tensors is None else spec.export_tensors(tensors, draft),
+                          strict=True)
+    return cfg, draft

@@ -64,7 +64,7 @@ def torch_linear():
     DeepSpeed's ZeRO-3 (its default `memory_efficient_linear`) replaces it process-wide with an autograd Function,
     whose every call binds its arguments with `inspect.signature` on the host. The frozen target runs under
     no_grad, where that Function saves nothing for a backward, yet its 7 linears per layer paid it on every step:
-    46% of the target forward's host time on a CPU (`python tools/bench/scale.py target-linear`). On an H100 the ZeRO-3 step was
+    46% of the target forward's host time on a CPU (`python -m tools.bench.scale target-linear`). On an H100 the ZeRO-3 step was
     no faster (docs/benchmarks.md): there the target's part is bound by the GPU. A ZeRO-3-partitioned
     target is unaffected: its module hooks, not the linear, gather its weights."""
     import torch.nn.functional as F

@@ -5,7 +5,7 @@ are what it saves most of (an EAGLE-3 draft at Llama-3.1-8B shapes: 425M weights
 copy and AdamW moments, 5.1 GB, 1.3 GB per GPU at 4). Its partitioned weights cost a step three things:
   - every module call runs DeepSpeed's hooks on the host (fetch, trace, release, and autograd Functions around each
     tensor in and out for the backward): a forward of EAGLE-3's 7 TTT unrolls (23 module calls) makes 14,926
-    Python calls against ZeRO-2's 1,143 (`python tools/bench/scale.py zero3-host`; the count is the same at any
+    Python calls against ZeRO-2's 1,143 (`python -m tools.bench.scale zero3-host`; the count is the same at any
     width), and a host-bound forward follows the host's pace;
   - the forward all-gathers the weights on a side stream, and the host waits on the gather's events (DeepSpeed keeps
     at most two in flight), that is on a collective, which ends when the slowest rank's host has reached it: the

@@ -2,11 +2,10 @@
 timed against its reference, the outputs match, and the JSON holds one row per (op, shape)."""
 import json
 
-from tests.tools import load_tool
+from tools.bench import kernels as bench
 
 
 def test_bench_kernels_cpu(tmp_path, capsys):
-    bench = load_tool("bench/kernels")
     result = bench.main(["--device", "cpu", "--out", str(tmp_path / "kernels.json")])
     assert json.loads((tmp_path / "kernels.json").read_text()) == result
     assert result["all_match"] and all(row["match"] for row in result["rows"])

@@ -7,10 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdraft import cli
-from tests.tools import load_tool
-
-def _tool():
-    return load_tool("bench/runtime")
+from tools.bench import runtime
 
 
 def _export(tmp, target_dir, distill_dir, exit_layer: int) -> Path:
@@ -67,7 +64,7 @@ def test_exit_threshold_on_a_tree_is_a_one_line_error(exports, capsys):
 
 def test_sweep_tool_tables_every_exit_layer_and_threshold(exports, tmp_path, capsys):
     prompts = exports[0].parent / "eval.jsonl"
-    report = _tool().main(["kangaroo", *map(str, exports), "--eta", "0", "0.5", "--prompts", str(prompts),
+    report = runtime.main(["kangaroo", *map(str, exports), "--eta", "0", "0.5", "--prompts", str(prompts),
                            "--max-prompts", "1", "--max-new-tokens", "8", "--depth", "3", "--device", "cpu",
                            "--max-len", "256", "--choose-exit", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "kangaroo.json").read_text())["rows"]

@@ -9,7 +9,7 @@ from specdraft import cli
 from specdraft.core.errors import SpecdraftError
 from specdraft.runtime.categories import category_prompts, parse_variant
 from tests.runtime.test_cli import export_dir  # noqa: F401 (the fixture: a tiny trained export)
-from tests.tools import load_tool
+from tools.bench import policies as suite
 
 QUESTIONS = [("writing", "Write a poem."), ("coding", "Write code."), ("translation", "Translate: hallo welt"),
              ("summarization", "Summarize: the cat sat on the mat. The cat sat on the mat."), ("qa", "Who?"),
@@ -60,7 +60,6 @@ def test_a_policy_parameter_out_of_range_is_a_one_line_error(export_dir, capsys)
 
 
 def test_the_suite_prints_each_variant_against_the_fixed_tree(export_dir, spec_bench, tmp_path, capsys):  # noqa: F811
-    suite = load_tool("bench/policies")
     report = suite.main(["categories", str(export_dir), "--prompts", str(spec_bench), "--per-category", "1",
                          "--max-new-tokens", "6", "--device", "cpu", "--max-len", "256", "--lossless-prompts", "1",
                          "--variants", "fixed", "svip,svip_threshold=0.1", "--out", str(tmp_path)])
@@ -80,7 +79,6 @@ def _rates_report(rates, categories=("mt_bench", "summarization", "rag"), identi
 
 
 def test_the_goal_lines_judge_the_issues_targets():
-    suite = load_tool("bench/policies")
     report = _rates_report({"fixed": 100.0, "sam": {"mt_bench": 97.0, "summarization": 120.0, "rag": 116.0},
                             "svip": 104.0, "ddd,depth=7": {"mt_bench": 110.0, "summarization": 104.0, "rag": 104.0}})
     table = suite.category_goals(report)

@@ -195,9 +195,8 @@ def test_runtime_suite_benches_every_shape_against_its_own_plain_run(export_dir,
     """The runtime suite (tools/bench/runtime.py): one row per shape (a chain, a tree), each lossless with its own
     plain rate, cycle time and loop costs, each shape's bench.json beside the suite's JSON; a bad shape stops it
     before any bench, naming the form."""
-    from tests.tools import load_tool
+    from tools.bench import runtime as suite
 
-    suite = load_tool("bench/runtime")
     report = suite.main([str(export_dir), "--shapes", "3", "3,2,6", "--prompts", str(export_dir.parent / "eval.jsonl"),
                          "--max-new-tokens", "10", "--lossless-prompts", "1", "--device", "cpu", "--out",
                          str(tmp_path)])

@@ -4,12 +4,11 @@ under."""
 import torch
 
 from specdraft.decoding import prefill as prefill_module
-from tests.tools import load_tool
+from tools import count_cycle_launches as tool
 
 
 def test_prefill_runs_without_cudnn_attention(monkeypatch):
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    tool = load_tool("count_cycle_launches")
     engine = tool.build_engine("tiny", tool.parse_shape("3,2,6"), 64, torch.device("cpu"))
     seen = []
     run_layers = engine.target.run_layers

@@ -2,8 +2,8 @@
 run train -> export -> `specdraft eval` (plain chain speculative decoding against the target, lossless-checked),
 with the distill and training throughput and the held-out simulated τ beside.
 
-    python tools/bench/acceptance.py --work runs/bench/acceptance          # the smoke path on the CPU, ~3 minutes
-    python tools/bench/acceptance.py --recipes recipes --runs eagle3 poss2 --data DISTILLED --work DIR \\
+    python -m tools.bench.acceptance --work runs/bench/acceptance          # the smoke path on the CPU, ~3 minutes
+    python -m tools.bench.acceptance --recipes recipes --runs eagle3 poss2 --data DISTILLED --work DIR \\
         target.path=$GGUF data.max_length=1024 train.micro_batch_size=32 train.max_steps=2500
 
 A run is a method of the recipes in --recipes (DIR/eagle3_smollm2.yaml, DIR/poss_smollm2.yaml,
@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import List, Tuple
 
-from suite import finish, fmt, machine, markdown_table
+from tools.bench.suite import finish, fmt, machine, markdown_table
 
 import torch
 

@@ -1,7 +1,7 @@
 """C2T suite: the C2T path end to end over a trained EAGLE-3 export on one GPU, and the table of its goal
 (docs/benchmarks.md): verified tokens a cycle, τ and tokens/s of the pruned against the unpruned tree.
 
-    python tools/bench/c2t.py EXPORT --target $GGUF --train-prompts c2t_prompts.jsonl --mt-bench mt_bench.jsonl \\
+    python -m tools.bench.c2t EXPORT --target $GGUF --train-prompts c2t_prompts.jsonl --mt-bench mt_bench.jsonl \\
         --spec-bench DIR --work $HOME/c2t --out $OUT
 
 1. traces: `specdraft distill-data` of a C2T recipe over EXPORT (its method.draft) on the first --num-train
@@ -44,14 +44,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import sys
+from tools.bench.suite import finish, fmt, machine, markdown_table, write_report
+from tools.count_cycle_launches import check_shapes, parse_shape
 
-from suite import REPO, finish, fmt, machine, markdown_table, write_report
-
-sys.path.insert(0, str(REPO / "tools"))
-from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
-
-from specdraft.config import PRUNE_AT, RuntimeConfig  # noqa: E402
+from specdraft.config import PRUNE_AT, RuntimeConfig
 
 BETAS = {"shape": [0.005, 0.01, 0.012, 0.014, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05],
          "expansion": [0.3, 0.4, 0.5, 0.6, 0.7]}
@@ -112,7 +108,7 @@ def held_out(run_dir: Path) -> Dict:
 def make_classifier(args, shape: Optional[str]) -> Dict:
     """Traces, training and export of one classifier (for `shape`'s trees, or from whole expansions: None) -> the
     export's path and each stage's seconds and counts."""
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
     from specdraft.export import export_draft
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train

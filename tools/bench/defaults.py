@@ -2,8 +2,8 @@
 distilled data, for the same steps, once with plain settings and once with the defaults, two seeds each (the
 run-to-run noise), and each head decodes MT-bench in the runtime.
 
-    python tools/bench/defaults.py --prompts .data/train_prompts.jsonl --out OUT -- target.path=$GGUF
-    python tools/bench/defaults.py --data DISTILLED --steps 600 --parallel 2 --out OUT -- target.path=$GGUF
+    python -m tools.bench.defaults --prompts .data/train_prompts.jsonl --out OUT -- target.path=$GGUF
+    python -m tools.bench.defaults --data DISTILLED --steps 600 --parallel 2 --out OUT -- target.path=$GGUF
 
 Settings:
   plain     train.compile=false train.activation_checkpointing=none train.optimizer=adamw train.cuda_graphs=false
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, write_report
+from tools.bench.suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, write_report
 
 SETTINGS = {"plain": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw",
                       "train.cuda_graphs=false"],

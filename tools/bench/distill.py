@@ -1,5 +1,5 @@
-"""Distillation suite: distill-data throughput with 1, 2, ... workers, one GPU each (data_gen/workers.py), on the
-recipe's target (`workers`, the default); and its two answer engines, Hugging Face generate and the static
+"""Distillation suite: distill-data throughput with 1, 2, ... workers, one GPU each (specdraft/distill/workers.py), on
+the recipe's target (`workers`, the default); and its two answer engines, Hugging Face generate and the static
 batched engine, side by side on one GPU (`engines`).
 
 Each worker count W runs `specdraft distill-data RECIPE distill.num_workers=W distill.worker_index=i` as W
@@ -11,10 +11,10 @@ tokens/s(W) / (W x tokens/s(1)) of both. Prints a table, writes OUT/distill.json
 worker count that fails or outlasts --timeout (its workers are stopped) is recorded with its error and the next
 one runs.
 
-    python tools/bench/distill.py --workers 1,2,4 --out runs/bench -- \\
+    python -m tools.bench.distill --workers 1,2,4 --out runs/bench -- \\
         target.path=$GGUF data.prompts=[$PWD/.data/train_prompts.jsonl] data.max_samples=1024 \\
         distill.batch_size=256 distill.shard_size=64 distill.max_new_tokens=256
-    python tools/bench/distill.py --device cpu --workers 1,2 --recipe R --out DIR -- OVERRIDES   # CPU
+    python -m tools.bench.distill --device cpu --workers 1,2 --recipe R --out DIR -- OVERRIDES   # CPU
 
 Overrides after `--` go to every worker (the output dir is set per worker count).
 
@@ -26,7 +26,7 @@ float32 on the first --identity-prompts prompts: how many conversations (every a
 token for token. One shard holds all prompts, so the static engine keeps its rows busy until the last ones.
 OUT/distill_engines.json, OUT/engines/RUN/ (each run's output dir).
 
-    python tools/bench/distill.py engines --prompts train_prompts.jsonl --out runs/bench      # SmolLM2, batch 256
+    python -m tools.bench.distill engines --prompts train_prompts.jsonl --out runs/bench      # SmolLM2, batch 256
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, run_parts, write_report
+from tools.bench.suite import (REPO, child_env, finish, fmt, kill_group, machine, markdown_table, run_parts,
+                                write_report)
 
 
 def _environment(args, index: int) -> dict:
@@ -179,7 +180,7 @@ def _distill(args, engine: str, dtype: str, samples: int, name: str, max_new_tok
     """One fresh distill-data run in this process -> its throughput, counts and wall time."""
     import torch
 
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
 
     out = args.out / "engines" / name
     shutil.rmtree(out, ignore_errors=True)

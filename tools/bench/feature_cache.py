@@ -2,7 +2,7 @@
 batch's target features to the cache, and reading a batch back, at a target's hidden size. Compare the two rates with the online step's
 target forward: caching pays only when reading a batch is faster than computing its features.
 
-    python tools/bench/feature_cache.py --hidden 576 --names 4 --rows 32 --tokens 266 --pad-to 1024 --out runs/bench
+    python -m tools.bench.feature_cache --hidden 576 --names 4 --rows 32 --tokens 266 --pad-to 1024 --out runs/bench
 
 The features are random bf16 tensors made on the GPU when there is one (as the online target's are), copied to
 the host and written with the same code as the hybrid cache (`write_feature_file`); reads go through
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from suite import finish, machine, markdown_table
+from tools.bench.suite import finish, machine, markdown_table
 
 import torch
 

@@ -7,9 +7,9 @@ same run, every answer checked by its program. Everything runs in float32 unless
 exact decoding is plain decoding token for token, so a lost answer is the judge's doing (in bf16 a verify's
 rounding flips near-tied argmaxes, which alone cost a few percent of retained accuracy).
 
-    python3 tools/bench/judge.py $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
-    python3 tools/bench/judge.py EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
-    python3 tools/bench/judge.py EXPORT --target $GGUF --shape 5,8,40 6 8 --work W --out OUT   # and two chains
+    python3 -m tools.bench.judge $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
+    python3 -m tools.bench.judge EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
+    python3 -m tools.bench.judge EXPORT --target $GGUF --shape 5,8,40 6 8 --work W --out OUT   # and two chains
 
 EXPORT is the draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export of the same target); key=value
 arguments override the judge recipe (every stage). The table has, per acceptance rule: τ, τ against the exact
@@ -39,19 +39,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import REPO, finish, fmt, machine, markdown_table, split_overrides
+from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, split_overrides
+from tools.count_cycle_launches import check_shapes, parse_shape
 
 import torch
 
 from specdraft.core.io import write_json
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the shape parser the suites share
-from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
 
 GOAL_RETAINED = 0.98
 TRAIN_PROMPTS = 4000

@@ -11,8 +11,8 @@ tie order is unspecified: a fairer bar than the reference's stable sort. The dec
 layer's ops (`rope_cache`'s includes the cos/sin gathers, once per forward before the fusion); their `bitwise` field
 says whether the outputs are the same bits (`match` allows one bfloat16 rounding step).
 
-    python tools/bench/kernels.py --out runs/bench                 # CUDA GPU, about a minute (mostly compiling)
-    python tools/bench/kernels.py --device cpu --out /tmp/bench     # tiny shapes, the Triton interpreter
+    python -m tools.bench.kernels --out runs/bench                 # CUDA GPU, about a minute (mostly compiling)
+    python -m tools.bench.kernels --device cpu --out /tmp/bench     # tiny shapes, the Triton interpreter
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from suite import finish, machine, markdown_table
+from tools.bench.suite import finish, machine, markdown_table
 
 import torch
 

@@ -3,10 +3,10 @@
 default shapes with sampled and with point-mass drafts (`sampling`); `tiny-sampling` measures, on the CPU, τ at
 T=1 of both draft kinds with a tiny target and a tiny draft trained on its sampled text.
 
-    python tools/bench/policies.py EXPORT --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+    python -m tools.bench.policies EXPORT --target SmolLM2-135M-Instruct.Q4_1.gguf \\
         --prompts spec_bench/question.jsonl --out runs/bench          # both GPU parts (a few minutes on an H100)
-    python tools/bench/policies.py categories EXPORT --target ... --prompts ... --variants fixed sam 'ddd,depth=7'
-    python tools/bench/policies.py tiny-sampling --steps 300 --out runs/bench
+    python -m tools.bench.policies categories EXPORT --target ... --prompts ... --variants fixed sam 'ddd,depth=7'
+    python -m tools.bench.policies tiny-sampling --steps 300 --out runs/bench
 
 `categories`: each variant (`POLICY[,FIELD=VALUE...]`, `specdraft bench --categories`' syntax) is a runtime over
 the one loaded target; per category every prompt is decoded plainly once, then by every variant
@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import finish, fmt, machine, markdown_table, run_parts, write_report
+from tools.bench.suite import finish, fmt, machine, markdown_table, run_parts, write_report
 
 import torch
 

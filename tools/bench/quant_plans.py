@@ -5,7 +5,7 @@ graph (20 calls a replay, the best of 5 replays: launch costs as the runtime's g
 per shape and rows: bf16, the default plan, the best plan and its fields, and the best's share of the weights'
 bytes per second; the JSON keeps every plan's time, for setting launch_plan's defaults.
 
-    python tools/bench/quant_plans.py --geometry llama3-8b smollm2 --rows 1 40 --bits 4 --jobs 12 --out OUT
+    python -m tools.bench.quant_plans --geometry llama3-8b smollm2 --rows 1 40 --bits 4 --jobs 12 --out OUT
 
 `--jobs N` compiles the grid's kernels in N processes first (Triton caches them on disk), so the timing process
 loads them instead of compiling some hundreds one by one.
@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Dict, List
 
-from quantization import GEOMETRIES  # first: it imports suite, which takes this directory off sys.path
-from suite import child_env, finish, fmt, machine, markdown_table
+from tools.bench.quantization import GEOMETRIES
+from tools.bench.suite import child_env, finish, fmt, machine, markdown_table
 
 import torch
 
@@ -120,8 +120,8 @@ def time_case(case: tuple, device: torch.device, compile_only: bool) -> dict:
 
 def precompile(args) -> None:
     """The grid's kernels compiled in --jobs processes, each a share of the cases."""
-    argv = [sys.executable, __file__, "--compile-only", "--geometry", *args.geometry, "--rows",
-            *map(str, args.rows), "--bits", *map(str, args.bits), "--only", *args.only]
+    argv = [sys.executable, "-m", "tools.bench.quant_plans", "--compile-only", "--geometry", *args.geometry,
+            "--rows", *map(str, args.rows), "--bits", *map(str, args.bits), "--only", *args.only]
     workers = [subprocess.Popen([*argv, "--share", f"{i}/{args.jobs}"], env=child_env()) for i in range(args.jobs)]
     if any(worker.wait() != 0 for worker in workers):
         raise SystemExit("a compiling worker failed")

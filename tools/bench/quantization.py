@@ -8,12 +8,12 @@ at that setting) and against the unquantized target (the one a server runs the d
 in its own process, so peak GPU memory is its own. Prints a table of every setting measured in WORK so far (this
 call's and earlier calls', so that settings can run in separate calls) and writes WORK/quantization.json.
 
-    python tools/bench/quantization.py RECIPE --work WORK [--settings none,8bit,4bit] [--steps 400]
+    python -m tools.bench.quantization RECIPE --work WORK [--settings none,8bit,4bit] [--steps 400]
         [--micro-batch 16] [key=value ...]
 
 On the GPU, with SmolLM2 and distilled data already at $HOME/work/data (the acceptance suite's WORK/data), about
 2-3 minutes a setting on an H200 (add --settings none, then 8bit, then 4bit to keep each call short):
-    python tools/bench/quantization.py recipes/eagle3_smollm2.yaml --work $HOME/work/quant \\
+    python -m tools.bench.quantization recipes/eagle3_smollm2.yaml --work $HOME/work/quant \\
         target.path=$HOME/smol/SmolLM2-135M-Instruct.Q4_1.gguf distill.output_dir=$HOME/work/data \\
         data.max_length=1024 data.val_fraction=0.02
 
@@ -23,7 +23,7 @@ plain step's CUDA graph replayed back to back (ms a step), `decode_plain`'s rate
 weight once, one embedding row, the KV cache at the mean position) over the step's time, and that as a share of
 the card's nominal memory bandwidth and of a device-to-device copy's measured in the same run. OUT/decode.json.
 
-    python tools/bench/quantization.py decode [--geometry llama3-8b] [--tokens 256] --out OUT
+    python -m tools.bench.quantization decode [--geometry llama3-8b] [--tokens 256] --out OUT
 
 `heads`: a head trained on the full-precision target against one trained on its int4 quantization, both decoding
 for the int4 target. For each of none and int4 it distills the recipe's prompts with the target at that setting
@@ -34,14 +34,14 @@ dequantized, speculative against plain token for token): the full-precision head
 (the reference), then both heads on the int4 target; with --intermediate EXPORT (a Kangaroo export of the
 target) the int4 head once more with hierarchical drafting. OUT/heads.json.
 
-    python tools/bench/quantization.py heads RECIPE --work WORK --out OUT [--steps 200] [--micro-batch 16]
+    python -m tools.bench.quantization heads RECIPE --work WORK --out OUT [--steps 200] [--micro-batch 16]
         [--prompts FILE] [--max-prompts 20] [--max-new-tokens 256] [--intermediate EXPORT] [key=value ...]
 
 `all`: `decode` (--tokens 128), then `heads`, each in its own process (one failing leaves the other's table). On
 an H100 or H200 with SmolLM2 (tools/gpu/README.md: the GGUF at $GGUF; `.data/` carried, with train_prompts.jsonl
 from tools/prepare_prompts.py and mt_bench.jsonl), about 4 minutes:
 
-    python3 tools/bench/quantization.py all recipes/eagle3_smollm2.yaml --work $HOME/work/qt --out $OUT \\
+    python3 -m tools.bench.quantization all recipes/eagle3_smollm2.yaml --work $HOME/work/qt --out $OUT \\
         --prompts .data/mt_bench.jsonl target.path=$GGUF 'data.prompts=[.data/train_prompts.jsonl]' \\
         data.max_samples=1024 distill.batch_size=256 distill.shard_size=512
 """
@@ -56,7 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import child_env, finish, fmt, machine, markdown_table, run_parts, write_report
+from tools.bench.suite import child_env, finish, fmt, machine, markdown_table, run_parts, write_report
 
 import torch
 
@@ -181,8 +181,8 @@ def training_main(argv=None) -> dict:
         result = run_setting(args.recipe, args.one, work, args.steps, args.micro_batch, args.overrides)
         return {"path": str(write_report(work / f"{args.one}.json", result, args.one))}
     for setting in args.settings.split(","):
-        command = [sys.executable, __file__, args.recipe, *args.overrides, "--work", str(work), "--one", setting,
-                   "--steps", str(args.steps), "--micro-batch", str(args.micro_batch)]
+        command = [sys.executable, "-m", "tools.bench.quantization", args.recipe, *args.overrides, "--work", str(work),
+                   "--one", setting, "--steps", str(args.steps), "--micro-batch", str(args.micro_batch)]
         if subprocess.run(command, env=child_env()).returncode != 0:
             raise SystemExit(f"setting {setting} failed")
     rows = [json.loads((work / f"{s}.json").read_text()) for s in SETTINGS if (work / f"{s}.json").is_file()]
@@ -318,7 +318,7 @@ def decode_main(argv=None) -> dict:
 def trained_head(recipe_path: str, setting: str, work: Path, args, overrides: List[str]) -> Path:
     """Distill with the target at `setting`, train the recipe's head on it, export it -> the export (WORK/SETTING/;
     each stage skipped where its output is there)."""
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
     from specdraft.export import export_draft
     from specdraft.recipes import load_recipe
     from specdraft.train.trainer import run_train
@@ -409,7 +409,8 @@ def all_main(argv: List[str]) -> dict:
     out = argv[argv.index("--out") + 1] if "--out" in argv else "runs/bench"
     results = {}
     for part, part_args in (("decode", ["--tokens", "128", "--out", out]), ("heads", argv)):
-        code = subprocess.run([sys.executable, __file__, part, *part_args], env=child_env()).returncode
+        code = subprocess.run([sys.executable, "-m", "tools.bench.quantization", part, *part_args],
+                              env=child_env()).returncode
         results[part] = "ok" if code == 0 else f"failed (exit {code})"
     print(json.dumps(results))
     return results

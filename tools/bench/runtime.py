@@ -2,11 +2,11 @@
 split (`speedup`, the default); Kangaroo's exit layer ℓ and confidence exit η swept (`kangaroo`); and the floors
 of the plain loop and the cycle, their graphs replayed back to back on a random target (`gaps`).
 
-    python tools/bench/runtime.py EXPORT --shapes 5,8,40 6 --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+    python -m tools.bench.runtime EXPORT --shapes 5,8,40 6 --target SmolLM2-135M-Instruct.Q4_1.gguf \\
         --prompts mt_bench.jsonl --max-prompts 80 --out runs/bench                  # the default tree and a chain
-    python tools/bench/runtime.py EXPORT --shapes 5,8,40 --max-prompts 10 --hf-prompts 10 --out DIR   # and HF
-    python tools/bench/runtime.py kangaroo EXPORT_L1 EXPORT_L2 ... --eta 0 --depth 3 --choose-exit --out DIR
-    python tools/bench/runtime.py gaps --config smollm2 --shape 5,8,40 --tokens 256 --out DIR
+    python -m tools.bench.runtime EXPORT --shapes 5,8,40 --max-prompts 10 --hf-prompts 10 --out DIR   # and HF
+    python -m tools.bench.runtime kangaroo EXPORT_L1 EXPORT_L2 ... --eta 0 --depth 3 --choose-exit --out DIR
+    python -m tools.bench.runtime gaps --config smollm2 --shape 5,8,40 --tokens 256 --out DIR
 
 `speedup`: a shape is DEPTH,TOPK,BUDGET (a tree: TOPK children per expanded node, BUDGET nodes verified with the
 root) or DEPTH alone (a chain of DEPTH drafts). The target and draft are loaded once; each shape builds its own
@@ -41,19 +41,16 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from suite import REPO, finish, fmt, machine, markdown_table, run_parts, write_report
+from tools.bench.suite import finish, fmt, machine, markdown_table, run_parts, write_report
+from tools.count_cycle_launches import build_engine as random_engine, check_shapes, parse_shape
 
 import torch
 
 from specdraft.config import RuntimeConfig
-
-sys.path.insert(0, str(REPO / "tools"))
-from count_cycle_launches import build_engine as random_engine, check_shapes, parse_shape  # noqa: E402
 
 
 def fit_line(steps: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float]:

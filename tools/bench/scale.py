@@ -2,16 +2,16 @@
 train` (`train`, the default); and the host work ZeRO-3 adds on a CPU: a draft's forward under each stage
 (`zero3-host`) and the frozen target's forward under DeepSpeed's linear and PyTorch's (`target-linear`).
 
-    python tools/bench/scale.py --out runs/bench                                # the GPUs present: 1, 2, 4
-    python tools/bench/scale.py --strategies deepspeed_stage_3:shard --gpus 2,4 --out DIR
-    python tools/bench/scale.py --config tiny --device cpu --out /tmp/bench     # tiny model, CPU, ddp
-    python tools/bench/scale.py --gpus 1,2 --strategies deepspeed_stage_3 --profile 2 --out DIR   # where it goes
-    python tools/bench/scale.py --gpus 1,4 --warmup 5 --steps 30 --phases --out DIR  # every rank's phases
-    python tools/bench/scale.py --gpus 1,2,4 --profile 3 --trace --nccl-channels 4,8 --out DIR  # NCCL's overlap
-    python tools/bench/scale.py overlap DIR/work/runs/deepspeed_stage_2-4/trace.json --steps 3   # one trace's
-    python tools/bench/scale.py zero3-host --steps 300 --out DIR                 # CPU: 2, 3, 3-whole
-    python tools/bench/scale.py target-linear --steps 200 --out DIR              # CPU
-    python tools/bench/scale.py cli --out DIR      # specdraft train with recipes/eagle3_llama3.yaml beside the harness
+    python -m tools.bench.scale --out runs/bench                                # the GPUs present: 1, 2, 4
+    python -m tools.bench.scale --strategies deepspeed_stage_3:shard --gpus 2,4 --out DIR
+    python -m tools.bench.scale --config tiny --device cpu --out /tmp/bench     # tiny model, CPU, ddp
+    python -m tools.bench.scale --gpus 1,2 --strategies deepspeed_stage_3 --profile 2 --out DIR   # where it goes
+    python -m tools.bench.scale --gpus 1,4 --warmup 5 --steps 30 --phases --out DIR  # every rank's phases
+    python -m tools.bench.scale --gpus 1,2,4 --profile 3 --trace --nccl-channels 4,8 --out DIR  # NCCL's overlap
+    python -m tools.bench.scale overlap DIR/work/runs/deepspeed_stage_2-4/trace.json --steps 3   # one trace's
+    python -m tools.bench.scale zero3-host --steps 300 --out DIR                 # CPU: 2, 3, 3-whole
+    python -m tools.bench.scale target-linear --steps 200 --out DIR              # CPU
+    python -m tools.bench.scale cli --out DIR      # specdraft train with recipes/eagle3_llama3.yaml beside the harness
 
 `train`: the target is Llama-3.1-8B-shaped (hidden 4096, 32 layers, 32 heads, 8 KV heads, MLP 14336, vocabulary
 128256, llama3 RoPE scaling) with random weights (`target.random_init`: a directory with config.json and a
@@ -50,11 +50,10 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from suite import REPO, child_env, finish, kill_group, machine, markdown_table, run_parts, sibling, write_report
+from tools.bench import scale_host
+from tools.bench.suite import REPO, child_env, finish, kill_group, machine, markdown_table, run_parts, write_report
 
 import numpy as np
-
-scale_host = sibling("scale_host")
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
@@ -162,7 +161,7 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args, channel
     warmup, timed = (args.warmup, args.steps) if args.phases else (steps - args.profile, args.profile)
     flags = ["--phases"] * args.phases + ["--trace"] * args.trace + ["--blocking-sync"] * args.blocking_sync \
         + ["--pin-cores"] * args.pin_cores + ["--split-forward"] * args.split_forward
-    return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(recipe), *overrides, "--warmup", str(warmup),
+    return [sys.executable, "-m", "tools.profile_train", str(recipe), *overrides, "--warmup", str(warmup),
             "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus, channels)), *flags]
 
 
@@ -492,10 +491,16 @@ def train_main(argv=None) -> dict:
     return finish(table(report["results"]), args.out, report, "scale")
 
 
+def cli_main(argv) -> dict:
+    from tools.bench import train_cli  # it imports this module
+
+    return train_cli.main(argv)
+
+
 def main(argv=None) -> dict:
     return run_parts({"train": train_main, "zero3-host": scale_host.zero3_host_main,
                       "target-linear": scale_host.target_linear_main, "overlap": overlap_main,
-                      "cli": lambda rest: sibling("train_cli").main(rest)}, argv)
+                      "cli": cli_main}, argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The scaling suite's two host-work parts, on a CPU, run through it (`python tools/bench/scale.py zero3-host` and
-`python tools/bench/scale.py target-linear`): the host work ZeRO-3 adds to a draft's forward, and the frozen
+"""The scaling suite's two host-work parts, on a CPU, run through it (`python -m tools.bench.scale zero3-host` and
+`python -m tools.bench.scale target-linear`): the host work ZeRO-3 adds to a draft's forward, and the frozen
 target's forward under DeepSpeed's linear and under PyTorch's.
 
 `zero3-host`: each engine runs in a process of its own: one DeepSpeed rank (gloo) trains a tiny EAGLE-3 draft (7
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from suite import HERE, REPO, child_env, finish, fmt, machine, markdown_table
+from tools.bench.suite import REPO, child_env, finish, fmt, machine, markdown_table
 
 ZERO3_WARMUP = 10  # steps left out of the statistics (DeepSpeed records its parameter trace in the first)
 
@@ -48,13 +48,11 @@ def zero3_worker(engine_name: str, steps: int) -> dict:
     Python calls of the last forward (a count the host's pace does not change)."""
     import torch
 
-    sys.path.insert(0, str(REPO / "tools"))
-    from profile_train import host_canary_ms
-
     from specdraft.core.types import DraftContext, TargetInfo
     from specdraft.train.zero3 import drop_module_hooks, persistence_config
     from tests import zero_init_run
     from tests.tiny import tiny_llama_config
+    from tools.profile_train import host_canary_ms
 
     torch.set_num_threads(1)
     zero_init_run._init()
@@ -110,7 +108,7 @@ def _free_port() -> int:
 
 def run_zero3_engine(engine: str, steps: int) -> dict:
     env = child_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    worker = [sys.executable, str(HERE / "scale.py"), "zero3-host", "--worker", engine, "--steps", str(steps)]
+    worker = [sys.executable, "-m", "tools.bench.scale", "zero3-host", "--worker", engine, "--steps", str(steps)]
     done = subprocess.run(worker, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"ZeRO-{engine} worker failed:\n{done.stderr[-2000:]}")

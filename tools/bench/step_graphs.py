@@ -1,11 +1,11 @@
 """Step-graphs suite: a small draft's whole training step, eager and as a CUDA graph (train.cuda_graphs), alone on
 one GPU, at a fixed batch shape.
 
-    python tools/bench/step_graphs.py --out runs/bench                        # SmolLM2 head, B 16 x T 1024
-    python tools/bench/step_graphs.py --seq-lens 512 --out runs/bench/t512    # a shorter padded length
-    python tools/bench/step_graphs.py --config tiny --device cpu --out /tmp/bench
-    python tools/bench/step_graphs.py cli --out runs/bench                    # the same through `specdraft train`
-    python tools/bench/step_graphs.py cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \
+    python -m tools.bench.step_graphs --out runs/bench                        # SmolLM2 head, B 16 x T 1024
+    python -m tools.bench.step_graphs --seq-lens 512 --out runs/bench/t512    # a shorter padded length
+    python -m tools.bench.step_graphs --config tiny --device cpu --out /tmp/bench
+    python -m tools.bench.step_graphs cli --out runs/bench                    # the same through `specdraft train`
+    python -m tools.bench.step_graphs cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \
         --seq-len 64 --batch 2 --out /tmp/bench
 
 One step is what `specdraft train` runs for a micro-batch (without Lightning): the frozen target's forward (bf16,
@@ -54,7 +54,8 @@ from typing import Dict, List, Optional
 
 from pathlib import Path
 
-from suite import REPO, finish, fmt, machine, markdown_table, run_parts, sibling, write_report
+from tools.bench import scale, train_rows
+from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, run_parts, write_report
 
 import torch
 
@@ -65,8 +66,6 @@ from specdraft.train.features import OnlineFeatures
 from specdraft.train.graphs import StepGraphs, cuda_capture, rerun_capture
 from specdraft.train.module import build_optimizer, optimizer_choice, warmup_cosine
 from specdraft.train.profiling import op_report
-
-train_rows = sibling("train_rows")
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
                 "cudaMemcpyAsync", "cudaMemsetAsync", "cudaLaunchCooperativeKernel")
@@ -352,7 +351,6 @@ def measure_cli(args, name: str, work: Path) -> dict:
     """One `specdraft train` row -> steps/s and tokens/s after the warm-up steps, or its failure."""
     from specdraft.train.timing import read_step_times
 
-    scale = sibling("scale")
     result = {"row": name, "overrides": CLI_OVERRIDES[name], "status": "ok", "seq_len": args.seq_len}
     log_path = args.out / "logs" / f"cli-{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -396,7 +394,6 @@ def cli_main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--timeout", type=int, default=300, help="seconds per process")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    scale = sibling("scale")
     shape = scale.CONFIGS[args.config]["target"]
     work = args.out / "work"
     scale.write_target(work / "target", shape)

@@ -1,9 +1,8 @@
 """What every benchmark suite of tools/bench/ shares: its markdown table, its JSON, the machine it ran on, the
 environment of the processes it starts, and the parts of a suite that holds several tables.
 
-A suite imports this module first (`from suite import ...`): run as a script, the suite has tools/bench/ first on
-sys.path, and this module puts the repository there instead (this checkout's specdraft and tests.tiny, and no
-suite's name, `kernels` or `runtime`, shadowing a package of that name).
+A suite runs from the repository's root as a module, `python -m tools.bench.SUITE`, so that this checkout's
+specdraft, tests.tiny and the other suites import by their package names (`from tools.bench.suite import ...`).
 """
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -89,22 +86,8 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def sibling(name: str):
-    """tools/bench/NAME.py as a module (another suite's helpers), loaded once and registered as bench_NAME, the
-    name tests/tools.py's load_tool gives it."""
-    import importlib.util
-
-    key = f"bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, HERE / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
 def run_parts(parts: Dict[str, Callable[[List[str]], object]], argv: Optional[List[str]] = None):
-    """A suite of several tables: `python tools/bench/SUITE.py [PART] ARGS...`, the first part by default."""
+    """A suite of several tables: `python -m tools.bench.SUITE [PART] ARGS...`, the first part by default."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv.pop(0) if argv and argv[0] in parts else next(iter(parts))
     return parts[name](argv)

@@ -1,11 +1,11 @@
 """Training suite: throughput, model FLOPs utilization and memory of one EAGLE-3 training step at real scale
 (`step`, the default), and what each activation checkpointing mode keeps for the backward (`activations`).
 
-    python tools/bench/train.py --out runs/bench                                     # one GPU, about 3 minutes
-    python tools/bench/train.py --rows baseline ours-swiglu ours-swiglu-8bit-fused   # the rows docs/benchmarks.md has
-    python tools/bench/train.py --config tiny --device cpu --out /tmp/bench           # the same rows, tiny, CPU
-    python tools/bench/train.py --seq-lens 2048 --rows ours-no-ckpt --profile 2      # and where its step goes
-    python tools/bench/train.py activations --seq-len 256 --out runs/bench            # CPU, about 2 minutes
+    python -m tools.bench.train --out runs/bench                                     # one GPU, about 3 minutes
+    python -m tools.bench.train --rows baseline ours-swiglu ours-swiglu-8bit-fused   # the rows docs/benchmarks.md has
+    python -m tools.bench.train --config tiny --device cpu --out /tmp/bench           # the same rows, tiny, CPU
+    python -m tools.bench.train --seq-lens 2048 --rows ours-no-ckpt --profile 2      # and where its step goes
+    python -m tools.bench.train activations --seq-len 256 --out runs/bench            # CPU, about 2 minutes
 
 `step`: one step is the frozen target's forward (no grad, bf16), the draft's 7 TTT steps forward and backward,
 AdamW. The target is built from Llama-3.1-8B's configuration with random weights (speed and memory do not depend
@@ -67,7 +67,8 @@ import argparse
 import time
 from typing import Dict, List, Optional
 
-from suite import finish, fmt, machine, markdown_table, run_parts, sibling
+from tools.bench import train_rows
+from tools.bench.suite import finish, fmt, machine, markdown_table, run_parts
 
 import torch
 
@@ -76,8 +77,6 @@ from specdraft.methods.eagle3 import loss as eagle3_loss  # the module whose sof
 from specdraft.methods import get_method
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.train.profiling import op_report, print_op_tables
-
-train_rows = sibling("train_rows")
 
 REFERENCE_PEAK_TFLOPS = 790.0  # a large bf16 matmul on an H200 (issue 6)
 

@@ -2,11 +2,11 @@
 harness's best row (tools/bench/train.py), in one call, each in a process of its own, on one GPU, at
 Llama-3.1-8B shapes with random weights (the scaling suite's target and synthetic rows).
 
-    python tools/bench/scale.py cli --out OUT                      # recipes/eagle3_llama3.yaml, T 2048 and 8192
-    python tools/bench/scale.py cli --seq-lens 2048 --out OUT --variant \\
+    python -m tools.bench.scale cli --out OUT                      # recipes/eagle3_llama3.yaml, T 2048 and 8192
+    python -m tools.bench.scale cli --seq-lens 2048 --out OUT --variant \\
         syncs:train.deepspeed.zero_optimization.overlap_comm=true,train.deepspeed.bf16.check_grad_overflow=true
-    python tools/bench/scale.py cli --seq-lens 2048 --profile 5 --out OUT     # and where each step's time goes
-    python tools/bench/scale.py cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \\
+    python -m tools.bench.scale cli --seq-lens 2048 --profile 5 --out OUT     # and where each step's time goes
+    python -m tools.bench.scale cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \\
         --seq-lens 64 --out DIR                                              # the path, on a CPU
 
 Rows, at each length T of --seq-lens:
@@ -35,9 +35,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from suite import REPO, finish, fmt, machine, markdown_table, sibling, write_report
-
-scale = sibling("scale")
+from tools.bench import scale
+from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, write_report
 
 HARNESS_CONFIGS = {"llama8b": "llama3-8b", "smollm2": "smollm2", "tiny": "tiny"}
 """The scaling suite's target shapes -> tools/bench/train.py's configuration of the same target."""
@@ -113,7 +112,7 @@ def failure(code: int, tail: str, timeout: int) -> str:
 def run_harness(args) -> dict:
     """tools/bench/train.py's row at every length -> its report (rows keyed by length), or {"status": error}."""
     out = args.out / "harness.json"
-    argv = [sys.executable, str(REPO / "tools" / "bench" / "train.py"), "--config", HARNESS_CONFIGS[args.config],
+    argv = [sys.executable, "-m", "tools.bench.train", "--config", HARNESS_CONFIGS[args.config],
             "--device", args.device, "--rows", args.harness_row, "--seq-lens", *map(str, args.seq_lens),
             "--warmup", str(args.harness_warmup), "--steps", str(args.harness_steps), "--out", str(out)]
     argv += ["--profile", str(args.profile)] if args.profile else []
@@ -134,7 +133,7 @@ def cli_argv(args, recipe, seq_len: int, name: str, overrides: List[str], profil
              f"distill.output_dir={work / f'data-{seq_len}'}", "train.devices=1"]
     where += [] if seq_len == recipe.data.max_length else [f"data.max_length={seq_len}"]
     if profile:
-        return [sys.executable, str(REPO / "tools" / "profile_train.py"), str(args.recipe), *where, *overrides,
+        return [sys.executable, "-m", "tools.profile_train", str(args.recipe), *where, *overrides,
                 "--warmup", str(warmup), "--steps", str(args.profile), "--out", str(run)], run / "train"
     where += [f"train.output_dir={run}", f"train.max_steps={warmup + steps}"]
     return [sys.executable, "-m", "specdraft.cli", "train", str(args.recipe), *where, *overrides], run

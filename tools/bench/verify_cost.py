@@ -2,7 +2,7 @@
 with random weights (the time does not depend on the values), ms per N. Pruning a draft tree (C2T) saves verified
 tokens; this table turns that saving into time on a large target: a measured projection, not a guess.
 
-    python tools/bench/verify_cost.py --config llama3-8b --context 1024 --nodes 1 8 16 24 32 40 48 56 64 --out OUT
+    python -m tools.bench.verify_cost --config llama3-8b --context 1024 --nodes 1 8 16 24 32 40 48 56 64 --out OUT
 
 Per N: the target's pass over N tree nodes at cache slots C..C+N-1 (C = --context; tree attention over the
 context and each node's ancestors, a random tree of N nodes) and the logits of every node, as
@@ -19,7 +19,7 @@ cost; where a split is faster, the matmul kernel has too few output tiles to fil
 tensor-core kernel without TF32, so each tile costs an SM many times what it costs in bf16; --allow-tf32 shows what
 tensor cores would change, at TF32's rounding, which the runtime never uses).
 
-    python tools/bench/verify_cost.py --config smollm2 --context 128 --dtype float32 --nodes 1 8 16 40 \\
+    python -m tools.bench.verify_cost --config smollm2 --context 128 --dtype float32 --nodes 1 8 16 40 \\
         --matmuls --split-k 2 4 8 16 --out OUT
 OUT/verify_cost.json.
 """
@@ -30,7 +30,7 @@ import statistics
 import time
 from typing import Dict, List, Optional
 
-from suite import finish, fmt, machine, markdown_table
+from tools.bench.suite import finish, fmt, machine, markdown_table
 
 import torch
 

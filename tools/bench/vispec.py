@@ -2,11 +2,11 @@
 same regenerated long answers, for the same steps with the same seed, and benched against plain decoding on
 held-out images.
 
-    python tools/bench/vispec.py runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
-    python tools/bench/vispec.py runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
+    python -m tools.bench.vispec runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
+    python -m tools.bench.vispec runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
-image a path relative to its JSONL; tools/build_small_vlm.py writes both), or --prompts DIR. In this process:
+image a path relative to its JSONL; `specdraft build-small-vlm` writes both), or --prompts DIR. In this process:
   1. lengths: the first --length-prompts distill prompts regenerated without the answer instruction, then the first
      --distill-prompts with it (recipes/vispec_smallvlm.yaml's distill.answer_instruction): the training data;
      the answer-length distribution with and without it, on the same prompts;
@@ -25,16 +25,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from suite import fmt, machine, markdown_table, split_overrides, write_report
+from tools.bench.suite import fmt, machine, markdown_table, split_overrides, write_report
+from tools.count_cycle_launches import check_shapes, parse_shape
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: the small VLM's prompt helpers
-from count_cycle_launches import check_shapes, parse_shape  # noqa: E402
-from vlm_prompts import length_summary  # noqa: E402
+from specdraft.vlm.prompts import length_summary
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vispec_smallvlm.yaml"
 
@@ -75,7 +73,7 @@ def answer_lengths(distill_dir: Path) -> Dict[int, int]:
 
 def distill_stage(args, out: Path, report: dict):
     """Regenerate without the instruction (the length check's prompts), then with it (the training data)."""
-    from data_gen.distill import run_distill
+    from specdraft.distill.run import run_distill
 
     started = time.perf_counter()
     run_distill(suite_recipe(args, out, "vispec", args.length_prompts, instruction=False))
@@ -219,7 +217,7 @@ def tables(report: dict) -> str:
 
 def _args(argv: Optional[List[str]]):
     parser = argparse.ArgumentParser(description="ViSpec against a text-only EAGLE-3 head on one VLM")
-    parser.add_argument("vlm", type=Path, help="the VLM directory (tools/build_small_vlm.py's output)")
+    parser.add_argument("vlm", type=Path, help="the VLM directory (`specdraft build-small-vlm`'s output)")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for every stage, key=value")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/vispec"))
     parser.add_argument("--prompts", dest="prompt_dir", type=Path, default=None,

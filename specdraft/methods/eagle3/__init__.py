@@ -18,7 +18,8 @@ from specdraft.methods.eagle3.config import Eagle3Config, eagle3_feature_layers
 from specdraft.methods.eagle3.drafter import Eagle3Drafter, eagle3_runtime
 from specdraft.methods.eagle3.export import (
     check_source,
-    eagle3_from_export,
+    eagle3_export_config,
+    eagle3_export_tensors,
     eagle3_hf_config,
     eagle3_hf_keys,
     eagle3_initialize,
@@ -40,15 +41,16 @@ SPEC = MethodSpec(
     feature_layers=eagle3_feature_layers,
     exports={"hf": ExportFormat(write=eagle3_to_hf, required_keys=eagle3_hf_keys),
              "speculators": ExportFormat(write=eagle3_to_speculators, required_keys=eagle3_speculators_keys)},
-    from_export=eagle3_from_export,
     runtime=eagle3_runtime,
+    export_config=eagle3_export_config,
+    export_tensors=eagle3_export_tensors,
     warm_start=eagle3_warm_start,
     initialize=eagle3_initialize,
     graph_safe_loss=True,
 )
 
 __all__ = ["KV", "SPEC", "Eagle3Config", "Eagle3DecoderLayer", "Eagle3Draft", "Eagle3Drafter", "TTTInputs",
-           "check_source", "eagle3_feature_layers", "eagle3_from_export", "eagle3_hf_config", "eagle3_hf_keys",
-           "eagle3_initialize", "eagle3_loss", "eagle3_runtime", "eagle3_speculators_keys", "eagle3_to_hf",
-           "eagle3_to_speculators", "eagle3_warm_start", "fused_features", "load_initial_state", "ttt_inputs",
-           "ttt_unroll"]
+           "check_source", "eagle3_export_config", "eagle3_export_tensors", "eagle3_feature_layers",
+           "eagle3_hf_config", "eagle3_hf_keys", "eagle3_initialize", "eagle3_loss", "eagle3_runtime",
+           "eagle3_speculators_keys", "eagle3_to_hf", "eagle3_to_speculators", "eagle3_warm_start", "fused_features",
+           "load_initial_state", "ttt_inputs", "ttt_unroll"]

@@ -1,5 +1,6 @@
 """EAGLE-3's on-disk layouts: SGLang's `LlamaForCausalLMEagle3` (`hf`) and vLLM's `speculators`, their reading
-back (`eagle3_from_export`), and the warm start from a run or an export (`method.init_from`).
+back (`eagle3_export_config`, `eagle3_export_tensors`: hooks of MethodSpec's default from_export), and the warm
+start from a run or an export (`method.init_from`).
 
 Feature layers: `feature_layers` are indices into the target's hidden-state stack, where index i is the *input*
 of decoder layer i (index 0 = token embeddings). SGLang and vLLM name the same states by the layer that *outputs*
@@ -96,17 +97,18 @@ def eagle3_speculators_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]
     return [k.replace("midlayer.", "layers.0.", 1) for k in eagle3_hf_keys(draft, target)]
 
 
-def eagle3_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], ctx: DraftContext):
-    """Rebuild a draft from an `hf` export (ours, or any SGLang-style EAGLE-3 checkpoint for this target)."""
-    saved = (config.get("specdraft") or {}).get("method_config") or {}
+def eagle3_export_config(config: Dict[str, Any]) -> Eagle3Config:
+    """The head's config from an SGLang-style EAGLE-3 checkpoint's own keys (one no specdraft export wrote)."""
     aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    cfg = Eagle3Config(**saved) if saved else Eagle3Config(
-        draft_vocab_size=config["draft_vocab_size"], intermediate_size=config.get("intermediate_size"),
-        feature_layers=[i + 1 for i in aux_ids] if aux_ids else None)
-    draft = Eagle3Draft(cfg, ctx)
+    return Eagle3Config(draft_vocab_size=config["draft_vocab_size"], intermediate_size=config.get("intermediate_size"),
+                        feature_layers=[i + 1 for i in aux_ids] if aux_ids else None)
+
+
+def eagle3_export_tensors(tensors: Dict[str, torch.Tensor], draft: Eagle3Draft) -> Dict[str, torch.Tensor]:
+    """An export's tensors as the head's state dict: speculators' layers.0.* as midlayer.*, and what the head does
+    not hold (a checkpoint's embed_tokens) left out."""
     tensors = {k.replace("layers.0.", "midlayer.", 1): v for k, v in tensors.items()}  # speculators names
-    draft.load_state_dict({k: v for k, v in tensors.items() if k in draft.state_dict()}, strict=True)
-    return cfg, draft
+    return {k: v for k, v in tensors.items() if k in draft.state_dict()}
 
 
 def check_source(source: nn.Module, cfg: Eagle3Config, feature_layers: List[int], what: str) -> Eagle3Draft:

@@ -14,7 +14,7 @@ from specdraft.methods.base import ExportFormat, MethodSpec
 from specdraft.methods.eagle3 import eagle3_feature_layers, eagle3_warm_start
 from specdraft.methods.vispec.config import VispecConfig
 from specdraft.methods.vispec.drafter import VispecDrafter, vispec_runtime
-from specdraft.methods.vispec.export import vispec_from_export, vispec_hf_keys, vispec_initialize, vispec_to_hf
+from specdraft.methods.vispec.export import vispec_hf_keys, vispec_initialize, vispec_to_hf
 from specdraft.methods.vispec.loss import DraftColumns, draft_columns, vispec_loss, vispec_unroll
 from specdraft.methods.vispec.model import ImageAdaptor, VispecDraft, image_inputs
 
@@ -25,12 +25,11 @@ SPEC = MethodSpec(
     loss=vispec_loss,
     feature_layers=eagle3_feature_layers,
     exports={"hf": ExportFormat(write=vispec_to_hf, required_keys=vispec_hf_keys)},
-    from_export=vispec_from_export,
     runtime=vispec_runtime,
     warm_start=eagle3_warm_start,
     initialize=vispec_initialize,
 )
 
 __all__ = ["SPEC", "DraftColumns", "ImageAdaptor", "VispecConfig", "VispecDraft", "VispecDrafter", "draft_columns",
-           "image_inputs", "vispec_from_export", "vispec_hf_keys", "vispec_initialize", "vispec_loss",
+           "image_inputs", "vispec_hf_keys", "vispec_initialize", "vispec_loss",
            "vispec_runtime", "vispec_to_hf", "vispec_unroll"]

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Dict, List
 
-import torch
-
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.eagle3 import check_source, eagle3_hf_config, eagle3_hf_keys
@@ -29,17 +27,6 @@ def vispec_hf_keys(draft: VispecDraft, target: TargetInfo) -> List[str]:
     adaptor = [f"image_adaptor.{name}" for name in ("queries", "norm.weight", "k_proj.weight", "v_proj.weight",
                                                       "o_proj.weight")]
     return [*eagle3_hf_keys(draft, target), *adaptor, "img_fc.weight"]
-
-
-def vispec_from_export(config: Dict[str, Any], tensors: Dict[str, torch.Tensor], ctx: DraftContext):
-    saved = (config.get("specdraft") or {}).get("method_config")
-    if not saved:
-        raise SpecdraftError(f"this export's config.json has no specdraft.method_config; a {ARCHITECTURE} export "
-                             f"written by `specdraft export` has one")
-    cfg = VispecConfig(**saved)
-    draft = VispecDraft(cfg, ctx)
-    draft.load_state_dict(tensors, strict=True)
-    return cfg, draft
 
 
 def vispec_initialize(draft: VispecDraft, cfg: VispecConfig, ctx: DraftContext) -> None:

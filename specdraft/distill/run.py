@@ -8,7 +8,7 @@ whole shards and re-running the same command generates just the missing ones. Ea
 output dir against resuming with another target, prompt set or sampling setting.
 
 Several workers (GPUs, nodes, SLURM array tasks) share one output dir: each writes only the shards it owns
-(data_gen/workers.py), and the one that finds all shards on disk merges them (data_gen/shards.py).
+(specdraft/distill/workers.py), and the one that finds all shards on disk merges them (specdraft/distill/shards.py).
 
 Image prompt sets (specdraft.data.sources) need a target that reads images (a vision-language target: its
 processor templates the prompts and expands the images, specdraft.targets.chat). Each image is stored once
@@ -30,8 +30,8 @@ import torch
 
 from specdraft.config import DistillConfig, Recipe
 from specdraft.recipes import save_recipe
-from data_gen.engine import StaticAnswers, static_engine
-from data_gen.shards import (
+from specdraft.distill.engine import StaticAnswers, static_engine
+from specdraft.distill.shards import (
     merge_shards,
     missing_shards,
     remove_stale_temps,
@@ -39,8 +39,8 @@ from data_gen.shards import (
     throughput_path,
     write_shard,
 )
-from data_gen.image_prompts import check_images, open_images, stored_images, with_instruction
-from data_gen.workers import local_device_index, resolve_worker, worker_shards
+from specdraft.distill.image_prompts import check_images, open_images, stored_images, with_instruction
+from specdraft.distill.workers import local_device_index, resolve_worker, worker_shards
 from specdraft.data.format import IMAGE_ROW_FEATURES, ROW_FEATURES, dataset_dir, shards_dir
 from specdraft.data.images import UnreadableImage
 from specdraft.data.sources import Conversation, load_conversations
@@ -152,7 +152,7 @@ def generation_kwargs(cfg: DistillConfig, eos_ids: List[int], pad_id: int) -> di
 
 def generate_answers(ctx: _Context, prompts: List[List[int]], images: Optional[List[list]] = None) -> List[str]:
     """Decoded answers (special tokens skipped) of the target to a batch of templated prompts, by the engine
-    distill.engine chose (data_gen/engine.py); with each prompt's images (PIL) for a vision-language target, whose
+    distill.engine chose (engine.py); with each prompt's images (PIL) for a vision-language target, whose
     ids expand them already (Hugging Face generate: the static engine takes no images)."""
     start = time.perf_counter()
     answers = ctx.static.answers(prompts) if ctx.static is not None else hf_answers(ctx, prompts, images)  # [B, <=new]
@@ -428,10 +428,10 @@ def _merge(out: Path, num_shards: int, num_input: int) -> dict:
 
 
 def _dump_features(recipe: Recipe, out: Path, device: Optional[str]) -> None:
-    """data.features=offline: the target's hidden states beside each dataset (data_gen/features.py), written by
+    """data.features=offline: the target's hidden states beside each dataset (specdraft/distill/features.py), written by
     the process that merged (after every worker's text shards exist)."""
     if recipe.data.features == "offline":
-        from data_gen.features import dump_all_features
+        from specdraft.distill.features import dump_all_features
 
         dump_all_features(recipe, out, device or default_device())
 
@@ -460,7 +460,7 @@ def _kept_shards(out: Path, own: List[int]) -> str:
 def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     """Regenerate the answers of `recipe.data.prompts` with `recipe.target` into `recipe.distill.output_dir`.
 
-    Writes only this worker's missing shards (all shards for a single worker; see data_gen/workers.py). The
+    Writes only this worker's missing shards (all shards for a single worker; see specdraft/distill/workers.py). The
     worker that finds every shard on disk merges them and returns {"input", "ok", "error", "skipped"} (also
     counts.json); a worker that finishes before the others returns what it wrote and which shards are missing.
     """

@@ -1,9 +1,9 @@
-"""Long descriptions of tools/vlm_scenes.py's drawn scenes: what the small VLM that tools/build_small_vlm.py builds
-answers when its prompt ends with the long-answer instruction (INSTRUCTION: ViSpec's "answer at length", the text
-recipes/vispec_*.yaml's distill.answer_instruction appends to a user turn on a line of its own).
+"""Long descriptions of specdraft/vlm/scenes.py's drawn scenes: what the small VLM that `specdraft build-small-vlm`
+builds answers when its prompt ends with the long-answer instruction (INSTRUCTION: ViSpec's "answer at length", the
+text recipes/vispec_*.yaml's distill.answer_instruction appends to a user turn on a line of its own).
 
-A long description opens with the short one (its first paragraph, which vlm_scenes.read_description reads), then
-goes over the same scene again in other orders and groupings, a paragraph each, adding facts the short one leaves
+A long description opens with the short one (its first paragraph, which scenes.read_description reads), then goes
+over the same scene again in other orders and groupings, a paragraph each, adding facts the short one leaves
 out (each shape's size, each bar's value, the word's row). Nearly every word that is not a fixed label depends on
 the image (a colour, a kind, a size, a count, a position, a letter), so that a draft that sees the image has
 something to gain over one that reads the text alone (`blind_share` measures it).
@@ -20,8 +20,8 @@ import difflib
 import re
 from typing import Dict, List, Sequence
 
-from vlm_scenes import (COLOUR_NAMES, COLUMNS, NUMBERS, ROWS, SHAPES, SIZES, CELLS, Scene, article, describe, listing,
-                        read_description, score)
+from specdraft.vlm.scenes import (CELLS, COLOUR_NAMES, COLUMNS, NUMBERS, ROWS, SHAPES, SIZES, Scene, article, describe,
+                                  listing, read_description, score)
 
 INSTRUCTION = "Please answer with at least 1000 words."
 ORDINALS = ("first", "second", "third", "fourth", "fifth")
@@ -38,7 +38,7 @@ LONG_ATTRIBUTES = {"shapes": ("sizes",), "chart": ("bar_values",), "word": ("wor
 
 
 def long_prompt(prompt: str) -> str:
-    """A prompt with the instruction on a line of its own (data_gen.image_prompts.with_instruction's form)."""
+    """A prompt with the instruction on a line of its own (specdraft.distill.image_prompts.with_instruction's form)."""
     return f"{prompt}\n{INSTRUCTION}"
 
 
