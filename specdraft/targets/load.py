@@ -4,7 +4,8 @@ installed package ships (`pkg:PACKAGE/FILE`, how the embedded SmolLM2 default is
 (specdraft.targets.vision); its geometry (`TargetInfo`) is its language model's.
 
 A GGUF file is dequantized by transformers on first use (about 20 s for SmolLM2 on CPU) and the result cached as
-safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the file's content hash.
+safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the file's content hash. What needs the
+tokenizer alone (distill-data through a server) reads it with `load_chat_tokenizer`, no weights loaded.
 """
 from __future__ import annotations
 
