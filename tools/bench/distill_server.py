@@ -3,8 +3,9 @@
 delivers on its own.
 
 `throughput`: the same first-turn prompts, templated, asked by a plain concurrent client (a pool of --concurrency
-threads posting the request bodies distill-data posts, greedy) and by distill-data (in this process, the same
-concurrency, --shard-size prompts a shard), interleaved A B A B for --rounds pairs against one running server.
+threads posting each templated prompt with the sampling fields distill-data sends, greedy) and by distill-data (in
+this process, the same concurrency, --shard-size prompts a shard), interleaved A B A B (the plain client first in
+each pair) for --rounds pairs against one running server.
 Each side's answer tokens per second from its first request to its last answer (distill-data's throughput.json:
 generation only, no tokenizer loading or merge), the ratio distill-data / plain (specdraft must add no bottleneck:
 the goal is at least 90%), medians over the rounds, and how many answers both sides agree on. The load average
