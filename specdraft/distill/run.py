@@ -31,7 +31,9 @@ import torch
 from specdraft.config import DistillConfig, Recipe
 from specdraft.recipes import save_recipe
 from specdraft.distill.engine import StaticAnswers, static_engine
+from specdraft.distill.server import ServerAnswers, ServerUnavailable
 from specdraft.distill.shards import (
+    CUT,
     merge_shards,
     missing_shards,
     remove_stale_temps,
@@ -50,7 +52,7 @@ from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.chat import TextChat, template_ids  # noqa: F401 (template_ids: this module's name for it)
 from specdraft.targets.generate import GREEDY, cut_at_eos, left_pad
-from specdraft.targets.load import eos_token_ids, is_vision_target
+from specdraft.targets.load import eos_token_ids, is_vision_target, load_chat_tokenizer
 from specdraft.targets.vision import image_model_inputs
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,8 @@ class _Dialog:
     """The conversation's images (PIL), opened for this shard."""
     stored: List[str] = field(default_factory=list)
     """Their names under the output dir (specdraft.data.images)."""
+    cuts: List[dict] = field(default_factory=list)
+    """Its answers the server cut at a length limit (distill.engine=server): the shard's cut.jsonl entries."""
 
 
 @dataclass
@@ -84,6 +88,7 @@ class _Context:
     generate_seconds: float = 0.0
     generate_kwargs: dict = field(default_factory=dict)
     static: Optional[StaticAnswers] = None  # distill.engine's static engine; None: Hugging Face generate
+    server: Optional[ServerAnswers] = None  # distill.engine=server's engine (then `model` is None)
 
 
 def default_device() -> str:
@@ -178,7 +183,7 @@ def hf_answers(ctx: _Context, prompts: List[List[int]], images: Optional[List[li
 def _calls(ctx: _Context, pending: List[tuple]) -> List[List[tuple]]:
     """A turn's (dialog, prompt ids) as generate_answers takes them: distill.batch_size at a time for Hugging
     Face generate; all at once for the static engine, which keeps batch_size rows busy as answers finish."""
-    size = max(len(pending), 1) if ctx.static is not None else ctx.recipe.distill.batch_size
+    size = max(len(pending), 1) if ctx.static is not None or ctx.server is not None else ctx.recipe.distill.batch_size
     return [pending[start:start + size] for start in range(0, len(pending), size)]
 
 
@@ -191,6 +196,8 @@ def _finish(ctx: _Context, dialog: _Dialog, failure: Optional[str] = None) -> No
 
 def _answer_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
     """Generate turn `turn` for a batch of (dialog, prompt ids); a failing batch marks all its dialogs as errors."""
+    if ctx.server is not None:
+        return _server_batch(ctx, batch, turn)
     images = [dialog.images for dialog, _ in batch]
     try:
         answers = generate_answers(ctx, [ids for _, ids in batch], *([images] if any(images) else []))
@@ -199,10 +206,28 @@ def _answer_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
             _finish(ctx, dialog, f"generation failed: {error_summary(err)}")
         return
     for (dialog, _), answer in zip(batch, answers):
-        dialog.messages[_user_positions(dialog.messages)[turn] + 1]["content"] = answer
-        dialog.turns_done += 1
-        if dialog.turns_done == dialog.conversation.num_turns:
-            _finish(ctx, dialog)
+        _record_answer(ctx, dialog, turn, answer)
+
+
+def _record_answer(ctx: _Context, dialog: _Dialog, turn: int, answer: str) -> None:
+    dialog.messages[_user_positions(dialog.messages)[turn] + 1]["content"] = answer
+    dialog.turns_done += 1
+    if dialog.turns_done == dialog.conversation.num_turns:
+        _finish(ctx, dialog)
+
+
+def _server_batch(ctx: _Context, batch: List[tuple], turn: int) -> None:
+    """distill.engine=server: the turn's prompts all asked at once; a prompt the server refused is its own error
+    (ServerUnavailable, the server gone, stops the run instead)."""
+    for (dialog, _), answer in zip(batch, ctx.server.answers([ids for _, ids in batch])):
+        if answer.failure is not None:
+            _finish(ctx, dialog, answer.failure)
+            continue
+        if answer.cut is not None:
+            dialog.cuts.append({"source": dialog.conversation.source, "index": dialog.conversation.index,
+                                "turn": turn, "tokens": len(answer.ids), "reason": answer.cut})
+        ctx.generated_tokens += len(answer.ids)
+        _record_answer(ctx, dialog, turn, answer.text)
 
 
 def _turn_prompts(ctx: _Context, dialogs: List[_Dialog], turn: int) -> List[tuple]:
@@ -356,38 +381,85 @@ def _shard_conversations(conversations: List[Conversation], shard_index: int, si
     return {p: conversations[p] for p in range(shard_index * size, min((shard_index + 1) * size, len(conversations)))}
 
 
+def _load_answerer(recipe: Recipe, device: str) -> tuple:
+    """-> (target or None, chat, EOS ids, server engine or None). distill.engine=server loads the target's tokenizer
+    alone and checks the server (before anything is written); every other engine loads the target."""
+    if recipe.distill.engine != "server":
+        from specdraft.targets.load import load_target
+
+        target = load_target(recipe.target, device)
+        return target, target.chat, eos_token_ids(target.model, target.tokenizer), None
+    tokenizer, eos_ids = load_chat_tokenizer(recipe.target)
+    chat = TextChat(tokenizer)
+    try:
+        probe = chat.ids([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 (a template that wants more than one user turn: plain text will do)
+        probe = tokenizer.encode("Hi")
+    return None, chat, eos_ids, ServerAnswers(recipe.distill, tokenizer, eos_ids).connect(probe)
+
+
+def _first_prompts(chat: TextChat, shard: Dict[int, Conversation], early: Dict[int, dict]) -> List[List[int]]:
+    """The first-turn prompts a shard will ask (those it can template), for the server engine to ask ahead."""
+    prompts = []
+    for position, conversation in shard.items():
+        if position not in early and conversation.num_turns > 0:
+            try:
+                prompts.append(prompt_ids(chat, conversation.messages, 0))
+            except Exception:  # noqa: BLE001 (the shard records the template's error itself)
+                continue
+    return prompts
+
+
+def _write_shards(ctx: _Context, shards: Dict[int, Dict[int, Conversation]], early: Dict[int, dict],
+                  out: Path) -> None:
+    """Generate and write each shard in turn; the server engine asks the next shard's first turns meanwhile."""
+    order = list(shards.items())
+    features = IMAGE_ROW_FEATURES if ctx.chat.reads_images else ROW_FEATURES
+    for position, (shard_index, shard) in enumerate(order):
+        if ctx.server is not None:
+            upcoming = _first_prompts(ctx.chat, order[position + 1][1], early) if position + 1 < len(order) else []
+            ctx.server.start_shard(position, upcoming)
+        dialogs = _dialogs(ctx, shard, early, out)
+        rows, problems = distill_shard(ctx, dialogs, shard_index)
+        cuts = [cut for dialog in dialogs if dialog.problem is None for cut in dialog.cuts]
+        write_shard(out, shard_index, rows, problems, features, cut=cuts if ctx.server is not None else None)
+
+
 def _generate_missing(recipe: Recipe, out: Path, conversations: List[Conversation], pending: List[int],
                       expected: dict, device: str, owned: int) -> dict:
-    """Load the target, check the prompts of the missing shards, then generate and write each of them.
+    """Load the target (or, for distill.engine=server, its tokenizer and check the server), check the prompts of
+    the missing shards, then generate and write each of them.
 
     `owned` is how many conversations this worker's shards hold (the progress bar's total). Returns this run's
-    generation throughput: answer tokens, seconds inside generate, tokens/s, wall-clock start and end."""
+    generation throughput: answer tokens, seconds inside generate (the server engine: from its first request to its
+    last answer, with its requests' latencies), tokens/s, wall-clock start and end."""
     from tqdm.auto import tqdm
-
-    from specdraft.targets.load import load_target
 
     instruction = recipe.distill.answer_instruction
     shards = {i: {p: with_instruction(c, instruction)
                   for p, c in _shard_conversations(conversations, i, recipe.distill.shard_size).items()}
               for i in pending}
-    target = load_target(recipe.target, device)
-    chat = target.chat
-    early = precheck(chat, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
-    claim_output_dir(recipe, out, expected, pending)
-    eos_ids = eos_token_ids(target.model, target.tokenizer)
-    done = owned - sum(len(shard) for shard in shards.values())
-    started = time.time()
-    with tqdm(total=owned, initial=done, unit="prompt", desc="distill") as progress:
-        ctx = _Context(target.model, chat, recipe, eos_ids, progress,
-                       generate_kwargs=generation_kwargs(recipe.distill, eos_ids, target.tokenizer.pad_token_id),
-                       static=static_engine(recipe, target, eos_ids, device))
-        for shard_index, shard in shards.items():
-            rows, problems = distill_shard(ctx, _dialogs(ctx, shard, early, out), shard_index)
-            write_shard(out, shard_index, rows, problems, IMAGE_ROW_FEATURES if chat.reads_images else ROW_FEATURES)
-    return {"device": device, "shards": len(shards), "generated_tokens": ctx.generated_tokens,
-            "generate_seconds": ctx.generate_seconds,
-            "tokens_per_s": ctx.generated_tokens / max(ctx.generate_seconds, 1e-9),
-            "started": started, "finished": time.time()}
+    target, chat, eos_ids, server = _load_answerer(recipe, device)
+    try:
+        early = precheck(chat, {p: c for shard in shards.values() for p, c in shard.items()}, recipe.data)
+        claim_output_dir(recipe, out, expected, pending)
+        done = owned - sum(len(shard) for shard in shards.values())
+        started = time.time()
+        with tqdm(total=owned, initial=done, unit="prompt", desc="distill") as progress:
+            ctx = _Context(None if target is None else target.model, chat, recipe, eos_ids, progress,
+                           generate_kwargs=generation_kwargs(recipe.distill, eos_ids, chat.tokenizer.pad_token_id),
+                           static=None if target is None else static_engine(recipe, target, eos_ids, device),
+                           server=server)
+            if server is not None:
+                server.progress = progress
+            _write_shards(ctx, shards, early, out)
+    finally:
+        served = server.close() if server is not None else None
+    seconds = ctx.generate_seconds if served is None else served["seconds"]
+    return {"device": device if served is None else f"server {served['url']}", "shards": len(shards),
+            "generated_tokens": ctx.generated_tokens, "generate_seconds": seconds,
+            "tokens_per_s": ctx.generated_tokens / max(seconds, 1e-9), "started": started, "finished": time.time(),
+            **({} if served is None else {"server": served})}
 
 
 def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversation], pending: List[int],
@@ -422,8 +494,10 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
 
 def _merge(out: Path, num_shards: int, num_input: int) -> dict:
     counts = merge_shards(out, num_shards, num_input)
+    cut = len((out / CUT).read_text().splitlines()) if (out / CUT).is_file() else 0
     print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
-          f"{counts['skipped']} skipped -> {dataset_dir(out)}")
+          f"{counts['skipped']} skipped -> {dataset_dir(out)}"
+          + (f" ({cut} answer{'s' * (cut != 1)} cut at a length limit: {out / CUT})" if cut else ""))
     return counts
 
 
@@ -465,6 +539,9 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     counts.json); a worker that finishes before the others returns what it wrote and which shards are missing.
     """
     check_distill_config(recipe.distill)
+    if recipe.distill.engine == "server" and get_method(recipe.method_name).records is not None:
+        raise SpecdraftError(f"method {recipe.method_name} makes its own records with the target's forward, which "
+                             f"distill.engine=server has not; use distill.engine=hf or static")
     if recipe.data.features == "offline" and is_vision_target(recipe.target):  # its images run with each batch
         raise SpecdraftError(f"target {recipe.target.path} is a vision-language model: its features are computed "
                              f"online, with each batch's images; set data.features=online")
@@ -486,6 +563,8 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
             throughput = make(recipe, out, conversations, pending, expected, device, owned)
         except KeyboardInterrupt:
             raise Interrupted(_kept_shards(out, own)) from None
+        except ServerUnavailable as err:  # the server went away: what was written stays, the same command resumes
+            raise SpecdraftError(f"{err}; {_kept_shards(out, own)}") from None
         write_json(throughput_path(out, worker.index, worker.count), {"worker": worker.index, **throughput})
     else:
         claim_output_dir(recipe, out, expected, [])

@@ -15,7 +15,7 @@ import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import TMP_PREFIX, atomic_dir, reading, write_json
@@ -24,6 +24,8 @@ from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, load_r
 log = logging.getLogger(__name__)
 
 ERRORS = "errors.jsonl"
+CUT = "cut.jsonl"
+"""distill.engine=server: the answers the server cut at a length limit (source, index, turn, tokens, reason)."""
 SHARD_COUNTS = "counts.json"
 MERGED = "merged.json"
 THROUGHPUT = "throughput.json"
@@ -68,9 +70,11 @@ def save_dataset(dataset, directory: Path) -> None:
         dataset.save_to_disk(str(directory), num_shards=1 if len(dataset) == 0 else None)
 
 
-def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict], features=None) -> Path:
+def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[dict], features=None,
+                cut: Optional[List[dict]] = None) -> Path:
     """Write a shard (rows, its errors.jsonl and counts.json) in a temp dir and rename it into place. `features`:
-    the rows' schema (default: regenerated conversations, ROW_FEATURES; a method's records bring their own)."""
+    the rows' schema (default: regenerated conversations, ROW_FEATURES; a method's records bring their own).
+    `cut`: the server engine's cut answers (its cut.jsonl; None writes none)."""
     from datasets import Dataset
 
     features = ROW_FEATURES if features is None else features
@@ -81,6 +85,8 @@ def write_shard(out: Path, shard_index: int, rows: List[dict], problems: List[di
     with atomic_dir(shard_path(out, shard_index)) as tmp:
         save_dataset(Dataset.from_dict(columns, features=features), tmp)
         write_json(tmp / ERRORS, problems)
+        if cut is not None:
+            write_json(tmp / CUT, cut)
         write_json(tmp / SHARD_COUNTS, counts)
     return shard_path(out, shard_index)
 
@@ -115,9 +121,9 @@ def _shard_records(out: Path, num_shards: int) -> Dict[str, dict]:
     return {shard_path(out, i).name: _shard_record(out, i) for i in range(num_shards)}
 
 
-def _shard_problems(out: Path, shard_index: int) -> List[dict]:
-    """A shard's errors.jsonl entries."""
-    path = shard_path(out, shard_index) / ERRORS
+def _shard_problems(out: Path, shard_index: int, name: str = ERRORS) -> List[dict]:
+    """A shard's errors.jsonl (or cut.jsonl) entries."""
+    path = shard_path(out, shard_index) / name
     with reading(path, "shard file", REDO_SHARD.format(path=shard_path(out, shard_index))):
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -165,13 +171,17 @@ def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
         _check_counts(out, counts, num_input)
         for stale in [*out.glob(f"{TMP_PREFIX}dataset-*"), *out.glob(".old-dataset-*")]:  # killed merges
             shutil.rmtree(stale, ignore_errors=True)
-        problems, parts = [], []
+        problems, parts, cut, served = [], [], [], False
         for shard_index, record in enumerate(records.values()):
             problems += _shard_problems(out, shard_index)
+            if (shard_path(out, shard_index) / CUT).is_file():  # written by the server engine
+                cut, served = cut + _shard_problems(out, shard_index, CUT), True
             parts.append(_shard_rows(out, shard_index, record))
         with atomic_dir(dataset_dir(out)) as tmp:
             save_dataset(concatenate_datasets(parts), tmp)
         write_json(out / ERRORS, problems)
+        if served:
+            write_json(out / CUT, cut)
         write_json(counts_path(out), counts)
         write_json(out / THROUGHPUT, merged_throughput(out))
         write_json(out / MERGED, {"shards": {name: record.get("write_id") for name, record in records.items()}})
@@ -189,8 +199,20 @@ def merged_throughput(out: Path) -> dict:
     workers.sort(key=lambda item: item["worker"])
     tokens = sum(item["generated_tokens"] for item in workers)
     wall = max(item["finished"] for item in workers) - min(item["started"] for item in workers)
+    servers = [item["server"] for item in workers if "server" in item]
     return {"workers": int(latest_run), "device": workers[0]["device"],
             "shards": sum(item["shards"] for item in workers), "generated_tokens": tokens,
             "generate_seconds": max(item["generate_seconds"] for item in workers),
             "tokens_per_s": sum(item["tokens_per_s"] for item in workers), "wall_seconds": wall,
-            "wall_tokens_per_s": tokens / max(wall, 1e-9), "per_worker": workers}
+            "wall_tokens_per_s": tokens / max(wall, 1e-9), **({"server": merged_server(servers)} if servers else {}),
+            "per_worker": workers}
+
+
+def merged_server(servers: List[dict]) -> dict:
+    """The server engine's stats of all workers: counts summed; the per-request latency of one worker as it is,
+    of several the slowest worker's p50 and p90 (each worker's own are under per_worker)."""
+    summed = {key: sum(item[key] for item in servers) for key in ("answered", "refused", "failed", "retries",
+                                                                   "answer_tokens")}
+    worst = {key: max((item[key] for item in servers if item[key] is not None), default=None)
+             for key in ("latency_p50_s", "latency_p90_s")}
+    return {"url": servers[0]["url"], "api": servers[0]["api"], "model": servers[0]["model"], **summed, **worst}

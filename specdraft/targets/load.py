@@ -5,12 +5,14 @@ packages carry in parts (`pkg:MODEL`, assembled once: specdraft.targets.parts). 
 (specdraft.targets.vision); its geometry (`TargetInfo`) is its language model's.
 
 A GGUF file is dequantized by transformers on first use (about 20 s for SmolLM2 on CPU) and the result cached as
-safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the file's content hash.
+safetensors under $SPECDRAFT_CACHE (default ~/.cache/specdraft), keyed by the file's content hash. What needs the
+tokenizer alone (distill-data through a server) reads it with `load_chat_tokenizer`, no weights loaded.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import importlib.util
 import logging
 import math
@@ -364,9 +366,62 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
 
 def eos_token_ids(model, tokenizer) -> list:
     """The tokenizer's EOS plus any the model's generation_config adds (chat models often stop on several)."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return configured_eos_ids(getattr(model, "generation_config", None), tokenizer)
+
+
+def configured_eos_ids(generation_config, tokenizer) -> list:
+    """The tokenizer's EOS plus any a generation config (or None) adds."""
+    configured = getattr(generation_config, "eos_token_id", None)
     configured = configured if isinstance(configured, list) else [configured]
     return sorted({i for i in [tokenizer.eos_token_id, *configured] if i is not None})
+
+
+def load_chat_tokenizer(cfg: TargetConfig) -> Tuple[object, list]:
+    """-> (the target's tokenizer, its EOS ids), no weights loaded: all distill-data needs of a target that a server
+    runs. A GGUF's tokenizer is read from the file (cached under $SPECDRAFT_CACHE; the weights are not
+    dequantized). A vision-language target is refused: its prompts carry images."""
+    source, gguf = resolve_source(cfg.path)
+    if gguf is not None:
+        tokenizer = _checked_tokenizer(*_gguf_tokenizer(gguf), cfg, require_chat_template=True)
+        return tokenizer, configured_eos_ids(None, tokenizer)
+    from transformers import GenerationConfig
+
+    config = _hf_config(source, cfg)
+    if is_vision_config(config):
+        raise SpecdraftError(f"target {cfg.path} is a vision-language model: its prompts carry images, which "
+                             f"distill.engine=server does not send; use distill.engine=hf")
+    tokenizer = _tokenizer_from(source, cfg, require_chat_template=True)
+    try:
+        generation = GenerationConfig.from_pretrained(source, revision=cfg.revision)
+    except (OSError, ValueError):  # no generation_config.json: the model config's EOS
+        generation = GenerationConfig.from_model_config(config)
+    return tokenizer, configured_eos_ids(generation, tokenizer)
+
+
+def _gguf_tokenizer(gguf: Path) -> tuple:
+    """(tokenizer, chat template) of a GGUF file, converted once by transformers and kept under $SPECDRAFT_CACHE,
+    keyed by the file's path, size and modification time (hashing a 40 GB file for its tokenizer would not pay)."""
+    from transformers import AutoTokenizer
+
+    stat = gguf.resolve().stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_root() / "gguf-tokenizer" / f"{gguf.stem}-{key}"
+    if not (cached / "tokenizer_config.json").is_file():
+        log.info("reading the tokenizer of %s once into %s", gguf, cached)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except Exception as err:  # transformers raises many kinds for a corrupt file
+            raise SpecdraftError(f"cannot read the tokenizer of GGUF target {gguf}: {type(err).__name__}: {err}") \
+                from None
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+        tokenizer.save_pretrained(tmp)
+        if cached.exists():  # another process read it meanwhile
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, cached)
+    tokenizer = AutoTokenizer.from_pretrained(str(cached))
+    return tokenizer, tokenizer.chat_template
 
 
 def is_vision_target(cfg: TargetConfig) -> bool:
