@@ -57,8 +57,10 @@ def _finite(what: str, value: float, low: float, high: float = math.inf, low_ope
     above = value > low if low_open else value >= low
     below = value < high if high_open else value <= high
     if not (math.isfinite(value) and above and below):
-        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
-        raise SpecdraftError(f"{what} must be a finite number in {bounds}, got {value}")
+        if high == math.inf:
+            raise SpecdraftError(f"{what} must be a finite number {'>' if low_open else '>='} {low:g}, got {value}")
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise SpecdraftError(f"{what} must be in {bounds}, got {value}")
 
 
 def prefetch_refusal(need: str, got: str = "") -> SpecdraftError:

@@ -44,13 +44,14 @@ RESUME_SAFE = {
     "train.log_every_steps": "logging cadence",
     "train.resume": "where to resume from",
     "train.output_dir": "where the run is (a moved run directory)",
-    "train.devices": "GPUs a node (the data stream and ZeRO partitions are re-dealt)",
+    "train.devices": "GPUs per node (the data stream and ZeRO partitions are dealt anew)",
     "train.num_nodes": "nodes (as train.devices)",
     "train.strategy": "among the kinds that save the same checkpoint format (auto/ddp, or DeepSpeed stages)",
     "train.num_workers": "DataLoader worker processes",
     "train.compile": "speed only", "train.cuda_graphs": "speed only", "train.prefetch_features": "speed only",
     "train.prefetch_start": "speed only", "train.activation_checkpointing": "memory only (the same gradients)",
     "train.shard_target": "memory only", "train.zero3_persist": "memory only",
+    "train.optimizer": "among the AdamW kinds: the moments carry over (adamw's quantized on load for the 8-bit ones)",
     "target.trust_remote_code": "the command line's consent, never the file's",
     "distill": "how the data were made (distill.output_dir, the data trained on, excepted)",
     "eval": "evaluation settings", "runtime": "runtime settings",
@@ -97,7 +98,7 @@ class LastCheckpoint(Checkpoint):
     def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or self.saved_step == trainer.global_step:
             return
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # the full state: what a resume needs
         self.saved_step = trainer.global_step
 
 
