@@ -496,7 +496,7 @@ class RuntimeConfig:
                 raise SpecdraftError(f"runtime.{name} must be in (0, 1), got {value}")
         if self.adaptive_min_depth < 1:
             raise SpecdraftError(f"runtime.adaptive_min_depth must be at least 1, got {self.adaptive_min_depth}")
-        if self.adaptive_step_cost < 0:
+        if not self.adaptive_step_cost >= 0 or not math.isfinite(self.adaptive_step_cost):  # NaN compares False
             raise SpecdraftError(f"runtime.adaptive_step_cost must be >= 0, got {self.adaptive_step_cost}")
 
 

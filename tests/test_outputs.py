@@ -307,3 +307,19 @@ def test_a_read_only_output_directory_for_eval(tmp_path, trained, capsys, monkey
         one_line_error(capsys, ["eval", copy_export(trained, tmp_path), "--out", out], f"cannot write {out}")
     finally:
         out.chmod(0o700)
+
+
+def test_a_full_disk_under_the_training_logs_is_one_line(tmp_path, trained, tiny_target_dir, distilled, capsys,
+                                                          monkeypatch):
+    """Lightning's CSV logs and the step times are plain appends: a full disk there is one line too."""
+    from specdraft.train.timing import StepTimes
+
+    recipe = copy_run(trained, tmp_path, tiny_target_dir, distilled, log_every_steps=1)
+    before = (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes()
+
+    def full_disk(self, row):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(StepTimes, "_append", full_disk)
+    one_line_error(capsys, ["train", recipe], "step_times.csv: No space left on device")
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes() == before

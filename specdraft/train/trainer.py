@@ -40,7 +40,7 @@ from specdraft.config import Recipe, TrainConfig
 from specdraft.recipes import recipe_to_yaml, save_recipe
 from specdraft.drafts import SNAPSHOT_FILE, load_base, warm_start_draft
 from specdraft.core.errors import Interrupted, SpecdraftError
-from specdraft.core.io import atomic_dir, write_json
+from specdraft.core.io import atomic_dir, is_write_error, write_error, write_json
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
@@ -273,10 +273,15 @@ class ResumeReport(Callback):
 
 def fit(trainer: L.Trainer, module: DraftModule, data, resume_from: Optional[str]) -> None:
     """trainer.fit; on Ctrl-C, after Lightning's teardown (which ends in sys.exit(1), SIGINT left ignored),
-    Interrupted with what the run kept and SIGINT's handler put back."""
+    Interrupted with what the run kept and SIGINT's handler put back; a disk that refuses a write, one line."""
     handler = signal.getsignal(signal.SIGINT)
+    run_dir = Path(trainer.default_root_dir)
     try:
         trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    except OSError as err:  # a full or read-only disk under a writer of Lightning's (its CSV logs): one line
+        if not is_write_error(err, run_dir / "logs"):
+            raise
+        raise write_error(err.filename or run_dir, err) from None
     except SystemExit:
         if not trainer.interrupted:
             raise
