@@ -267,7 +267,7 @@ def test_a_deepspeed_checkpoint_is_swapped_in_whole(tmp_path, monkeypatch):
     assert states.read_text() == "3" and refusal(final, trust=False) is None
 
 
-# --- output directories ------------------------------------------------------------------------------------------------
+# --- output directories -------------------------------------------------------------------------------------------
 
 def test_train_refuses_a_directory_of_other_files(tmp_path, tiny_target_dir, distilled, capsys):
     from tests.test_train_export_eval import make_recipe

@@ -133,7 +133,7 @@ def saved_recipe(checkpoint: Path, state: Optional[dict]) -> Optional[tuple]:
     """(YAML text, where it came from) of the recipe a checkpoint was trained with: the one its save carried
     (`state`, a file checkpoint read), else the recipe.yaml of its run directory; None when there is neither."""
     callbacks = (state or {}).get("callbacks") or {}
-    for name, callback_state in callbacks.items():
+    for callback_state in callbacks.values():
         if isinstance(callback_state, dict) and isinstance(callback_state.get("recipe"), str):
             return callback_state["recipe"], "the recipe saved in it"
     for directory in _run_dirs(checkpoint):
@@ -163,6 +163,6 @@ def check_resume_recipe(checkpoint: str, state: Optional[dict], recipe: Recipe) 
     if changed:
         shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
         raise SpecdraftError(f"refusing to resume {checkpoint}: this recipe changes {shown} from the one it was "
-                             f"trained with ({source}); a resumed run may change only max_steps, the validation and logging "
-                             f"cadence, paths, devices and speed or memory settings (docs/training.md lists them): "
-                             f"set the others back, or train into a new train.output_dir")
+                             f"trained with ({source}); a resumed run may change only max_steps, the validation "
+                             f"and logging cadence, paths, devices and speed or memory settings (docs/training.md "
+                             f"lists them): set the others back, or train into a new train.output_dir")

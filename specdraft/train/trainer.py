@@ -301,9 +301,13 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
     distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
     dataset = load_distilled(distill_dirs, all_columns=spec.records is not None)
     resume_from = _resume_path(cfg, run_dir)
+    if resume_from is None and (run_dir / "checkpoints").is_dir():
+        log.warning("%s holds a run: this new run replaces its checkpoints, best/ and last/ as it goes "
+                    "(train.resume=auto would continue it)", run_dir)
     if resume_from is not None:  # DeepSpeed's files: the strategy checks them (their recipe: the run's recipe.yaml)
         state = None if is_deepspeed_checkpoint(resume_from) else check_checkpoint_file(resume_from)
         check_resume_recipe(resume_from, state, recipe)
+        del state  # memory-mapped: the file's space is freed once a new checkpoint replaces it
     trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks, spec.monitor,  # strategy first
                             trust_checkpoint)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
