@@ -3,7 +3,6 @@ written whole or not at all (another filesystem's rename, a full disk, a kill in
 write left is finished or undone by the next run. Each refusal is one line, exit 2, no traceback. CPU, tiny random
 target; the run and export are made once (tests/test_hostile_files.py's `trained`)."""
 import errno
-import json
 import os
 import shutil
 import subprocess
