@@ -9,13 +9,37 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import List, Optional
 
 from specdraft.core.console import quiet_dependencies
 from specdraft.config import PRUNE_AT, PRUNE_VERIFY
 from specdraft.core.errors import Interrupted, SpecdraftError
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text[:40]!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {value}")
+    return value
+
+
+def finite_nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (a temperature: 0 is greedy)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text[:40]!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text[:40]}")
+    return value
 
 
 def _distill(args) -> dict:
@@ -37,7 +61,7 @@ def _train(args) -> dict:
 def _export(args) -> dict:
     from specdraft.export import export_draft
 
-    out = export_draft(args.run_dir, args.format, args.out, args.dtype, args.trust_remote_code)
+    out = export_draft(args.run_dir, args.format, args.out, args.dtype, args.trust_remote_code, args.force)
     return {"export": str(out), "format": args.format}
 
 
@@ -150,7 +174,8 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     cmd.add_argument("--max-len", type=int, default=None, help="KV-cache slots: prompt + answer + tree (default 2048)")
     cmd.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
                      help="run every step eagerly on a GPU (default: CUDA graphs)")
-    cmd.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt (default 256)")
+    cmd.add_argument("--max-new-tokens", type=positive_int, default=256,
+                     help="tokens generated per prompt (default 256)")
     cmd.add_argument("--seed", type=int, default=0, help="sampling seed at T > 0 (default 0)")
 
 
@@ -226,6 +251,7 @@ def _bench_categories(args) -> dict:
 
 
 def _bench(args) -> dict:
+    from specdraft.core.io import check_writable
     from specdraft.runtime.answers import bench_prompts
     from specdraft.runtime.bench import BenchSettings, format_table, run_bench
 
@@ -241,6 +267,8 @@ def _bench(args) -> dict:
                              **({"prune_sweep": tuple(args.prune_sweep)} if args.prune_sweep is not None else {}))
     # a bad prompt file (or, with --check-answers, a prompt without a check) fails before the model loads
     bench_prompts(settings.prompts, settings.max_prompts, settings.check_answers)
+    if args.out or Path(args.path).is_dir():  # so does a read-only output directory (a missing draft: its own line)
+        check_writable(args.out or args.path)
     runtime = _load_runtime(args)
     settings = _judge_sweep(runtime, settings)
     report = run_bench(runtime, settings, args.out or args.path, load_float32=lambda: _load_runtime(args, "float32"))
@@ -401,7 +429,10 @@ def _add_stages(sub) -> None:
     export.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (train.output_dir)")
     export.add_argument("--format", default="hf",
                         help="hf (SGLang; every method), speculators (vLLM; EAGLE-3) (default hf)")
-    export.add_argument("--out", required=True, metavar="DIR", help="the export directory to write")
+    export.add_argument("--out", required=True, metavar="DIR",
+                        help="the export directory to write: a new or empty one, or an earlier export (replaced)")
+    export.add_argument("--force", action="store_true",
+                        help="replace --out even if it holds other files (never the run being read)")
     export.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="dtype of the exported weights (default bfloat16)")
     _trust_flags(export)
@@ -431,7 +462,7 @@ def _add_runtime(sub) -> None:
     generate.add_argument("--image", action="append", default=None, metavar="FILE",
                           help="an image for a vision-language target (repeat for several; `<image>` in the prompt "
                                "places each, else they come first)")
-    generate.add_argument("--temperature", type=float, default=0.0,
+    generate.add_argument("--temperature", type=finite_nonnegative_float, default=0.0,
                           help="0 (default): greedy; above 0: sampled (the target's distribution is kept)")
     generate.set_defaults(func=_generate)
     bench = sub.add_parser("bench", help="tau, tokens/s and speedups against plain decoding and HF generate",
@@ -446,9 +477,9 @@ def _add_runtime(sub) -> None:
                        help="prompt file, JSON or JSONL in any form recipes read, or tasks:SPLIT[:COUNT] (the "
                             "task suite whose answers a program checks) (default: MT-bench's questions; with "
                             "--categories: Spec-Bench's question.jsonl, required)")
-    bench.add_argument("--max-prompts", type=int, default=None, metavar="N",
+    bench.add_argument("--max-prompts", type=positive_int, default=None, metavar="N",
                        help="the first N prompts (default: all; with --categories, N per category)")
-    bench.add_argument("--temperature", type=float, nargs="+", default=None, metavar="T",
+    bench.add_argument("--temperature", type=finite_nonnegative_float, nargs="+", default=None, metavar="T",
                        help="one timed run a temperature (default: 0 1; with --categories, 0)")
     bench.add_argument("--categories", action="store_true",
                        help="run Spec-Bench's six categories of --prompts, each --policies variant against plain "

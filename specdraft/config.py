@@ -6,6 +6,7 @@ runtime reads an export's settings without it.
 """
 from __future__ import annotations
 
+import math
 import string
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -60,6 +61,24 @@ def check_prompt_format(value: str) -> None:
         raise SpecdraftError(f"target.prompt_format must be chat (the target's chat template) or a format string "
                              f"holding {{prompt}} once, such as '{{prompt}}\\n' ({{{{ and }}}} for literal braces), "
                              f"got {value!r}")
+
+
+def _at_least(what: str, value: Optional[int], low: int) -> None:
+    """An integer setting (None passes: the field's own default applies) of at least `low`."""
+    if value is not None and value < low:
+        raise SpecdraftError(f"{what} must be at least {low}, got {value}")
+
+
+def _finite(what: str, value: float, low: float, high: float = math.inf, low_open: bool = False,
+            high_open: bool = False) -> None:
+    """A float setting, finite and inside [low, high] (`low_open`/`high_open`: that end excluded)."""
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (math.isfinite(value) and above and below):
+        if high == math.inf:
+            raise SpecdraftError(f"{what} must be a finite number {'>' if low_open else '>='} {low:g}, got {value}")
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise SpecdraftError(f"{what} must be in {bounds}, got {value}")
 
 
 def prefetch_refusal(need: str, got: str = "") -> SpecdraftError:
@@ -154,6 +173,8 @@ class DataConfig:
             raise SpecdraftError(f"data.pad_to_multiple must be >= 1, got {self.pad_to_multiple}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise SpecdraftError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        _at_least("data.max_length", self.max_length, 2)  # a prompt token and an answer token
+        _at_least("data.max_samples", self.max_samples, 1)
 
 
 @dataclass
@@ -237,6 +258,11 @@ class DistillConfig:
         if self.engine == "server" and not self.server.url:
             raise SpecdraftError("distill.engine=server needs distill.server.url, the server's base URL "
                                  "(e.g. http://127.0.0.1:8000)")
+        for name in ("max_new_tokens", "batch_size", "shard_size"):
+            _at_least(f"distill.{name}", getattr(self, name), 1)
+        _finite("distill.temperature", self.temperature, 0.0)
+        _finite("distill.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _at_least("distill.seed", self.seed, 0)
         if self.num_workers is not None and self.num_workers < 1:
             raise SpecdraftError(f"distill.num_workers must be at least 1, got {self.num_workers}")
         if self.worker_index is not None and self.num_workers is not None \
@@ -351,6 +377,17 @@ class TrainConfig:
     """DeepSpeed config entries merged over specdraft's own (deepspeed_* strategies only), for instance
     `train.deepspeed.zero_optimization.reduce_bucket_size=500000000`. DeepSpeed validates them."""
 
+    def _check_values(self) -> None:
+        """Counts, rates and cadences in their ranges (a 0 or a NaN stops the run here, not in Lightning)."""
+        for name in ("max_steps", "micro_batch_size", "accumulate_grad_batches", "val_every_steps",
+                     "log_every_steps", "num_nodes"):
+            _at_least(f"train.{name}", getattr(self, name), 1)
+        for name in ("warmup_steps", "num_workers", "seed"):
+            _at_least(f"train.{name}", getattr(self, name), 0)
+        _finite("train.lr", self.lr, 0.0, low_open=True)
+        _finite("train.weight_decay", self.weight_decay, 0.0)
+        _finite("train.grad_clip", self.grad_clip, 0.0)
+
     def compile_setting(self) -> str:
         """train.compile with auto's strategy exception applied (false under deepspeed_stage_3); auto still
         resolves per device and target (specdraft.layers.compile.compile_enabled)."""
@@ -358,6 +395,7 @@ class TrainConfig:
 
     def __post_init__(self):
         _check_choice("train.strategy", self.strategy, STRATEGIES)
+        self._check_values()
         self.activation_checkpointing = checkpointing_mode(self.activation_checkpointing)
         _check_choice("train.optimizer", self.optimizer, OPTIMIZERS)
         self.compile = str(self.compile).lower()
@@ -401,6 +439,9 @@ class EvalConfig:
 
     def __post_init__(self):
         _check_choice("eval.dtype", self.dtype, DTYPES)
+        for name in ("max_prompts", "max_new_tokens", "num_draft_tokens"):
+            _at_least(f"eval.{name}", getattr(self, name), 1)
+        _at_least("eval.skip_prompts", self.skip_prompts, 0)
 
 
 @dataclass
@@ -512,6 +553,8 @@ class RuntimeConfig:
                 raise SpecdraftError(f"runtime.{name} must be in [0, 1], got {value}")
         if self.max_len < 2:
             raise SpecdraftError(f"runtime.max_len must be at least 2, got {self.max_len}")
+        for name in ("depth", "topk", "budget"):
+            _at_least(f"runtime.{name}", getattr(self, name), 1)
         self._check_policy()
 
     def _check_policy(self) -> None:
@@ -526,7 +569,7 @@ class RuntimeConfig:
                 raise SpecdraftError(f"runtime.{name} must be in (0, 1), got {value}")
         if self.adaptive_min_depth < 1:
             raise SpecdraftError(f"runtime.adaptive_min_depth must be at least 1, got {self.adaptive_min_depth}")
-        if self.adaptive_step_cost < 0:
+        if not self.adaptive_step_cost >= 0 or not math.isfinite(self.adaptive_step_cost):  # NaN compares False
             raise SpecdraftError(f"runtime.adaptive_step_cost must be >= 0, got {self.adaptive_step_cost}")
 
 

@@ -8,6 +8,7 @@ machine loads it without the trainer's dependencies (no OmegaConf). A run direct
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,7 +19,7 @@ from safetensors.torch import load_file
 
 from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.errors import SpecdraftError, error_summary
-from specdraft.core.io import reading
+from specdraft.core.io import reading, recover
 from specdraft.core.types import BaseDraft, DraftContext, TargetInfo, geometry_mismatch
 from specdraft.methods import get_method
 from specdraft.methods.base import MethodSpec
@@ -86,12 +87,44 @@ def export_section(recipe_target: TargetConfig, runtime: RuntimeConfig, target: 
     return {**section, "base": BASE_DIR} if with_base else section
 
 
+def _fits(value, hint) -> bool:
+    """Whether a value read from JSON has the type a dataclass field declares (int, float, str, bool, Optional,
+    List, Dict, Any): a file's `"topk": "many"` never reaches the code that counts with it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin is typing.Union:
+        return any(_fits(value, arg) for arg in args)
+    if origin in (list, List):
+        return isinstance(value, list) and all(_fits(item, args[0]) for item in value) if args else \
+            isinstance(value, list)
+    if origin in (dict, Dict):
+        return isinstance(value, dict)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
 def _dataclass_from(cls, values: Optional[Dict[str, Any]], what: str):
-    """cls(**values) for the fields cls has; a bad value is one line naming `what`."""
-    known = {f.name for f in fields(cls)}
+    """cls(**values) for the fields cls has, each value of its field's type; a bad value is one line naming
+    `what` and the field (never the value: a file's contents stay out of messages)."""
+    if values is not None and not isinstance(values, dict):
+        raise SpecdraftError(f"bad {what}: a {type(values).__name__}, expected a mapping of settings")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: hints[f.name] for f in fields(cls)}
+    values = {k: v for k, v in (values or {}).items() if k in known}
+    for name, value in values.items():
+        if not _fits(value, known[name]):
+            expected = known[name].__name__ if isinstance(known[name], type) else \
+                str(known[name]).replace("typing.", "")
+            raise SpecdraftError(f"bad {what}: {name} is of type {type(value).__name__}, expected {expected}")
     try:
-        return cls(**{k: v for k, v in (values or {}).items() if k in known})
-    except (TypeError, ValueError) as err:
+        return cls(**values)
+    except (TypeError, ValueError, SpecdraftError) as err:
         raise SpecdraftError(f"bad {what}: {err}") from None
 
 
@@ -202,6 +235,7 @@ def _load_export(path: Path, target: Optional[TargetInfo], target_path: Optional
 
 def _snapshot_file(run_dir: Path) -> Path:
     for name in ("best", "last"):
+        recover(run_dir / name)
         if (run_dir / name / SNAPSHOT_FILE).is_file():
             return run_dir / name / SNAPSHOT_FILE
     raise SpecdraftError(f"no trained draft in {run_dir} (looked for best/ and last/{SNAPSHOT_FILE})")
@@ -233,6 +267,7 @@ def load_draft(path: str | Path, overrides: List[str] = (), target: Optional[Tar
     `trust_remote_code`: the command line's consent to run the target's code where its geometry must be read
     from its own config (never taken from the draft's files)."""
     path = Path(path)
+    recover(path)  # an export whose swap a kill interrupted: finished or undone first
     if not path.is_dir():
         raise SpecdraftError(f"{path} does not exist (expected an export or a training run directory)")
     if is_export(path):

@@ -7,6 +7,7 @@ is an error naming the key and the valid ones. After loading, code sees only dat
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 from typing import List
 
@@ -15,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from specdraft.config import SECTIONS, Recipe
-from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.core.errors import SpecdraftError, error_summary, shown
 from specdraft.core.io import write_text
 from specdraft.methods import get_method
 from specdraft.targets.remote_code import with_remote_code
@@ -72,7 +73,7 @@ def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: 
     raw = _raw_recipe(path, list(overrides))
     unknown = [k for k in raw.keys() if k not in SECTIONS]
     if unknown:
-        raise SpecdraftError(f"unknown recipe section {unknown[0]!r}; valid: {', '.join(SECTIONS)}")
+        raise SpecdraftError(f"unknown recipe section {shown(unknown[0])}; valid: {', '.join(SECTIONS)} (in {path})")
     method_raw = raw.get("method") or {}
     if not isinstance(method_raw, (DictConfig, dict)):
         raise SpecdraftError(f"recipe section 'method' in {path} is a {type(method_raw).__name__}; expected a "
@@ -86,10 +87,9 @@ def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: 
         merged = OmegaConf.merge(schema, raw)
         recipe = OmegaConf.to_object(merged)
     except ConfigKeyError as err:
-        raise _key_error(err, spec.config) from None
+        raise _key_error(err, spec.config, path) from None
     except ValidationError as err:
-        key = getattr(err, "full_key", None) or "?"
-        raise SpecdraftError(f"bad value for {key}: {str(err).splitlines()[0]}") from None
+        raise _value_error(err, path, spec.config) from None
     except (TypeError, ValueError, OmegaConfBaseException) as err:
         raise SpecdraftError(f"invalid recipe {path}: {error_summary(err)}") from None
     recipe.target = with_remote_code(recipe.target, trust_remote_code, f"recipe {path}")
@@ -104,14 +104,30 @@ def _nested_section(full_key: str):
     return (f"{parts[0]}.{parts[1]}", found[0]) if found and dataclasses.is_dataclass(found[0]) else None
 
 
-def _key_error(err: ConfigKeyError, method_config) -> SpecdraftError:
+def _key_error(err: ConfigKeyError, method_config, path: Path) -> SpecdraftError:
     full_key = getattr(err, "full_key", None) or str(err).split("'")[1]
     section = full_key.split(".")[0]
     valid = _valid_keys(section, method_config)
     nested = _nested_section(full_key)
     if nested is not None:
         section, valid = nested[0], [f.name for f in dataclasses.fields(nested[1])]
-    return SpecdraftError(f"unknown recipe key {full_key!r}; valid keys in {section!r}: {', '.join(valid)}")
+    return SpecdraftError(f"unknown recipe key {shown(full_key)}; valid keys in {section!r}: {', '.join(valid)} "
+                          f"(in {path})")
+
+
+def _value_error(err: ValidationError, path: Path, method_config) -> SpecdraftError:
+    """A value of the wrong type, named by its key and the type its field declares; the value itself only as
+    `shown` shows it (OmegaConf's message quotes it whole)."""
+    key = getattr(err, "full_key", None)
+    if not key:
+        return SpecdraftError(f"recipe {path}: a section is not a mapping of keys (sections: {', '.join(SECTIONS)})")
+    section, _, name = key.partition(".")
+    cls = method_config if section == "method" else SECTIONS.get(section)
+    hints = typing.get_type_hints(cls) if cls is not None else {}
+    expected = hints.get(name.split(".")[0])
+    expected = expected.__name__ if isinstance(expected, type) else str(expected or "another type").replace(
+        "typing.", "")
+    return SpecdraftError(f"bad value for {key} in {path}: expected {expected}, got {shown(err.value)}")
 
 
 def recipe_to_yaml(recipe: Recipe) -> str:

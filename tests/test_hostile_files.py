@@ -180,10 +180,17 @@ def test_checkpoint_pickle_is_refused(tmp_path, trained, tiny_target_dir, distil
 
 
 def test_checkpoint_of_another_draft_names_the_tensor(tmp_path, trained, tiny_target_dir, distilled, capsys):
+    """A checkpoint whose recipe is this one's, but whose weights are another draft's (a changed recipe is refused
+    before: tests/test_resume.py)."""
     recipe = copy_run(trained, tmp_path, tiny_target_dir, distilled)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    name = next(key for key in checkpoint["state_dict"] if key.startswith("draft."))
+    checkpoint["state_dict"][name] = torch.zeros(3, 5)
+    torch.save(checkpoint, last)
     before = tree(tmp_path / "run")
-    one_line_error(capsys, ["train", recipe, "method.draft_vocab_size=128"], "last.ckpt does not fit",
-                   "draft.", "has shape [256", "the draft's is [128")
+    one_line_error(capsys, ["train", recipe], "last.ckpt does not fit", f"tensor {name} has shape [3, 5]",
+                   "the draft's is [")
     assert tree(tmp_path / "run") == before
 
 
@@ -374,3 +381,64 @@ def test_wrongly_shaped_tensor_is_named(tmp_path, trained, capsys):
     save_file(tensors, str(export / "model.safetensors"))
     one_line_error(capsys, ["generate", export, *GENERATE], export / "model.safetensors", "fc.weight",
                    "torch.Size([3, 5])")
+
+
+# --- what errors show, and files too large or too hostile to read --------------------------------------------------
+
+SECRET = "root:x:0:0:secret-password-hash:/root:/bin/bash"
+
+
+def test_an_error_never_prints_another_files_contents(tmp_path, trained, capsys):
+    """An export whose recipe.yaml links to a private file: the error names the file and the problem only."""
+    export = copy_export(trained, tmp_path)
+    secret = tmp_path / "shadow"
+    secret.write_text("".join(f"{SECRET}{i}\n" for i in range(20)))
+    (export / "recipe.yaml").unlink()
+    (export / "recipe.yaml").symlink_to(secret)
+    line = one_line_error(capsys, ["eval", export, "--out", tmp_path / "ev"], "unknown recipe section",
+                          export / "recipe.yaml")
+    assert "secret" not in line and "root:x" not in line
+    (tmp_path / "r.yaml").write_text(f"method: {{name: eagle3}}\ntrain: {{max_steps: '{SECRET}'}}\n")
+    line = one_line_error(capsys, ["train", tmp_path / "r.yaml"], "bad value for train.max_steps", "expected int")
+    assert "secret" not in line
+    (tmp_path / "r.yaml").write_text(f"method: {{name: '{SECRET}'}}\n")
+    assert "secret" not in one_line_error(capsys, ["train", tmp_path / "r.yaml"], "unknown method")
+
+
+def test_an_oversized_prompt_is_refused_before_tokenizing(tmp_path, trained, capsys, monkeypatch):
+    from specdraft.data.sources import MAX_CONVERSATION_CHARS
+
+    prompts = tmp_path / "huge.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a" * (MAX_CONVERSATION_CHARS + 1)}) + "\n")
+    monkeypatch.setattr("specdraft.runtime.load.load_runtime", lambda *a, **k: pytest.fail("the runtime loaded"))
+    one_line_error(capsys, ["bench", copy_export(trained, tmp_path), "--prompts", prompts, *GENERATE[2:]],
+                   f"record 0 of {prompts} holds {MAX_CONVERSATION_CHARS + 1:,} characters", "cut it")
+
+
+def test_a_pickled_weights_file_in_the_target_is_refused_in_one_line(tmp_path, trained, tiny_target_dir, capsys):
+    marker = tmp_path / "MARKER"
+    target = Path(shutil.copytree(tiny_target_dir, tmp_path / "target"))
+    (target / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": Payload(marker)}, target / "pytorch_model.bin")
+    export = copy_export(trained, tmp_path)
+    one_line_error(capsys, ["generate", export, "--target", target, *GENERATE], "refusing the weights of target",
+                   "GLOBAL")
+    assert not marker.exists()
+
+
+def test_an_exports_runtime_settings_of_the_wrong_type(tmp_path, trained, capsys):
+    export = copy_export(trained, tmp_path)
+    edit_json(export / "config.json", lambda config: config["specdraft"]["runtime"].update(topk="many"))
+    one_line_error(capsys, ["generate", export, *GENERATE], export / "config.json", "topk is of type str",
+                   "expected Optional[int]")
+
+
+def test_a_corrupt_throughput_record_names_itself(tmp_path, shards, tiny_target_dir, capsys):
+    out = Path(shutil.copytree(shards / "out", tmp_path / "out"))
+    shutil.rmtree(out / "dataset")  # a merge is due
+    record = next((out / "throughput").glob("worker-*.json"))
+    record.write_text('{"worker": 0, "dev')
+    before = tree(out)
+    one_line_error(capsys, ["distill-data", distill_recipe(shards, tiny_target_dir, out), "--merge"],
+                   f"corrupt throughput record {record}", "delete it and run")
+    assert tree(out) == before

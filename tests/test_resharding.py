@@ -15,7 +15,6 @@ from specdraft.train.resharding import (
     UNIVERSAL_TAG,
     ZeroLayout,
     convert_to_universal,
-    drop_stale_files,
     universal_is_current,
     zero_layout,
 )
@@ -78,18 +77,3 @@ def test_resume_8bit_moments_on_another_world_size(tmp_path, monkeypatch):
     for name, weight in expected.items():
         step = (weight - saved[name].float()).abs().max()
         assert step > 0 and (resharded[name] - weight).abs().max() <= 0.05 * step, name
-
-
-def test_stale_files_after_a_smaller_save(tmp_path):
-    checkpoint = tmp_path / "last.ckpt"
-    tag_dir = checkpoint / "checkpoint"
-    tag_dir.mkdir(parents=True)
-    (checkpoint / "latest").write_text("checkpoint")
-    names = [f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in range(4)]
-    for name in [*names, "mp_rank_00_model_states.pt"]:
-        (tag_dir / name).write_bytes(b"x")
-    (checkpoint / UNIVERSAL_TAG).mkdir()
-    (checkpoint / "latest_universal").write_text(UNIVERSAL_TAG)
-    drop_stale_files(checkpoint, world_size=2)
-    assert sorted(p.name for p in tag_dir.iterdir()) == sorted([*names[:2], "mp_rank_00_model_states.pt"])
-    assert not (checkpoint / UNIVERSAL_TAG).exists() and not (checkpoint / "latest_universal").exists()

@@ -61,8 +61,10 @@ def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
 
 
 class _Crash(L.Callback):
+    """A crash after step 11, past step 10's validation and the checkpoint that follows it."""
+
     def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == 10:
+        if trainer.global_step == 11:
             raise RuntimeError("simulated crash")
 
 

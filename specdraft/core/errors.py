@@ -1,13 +1,28 @@
-"""User-facing errors: one line, the bad value named, exit code 2 from the CLI."""
+"""User-facing errors: one line, the bad value named, exit code 2 from the CLI. A value read from a file is shown only
+when it is a short name (`shown`): an error never prints a file's contents (a recipe linked to /etc/passwd)."""
+import re
+
+NAME = re.compile(r"[A-Za-z0-9_.+\-/]{1,64}")
+"""What a message shows of a value as it is: a key, a choice, a number, a path of plain characters."""
 
 
 class SpecdraftError(Exception):
     """A problem with the user's input (recipe, files, target). The CLI prints it on one line and exits 2."""
 
 
+def shown(value) -> str:
+    """A value as an error message shows it: numbers, None and short names as they are; anything else described by
+    its type and length, never quoted (it may be a file's contents)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str) and NAME.fullmatch(value):
+        return repr(value)
+    return f"(a {type(value).__name__} of {len(str(value))} characters, not a name)"
+
+
 def choices_error(what: str, value, valid) -> SpecdraftError:
     """`unknown <what> 'value'; valid: a, b, c`."""
-    return SpecdraftError(f"unknown {what} {value!r}; valid: {', '.join(map(str, valid))}")
+    return SpecdraftError(f"unknown {what} {shown(value)}; valid: {', '.join(map(str, valid))}")
 
 
 def error_summary(err: BaseException, prefer: str = "") -> str:

@@ -37,6 +37,9 @@ from specdraft.core.io import package_file, reading, resolve_file
 from specdraft.data.tasks import PREFIX as TASKS_PREFIX
 from specdraft.data.tasks import parse_source, task_records
 
+MAX_CONVERSATION_CHARS = 1_000_000
+"""The most characters a conversation's turns may hold together: beyond any target's context (a million characters
+are some 250,000 tokens), and what a tokenizer is never handed (one of 100 MB aborted the process)."""
 SUPPORTED_FIELDS = ("conversations", "messages", "instruction", "prompt", "question", "turns")
 EXTENSIONS = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -229,6 +232,11 @@ def _conversation(source: str, index: int, record, folder: Path) -> Conversation
     except _FormatError as err:
         raise SpecdraftError(f"record {index} of {source} has an unknown format ({err}); supported fields: "
                              f"{', '.join(SUPPORTED_FIELDS)}") from None
+    size = sum(len(message["content"]) for message in messages)
+    if size > MAX_CONVERSATION_CHARS:
+        raise SpecdraftError(f"record {index} of {source} holds {size:,} characters, more than the "
+                             f"{MAX_CONVERSATION_CHARS:,} a conversation may (beyond any target's context); cut it "
+                             f"or leave it out")
     has_user = any(message["role"] == "user" for message in messages)
     return Conversation(source, index, messages, None if has_user else "no user turn", images)
 

@@ -47,7 +47,7 @@ from specdraft.data.format import IMAGE_ROW_FEATURES, ROW_FEATURES, dataset_dir,
 from specdraft.data.images import UnreadableImage
 from specdraft.data.sources import Conversation, load_conversations
 from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
-from specdraft.core.io import reading, write_json
+from specdraft.core.io import check_output_dir, directory_lock, make_dirs, reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
 from specdraft.targets.chat import TextChat, template_ids  # noqa: F401 (template_ids: this module's name for it)
@@ -360,7 +360,7 @@ def check_fingerprint(out: Path, expected: dict) -> None:
 def claim_output_dir(recipe: Recipe, out: Path, expected: dict, own_shards: List[int]) -> None:
     """Create the layout, drop what interrupted writes of our own shards left, write the fingerprint and the
     resolved recipe (the same in every worker; each write is atomic)."""
-    shards_dir(out).mkdir(parents=True, exist_ok=True)
+    make_dirs(shards_dir(out))
     remove_stale_temps(out, own_shards)
     write_json(out / FINGERPRINT, expected)
     save_recipe(recipe, out)
@@ -548,10 +548,25 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     out = Path(recipe.distill.output_dir).expanduser()
     conversations = load_conversations(list(recipe.data.prompts), recipe.data.max_samples)
     expected = fingerprint(recipe, conversations)
+    worker = resolve_worker(recipe.distill)
+    with distill_lock(out, f"worker-{worker.index}-of-{worker.count}", expected):
+        return _distill_locked(recipe, out, conversations, expected, worker, device)
+
+
+def distill_lock(out: Path, slot: str, expected: dict):
+    """One process a worker slot writes into `out`, and all of them with the same settings (`expected`); `out`
+    must be new, empty or a distill-data output (specdraft.core.io.directory_lock, check_output_dir)."""
+    check_output_dir(out, lambda path: any((path / name).exists() for name in (FINGERPRINT, "shards", "dataset")),
+                     "a distill-data output", flag="")
+    digest = hashlib.sha256(json.dumps(expected, sort_keys=True).encode()).hexdigest()[:16]
+    return directory_lock(out, slot, "distill-data", {"fingerprint": digest}, peers_agree=True)
+
+
+def _distill_locked(recipe: Recipe, out: Path, conversations: List[Conversation], expected: dict, worker,
+                    device: Optional[str]) -> dict:
     check_fingerprint(out, expected)
     size = recipe.distill.shard_size
     num_shards = -(-len(conversations) // size)
-    worker = resolve_worker(recipe.distill)
     own = worker_shards(num_shards, worker)
     pending = [i for i in own if not shard_path(out, i).is_dir()]
     device = device or default_device()

@@ -177,15 +177,27 @@ def merge_shards(out: Path, num_shards: int, num_input: int) -> dict:
             if (shard_path(out, shard_index) / CUT).is_file():  # written by the server engine
                 cut, served = cut + _shard_problems(out, shard_index, CUT), True
             parts.append(_shard_rows(out, shard_index, record))
+        throughput = merged_throughput(out)  # read through too before anything is written
         with atomic_dir(dataset_dir(out)) as tmp:
             save_dataset(concatenate_datasets(parts), tmp)
         write_json(out / ERRORS, problems)
         if served:
             write_json(out / CUT, cut)
         write_json(counts_path(out), counts)
-        write_json(out / THROUGHPUT, merged_throughput(out))
+        write_json(out / THROUGHPUT, throughput)
         write_json(out / MERGED, {"shards": {name: record.get("write_id") for name, record in records.items()}})
     return counts
+
+
+def _throughput_record(path: Path) -> dict:
+    """A worker's throughput record, checked to hold what the merge adds up."""
+    with reading(path, "throughput record", "delete it and run `specdraft distill-data RECIPE --merge` again"):
+        record = json.loads(path.read_text())
+        missing = [key for key in ("worker", "device", "shards", "generated_tokens", "generate_seconds",
+                                   "tokens_per_s", "started", "finished") if key not in record]
+        if missing:
+            raise ValueError(f"no {missing[0]!r}")
+    return record
 
 
 def merged_throughput(out: Path) -> dict:
@@ -195,7 +207,7 @@ def merged_throughput(out: Path) -> dict:
     if not files:
         return {}
     latest_run = files[-1].stem.rpartition("-of-")[2]
-    workers = [json.loads(path.read_text()) for path in files if path.stem.endswith(f"-of-{latest_run}")]
+    workers = [_throughput_record(path) for path in files if path.stem.endswith(f"-of-{latest_run}")]
     workers.sort(key=lambda item: item["worker"])
     tokens = sum(item["generated_tokens"] for item in workers)
     wall = max(item["finished"] for item in workers) - min(item["started"] for item in workers)

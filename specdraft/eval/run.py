@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import write_json
+from specdraft.core.io import check_writable, write_json
 from specdraft.data.images import load_images
 from specdraft.data.sources import load_conversations
 from specdraft.config import RuntimeConfig
@@ -66,6 +66,7 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
     loaded = load_draft(path, overrides, trust_remote_code=trust_remote_code)  # first: it says what is wrong with
     recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides), trust_remote_code)  # `path` (missing, not a draft)
     cfg = recipe.eval
+    out = check_writable(out_dir or path)  # before the work: a read-only disk is one line now, not after it
     device = resolve_device(cfg.device)
     target_cfg = runtime_target(with_remote_code(loaded.target_config, trust_remote_code, f"the draft {path}"),
                                 recipe.runtime)
@@ -92,7 +93,6 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
         new_tokens += len(result.tokens)
     report = _report(loaded, cfg, accepted, lossless_count, len(prompts), new_tokens, spec_seconds, greedy_seconds,
                      device_name(device), target_cfg.quantization)
-    out = Path(out_dir or path)
     write_json(out / "eval.json", report)
     plot_acceptance(report, out / "eval.png")
     return report

@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import math
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -28,7 +29,7 @@ import torch
 
 from specdraft.config import CHAT, QUANTIZATIONS, TargetConfig
 from specdraft.core.console import quiet_transformers_bars
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.errors import SpecdraftError, error_summary
 from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, quantize_decoder, weight_only_bits
@@ -354,6 +355,10 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
                                                     trust_remote_code=cfg.trust_remote_code, **placement)
     except (OSError, ValueError, RuntimeError) as err:
         raise target_error(cfg, "load", err) from None
+    except pickle.UnpicklingError as err:  # a .bin that would run code: transformers reads it weights_only
+        raise SpecdraftError(f"refusing the weights of target {cfg.path!r}: a pickled file of theirs holds Python "
+                             f"objects beyond weights ({error_summary(err, prefer='GLOBAL')}); they are never "
+                             f"unpickled whole (convert them to safetensors where they come from)") from None
     model.requires_grad_(False).eval()
     if not is_quantized(model):
         _tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))

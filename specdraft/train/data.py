@@ -248,9 +248,12 @@ class DistilledData(L.LightningDataModule):
 
     def _loader_options(self) -> Dict:
         """Workers kept alive across validations (no re-spawn each time); pinned batches on GPUs, so that the
-        copy to the device does not wait for the host."""
+        copy to the device does not wait for the host; a generator of the loader's own, so that starting an
+        iterator (which draws its workers' base seed) leaves the global torch RNG alone: a resumed run starts one
+        where the uninterrupted run did not, and must draw the same random numbers as it."""
         workers = self.train_cfg.num_workers
-        return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available()}
+        return {"num_workers": workers, "persistent_workers": workers > 0, "pin_memory": torch.cuda.is_available(),
+                "generator": torch.Generator().manual_seed(self.train_cfg.seed)}
 
 
 class RecordData(DistilledData):

@@ -118,14 +118,14 @@ def refusal(checkpoint: str | Path, trust: bool) -> Optional[str]:
             f"can run code; pass {TRUST_FLAG} only if you trust where it came from")
 
 
-def check_checkpoint_file(path: str | Path) -> None:
+def check_checkpoint_file(path: str | Path) -> dict:
     """A Lightning checkpoint file read as `torch.load(weights_only=True)` reads it, memory-mapped (no tensor data
-    is read): a truncated file, or one holding Python objects beyond weights (a pickle that would run code), is one
-    line before the run writes anything."""
+    is read) -> what it holds: a truncated file, or one holding Python objects beyond weights (a pickle that would
+    run code), is one line before the run writes anything."""
     import torch
 
     try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         raise SpecdraftError(f"refusing checkpoint {path}: it holds Python objects beyond weights "
                              f"({error_summary(err, prefer='GLOBAL')}); specdraft loads checkpoints with "
@@ -133,3 +133,7 @@ def check_checkpoint_file(path: str | Path) -> None:
     except Exception as err:  # noqa: BLE001 (torch raises RuntimeError, OSError, EOFError, ... for a bad file)
         raise SpecdraftError(f"corrupt checkpoint {path}: {error_summary(err)}; resume from another one "
                              f"(train.resume=PATH) or delete it to start over") from None
+    if not isinstance(state, dict):
+        raise SpecdraftError(f"corrupt checkpoint {path}: it holds a {type(state).__name__}, not a Lightning "
+                             f"checkpoint; resume from another one (train.resume=PATH) or delete it to start over")
+    return state

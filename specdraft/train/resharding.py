@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.io import TMP_PREFIX, write_text
+from specdraft.core.io import TMP_PREFIX, fsync_tree, publish_dir, recover, temp_beside, write_error, write_text
 from specdraft.train.deepspeed_step import merge_config, single_rank_config, zero_step_on_device
 from specdraft.train.manifest import refusal, sign_checkpoint
 from specdraft.train.zero3 import drop_module_hooks, persist_weights, persistence_config
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 UNIVERSAL_TAG = "checkpoint_universal"
 LATEST_UNIVERSAL = "latest_universal"
 SOURCE_RECORD = "source.json"
-RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
 
 
 @dataclass(frozen=True)
@@ -179,19 +177,6 @@ def requantize_after_load(zero_optimizer) -> int:
     return converted
 
 
-def drop_stale_files(checkpoint: Path, world_size: int) -> None:
-    """After a save in place: remove rank files of a larger earlier world and the now outdated universal copy
-    (DeepSpeed overwrites only the files of the ranks that save)."""
-    tag_dir = _tag_dir(checkpoint)
-    for path in tag_dir.iterdir():
-        match = RANK_FILE.search(path.name)
-        if match and int(match.group(1)) >= world_size:
-            path.unlink()
-    if not universal_is_current(checkpoint):
-        shutil.rmtree(checkpoint / UNIVERSAL_TAG, ignore_errors=True)
-        (checkpoint / LATEST_UNIVERSAL).unlink(missing_ok=True)
-
-
 class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy that resumes `resume_from` whatever world size and stage saved it, once it is
     known to be this user's (its signed manifest) or `trust_checkpoint` (the command line's flag) says so; it signs
@@ -259,9 +244,30 @@ class ReshardingDeepSpeedStrategy(DeepSpeedStrategy):
         return persist_weights(self.zero3_persist, model, memory)
 
     def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
-        filepath = self.broadcast(filepath)  # every rank writes into rank 0's path
-        super().save_checkpoint(checkpoint, filepath, storage_options)
-        self.barrier("checkpoint saved")
+        """Every rank writes its files into one new directory beside `filepath` (rank 0's), flushes them; rank 0
+        then signs it and swaps it in for the previous checkpoint (`publish_dir`): a save killed or refused by
+        the disk leaves the previous checkpoint whole, and the next save clears what it left (`recover`)."""
+        final = Path(self.broadcast(str(filepath)))  # every rank writes into rank 0's path
+        tmp = Path(self.broadcast(str(temp_beside(final))))
         if self.is_global_zero:
-            drop_stale_files(Path(filepath), self.world_size)
-            sign_checkpoint(filepath)
+            recover(final)
+        problem = None
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+            fsync_tree(tmp)  # each rank its own writes (the page cache of its node)
+        except OSError as err:
+            problem = str(write_error(final, err))
+        self.barrier("checkpoint written")
+        if self.is_global_zero and problem is None:
+            try:
+                sign_checkpoint(tmp)
+                publish_dir(tmp, final)
+            except SpecdraftError as err:
+                problem = str(err)
+        failed = self.reduce_boolean_decision(problem is not None, all=False) if self.world_size > 1 else \
+            problem is not None
+        if failed:  # any rank's failure stops them all
+            if self.is_global_zero:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise SpecdraftError(problem or f"cannot write {final}: another rank's part of the checkpoint failed "
+                                            f"(its log says why); the previous checkpoint is kept")

@@ -15,6 +15,7 @@ steps after the warm-up ones (compiles, allocator growth).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import time
 from pathlib import Path
@@ -59,7 +60,8 @@ class StepTimes(Callback):
         self._write(trainer, wait=True)
 
     def on_exception(self, trainer, pl_module, exception):
-        self._write(trainer, wait=False)  # what has passed; the device may be what failed
+        with contextlib.suppress(OSError):  # the exception on its way may be the disk's: the other callbacks run
+            self._write(trainer, wait=False)  # what has passed; the device may be what failed
 
     def _write(self, trainer, wait: bool) -> None:
         """The rows whose step end has passed on the device (all with `wait`): to `rows`, and rank 0's to the file."""

@@ -1,8 +1,10 @@
 """`specdraft train RECIPE`: build the data, the draft and the Lightning trainer, fit, keep best/ and last/.
 
 RUN_DIR (train.output_dir)/
-  recipe.yaml                   the resolved recipe
-  checkpoints/last.ckpt         full training state (weights, optimizer, scheduler, step, RNG) for resume
+  recipe.yaml                   the resolved recipe (train.output_dir must be new, empty or a run's: a directory
+                                of other files is refused)
+  checkpoints/last.ckpt         full training state (weights, optimizer, scheduler, step, every RNG, best score,
+                                recipe) for resume, written after each validation, whole or not at all
   hpc_ckpt_N.ckpt               the same, saved by Lightning when SLURM signals a preemption (SIGUSR1)
   best/ last/                   draft.safetensors + meta.json (step, validation metrics): what export reads
   logs/                         CSV metrics (train/*, val/acc@k, val/tau_sim); step_times.csv (per-step wall times)
@@ -14,7 +16,9 @@ RUN_DIR (train.output_dir)/
 
 Resuming reads checkpoints/last.ckpt with torch.load(weights_only=True) (checked before the run writes anything);
 a DeepSpeed checkpoint directory only when its signed manifest says this user's runs wrote it, or with
---trust-checkpoint (specdraft/train/manifest.py).
+--trust-checkpoint (specdraft/train/manifest.py). The recipe must be the one the checkpoint was trained with, but
+for the keys `checkpoints.RESUME_SAFE` lists; a resumed run then continues as the uninterrupted one would have
+(the same batches, RNG states, best/ and final weights).
 """
 from __future__ import annotations
 
@@ -27,15 +31,15 @@ from typing import List, Optional, Sequence
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from safetensors.torch import save_file
 
 from specdraft.config import Recipe, TrainConfig
-from specdraft.recipes import save_recipe
+from specdraft.recipes import recipe_to_yaml, save_recipe
 from specdraft.drafts import SNAPSHOT_FILE, load_base, warm_start_draft
 from specdraft.core.errors import Interrupted, SpecdraftError
-from specdraft.core.io import atomic_dir, write_json
+from specdraft.core.io import atomic_dir, is_write_error, write_error, write_json
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
@@ -46,6 +50,7 @@ from specdraft.train.device_reads import SigtermFlag
 from specdraft.train.cluster import cluster_plugins, node_layout
 from specdraft.train.data import RecordData, answer_token_counts, load_distilled, split_distilled
 from specdraft.train.features import build_features
+from specdraft.train.checkpoints import AtomicCheckpointIO, LastCheckpoint, check_resume_recipe, claim_run_dir
 from specdraft.train.manifest import check_checkpoint_file
 from specdraft.train.module import DraftModule
 from specdraft.train.progress import CheckpointStep, TrainProgress, interrupted_message
@@ -58,14 +63,15 @@ log = logging.getLogger(__name__)
 class DraftSnapshots(Callback):
     """The resolved recipe.yaml once training starts (after a resumed checkpoint was read and found to fit: a
     refused resume leaves the run directory as it was), then after each validation last/ and (when val/tau_sim
-    improves) best/ draft weights, each written atomically."""
+    improves) best/ draft weights, each written atomically. Its state in a checkpoint: the best score so far and
+    the recipe (what a resume is compared with)."""
 
     def __init__(self, run_dir: Path, recipe: Recipe, monitor: str = "val/tau_sim"):
         self.run_dir, self.recipe, self.monitor = run_dir, recipe, monitor
         self.best: Optional[float] = None
 
     def state_dict(self):
-        return {"best": self.best}
+        return {"best": self.best, "recipe": recipe_to_yaml(self.recipe)}
 
     def load_state_dict(self, state):
         self.best = state.get("best")
@@ -136,7 +142,7 @@ def _precision(cfg: TrainConfig) -> str:
 
 
 def _newest(paths: List[Path]) -> Optional[Path]:
-    """The most recently written checkpoint (a file, or a DeepSpeed directory written in place)."""
+    """The most recently written checkpoint (a file, or a DeepSpeed directory)."""
     def written(path: Path) -> float:
         return max([path.stat().st_mtime, *(p.stat().st_mtime for p in path.rglob("*") if p.is_file())])
 
@@ -158,18 +164,17 @@ def _resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
 
 
 def _plugins() -> list:
-    """Under SLURM (srun, not torchrun): Lightning's SLURM environment with auto-requeue (specdraft.train.cluster)."""
-    return cluster_plugins()
+    """Checkpoint files written atomically (AtomicCheckpointIO); under SLURM (srun, not torchrun) Lightning's SLURM
+    environment with auto-requeue (specdraft.train.cluster)."""
+    return [AtomicCheckpointIO(), *cluster_plugins()]
 
 
 def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: Optional[str] = None,
                   extra_callbacks: Sequence[Callback] = (), monitor: str = "tau_sim",
                   trust_checkpoint: bool = False) -> L.Trainer:
-    checkpoints = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
-                                  every_n_train_steps=cfg.val_every_steps)
     devices, num_nodes = node_layout(cfg)  # checked against torchrun's or srun's layout
-    callbacks = [checkpoints, DraftSnapshots(run_dir, recipe, f"val/{monitor}"), ResumeReport(),
-                 FinishLastStep(cfg, run_dir / "checkpoints"), StepTimes(run_dir / "logs", cfg.log_every_steps),
+    callbacks = [LastCheckpoint(run_dir / "checkpoints"), DraftSnapshots(run_dir, recipe, f"val/{monitor}"),
+                 ResumeReport(), FinishLastStep(cfg), StepTimes(run_dir / "logs", cfg.log_every_steps),
                  CheckpointStep(),
                  TrainProgress(cfg, ("train/loss", "train/tokens_per_s", f"val/{monitor}")), *extra_callbacks]
     trainer = L.Trainer(
@@ -213,13 +218,14 @@ def shard_target(recipe: Recipe, device: torch.device) -> bool:
 
 
 class FinishLastStep(Callback):
-    """When max_steps is not a multiple of val_every_steps: validation (so the best/ and last/ snapshots) and
-    checkpoints/last.ckpt at the last step too, not only at the last multiple. The validation runs inside the
-    fit loop, which validates before stopping when asked to stop: a separate `trainer.validate` after fit set the
-    model up again, and under ZeRO-3 found buffers and weights off the rank's GPU (seen on H100s)."""
+    """When max_steps is not a multiple of val_every_steps: validation (so the best/ and last/ snapshots, and
+    LastCheckpoint's checkpoints/last.ckpt after it) at the last step too, not only at the last multiple. The
+    validation runs inside the fit loop, which validates before stopping when asked to stop: a separate
+    `trainer.validate` after fit set the model up again, and under ZeRO-3 found buffers and weights off the rank's
+    GPU (seen on H100s)."""
 
-    def __init__(self, cfg: TrainConfig, checkpoint_dir: Path):
-        self.max_steps, self.every, self.checkpoint_dir = cfg.max_steps, cfg.val_every_steps, checkpoint_dir
+    def __init__(self, cfg: TrainConfig):
+        self.max_steps, self.every = cfg.max_steps, cfg.val_every_steps
 
     def _off_schedule(self, trainer) -> bool:
         return trainer.global_step >= self.max_steps and trainer.global_step % self.every != 0
@@ -227,10 +233,6 @@ class FinishLastStep(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._off_schedule(trainer):
             trainer.should_stop = True
-
-    def on_train_end(self, trainer, pl_module):
-        if self._off_schedule(trainer):  # every rank calls it: DeepSpeed saves its partitions collectively
-            trainer.save_checkpoint(self.checkpoint_dir / "last.ckpt")
 
 
 class ResumeReport(Callback):
@@ -268,10 +270,15 @@ class ResumeReport(Callback):
 
 def fit(trainer: L.Trainer, module: DraftModule, data, resume_from: Optional[str]) -> None:
     """trainer.fit; on Ctrl-C, after Lightning's teardown (which ends in sys.exit(1), SIGINT left ignored),
-    Interrupted with what the run kept and SIGINT's handler put back."""
+    Interrupted with what the run kept and SIGINT's handler put back; a disk that refuses a write, one line."""
     handler = signal.getsignal(signal.SIGINT)
+    run_dir = Path(trainer.default_root_dir)
     try:
         trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    except OSError as err:  # a full or read-only disk under a writer of Lightning's (its CSV logs): one line
+        if not is_write_error(err, run_dir / "logs"):
+            raise
+        raise write_error(err.filename or run_dir, err) from None
     except SystemExit:
         if not trainer.interrupted:
             raise
@@ -287,11 +294,17 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
     `trust_checkpoint`: the command line's consent to resume a DeepSpeed checkpoint this user did not sign."""
     cfg, run_dir = recipe.train, Path(recipe.train.output_dir)
     spec = get_method(recipe.method_name)
+    claim_run_dir(run_dir)
     distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
     dataset = load_distilled(distill_dirs, all_columns=spec.records is not None)
     resume_from = _resume_path(cfg, run_dir)
-    if resume_from is not None and not is_deepspeed_checkpoint(resume_from):  # DeepSpeed's: the strategy checks
-        check_checkpoint_file(resume_from)
+    if resume_from is None and (run_dir / "checkpoints").is_dir():
+        log.warning("%s holds a run: this new run replaces its checkpoints, best/ and last/ as it goes "
+                    "(train.resume=auto would continue it)", run_dir)
+    if resume_from is not None:  # DeepSpeed's files: the strategy checks them (their recipe: the run's recipe.yaml)
+        state = None if is_deepspeed_checkpoint(resume_from) else check_checkpoint_file(resume_from)
+        check_resume_recipe(resume_from, state, recipe)
+        del state  # memory-mapped: the file's space is freed once a new checkpoint replaces it
     trainer = build_trainer(cfg, run_dir, recipe, resume_from, extra_callbacks, spec.monitor,  # strategy first
                             trust_checkpoint)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
