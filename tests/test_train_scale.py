@@ -14,6 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from specdraft.config import TrainConfig
 from specdraft.core.errors import SpecdraftError
+from specdraft.train.checkpoints import AtomicCheckpointIO
 from specdraft.train.data import ResumableSampler
 from specdraft.train.trainer import _check_resume_format, _plugins, _resume_path
 from tests.test_train_export_eval import make_recipe
@@ -79,11 +80,11 @@ def test_resume_auto_picks_the_newest_checkpoint(tmp_path):
 def test_slurm_plugin_only_under_srun(monkeypatch):
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
-    assert _plugins() == []
+    assert [type(p) for p in _plugins()] == [AtomicCheckpointIO]
     monkeypatch.setenv("SLURM_NTASKS", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "specdraft-train")
-    (plugin,) = _plugins()
-    assert isinstance(plugin, SLURMEnvironment)
+    atomic, plugin = _plugins()
+    assert isinstance(atomic, AtomicCheckpointIO) and isinstance(plugin, SLURMEnvironment)
     assert plugin.auto_requeue and plugin.requeue_signal == signal.SIGUSR1
 
 
