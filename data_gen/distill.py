@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,7 +424,7 @@ def make_missing_records(recipe: Recipe, out: Path, conversations: List[Conversa
 def _merge(out: Path, num_shards: int, num_input: int) -> dict:
     counts = merge_shards(out, num_shards, num_input)
     print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
-          f"{counts['skipped']} skipped -> {dataset_dir(out)}")
+          f"{counts['skipped']} skipped -> {dataset_dir(out)}", file=sys.stderr)
     return counts
 
 
@@ -492,7 +493,7 @@ def run_distill(recipe: Recipe, device: Optional[str] = None) -> dict:
     missing = missing_shards(out, num_shards)
     if missing:
         print(f"{worker}: wrote {len(pending)} shards; {len(missing)} of {num_shards} shards still to come from "
-              f"other workers (the last one to finish merges; or run distill-data RECIPE --merge)")
+              f"other workers (the last one to finish merges; or run distill-data RECIPE --merge)", file=sys.stderr)
         return {"worker": worker.index, "workers": worker.count, "shards_written": len(pending),
                 "shards_missing": len(missing)}
     counts = _merge(out, num_shards, len(conversations))

@@ -3,6 +3,10 @@ see (test_console.py checks the checker; test_smoke_smollm2.py checks the smoke 
 import re
 
 ADVERTS = ("💡 Tip", "litlogger", "litmodels", "Lightning Experiments")
+LOG_RECORD = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?: [\w.]+)?: ")
+"""The start of a log record, as specdraft (`INFO name: `) and Lightning (`INFO: `) format them."""
+BAR = re.compile(r"\d+%\||\| *[\d.]+[kMG]?/\S+ \[|\[\d\d:\d\d|… \d\d:\d\d")
+"""Something only a progress bar draws: `42%|`, `| 3/24 [`, `[00:12`, a loading line's `… 00:12`."""
 
 
 def visible_lines(log: str) -> list:
@@ -20,7 +24,16 @@ def log_problems(log: str) -> list:
     problems += [f"advert: {line}" for line in lines if any(advert in line for advert in ADVERTS)]
     problems += [f"dependency note: {line}" for line in lines
                  if "Setting accelerator to CPU" in line or re.search(r"site-packages/.*(deprecated|Warning)", line)]
+    problems += [f"accelerator census: {line}" for line in lines if re.match(r"(INFO: )?[GTHI]PU available: ", line)]
+    problems += [f"log line inside a bar: {line}" for line in lines if log_inside_a_bar(line)]
     return problems
+
+
+def log_inside_a_bar(line: str) -> bool:
+    """Whether a visible line is a bar's (or a loading line's) frame with a log record written onto its end: the
+    record was printed while the bar held the line, not through the bar's writer."""
+    record = LOG_RECORD.search(line)
+    return record is not None and record.start() > 0 and BAR.search(line[:record.start()]) is not None
 
 
 def finished_bar_redrawn(lines: list, index: int) -> bool:
