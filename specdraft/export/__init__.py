@@ -3,7 +3,9 @@
 Formats come from the method's spec (`hf`: SGLang's layout; `speculators`: vLLM's). Every export writes
 config.json + model.safetensors + the recipe, checks that each required weight is present, and appears in
 one rename: a failed export leaves nothing behind. An add-on method's export (a tree classifier, a judge)
-keeps a copy of the draft it extends in `draft/`, so that one directory serves.
+keeps a copy of the draft it extends in `draft/`, so that one directory serves. Its files are readable as any
+other file the user writes (0644 under umask 022), and its `specdraft.target_hub_id` names the target as a hub
+serves it (`--verifier`, else `specdraft.targets.provenance`), which the speculators layout gives vLLM.
 """
 from __future__ import annotations
 
@@ -12,18 +14,20 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.io import atomic_dir
+from specdraft.core.tensor_files import save_tensors
 from specdraft.drafts import BASE_DIR, EXPORT_FILE, RECIPE_FILE, export_section, is_export, load_draft
 from specdraft.recipes import load_recipe, save_recipe
+from specdraft.targets.provenance import target_hub_id
 
 
 def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "bfloat16",
-                 trust_remote_code: bool = False) -> Path:
+                 trust_remote_code: bool = False, verifier: str | None = None) -> Path:
     """A training run (or an export, exported again) -> `out` in format `fmt`, with its recipe.
-    `trust_remote_code`: the command line's consent to run the target's code, to read its geometry."""
+    `trust_remote_code`: the command line's consent to run the target's code, to read its geometry. `verifier`:
+    the target's hub id (default: `target_hub_id` of its path, None where that names none)."""
     run_dir = Path(run_dir)
     loaded = load_draft(run_dir, trust_remote_code=trust_remote_code)
     recipe = load_recipe(run_dir / RECIPE_FILE, trust_remote_code=trust_remote_code)
@@ -32,6 +36,7 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
     export = loaded.spec.exports[fmt]
     section = export_section(recipe.target, recipe.runtime, loaded.target, loaded.spec.name, loaded.method_cfg,
                              str(loaded.source), with_base=loaded.base is not None)
+    section["target_hub_id"] = verifier or target_hub_id(recipe.target.path)
     config, tensors = export.write(loaded.draft, loaded.method_cfg, loaded.target, section)
     missing = [k for k in export.required_keys(loaded.draft, loaded.target) if k not in tensors]
     if missing:
@@ -42,7 +47,7 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
     config["specdraft"] = {**config.get("specdraft", {}), **section}
     with atomic_dir(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, str(tmp / EXPORT_FILE), metadata={"format": "pt"})
+        save_tensors(tensors, tmp / EXPORT_FILE, metadata={"format": "pt"})
         save_recipe(recipe, tmp)
         if loaded.base is not None:
             _copy_base(Path(loaded.base.source), tmp / BASE_DIR, dtype)
