@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from specdraft import __version__
+import specdraft
 from specdraft.core.console import loading, log_through_bars, quiet_dependencies
 from specdraft.config import PRUNE_AT, PRUNE_VERIFY
 from specdraft.core.errors import Interrupted, SpecdraftError
@@ -312,6 +312,7 @@ def _judge_sweep(runtime, settings):
 
 
 def _slurm(args) -> dict:
+    _checked_recipe(args.recipe, args.overrides)
     from specdraft.launch.slurm import SlurmJob, run_slurm
 
     options = {name: getattr(args, name) for name in ("nodes", "gpus_per_node", "workers", "partition", "time",
@@ -514,7 +515,7 @@ def _add_runtime(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="specdraft", description=DESCRIPTION, epilog=TYPICAL_PATH)
-    parser.add_argument("--version", action="version", version=f"specdraft {__version__}")
+    parser.add_argument("--version", action="version", version=f"specdraft {specdraft.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands",
                                 help="`specdraft COMMAND --help` tells more")
     _add_stages(sub)
