@@ -173,3 +173,18 @@ def test_the_train_bar_counts_every_step_and_reads_metrics_at_logged_ones(monkey
     ticker = progress.ticker
     progress.on_train_end(trainer, module)
     assert progress.bar is None and not ticker.thread.is_alive()
+
+
+def test_a_loop_bar_is_redrawn_on_time_and_closed_with_its_loop(monkeypatch):
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(console, "redraw_every", lambda: 0.02)
+    items = []
+    for item in console.ticking(range(2), desc="eval", unit="prompt"):
+        time.sleep(0.15)  # a prompt that takes longer than a redraw
+        items.append(item)
+    assert items == [0, 1]
+    frames = stderr.getvalue().count("eval:")
+    assert frames >= 5  # redrawn between items, not only when one ends
+    time.sleep(0.1)
+    assert stderr.getvalue().count("eval:") == frames  # its ticker stopped with the loop

@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 DROPPED_LINES: Dict[str, Tuple[str, ...]] = {
     "lightning.pytorch.utilities.rank_zero": ("💡 Tip", "Detected KeyboardInterrupt", "GPU available:",
@@ -147,6 +147,21 @@ class Ticker:
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join()
+
+
+def ticking(iterable: Iterable, **bar_args) -> Iterator:
+    """tqdm over `iterable` (its `bar_args`), redrawn on time while it runs (`Ticker`): a loop whose items take
+    minutes (a prompt decoded on a CPU) still shows its elapsed time moving. Closed with the loop (or, stopped by
+    an exception, when the loop's frames go)."""
+    from tqdm import tqdm
+
+    bar = tqdm(iterable, **bar_args)
+    ticker = Ticker(bar)
+    try:
+        yield from bar
+    finally:
+        ticker.stop()
+        bar.close()
 
 
 _OPEN_LOADS: List[Any] = []

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from tqdm import tqdm
 
 from specdraft.config import EvalConfig
+from specdraft.core.console import ticking
 from specdraft.data.checks import Check
 from specdraft.data.images import load_images
 from specdraft.core.errors import Interrupted, SpecdraftError
@@ -135,7 +135,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
     answers = {"plain": [], "spec": []}
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
-    for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
+    for index, prompt in enumerate(ticking(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
         if reuse:
             plain = plain_results[index]
         else:
@@ -289,7 +289,7 @@ def lossless_in_float32(runtime: Runtime, prompts: List, settings: BenchSettings
     checked = runtime if exact else load_float32()
     set_judge_threshold(checked, None)  # the exact rule: a judge, when on, is benched apart
     engine, identical, divergences = checked.engine, 0, []
-    for index, prompt in enumerate(tqdm(prompts[:count], desc="lossless check, float32", unit="prompt")):
+    for index, prompt in enumerate(ticking(prompts[:count], desc="lossless check, float32", unit="prompt")):
         prompt = as_prompt(prompt)
         if prompt.images and checked is not runtime:  # its image embeddings, in float32
             prompt = checked.prompt(prompt.text, prompt.images)
