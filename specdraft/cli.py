@@ -29,6 +29,7 @@ EXPORT_FORMATS = ("hf", "speculators")
 """Every export layout some method writes (MethodSpec.exports; tests/test_cli_help.py checks the two agree), as
 argparse's choices: a format no method writes is refused before anything loads."""
 LIBRARIES = "loading libraries (torch, transformers)"
+TRAINER_LIBRARIES = "loading libraries (torch, transformers, Lightning)"
 
 
 def _checked_recipe(path, overrides) -> None:
@@ -57,7 +58,7 @@ def _distill(args) -> dict:
 
 def _train(args) -> dict:
     _checked_recipe(args.recipe, args.overrides)
-    with loading(LIBRARIES.replace(")", ", Lightning)")):
+    with loading(TRAINER_LIBRARIES):
         from specdraft.recipes import load_recipe
         from specdraft.train.trainer import run_train
 
@@ -232,8 +233,9 @@ def _generate(args) -> None:
 
     generator = torch.Generator(device=runtime.engine.device).manual_seed(args.seed)
     prompt = runtime.prompt(args.prompt, load_images(args.image or []))
-    result = runtime.engine.generate(prompt.ids, args.max_new_tokens, runtime.eos_ids, temperature=args.temperature,
-                                     generator=generator, **prompt.engine_kwargs())
+    with loading(f"generating up to {args.max_new_tokens} tokens"):
+        result = runtime.engine.generate(prompt.ids, args.max_new_tokens, runtime.eos_ids,
+                                         temperature=args.temperature, generator=generator, **prompt.engine_kwargs())
     text = runtime.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     print(text)
     tau = sum(a + 1 for a in result.accepted) / max(1, len(result.accepted))

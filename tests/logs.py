@@ -19,7 +19,7 @@ def log_problems(log: str) -> list:
     """What a user should not see: tracebacks, repeated lines, adverts, DeepSpeed's guess, library deprecations."""
     lines = visible_lines(log)
     problems = [f"repeated: {line}" for index, line in enumerate(lines)
-                if line in lines[:index] and not finished_bar_redrawn(lines, index)]
+                if line in lines[:index] and not finished_bar_redrawn(lines, index) and not bar_redrawn(lines, index)]
     problems += [f"traceback: {line}" for line in lines if line.startswith("Traceback")]
     problems += [f"advert: {line}" for line in lines if any(advert in line for advert in ADVERTS)]
     problems += [f"dependency note: {line}" for line in lines
@@ -41,3 +41,12 @@ def finished_bar_redrawn(lines: list, index: int) -> bool:
     last state, on a line of its own when the stream is not a terminal and that state was already printed
     (seen once in a slow CI run: `eval: 100%|...| 3/3` twice). Any other repeat is a problem."""
     return index > 0 and lines[index] == lines[index - 1] and re.search(r": 100%\|.*\| (\d+)/\1 \[", lines[index])
+
+
+def bar_redrawn(lines: list, index: int) -> bool:
+    """Whether line `index` is an open (unfinished) bar's frame drawn again below a line written through the bar:
+    tqdm.write clears the bar, writes the line and draws the bar anew, which a file keeps as the same frame twice
+    around the line. A finished bar is closed, never redrawn so: its repeat stays a problem (a second run's bar)."""
+    line = lines[index]
+    return (index >= 2 and lines[index - 2] == line != lines[index - 1] and BAR.search(line) is not None
+            and not re.search(r"\| (\d+)/\1 \[", line))

@@ -68,6 +68,8 @@ def test_the_log_checker_sees_repeats_and_tracebacks():
     assert not log_problems(f"eval:  67%|#######   | 2/3\r{finished}\n{finished}\n")  # tqdm's close, redrawn
     assert log_problems(f"{finished}\nINFO: x\n{finished}\n") == [f"repeated: {finished}"]  # a second run's bar
     assert log_problems("eval:  67%|#   | 2/3 [00:01<00:00]\neval:  67%|#   | 2/3 [00:01<00:00]\n")  # unfinished
+    train = "train:   0%|          | 0/50 [00:00<?, ?step/s]"
+    assert not log_problems(f"{train}\nINFO a: x\n{train}\nINFO b: y\n{train}\n")  # redrawn below each record
 
 
 
@@ -140,8 +142,13 @@ def test_a_ticker_redraws_its_bar_on_time_until_stopped():
     assert bar.refreshes == drawn and not ticker.thread.is_alive()
 
 
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
 def test_a_loading_line_names_the_inner_load_and_is_cleared_at_the_end(monkeypatch):
-    stderr = io.StringIO()
+    stderr = Terminal()
     monkeypatch.setattr(sys, "stderr", stderr)
     with console.loading("loading draft runs/x/export"):
         outer = console._OPEN_LOADS[0]
@@ -151,6 +158,11 @@ def test_a_loading_line_names_the_inner_load_and_is_cleared_at_the_end(monkeypat
     assert not console._OPEN_LOADS
     assert "loading draft runs/x/export… 00:00" in stderr.getvalue()
     assert visible_lines(stderr.getvalue()) == []  # cleared: what follows is the command's own output
+    into_a_file = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", into_a_file)
+    with console.loading("loading target pkg:y.gguf"):
+        pass
+    assert into_a_file.getvalue() == "" and not console._OPEN_LOADS  # no frames in a log file
 
 
 def test_the_train_bar_counts_every_step_and_reads_metrics_at_logged_ones(monkeypatch):

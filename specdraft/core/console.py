@@ -170,10 +170,12 @@ _OPEN_LOADS: List[Any] = []
 
 @contextlib.contextmanager
 def loading(what: str) -> Iterator[None]:
-    """While the block runs, one line on stderr: `WHAT… 00:12`, redrawn on time (`Ticker`), so that a model load
-    of a minute is not a minute of silence. A load inside another renames the open line for its time. The line is
-    cleared when the outermost block ends (what follows is the command's own output); the libraries imported in
-    the block have their log handlers routed through the bars then (`route_library_logs`)."""
+    """While the block runs, one line on a terminal's stderr: `WHAT… 00:12`, redrawn on time (`Ticker`), so that
+    a model load of a minute is not a minute of silence. A load inside another renames the open line for its time.
+    The line is cleared when the outermost block ends (what follows is the command's own output); the libraries
+    imported in the block have their log handlers routed through the bars then (`route_library_logs`). Into a file
+    nothing is drawn: frames of a line that is cleared at the end are no record, and beside another bar (a GGUF's
+    dequantizing) tqdm draws a file's bars on lines of their own."""
     if _OPEN_LOADS:
         bar = _OPEN_LOADS[0]
         outer = bar.desc
@@ -182,6 +184,12 @@ def loading(what: str) -> Iterator[None]:
             yield
         finally:
             bar.set_description_str(outer)
+        return
+    if not sys.stderr.isatty():
+        try:
+            yield
+        finally:
+            route_library_logs()
         return
     from tqdm import tqdm
 
