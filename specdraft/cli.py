@@ -472,9 +472,10 @@ def _add_runtime(sub) -> None:
                                        "runs, with their quality cost when --check-answers checks the answers. "
                                        + OUTPUTS,
                            example="specdraft bench runs/eagle3_smollm2/export --max-prompts 20",
-                           more_examples=(("on a CPU, sized to finish in minutes (the speedup there is below 1: "
-                                           "a verify costs several plain steps where compute sets the time)",
-                                           CPU_BENCH),))
+                           more_examples=(("on a CPU, kept small: one greedy float32 run of 2 prompts, its own "
+                                           "comparison the lossless check, no HF baseline (the speedup there is "
+                                           "below 1: a verify costs several plain steps where compute sets the "
+                                           "time)", CPU_BENCH),))
     _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, metavar="FILE",
                        help="prompt file, JSON or JSONL in any form recipes read, or tasks:SPLIT[:COUNT] (the "
