@@ -140,6 +140,11 @@ def test_a_ticker_redraws_its_bar_on_time_until_stopped():
     assert drawn >= 3
     time.sleep(0.05)
     assert bar.refreshes == drawn and not ticker.thread.is_alive()
+    bar.last_print_t = time.time() + 3600  # the bar printed just now (as far as a second goes): no second frame
+    ticker = console.Ticker(bar, every=0.01)
+    time.sleep(0.1)
+    ticker.stop()
+    assert bar.refreshes == drawn
 
 
 class Terminal(io.StringIO):
@@ -191,6 +196,7 @@ def test_a_loop_bar_is_redrawn_on_time_and_closed_with_its_loop(monkeypatch):
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
     monkeypatch.setattr(console, "redraw_every", lambda: 0.02)
+    monkeypatch.setattr(console, "SAME_FRAME_SECONDS", 0.0)  # frames a few ms apart: redrawn anyway, here
     items = []
     for item in console.ticking(range(2), desc="eval", unit="prompt"):
         time.sleep(0.15)  # a prompt that takes longer than a redraw

@@ -54,6 +54,7 @@ def test_lines_label_their_counts_draw_few_cycles_hollow_and_tag_their_no_data()
     assert labels == ["0.80\nn=80", "0.70\nn=40", "0.60\nn=20", "0.60\nn=70", "1.00\nn=1", "T=1: no data"]
     hollow = [line for line in ax.lines if line.get_markerfacecolor() == "white" and len(line.get_xdata())]
     assert [list(line.get_xdata()) for line in hollow] == [[2]]  # the one-cycle 1.0
+    assert list(ax.lines[-2].get_xdata()) == [1]  # T=1's line joins its well-counted rates alone: no spike to 1.0
     pyplot().close(fig)
 
 

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -130,9 +131,14 @@ def redraw_every() -> float:
     return 1.0 if sys.stderr.isatty() else 30.0
 
 
+SAME_FRAME_SECONDS = 1.0
+"""Within this of a bar's last print a redraw shows the same frame (its elapsed time counts whole seconds)."""
+
+
 class Ticker:
     """Redraws a tqdm bar every `every` seconds from a daemon thread, so that its elapsed time moves while the work
-    it counts takes longer than a redraw (a model load, a training step of seconds). `stop()` before closing it."""
+    it counts takes longer than a redraw (a model load, a training step of seconds); not within a second of the
+    bar's own last print, whose frame it would repeat (a file keeps both). `stop()` before closing it."""
 
     def __init__(self, bar, every: Optional[float] = None):
         self.bar, self.every = bar, redraw_every() if every is None else every
@@ -142,7 +148,8 @@ class Ticker:
 
     def _run(self) -> None:
         while not self.stopped.wait(self.every):
-            self.bar.refresh()
+            if time.time() - getattr(self.bar, "last_print_t", 0.0) >= SAME_FRAME_SECONDS:  # tqdm's clock
+                self.bar.refresh()
 
     def stop(self) -> None:
         self.stopped.set()

@@ -337,12 +337,12 @@ def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
     exact = next((r for r in runs if r["temperature"] == 0), None)
     greedy = exact or runs[0]
     dtype = str(runtime.engine.dtype).replace("torch.", "")
+    profile = profile_around(runtime, prompts[0].ids, settings.profile_cycles)
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
         "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless_float32": None,
         f"{dtype}_matches_plain": f"{exact['lossless_prompts']}/{exact['prompts']}" if exact else None,
-        "runs": runs, "judge_sweep": sweep, "cycle_profile": profile_cycles(runtime, prompts[0].ids, settings.profile_cycles)
-        if settings.profile_cycles else None,
+        "runs": runs, "judge_sweep": sweep, "cycle_profile": profile,
         "settings": _settings(runtime, settings),
     }
     if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep != ():
@@ -351,6 +351,16 @@ def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
     report["float32_check"] = check
     report["lossless_float32"] = None if check is None else check["lossless"]
     return report
+
+
+def profile_around(runtime: Runtime, prompt: List[int], cycles: int) -> Optional[dict]:
+    """The cycle profile (profile.py) of `cycles` cycles with the host's load average around it (its two timings
+    are minutes apart on a busy CPU), None for 0 cycles."""
+    if not cycles:
+        return None
+    before = host_load()
+    profile = profile_cycles(runtime, prompt, cycles)
+    return {**profile, "host_load": {"before": before, "after": host_load()}}
 
 
 def matches_plain_key(report: dict) -> str:
@@ -499,12 +509,21 @@ def cycle_lines(profile: dict) -> List[str]:
              f"sync between phases" + (", one CUDA graph" if profile.get("cuda_graphs") else "") +
              "; shares of the eager cycle: " +
              ", ".join(f"{name} {100 * ms / eager:.0f}%" for name, ms in phases.items() if eager) +
-             f"; plain step as run: {profile['plain_step_ms']:.3f} ms (host {profile['plain_host_ms']:.3f})"]
+             f"; plain step as run: {profile['plain_step_ms']:.3f} ms (host {profile['plain_host_ms']:.3f})" +
+             load_note(profile.get("host_load"))]
     if profile.get("graph_split_ms"):
         split = profile["graph_split_ms"]
         lines.append("cycle, one CUDA graph a phase (device ms, each graph's launch gap included): " +
                      " + ".join(f"{k} {v:.3f}" for k, v in split.items()) + f" = {sum(split.values()):.3f} ms")
     return lines
+
+
+def load_note(load: Optional[dict]) -> str:
+    """'; load average 4.7 -> 5.1' around a measurement (on a shared host the two timings of the profile can
+    differ by what else runs), '' when unknown."""
+    if not load or load.get("before") is None or load.get("after") is None:
+        return ""
+    return f"; load average {load['before']:.1f} -> {load['after']:.1f}"
 
 
 def sweep_table(report: dict) -> str:

@@ -59,7 +59,8 @@ def acceptance_panel(ax, rates: Sequence[float], cycles: Optional[Sequence[int]]
                      tag: str = "") -> None:
     """Acceptance by draft position on `ax`: bars (or a line) at the positions some cycle reached (`cycles`: how
     many reached each; None: all), each labelled with its rate and its cycles (a rate over 1 cycle is not a rate
-    over 80; a line's points over fewer than FEW_CYCLES drawn hollow), a rate of 0 drawn as a mark on the axis,
+    over 80; a line's points over fewer than FEW_CYCLES drawn hollow, off the line), a rate of 0 drawn as a mark on
+    the axis,
     'no data' written where no cycle reached a position (`tag` first, e.g. the run's temperature, where several
     lines share the axes), integer ticks, the rate's axis 0..1 with room for the labels. `below`: a line's labels
     under its points (a second line on the same axes)."""
@@ -76,11 +77,12 @@ def acceptance_panel(ax, rates: Sequence[float], cycles: Optional[Sequence[int]]
         for position, value, count in zip(seen, values, counts):
             ax.text(position, value + 0.02, rate_label(value, count), ha="center", va="bottom", fontsize=8)
     else:
-        line, = ax.plot(seen, values, marker="o", label=label, color=color)
-        color = line.get_color()
         few = [(p, v) for p, v, n in zip(seen, values, counts) if n is not None and n < FEW_CYCLES]
+        solid = [(p, v) for p, v in zip(seen, values) if (p, v) not in few]
+        line, = ax.plot([p for p, _ in solid], [v for _, v in solid], marker="o", label=label, color=color)
+        color = line.get_color()  # the line joins the rates over many cycles; a few cycles' rate stands apart
         ax.plot([p for p, _ in few], [v for _, v in few], linestyle="none", marker="o", markerfacecolor="white",
-                color=color, zorder=line.get_zorder() + 1)
+                color=color, zorder=line.get_zorder() + 1, clip_on=False)
         for position, value, count in zip(seen, values, counts):
             ax.annotate(rate_label(value, count), (position, value), textcoords="offset points",
                         xytext=(0, -10 if below else 6), ha="center", va="top" if below else "bottom", fontsize=7,

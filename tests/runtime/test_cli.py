@@ -50,6 +50,7 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     eager = next(line for line in captured.err.splitlines() if line.startswith("cycle, phase by phase"))
     assert eager.endswith(f" = {profile['eager_cycle_ms']:.3f} ms") and " + verify " in eager
     assert "cycle as the engine runs it: " in captured.err and "shares of the eager cycle: draft" in captured.err
+    assert set(profile["host_load"]) == {"before", "after"}  # its two timings are apart: the load around them
     for name in ("cycle", "plain"):  # the host issues each call before the device's end of it
         host, whole = profile[f"{name}_host_ms"], profile[f"{name}_ms" if name == "cycle" else "plain_step_ms"]
         assert 0 < host <= whole, (name, host, whole)
