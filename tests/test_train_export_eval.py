@@ -1,5 +1,9 @@
-"""Train -> export -> eval on a tiny random target, resume after a crash, bad inputs. CPU, seconds each."""
+"""Train -> export -> eval on a tiny random target, resume after a crash, bad inputs; what each command prints
+(its result as JSON on stdout alone) and the files it writes (readable by others, as any file the user writes).
+CPU, seconds each."""
 import json
+import os
+import stat
 
 import lightning as L
 import pytest
@@ -49,7 +53,15 @@ def test_train_export_eval(tmp_path, tiny_target_dir, distilled, capsys):
         config = json.loads((tmp_path / fmt / "config.json").read_text())
         assert config["draft_vocab_size"] == 256
         assert "embed_tokens.weight" not in load_file(tmp_path / fmt / "model.safetensors")
+    readable = 0o666 & ~current_umask()
+    for written in (run / "best" / "draft.safetensors", tmp_path / "hf" / "model.safetensors",
+                    tmp_path / "hf" / "config.json"):
+        assert stat.S_IMODE(written.stat().st_mode) == readable, written  # 0644 under umask 022, as the rest
+    capsys.readouterr()
     assert cli.main(["eval", str(tmp_path / "hf"), "--out", str(tmp_path / "ev")]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["tau"] >= 1.0  # `specdraft eval EXPORT | jq .tau`: stdout is the JSON alone
+    assert "tau=" in printed.err and "lossless=True" in printed.err  # the person's line, on stderr
     report = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert report["lossless"] is True and report["prompts"] == 3
     assert report["tau"] >= 1.0 and len(report["acceptance_by_position"]) == 3
@@ -95,9 +107,29 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, tiny_target_dir, dis
         torch.testing.assert_close(weights_a[name], weights_b[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_the_speculators_export_names_its_verifier(tmp_path, tiny_target_dir, distilled, caplog):
+    """vLLM loads the verifier by the name in speculators_config.verifier: --verifier's, else the target's path
+    with a warning that says how to name it (a local target names no hub id)."""
+    recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=2, val_every_steps=2)
+    assert cli.main(["train", str(recipe_path)]) == 0
+    with caplog.at_level("WARNING"):
+        assert cli.main(["export", str(tmp_path / "run"), "--format", "speculators", "--out", str(tmp_path / "a")]) == 0
+    verifier = json.loads((tmp_path / "a" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == str(tiny_target_dir) and "--verifier HUB_ID" in caplog.text
+    assert cli.main(["export", str(tmp_path / "run"), "--format", "speculators", "--out", str(tmp_path / "b"),
+                     "--verifier", "HuggingFaceTB/SmolLM2-135M-Instruct"]) == 0
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert config["specdraft"]["target_hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["export", "{run}", "--format", "onnx", "--out", "{tmp}/x"],
-     "unknown export format 'onnx'; valid: hf, speculators"),
     (["export", "{tmp}/nowhere", "--out", "{tmp}/x"], "nowhere does not exist"),
     pytest.param(["train", "{recipe}", "train.strategy=deepspeed_stage_2"], "needs CUDA GPUs",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only check")),

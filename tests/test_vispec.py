@@ -259,4 +259,4 @@ train: {{output_dir: {tmp_path / 'run'}, max_steps: 3, micro_batch_size: 2, val_
     assert cli.main(["bench", str(tmp_path / "export"), "--prompts", llava_set, "--max-new-tokens", "8",
                      "--temperature", "0", "--device", "cpu", "--out", str(tmp_path / "bench")]) == 0
     bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
-    assert bench["lossless"] is True and bench["runs"][0]["plain_matches_hf_prompts"] == 2
+    assert bench["lossless_float32"] is True and bench["runs"][0]["plain_matches_hf_prompts"] == 2

@@ -12,6 +12,7 @@ hidden state; index 0 (token embeddings) only where the target's embedding table
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -135,7 +136,7 @@ def dump_features(recipe: Recipe, out: Path, device: Optional[str] = None, loade
                "tokens_written": tokens, "bytes": sum(p.stat().st_size for p in directory.glob("*.safetensors")),
                "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
     print(f"target features: {summary['rows']} rows, layers {layers} + final hidden, "
-          f"{summary['bytes'] / 2**30:.2f} GiB -> {directory}")
+          f"{summary['bytes'] / 2**30:.2f} GiB -> {directory}", file=sys.stderr)
     return summary
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -497,7 +498,7 @@ def _merge(out: Path, num_shards: int, num_input: int) -> dict:
     cut = len((out / CUT).read_text().splitlines()) if (out / CUT).is_file() else 0
     print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
           f"{counts['skipped']} skipped -> {dataset_dir(out)}"
-          + (f" ({cut} answer{'s' * (cut != 1)} cut at a length limit: {out / CUT})" if cut else ""))
+          + (f" ({cut} answer{'s' * (cut != 1)} cut at a length limit: {out / CUT})" if cut else "")), file=sys.stderr)
     return counts
 
 
@@ -586,7 +587,7 @@ def _distill_locked(recipe: Recipe, out: Path, conversations: List[Conversation]
     missing = missing_shards(out, num_shards)
     if missing:
         print(f"{worker}: wrote {len(pending)} shards; {len(missing)} of {num_shards} shards still to come from "
-              f"other workers (the last one to finish merges; or run distill-data RECIPE --merge)")
+              f"other workers (the last one to finish merges; or run distill-data RECIPE --merge)", file=sys.stderr)
         return {"worker": worker.index, "workers": worker.count, "shards_written": len(pending),
                 "shards_missing": len(missing)}
     counts = _merge(out, num_shards, len(conversations))

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-from tqdm import tqdm
 
+from specdraft.core.console import loading, ticking
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import check_writable, write_json
 from specdraft.data.images import load_images
@@ -63,23 +63,14 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
     The target's weights: runtime.quantization when an override sets it, else the draft's target.quantization
     (`runtime_target`): a quantized target's greedy answers are what the runtime must give.
     `trust_remote_code`: the command line's consent to run the target's own code (never read from PATH's files)."""
-    loaded = load_draft(path, overrides, trust_remote_code=trust_remote_code)  # first: it says what is wrong with
-    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides), trust_remote_code)  # `path` (missing, not a draft)
+    with loading(f"loading draft {path}"):
+        loaded, recipe, target_cfg, target, runtime = _loaded(path, overrides, trust_remote_code)
     cfg = recipe.eval
     out = check_writable(out_dir or path)  # before the work: a read-only disk is one line now, not after it
     device = resolve_device(cfg.device)
-    target_cfg = runtime_target(with_remote_code(loaded.target_config, trust_remote_code, f"the draft {path}"),
-                                recipe.runtime)
-    target = load_target(target_cfg, device=device, dtype=cfg.dtype)
-    if target.info.vocab_size != loaded.target.vocab_size:
-        raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
-                             f"{target.info.vocab_size}")
-    runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
-                                                          device=cfg.device, dtype=cfg.dtype))
-    runtime.engine.set_tree_scorer(None)  # no early exit: a draft's tree scorer would end chains too
     prompts = [(ids.to(device), images) for ids, images in eval_prompts(target, cfg)]
     accepted, lossless_count, spec_seconds, greedy_seconds, new_tokens = [], 0, 0.0, 0.0, 0
-    for prompt_ids, images in tqdm(prompts, desc="eval", unit="prompt"):
+    for prompt_ids, images in ticking(prompts, desc="eval", unit="prompt"):
         ids = prompt_ids[0].tolist()
         inputs = image_prompt(target.model, target.processor, ids, images, runtime.engine.max_len) if images else \
             PromptInputs(ids)
@@ -96,6 +87,26 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
     write_json(out / "eval.json", report)
     plot_acceptance(report, out / "eval.png")
     return report
+
+
+def _loaded(path: str | Path, overrides: List[str], trust_remote_code: bool):
+    """The draft, its recipe (with `overrides`), the target's settings and the target (runtime.quantization when an override sets it, else
+    the draft's target.quantization) and the runtime eval decodes with (a chain of eval.num_draft_tokens, no
+    early exit, in eval.dtype)."""
+    loaded = load_draft(path, overrides, trust_remote_code=trust_remote_code)  # first: it says what is wrong with
+    recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides), trust_remote_code)  # `path` (missing, not a draft)
+    cfg = recipe.eval
+    device = resolve_device(cfg.device)
+    target_cfg = runtime_target(with_remote_code(loaded.target_config, trust_remote_code, f"the draft {path}"),
+                                recipe.runtime)
+    target = load_target(target_cfg, device=device, dtype=cfg.dtype)
+    if target.info.vocab_size != loaded.target.vocab_size:
+        raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
+                             f"{target.info.vocab_size}")
+    runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
+                                                          device=cfg.device, dtype=cfg.dtype))
+    runtime.engine.set_tree_scorer(None)  # no early exit: a draft's tree scorer would end chains too
+    return loaded, recipe, target_cfg, target, runtime
 
 
 def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec_seconds, greedy_seconds,

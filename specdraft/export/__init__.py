@@ -9,6 +9,9 @@ extends in `draft/`, so that one directory serves.
 `--out` must be a new or empty directory or an earlier export (its config.json names its method): anything else is
 refused in one line, a directory of other files replaced only with `--force`, and never the run (or export) being
 read, a directory inside it or one that holds it.
+Its files are readable as any other file the user writes (0644 under umask 022), and its
+`specdraft.target_hub_id` names the target as a hub serves it (`--verifier`, else `specdraft.targets.provenance`),
+which the speculators layout gives vLLM.
 """
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.io import atomic_dir, check_output_dir
+from specdraft.core.tensor_files import save_tensors
 from specdraft.drafts import BASE_DIR, EXPORT_FILE, RECIPE_FILE, export_section, is_export, load_draft
 from specdraft.recipes import load_recipe, save_recipe
+from specdraft.targets.provenance import target_hub_id
 
 
 def check_export_out(sources, out: Path, force: bool = False) -> None:
@@ -50,10 +54,11 @@ def holds_export(path: Path) -> bool:
 
 
 def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "bfloat16",
-                 trust_remote_code: bool = False, force: bool = False) -> Path:
+                 trust_remote_code: bool = False, force: bool = False, verifier: str | None = None) -> Path:
     """A training run (or an export, exported again) -> `out` in format `fmt`, with its recipe.
     `trust_remote_code`: the command line's consent to run the target's code, to read its geometry. `force`: `out`
-    may be a directory of other files, replaced (never the run read, see `check_export_out`)."""
+    may be a directory of other files, replaced (never the run read, see `check_export_out`). `verifier`: the
+    target's hub id (default: `target_hub_id` of its path, None where that names none)."""
     run_dir, out = Path(run_dir), Path(out)
     loaded = load_draft(run_dir, trust_remote_code=trust_remote_code)
     check_export_out([run_dir, *([loaded.base.source] if loaded.base is not None else [])], out, force)
@@ -63,6 +68,7 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
     export = loaded.spec.exports[fmt]
     section = export_section(recipe.target, recipe.runtime, loaded.target, loaded.spec.name, loaded.method_cfg,
                              str(loaded.source), with_base=loaded.base is not None)
+    section["target_hub_id"] = verifier or target_hub_id(recipe.target.path)
     config, tensors = export.write(loaded.draft, loaded.method_cfg, loaded.target, section)
     missing = [k for k in export.required_keys(loaded.draft, loaded.target) if k not in tensors]
     if missing:
@@ -73,7 +79,7 @@ def export_draft(run_dir: str | Path, fmt: str, out: str | Path, dtype: str = "b
     config["specdraft"] = {**config.get("specdraft", {}), **section}
     with atomic_dir(out) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, str(tmp / EXPORT_FILE), metadata={"format": "pt"})
+        save_tensors(tensors, tmp / EXPORT_FILE, metadata={"format": "pt"})
         save_recipe(recipe, tmp)
         if loaded.base is not None:
             _copy_base(Path(loaded.base.source), tmp / BASE_DIR, dtype)

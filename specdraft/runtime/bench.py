@@ -11,8 +11,14 @@ bench.png plots τ against the verified tokens.
 
 A lossy acceptance rule (a judge: `judge_thresholds`, each δ a greedy run of its own after the exact ones) is
 benched with its quality cost beside its speedup: with `check_answers`, every answer is checked by its prompt's
-program (answers.py) and each run reports its accuracy and retained accuracy; bench.json and the plot say
-`lossless: false`."""
+program (answers.py) and each run reports its accuracy and retained accuracy; the plot says `lossless: false`
+for the judged runs.
+
+What "lossless" compared is in its name: `lossless_float32` (speculative == plain decoding token for token in
+float32, on the first `lossless_prompts` prompts: the timed T=0 run itself when it ran float32, else a float32
+runtime's; `float32_check` holds the detail) and `<dtype>_matches_plain` (the timed T=0 run in its own dtype,
+"7/10": in bf16 a verify of many rows rounds its GEMMs differently from a one-row decode, so a near-tied argmax
+can flip there without the runtime being lossy)."""
 from __future__ import annotations
 
 import os
@@ -22,9 +28,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from tqdm import tqdm
 
 from specdraft.config import EvalConfig
+from specdraft.core.console import ticking
 from specdraft.data.checks import Check
 from specdraft.data.images import load_images
 from specdraft.core.errors import Interrupted, SpecdraftError
@@ -59,8 +65,11 @@ class BenchSettings:
     judge_thresholds: Sequence[float] = ()  # δ of the draft's judge, one greedy run each after the exact runs
     check_answers: bool = False  # check every answer with its prompt's program (answers.py)
     check_timeout_s: float = 5.0  # time limit of one sandboxed code check
+    profile_cycles: int = 16  # cycles the cycle profile times (profile.py); 0: no profile
 
     def __post_init__(self):
+        if self.profile_cycles < 0:
+            raise SpecdraftError(f"--profile-cycles must be 0 (no profile) or more, got {self.profile_cycles}")
         if self.hf_prompts is not None and self.hf_prompts < 1:
             raise SpecdraftError(f"--hf-prompts must be at least 1, got {self.hf_prompts} "
                                  f"(--no-hf skips the baseline)")
@@ -126,7 +135,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
     answers = {"plain": [], "spec": []}
     per_prompt = []  # each prompt's length, tokens and seconds: its fixed costs (the prefill) apart from a token's
     load_before = host_load()
-    for index, prompt in enumerate(tqdm(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
+    for index, prompt in enumerate(ticking(prompts, desc=f"bench T={temperature:g}", unit="prompt")):
         if reuse:
             plain = plain_results[index]
         else:
@@ -147,7 +156,8 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
         answers["plain"].append(plain.tokens)
         answers["spec"].append(spec.tokens)
         per_prompt.append({"prompt_len": len(prompt.ids), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
-                           "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds})
+                           "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds,
+                           "diverges_at": divergence(plain.tokens, spec.tokens)})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
         if settings.hf_baseline and (settings.hf_prompts is None or index < settings.hf_prompts):
             hf_tokens, seconds = _timed(lambda: _hf_generate(runtime, prompt, n_new, temperature), device)
@@ -200,13 +210,14 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     greedy = temperature == 0
     chain = engine.chain is not None
     policy = engine.acceptance(temperature)
+    reach = drafted if chain else reachable(engine, temperature, len(accepted))
     return {
         "temperature": temperature,
         "acceptance": policy.key,
         "tree": asdict(engine.shape_at(temperature)) if not chain else None,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
-        "acceptance_by_position": acceptance_by_position(accepted, depth, drafted if chain else None),
-        "cycles_by_position": cycles_by_position(accepted, depth, drafted if chain else None),
+        "acceptance_by_position": acceptance_by_position(accepted, depth, reach),
+        "cycles_by_position": cycles_by_position(accepted, depth, reach),
         "drafted_per_cycle": sum(drafted) / max(1, len(drafted)),
         "verified_per_cycle": 1 + sum(drafted) / max(1, len(drafted)),  # the nodes the target verified, the root too
         "verify_rows_per_cycle": sum(verify_rows) / len(verify_rows) if verify_rows else None,  # padding included
@@ -232,35 +243,65 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     }
 
 
+def divergence(plain: List[int], spec: List[int]) -> Optional[int]:
+    """The first position where two answers differ (the shorter one's length when one extends the other), None
+    when they are identical."""
+    if plain == spec:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+
+
+def float32_check_of(run: dict, count: int) -> dict:
+    """The float32 check read off a timed float32 run at T=0 (its per-prompt comparison of the two loops)."""
+    rows = run["per_prompt"][:count]
+    return {"dtype": "float32", "prompts": count, "identical": sum(row["diverges_at"] is None for row in rows),
+            "lossless": all(row["diverges_at"] is None for row in rows), "reused_timed_run": True,
+            "divergences": [{"prompt": index, "position": row["diverges_at"]} for index, row in enumerate(rows)
+                            if row["diverges_at"] is not None]}
+
+
+def reachable(engine, temperature: float, cycles: int) -> Optional[List[int]]:
+    """The draft positions each of a tree run's cycles could reach, as `acceptance_by_position` takes them: the
+    fixed tree's depth at `temperature` (a shallower sampling tree reaches fewer positions than the engine's
+    deepest: those are no data, not a rate of 0), None under a drafting policy (its depth varies by cycle)."""
+    if engine.policy is not None:
+        return None
+    return [engine.shape_at(temperature).depth] * cycles
+
+
 def lossless_in_float32(runtime: Runtime, prompts: List, settings: BenchSettings,
-                        load_float32: Optional[Callable[[], Runtime]]) -> Optional[dict]:
+                        load_float32: Optional[Callable[[], Runtime]],
+                        greedy_run: Optional[dict] = None) -> Optional[dict]:
     """Speculative against plain decoding at T=0, token for token, in float32, on the first
     `settings.lossless_prompts` prompts: in float32 a lossless runtime's two outputs are identical. The timed
     run's own check (`lossless`) is made in its dtype, where a verify of many rows rounds its GEMMs differently
-    from a one-row decode, so in bf16 a near-tied argmax can flip (docs/benchmarks.md). The runtime
-    itself when it runs float32, else the one `load_float32` builds (image prompts made again for it); None when no
-    check is asked or possible. prompts: token ids or PromptInputs."""
+    from a one-row decode, so in bf16 a near-tied argmax can flip (docs/benchmarks.md). When the runtime runs
+    float32 and `greedy_run` (its timed, exact T=0 run on these prompts) is given, that run's comparison is the
+    check (nothing decoded again); else the runtime itself when it runs float32, or the one `load_float32` builds
+    (image prompts made again for it); None when no check is asked or possible. prompts: token ids or
+    PromptInputs."""
     count = min(settings.lossless_prompts, len(prompts))
     exact = runtime.engine.dtype == torch.float32
     if count <= 0 or (not exact and load_float32 is None):
         return None
+    if exact and greedy_run is not None and len(greedy_run["per_prompt"]) >= count:
+        return float32_check_of(greedy_run, count)
     checked = runtime if exact else load_float32()
     set_judge_threshold(checked, None)  # the exact rule: a judge, when on, is benched apart
     engine, identical, divergences = checked.engine, 0, []
-    for index, prompt in enumerate(tqdm(prompts[:count], desc="lossless check, float32", unit="prompt")):
+    for index, prompt in enumerate(ticking(prompts[:count], desc="lossless check, float32", unit="prompt")):
         prompt = as_prompt(prompt)
         if prompt.images and checked is not runtime:  # its image embeddings, in float32
             prompt = checked.prompt(prompt.text, prompt.images)
         plain = engine.decode_plain(prompt.ids, settings.max_new_tokens, checked.eos_ids, **prompt.engine_kwargs())
         spec = engine.generate(prompt.ids, settings.max_new_tokens, checked.eos_ids, **prompt.engine_kwargs())
-        if spec.tokens == plain.tokens:
+        position = divergence(plain.tokens, spec.tokens)
+        if position is None:
             identical += 1
         else:
-            position = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
-                            min(len(plain.tokens), len(spec.tokens)))
             divergences.append({"prompt": index, "position": position})
     return {"dtype": "float32", "prompts": count, "identical": identical, "lossless": identical == count,
-            "divergences": divergences}
+            "reused_timed_run": False, "divergences": divergences}
 
 
 def run_bench(runtime: Runtime, settings: BenchSettings, out_dir: str | Path,
@@ -293,17 +334,46 @@ def measure(runtime: Runtime, settings: BenchSettings, traces: List[dict],
     runs = [run_temperature(runtime, prompts, settings, t, traces, plain_at_zero if t == 0 else None, checks)
             for t in settings.temperatures]
     sweep = judge_sweep(runtime, prompts, settings, traces, checks, plain_at_zero)
-    greedy = next((r for r in runs if r["temperature"] == 0), runs[0])
+    exact = next((r for r in runs if r["temperature"] == 0), None)
+    greedy = exact or runs[0]
+    dtype = str(runtime.engine.dtype).replace("torch.", "")
+    profile = profile_around(runtime, prompts[0].ids, settings.profile_cycles)
     report = {
         "tau": greedy["tau"], "tokens_per_s": greedy["tokens_per_s"], "speedup_vs_plain": greedy["speedup_vs_plain"],
-        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless": greedy["lossless"] and not sweep,
-        "runs": runs, "judge_sweep": sweep, "cycle_profile": profile_cycles(runtime, prompts[0].ids),
+        "speedup_vs_hf": greedy["speedup_vs_hf"], "lossless_float32": None,
+        f"{dtype}_matches_plain": f"{exact['lossless_prompts']}/{exact['prompts']}" if exact else None,
+        "runs": runs, "judge_sweep": sweep, "cycle_profile": profile,
         "settings": _settings(runtime, settings),
     }
     if runtime.engine.drafter.caps.scores_tree and settings.prune_sweep != ():
         report["prune_sweep"] = sweep_prune_thresholds(runtime, prompts, settings, plain_at_zero)
-    report["lossless_float32"] = lossless_in_float32(runtime, prompts, settings, load_float32)
+    check = lossless_in_float32(runtime, prompts, settings, load_float32, exact)
+    report["float32_check"] = check
+    report["lossless_float32"] = None if check is None else check["lossless"]
     return report
+
+
+def profile_around(runtime: Runtime, prompt: List[int], cycles: int) -> Optional[dict]:
+    """The cycle profile (profile.py) of `cycles` cycles with the host's load average around it (its two timings
+    are minutes apart on a busy CPU), None for 0 cycles."""
+    if not cycles:
+        return None
+    before = host_load()
+    profile = profile_cycles(runtime, prompt, cycles)
+    return {**profile, "host_load": {"before": before, "after": host_load()}}
+
+
+def matches_plain_key(report: dict) -> str:
+    """The name of the report's own-dtype comparison: `<dtype>_matches_plain`."""
+    return f"{report['settings']['dtype']}_matches_plain"
+
+
+def summary(report: dict) -> dict:
+    """What `specdraft bench` prints on stdout: the T=0 (else first) run's τ, speed and speedups, and what was
+    compared for losslessness under names that say so."""
+    key = matches_plain_key(report)
+    return {**{k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf",
+                                       "lossless_float32")}, key: report[key]}
 
 
 def judge_sweep(runtime: Runtime, prompts: List, settings: BenchSettings, traces: List[dict],
@@ -387,7 +457,7 @@ def _chain_settings(engine) -> Optional[Dict]:
 
 def format_table(report: dict) -> str:
     rows = ["| T | tree | τ | verified/cycle | spec tok/s | plain tok/s | HF tok/s | spec/plain | spec/HF | "
-            "plain/HF | lossless |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            f"plain/HF | spec == plain ({report['settings']['dtype']}) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p=1: "n/a" if x is None else f"{x:.{p}f}"  # noqa: E731
     for run in report["runs"]:
         tree = run.get("tree")
@@ -396,22 +466,64 @@ def format_table(report: dict) -> str:
                     f"{fmt(run['tokens_per_s'])} | "
                     f"{fmt(run['tokens_per_s_plain'])} | {fmt(run['tokens_per_s_hf'])} | "
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
-                    f"{fmt(run['plain_vs_hf'], 2)} | {run['lossless'] if run['lossless'] is not None else 'n/a'} |")
+                    f"{fmt(run['plain_vs_hf'], 2)} | {same_as_plain(run)} |")
     rows += _sweep_rows(report.get("prune_sweep") or [], fmt)
     if report.get("judge_sweep"):
         rows += ["", sweep_table(report)]
-    profile = report["cycle_profile"]
-    check = report.get("lossless_float32")
-    if check is not None:
-        rows.append(f"\nlossless in float32 (speculative == plain, T=0): {check['identical']}/{check['prompts']} prompts")
-    rows.append("")
-    rows.append("cycle split (eager, ms): " + ", ".join(f"{k} {v:.3f}" for k, v in profile["eager_ms"].items()) +
-                f"; whole cycle as run: {profile['cycle_ms']:.3f} ms (host {profile['cycle_host_ms']:.3f}); "
-                f"plain step as run: {profile['plain_step_ms']:.3f} ms (host {profile['plain_host_ms']:.3f})")
-    if profile.get("graph_split_ms"):
-        rows.append("cycle split (one CUDA graph a phase, device ms): " +
-                    ", ".join(f"{k} {v:.3f}" for k, v in profile["graph_split_ms"].items()))
+    rows += ["", *lossless_lines(report)]
+    if report["cycle_profile"] is not None:
+        rows += ["", *cycle_lines(report["cycle_profile"])]
     return "\n".join(rows)
+
+
+def same_as_plain(run: dict) -> str:
+    """A T=0 run's prompts whose speculative answer is plain decoding's, "k/n" (n/a at T > 0: sampled answers
+    differ by design)."""
+    return "n/a" if run["lossless_prompts"] is None else f"{run['lossless_prompts']}/{run['prompts']}"
+
+
+def lossless_lines(report: dict) -> List[str]:
+    """What the bench compared for losslessness, each line naming its dtype and its prompts."""
+    lines = []
+    own = report.get(matches_plain_key(report))
+    if own is not None:
+        lines.append(f"speculative == plain decoding at T=0 in {report['settings']['dtype']} (the timed run): "
+                     f"{own} prompts")
+    check = report.get("float32_check")
+    if check is not None:
+        how = "the timed run itself" if check.get("reused_timed_run") else "decoded again in float32"
+        lines.append(f"lossless in float32 (speculative == plain, T=0, {how}): {check['identical']}/"
+                     f"{check['prompts']} prompts: {'lossless' if check['lossless'] else 'NOT lossless'}")
+    return lines
+
+
+def cycle_lines(profile: dict) -> List[str]:
+    """The cycle profile as lines that add up: the phases timed eagerly with a sync between them sum to that
+    eager cycle; the cycle as the engine runs it (no syncs between phases, one CUDA graph on a GPU) is another
+    measurement, beside it, each phase's share of the eager cycle scaling it."""
+    phases = profile["eager_ms"]
+    eager = sum(phases.values())
+    lines = ["cycle, phase by phase (eager, a sync between phases): " +
+             " + ".join(f"{name} {ms:.3f}" for name, ms in phases.items()) + f" = {eager:.3f} ms",
+             f"cycle as the engine runs it: {profile['cycle_ms']:.3f} ms (host {profile['cycle_host_ms']:.3f}): no "
+             f"sync between phases" + (", one CUDA graph" if profile.get("cuda_graphs") else "") +
+             "; shares of the eager cycle: " +
+             ", ".join(f"{name} {100 * ms / eager:.0f}%" for name, ms in phases.items() if eager) +
+             f"; plain step as run: {profile['plain_step_ms']:.3f} ms (host {profile['plain_host_ms']:.3f})" +
+             load_note(profile.get("host_load"))]
+    if profile.get("graph_split_ms"):
+        split = profile["graph_split_ms"]
+        lines.append("cycle, one CUDA graph a phase (device ms, each graph's launch gap included): " +
+                     " + ".join(f"{k} {v:.3f}" for k, v in split.items()) + f" = {sum(split.values()):.3f} ms")
+    return lines
+
+
+def load_note(load: Optional[dict]) -> str:
+    """'; load average 4.7 -> 5.1' around a measurement (on a shared host the two timings of the profile can
+    differ by what else runs), '' when unknown."""
+    if not load or load.get("before") is None or load.get("after") is None:
+        return ""
+    return f"; load average {load['before']:.1f} -> {load['after']:.1f}"
 
 
 def sweep_table(report: dict) -> str:

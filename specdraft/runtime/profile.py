@@ -4,7 +4,9 @@ phase with a device sync between phases; plus the whole cycle and one plain deco
 (one CUDA graph each on GPU), replayed back to back: `*_ms` is the time per call to the last one's end, `*_host_ms`
 the host's time to issue one. Where the host's time nears the whole, the loop is bound by issuing work (a graph's
 launch), not by the device; where a decoding loop reads far slower than its step's `*_ms`, the time goes between
-steps (sampling, reading the token back)."""
+steps (sampling, reading the token back). The eager phases add up to `eager_cycle_ms`, their own cycle; `cycle_ms`
+is another measurement of the same cycle without the syncs between phases (and in one CUDA graph on a GPU), so
+the two differ by what the syncs cost and, on a busy CPU, by the load."""
 from __future__ import annotations
 
 import logging
@@ -62,7 +64,8 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
     token = engine.root.clone()
     step = engine.plain_stepper(token)
     plain_ms, plain_host_ms = _replayed(engine, prompt, lambda: step(token), cycles)
-    return {"eager_ms": {k: 1000 * v / cycles for k, v in totals.items()}, "cycle_ms": cycle_ms,
+    eager_ms = {k: 1000 * v / cycles for k, v in totals.items()}
+    return {"eager_ms": eager_ms, "eager_cycle_ms": sum(eager_ms.values()), "cycle_ms": cycle_ms,
             "cycle_host_ms": cycle_host_ms, "plain_step_ms": plain_ms, "plain_host_ms": plain_host_ms,
             "graph_split_ms": _graph_split_or_none(engine, prompt, cycles) if engine.use_graphs else None,
             "cycles": cycles, "cuda_graphs": engine.use_graphs}

@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from specdraft.config import CHAT, QUANTIZATIONS, TargetConfig
-from specdraft.core.console import quiet_transformers_bars
+from specdraft.core.console import loading, quiet_transformers_bars
 from specdraft.core.errors import SpecdraftError, error_summary
 from specdraft.core.io import file_sha256, package_file
 from specdraft.core.types import TargetInfo
@@ -338,7 +338,13 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu", dtype: Op
     """The frozen target in eval mode on `device`, its tokenizer (and a VLM's processor) and its geometry.
     target.quantization=int8|int4 quantizes its linear layers once loaded, always (the quantized target is the
     target); with `quantize`, the bitsandbytes settings apply too (training features: loaded straight onto the CUDA
-    `device`)."""
+    `device`). A line on stderr says what loads meanwhile (console.loading)."""
+    with loading(f"loading target {cfg.path}"):
+        return _loaded_target(cfg, device, dtype, require_chat_template, quantize)
+
+
+def _loaded_target(cfg: TargetConfig, device: torch.device | str, dtype: Optional[str], require_chat_template: bool,
+                   quantize: bool) -> LoadedTarget:
     source = local_or_hub(cfg)  # resolved once: for a GGUF this hashes the file
     quiet_transformers_bars()
     config = _hf_config(source, cfg)

@@ -33,13 +33,13 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
-from safetensors.torch import save_file
 
 from specdraft.config import Recipe, TrainConfig
 from specdraft.recipes import recipe_to_yaml, save_recipe
 from specdraft.drafts import SNAPSHOT_FILE, load_base, warm_start_draft
 from specdraft.core.errors import Interrupted, SpecdraftError
 from specdraft.core.io import atomic_dir, is_write_error, write_error, write_json
+from specdraft.core.tensor_files import save_tensors
 from specdraft.layers.zero import gathered
 from specdraft.layers.compile import compile_enabled
 from specdraft.methods import get_method
@@ -95,7 +95,7 @@ class DraftSnapshots(Callback):
 
     def _write(self, name: str, state: dict, meta: dict):
         with atomic_dir(self.run_dir / name) as tmp:
-            save_file(state, str(tmp / SNAPSHOT_FILE))
+            save_tensors(state, tmp / SNAPSHOT_FILE)  # 0644, as the run's other files
             write_json(tmp / "meta.json", meta)
 
 

@@ -40,7 +40,7 @@ def test_bench_runs_a_chain_with_the_confidence_exit(exports, tmp_path):
                      "cpu", "--max-len", "256", "--chain", "--depth", "3", "--exit-threshold", "0.2",
                      "--dynamic-exit", "--temperature", "0", "--no-hf", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["lossless"] is True
+    assert report["lossless_float32"] is True
     assert report["settings"]["chain"] == {"exit_threshold": 0.2, "dynamic_exit": True, "verify_start_layer": 1,
                                            "exit_layers": None}
     assert 0 <= report["runs"][0]["drafted_per_cycle"] <= 3

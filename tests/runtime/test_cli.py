@@ -33,15 +33,24 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
                      "cpu", "--max-len", "256", "--depth", "3", "--topk", "2", "--budget", "6",
                      "--out", str(tmp_path), "--trace"]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
-    for key in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf", "lossless"):
-        assert key in report
-    assert report["lossless"] is True and [r["temperature"] for r in report["runs"]] == [0.0, 1.0]
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)  # stdout: the summary's JSON alone
+    assert printed == {k: report[k] for k in ("tau", "tokens_per_s", "speedup_vs_plain", "speedup_vs_hf",
+                                              "lossless_float32", "float32_matches_plain")}
+    assert report["lossless_float32"] is True and [r["temperature"] for r in report["runs"]] == [0.0, 1.0]
     assert report["runs"][0]["plain_matches_hf_prompts"] == report["runs"][0]["prompts"]
-    prompts_run = report["runs"][0]["prompts"]  # a float32 run checks itself: no second runtime
-    assert report["lossless_float32"] == {"dtype": "float32", "prompts": min(10, prompts_run),
-                                          "identical": min(10, prompts_run), "lossless": True, "divergences": []}
+    prompts_run = report["runs"][0]["prompts"]  # a float32 run's own T=0 comparison is the check
+    assert report["float32_matches_plain"] == f"{prompts_run}/{prompts_run}"
+    assert report["float32_check"] == {"dtype": "float32", "prompts": min(10, prompts_run),
+                                       "identical": min(10, prompts_run), "lossless": True, "reused_timed_run": True,
+                                       "divergences": []}
     profile = report["cycle_profile"]
     assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"} and profile["graph_split_ms"] is None
+    assert profile["eager_cycle_ms"] == pytest.approx(sum(profile["eager_ms"].values()))  # the phases add up
+    eager = next(line for line in captured.err.splitlines() if line.startswith("cycle, phase by phase"))
+    assert eager.endswith(f" = {profile['eager_cycle_ms']:.3f} ms") and " + verify " in eager
+    assert "cycle as the engine runs it: " in captured.err and "shares of the eager cycle: draft" in captured.err
+    assert set(profile["host_load"]) == {"before", "after"}  # its two timings are apart: the load around them
     for name in ("cycle", "plain"):  # the host issues each call before the device's end of it
         host, whole = profile[f"{name}_host_ms"], profile[f"{name}_ms" if name == "cycle" else "plain_step_ms"]
         assert 0 < host <= whole, (name, host, whole)
@@ -60,7 +69,7 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert rows and {"tokens", "parents", "draft_logprobs", "accepted_nodes"} <= set(rows[0])
     assert all(run["tree"] == {"depth": 3, "topk": 2, "budget": 6} for run in report["runs"])  # asked: every T
     assert report["settings"]["sampling_tree"] is None
-    assert "| T | tree | τ |" in capsys.readouterr().err
+    assert "| T | tree | τ |" in captured.err
 
 
 def test_the_hf_baseline_on_the_first_prompts_alone(export_dir, tmp_path):
@@ -87,9 +96,12 @@ def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
                      str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["settings"]["dtype"] == "bfloat16" and report["settings"]["overlap"] is False
-    assert report["lossless_float32"] == {"dtype": "float32", "prompts": 2, "identical": 2, "lossless": True,
-                                          "divergences": []}
-    assert "lossless in float32 (speculative == plain, T=0): 2/2 prompts" in capsys.readouterr().err
+    assert report["float32_check"] == {"dtype": "float32", "prompts": 2, "identical": 2, "lossless": True,
+                                       "reused_timed_run": False, "divergences": []}
+    assert report["lossless_float32"] is True and report["bfloat16_matches_plain"].endswith("/3")  # every prompt
+    printed = capsys.readouterr()
+    assert "lossless in float32 (speculative == plain, T=0, decoded again in float32): 2/2 prompts" in printed.err
+    assert json.loads(printed.out)["lossless_float32"] is True
 
 
 def test_the_float32_check_records_where_outputs_part(export_dir, tmp_path):

@@ -385,7 +385,7 @@ def table(report: dict) -> str:
                      fmt(answers.get("accuracy_plain"), ".3f"), fmt(answers.get("accuracy"), ".3f"),
                      fmt(answers.get("retained_accuracy"), ".3f"), f"{run['lossless_prompts']}/{run['prompts']}",
                      run["lossless"]])
-    check, reached = bench.get("lossless_float32") or {}, report["goal"]
+    check, reached = bench.get("float32_check") or {}, report["goal"]
     lines = [f"labels: {labels['labels']} ({labels['positives']} positive, {labels['negatives']} negative) from "
              f"{labels['labelled_prompts']} of {labels['prompts']} prompts ({labels['skipped']} skipped, "
              f"{labels['errors']} errors, {labels['check_errors']} failed branch checks)",

@@ -353,7 +353,7 @@ def bench_head(export: Path, quantization: str, intermediate: Optional[str], arg
                              **({"prompts": args.prompts} if args.prompts else {}))
     report = run_bench(build_runtime(*load_parts(export, cfg), cfg), settings, out,
                        load_float32=lambda: build_runtime(*load_parts(export, float32), float32))
-    run, check = report["runs"][0], report["lossless_float32"]
+    run, check = report["runs"][0], report["float32_check"]
     return {"tau": run["tau"], "tokens_per_s": run["tokens_per_s"], "tokens_per_s_plain": run["tokens_per_s_plain"],
             "speedup_vs_plain": run["speedup_vs_plain"], "prompts": run["prompts"],
             "lossless_float32": None if check is None else f"{check['identical']}/{check['prompts']}",

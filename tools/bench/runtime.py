@@ -95,7 +95,7 @@ def bench_shape(args, parts, float32_parts: Callable, text: str) -> dict:
     return {"shape": text, "depth": shape.depth, "topk": shape.topk, "budget": shape.budget,
             **{key: run[key] for key in keep}, "cycle_ms": profile["cycle_ms"],
             "plain_graph_ms": profile["plain_step_ms"], "graph_split_ms": profile.get("graph_split_ms"), "loop": loop_costs(run),
-            "prompt_warmup": run["prompt_warmup"], "lossless_float32": report["lossless_float32"]}
+            "prompt_warmup": run["prompt_warmup"], "lossless_float32": report["float32_check"]}
 
 
 def with_median_plain(rows: List[dict]) -> List[dict]:

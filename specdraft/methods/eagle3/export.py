@@ -8,6 +8,7 @@ them, so the exports write `eagle_aux_hidden_state_layer_ids = [i - 1 for i in f
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
@@ -18,6 +19,8 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.eagle3.config import Eagle3Config
 from specdraft.methods.eagle3.model import Eagle3Draft
+
+log = logging.getLogger(__name__)
 
 
 def eagle3_hf_config(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
@@ -62,6 +65,20 @@ def eagle3_hf_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]:
             *[f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]]
 
 
+def verifier_name(provenance: Dict[str, Any], target: TargetInfo) -> str:
+    """What vLLM loads as the verifier: the target's hub id where the export knows it (`target_hub_id`), else
+    the target's path, with a warning that vLLM cannot resolve it and how to name the hub id instead."""
+    hub_id = provenance.get("target_hub_id")
+    if hub_id:
+        return hub_id
+    path = provenance.get("target", target.name_or_path)
+    log.warning("speculators export: the target %s names no hub id (a local file or directory, or a GGUF whose "
+                "metadata records none), so verifier.name_or_path keeps that path, which vLLM cannot load; export "
+                "again with --verifier HUB_ID (the target's model on the hub, e.g. "
+                "HuggingFaceTB/SmolLM2-135M-Instruct for SmolLM2's GGUF)", path)
+    return path
+
+
 def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
     """The `speculators` layout that vLLM reads: layers.0.* instead of midlayer.*, a speculators_config, and
     aux layer ids counted as vLLM does (index i = input of layer i, our own convention)."""
@@ -84,7 +101,7 @@ def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetI
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.ttt_steps,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": provenance.get("target", target.name_or_path),
+            "verifier": {"name_or_path": verifier_name(provenance, target),
                          "architectures": list(target.architectures)},
         },
         "torch_dtype": "bfloat16",
