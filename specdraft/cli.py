@@ -42,7 +42,11 @@ def _checked_recipe(path, overrides) -> None:
 
 
 def _draft_dir(path: str, what: str = "an export or a training run directory") -> None:
-    """A draft directory that is not there fails at once, before the libraries load (the loader checks the rest)."""
+    """A draft directory that is not there fails at once, before the libraries load (the loader checks the rest);
+    one whose replacement a kill interrupted is first finished or undone (specdraft.core.io.recover)."""
+    from specdraft.core.io import recover
+
+    recover(path)
     if not Path(path).is_dir():
         raise SpecdraftError(f"{path} does not exist (expected {what})")
 

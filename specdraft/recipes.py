@@ -113,9 +113,9 @@ def _validated(schema, raw, path, method_config) -> Recipe:
         merged = OmegaConf.merge(schema, raw)
         recipe = OmegaConf.to_object(merged)
     except ConfigKeyError as err:
-        raise _key_error(err, spec.config, path) from None
+        raise _key_error(err, method_config, path) from None
     except ValidationError as err:
-        raise _value_error(err, path, spec.config) from None
+        raise _value_error(err, path, method_config) from None
     except (TypeError, ValueError, OmegaConfBaseException) as err:
         raise SpecdraftError(f"invalid recipe {path}: {error_summary(err)}") from None
     return recipe

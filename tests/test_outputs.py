@@ -94,7 +94,7 @@ def test_export_to_a_full_disk(tmp_path, run_copy, capsys, monkeypatch):
         Path(path).write_bytes(b"half")
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("specdraft.export.save_file", full_disk)
+    monkeypatch.setattr("specdraft.core.tensor_files.save_file", full_disk)
     out = tmp_path / "export"
     one_line_error(capsys, ["export", run_copy, "--out", out], f"cannot write {out}: No space left on device")
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))

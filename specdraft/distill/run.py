@@ -498,7 +498,7 @@ def _merge(out: Path, num_shards: int, num_input: int) -> dict:
     cut = len((out / CUT).read_text().splitlines()) if (out / CUT).is_file() else 0
     print(f"distilled {counts['input']} conversations: {counts['ok']} ok, {counts['error']} error, "
           f"{counts['skipped']} skipped -> {dataset_dir(out)}"
-          + (f" ({cut} answer{'s' * (cut != 1)} cut at a length limit: {out / CUT})" if cut else "")), file=sys.stderr)
+          + (f" ({cut} answer{'s' * (cut != 1)} cut at a length limit: {out / CUT})" if cut else ""), file=sys.stderr)
     return counts
 
 
