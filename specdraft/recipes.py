@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from specdraft.config import SECTIONS, Recipe
+from specdraft.config import RENAMED_KEYS, SECTIONS, Recipe
 from specdraft.core.errors import SpecdraftError, error_summary
 from specdraft.core.io import write_text
 from specdraft.methods import get_method
@@ -53,9 +53,19 @@ def _read_yaml(path: Path):
     return raw
 
 
+def _renamed(raw):
+    """An older recipe's keys under their names now (RENAMED_KEYS), where the recipe does not give both."""
+    for old, new in RENAMED_KEYS.items():
+        (section, old_key), new_key = old.split("."), new.split(".")[1]
+        values = raw.get(section)
+        if isinstance(values, DictConfig) and old_key in values and new_key not in values:
+            values[new_key] = values.pop(old_key)
+    return raw
+
+
 def _raw_recipe(path: str | Path, overrides: List[str]):
     path = Path(path)
-    raw = _read_yaml(path)
+    raw = _renamed(_read_yaml(path))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")

@@ -9,7 +9,7 @@ from specdraft.runtime.plots import acceptance_panel, draft_name, pyplot, save_f
 def eval_title(report: dict) -> str:
     settings = report["settings"]
     return (f"specdraft eval: {settings['method']} draft {draft_name(settings['draft'])}, "
-            f"τ = {report['tau']:.2f} tokens/cycle\nchain of {settings['num_draft_tokens']}, T=0, "
+            f"τ = {report['tau']:.2f} tokens/cycle\nchain of {settings['depth']}, T=0, "
             f"{report['prompts']} prompts of {short_path(settings['prompts'], 1)}, {settings.get('device', '?')}")
 
 
