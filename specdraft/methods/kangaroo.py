@@ -34,7 +34,7 @@ Inference: confirmed positions' adapter keys come from the target's own feature 
 each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter. In the
 runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states (a tree's too, when the
 engine asks: its drafter then runs every tree candidate through the shallow layers), and the engine's confidence
-exit (specdraft/decoding/chain.py) defaults to `exit_threshold`.
+exit (specdraft/decoding/cycles/chain.py) defaults to `exit_threshold`.
 
 Hierarchical drafting (`KangarooIntermediate`, runtime.intermediate = a Kangaroo export): the shallow layers and
 the adapter, scored by the target's whole LM head, check another draft's tree before the target verifies the
@@ -271,7 +271,7 @@ class KangarooDrafter(Drafter):
     so `step` reruns every scratch node drafted so far (W rows, static) with the scratch visibility it recorded.
 
     Verification of a chain starts at layer ℓ (`verify_start_layer`; `set_verify_start_layer` lowers it, for
-    a set of drafts at several ℓ that share one verify, runtime/dynamic_exit.py): the shallow states of the
+    a set of drafts at several ℓ that share one verify, decoding/policies/dynamic_exit.py): the shallow states of the
     scratch nodes at that layer are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots
     the verify pass uses (chain
     node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft).

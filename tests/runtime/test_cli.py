@@ -268,7 +268,7 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
         engine.prefill(prompt, 0.0)
     for _ in range(3):
         with torch.no_grad():  # as the engine's loops run
-            expected, _ = engines[0].cycle(0.0, None)
+            expected = engines[0].cycle(0.0, None).output
             got = [fn() for _, fn in _phases(engines[1])][-1]
         assert torch.equal(got.for_host, expected.for_host)
         assert torch.equal(engines[1].prefix_len, engines[0].prefix_len)

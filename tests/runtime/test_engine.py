@@ -6,7 +6,7 @@ import torch
 
 from specdraft.core.types import TargetInfo
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.oracle import OracleDrafter
 from tests.tiny import tiny_llama_config
@@ -134,7 +134,7 @@ def test_the_cycle_in_flight_changes_no_token_and_no_statistic(shape):
 
 
 def test_host_reader_reads_each_slot_as_staged():
-    from specdraft.decoding.engine import HostReader
+    from specdraft.decoding.host_reader import HostReader
 
     reader = HostReader(4, torch.device("cpu"))
     first = reader.stage(torch.tensor([3, 1, 4]))
@@ -157,8 +157,7 @@ def test_speculative_sampling_runs_and_stays_in_vocabulary():
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=7)])
 def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatch, shape):
     """T > 0 with graphs on (a CPU stand-in with a CUDA graph's aliasing): the same draws as the eager cycles."""
-    from specdraft.decoding import chain
-    from specdraft.decoding import engine as engine_module
+    from specdraft.decoding import graphs
     from tests.runtime.replay import ReplayOnCpu
 
     model = _tiny_hf("llama")
@@ -166,8 +165,7 @@ def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatc
     drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
     runs = []
     for use_graphs in (False, True):
-        monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
-        monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
+        monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
         engine = _engine(model, OracleDrafter(drafter_tokens, 320), shape)
         engine.use_graphs = use_graphs
         runs.append(engine.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(0)))
@@ -195,10 +193,10 @@ def test_a_sampling_shape_drafts_its_own_tree_at_t_above_zero_and_the_shape_at_z
 def test_sampled_cycles_of_a_sampling_shape_replayed_from_static_buffers_equal_eager_ones(monkeypatch):
     """The sampling shape's cycles at T > 0 and the shape's at T=0, graphed (a CPU stand-in with a CUDA graph's
     aliasing) in one engine: the eager tokens of each."""
-    from specdraft.decoding import engine as engine_module
+    from specdraft.decoding import graphs
     from tests.runtime.replay import ReplayOnCpu
 
-    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
     model = _tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,)).tolist()
     drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
@@ -260,7 +258,7 @@ def test_sampled_cycles_through_the_triton_kernels_draw_the_references_tokens(mo
 def test_a_tree_wider_than_the_attention_kernel_is_warned_of(caplog):
     """The verify's nodes and the draft's scratch slots fit the tree-attention kernel's window, or a warning
     names the shape: beyond it attention runs the reference, far slower (depth 8, top-8: 65 scratch slots)."""
-    with caplog.at_level(logging.WARNING, logger="specdraft.decoding.tree"):
+    with caplog.at_level(logging.WARNING, logger="specdraft.decoding.shapes"):
         TreeShape(depth=5, topk=8, budget=40).validated()
         TreeShape.chain(6).validated()
         assert not caplog.records

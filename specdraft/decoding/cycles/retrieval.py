@@ -1,116 +1,87 @@
-"""Retrieval drafts in the engine's cycles (SAM-Decoding, Hu et al., arXiv:2411.10666): before each cycle the host
-asks the suffix automaton (retrieval.py) for the tokens that followed the longest earlier occurrence of the text's
-newest suffix; when that match is at least `min_match` tokens long, the cycle verifies them.
+"""Retrieval cycles (`RetrievalCycle`, SAM-Decoding, Hu et al., arXiv:2411.10666): a cycle that verifies tokens
+retrieved from a suffix automaton of the text (policies/sam.py chooses when, policies/suffix_automaton.py finds
+them), loaded into a static buffer before the cycle.
 
 - Select (SAM-Decoding's combination with EAGLE): the cycle verifies the retrieved chain alone: no draft model
-  call, k + 1 verify rows (root and k tokens). Otherwise the engine's own tree (or chain) cycle.
+  call, k + 1 verify rows (root and k tokens), from layer 0.
 - Merge: the cycle verifies the model's tree and the retrieved chain in one pass. The chain is grafted onto the
-  tree as a trie: where the tree already holds its first L tokens as a path from the root, the rest hangs under
-  that path's last node (so no node has two children of one token, which both the greedy walk and the sampled
-  walk need); budget + k rows.
+  tree as a trie (`graft_chain`): where the tree already holds its first L tokens as a path from the root, the
+  rest hangs under that path's last node (so no node has two children of one token, which both the greedy walk
+  and the sampled walk need); budget + k rows.
 
-Each is one CUDA graph (the retrieved tokens enter through a static buffer, copied in before the graph replays),
-chosen on the host per cycle, as chain.py chooses per depth: a continuation shorter than `draft_len` is repeated
-to that length (past the end of a repeating text, a repeat is the likeliest guess; a wrong one costs a verify row),
-so every retrieval cycle has one shape. The automaton runs on the host between cycles, so the engine reads every
-cycle before queuing the next. The retrieved tokens are point-mass
-drafts decided by the text alone, so the acceptance rule keeps the target's output (greedy) or distribution
-(sampling).
+Each is one CUDA graph (the retrieved tokens enter through a static buffer, copied in before the graph replays):
+a continuation shorter than `draft_len` is repeated to that length (past the end of a repeating text, a repeat is
+the likeliest guess; a wrong one costs a verify row), so every retrieval cycle has one shape. The retrieved
+tokens are point-mass drafts decided by the text alone, so the acceptance rule keeps the target's output (greedy)
+or distribution (sampling).
 """
 from __future__ import annotations
 
 from functools import partial
-from typing import Dict, List, Sequence
+from typing import List
 
 import torch
 
-from specdraft.core.errors import SpecdraftError
 from specdraft.decoding.accept import Acceptance
-from specdraft.decoding.drafting_policy import DraftingPolicy
-from specdraft.decoding.retrieval import Retrieval
+from specdraft.decoding.cycles.base import CycleKind, CycleRun
+from specdraft.decoding.cycles.context import CycleContext
 from specdraft.decoding.sampled_drafts import SampledDrafts
+from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.tree import DraftTree
 
 
-class RetrievalDrafts(DraftingPolicy):
-    """The engine's cycles with retrieval drafts when the match is long enough (module docstring)."""
+class RetrievalCycle(CycleKind):
+    """A cycle of `draft_len` retrieved tokens, alone or grafted onto the model's tree of `shape` (`merge`)."""
 
-    def __init__(self, retrieval: Retrieval, merge: bool = False):
-        self.retrieval, self.merge = retrieval, merge
-        self.counts: Dict[str, int] = {"retrieval": 0, "model": 0}  # cycles of each kind, since construction
-
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        if self.merge and engine.chain is not None:
-            raise SpecdraftError("sam_merge grafts the retrieval draft onto a tree; a chain verifies it alone "
-                                 "(set sam_merge false, or draft a tree)")
-        if self.merge and engine.tree_start_layer:
-            raise SpecdraftError("sam_merge verifies from layer 0: drop --shallow-reuse-tree")
-        count, device = self.retrieval.draft_len, engine.device
-        self.drafted = torch.zeros(count, dtype=torch.long, device=device)  # [K] the retrieved tokens
-        self.staging = torch.zeros(count, dtype=torch.long, pin_memory=device.type == "cuda")
-        index = torch.arange(count + 1, device=device)
+    def __init__(self, context: CycleContext, shape: TreeShape, draft_len: int, merge: bool = False):
+        self.context, self.shape, self.draft_len, self.merge = context, shape, draft_len, merge
+        self.most_tokens = max(shape.depth, draft_len) + 1 if merge else draft_len + 1
+        device = context.device
+        self.drafted = torch.zeros(draft_len, dtype=torch.long, device=device)  # [K] the retrieved tokens
+        self.staging = torch.zeros(draft_len, dtype=torch.long, pin_memory=device.type == "cuda")
+        index = torch.arange(draft_len + 1, device=device)
         self.index, self.causal = index, index[:, None] >= index[None, :]  # [K+1], [K+1, K+1]
-        self.all_valid, self.no_scores = torch.ones(count + 1, dtype=torch.bool, device=device), \
-            torch.zeros(count + 1, device=device)
+        self.all_valid = torch.ones(draft_len + 1, dtype=torch.bool, device=device)
+        self.no_scores = torch.zeros(draft_len + 1, device=device)
 
-    def max_depth(self) -> int:
-        return max(self.engine.shape.depth, self.retrieval.draft_len)
-
-    def extra_rows(self) -> int:
-        return self.retrieval.draft_len
-
-    def stats(self) -> Dict[str, int]:
-        return {f"{kind}_cycles": count for kind, count in self.counts.items()}
-
-    def begin(self, tokens: Sequence[int]) -> None:
-        self.retrieval.reset(tokens)
-
-    def observe(self, new_tokens: List[int]) -> None:
-        self.retrieval.extend(new_tokens)
-
-    def _upload(self, tokens: List[int]) -> None:
+    def load(self, tokens: List[int]) -> None:
         """The retrieved tokens, repeated to `draft_len`, into the static buffer the graphs read (the previous
         copy is done: the engine read the previous cycle, queued after it)."""
-        count = self.retrieval.draft_len
+        count = self.draft_len
         self.staging.copy_(torch.tensor((tokens * -(-count // len(tokens)))[:count], dtype=torch.long))
         self.drafted.copy_(self.staging, non_blocking=True)
 
-    def cycle(self, temperature: float, generator):
-        engine = self.engine
-        tokens = self.retrieval.draft()
-        if not tokens:
-            self.counts["model"] += 1
-            return engine.base_cycle(temperature, generator)
-        self.counts["retrieval"] += 1
-        self._upload(tokens)
-        policy, count = engine.acceptance(temperature), self.retrieval.draft_len
+    def run(self, acceptance: Acceptance, generator) -> CycleRun:
+        context, count = self.context, self.draft_len
         if self.merge:
-            nodes = engine.shape.budget + count
-            args = engine.cycle_args(policy, nodes, generator)
-            return engine.graphed(engine.scored_key(f"retrieval-merged:{policy.key}"),
-                                  partial(self._merged, policy, count), *args), engine.drafted_count(nodes)
-        randomness = policy.randomness(count + 1, generator, engine.device)
+            nodes = self.shape.budget + count
+            inputs = context.tree_inputs(acceptance, nodes, self.shape, generator)
+            out = context.graphed(context.scored_key(f"retrieval-merged:{acceptance.key}"),
+                                  partial(self._merged, acceptance), *inputs)
+            return CycleRun(out, context.drafted_count(nodes))
+        randomness = acceptance.randomness(count + 1, generator, context.device)
         args = () if randomness is None else (randomness,)
-        return engine.graphed(engine.scored_key(f"retrieval:{policy.key}"), partial(self._retrieved, policy, count),
-                              *args), count
+        out = context.graphed(context.scored_key(f"retrieval:{acceptance.key}"), partial(self._retrieved, acceptance),
+                              *args)
+        return CycleRun(out, count)
 
     # ---- graph bodies ---------------------------------------------------------------------------------------
-    def _retrieved(self, policy: Acceptance, count: int, randomness=None):
-        """The root and `count` retrieved tokens as a chain, verified from layer 0, accepted, committed."""
-        engine, nodes = self.engine, count + 1
-        tokens = torch.cat([engine.root, self.drafted[:count]])  # [n]
+    def _retrieved(self, acceptance: Acceptance, randomness=None):
+        """The root and the retrieved tokens as a chain, verified from layer 0, accepted, committed."""
+        context, count = self.context, self.draft_len
+        nodes = count + 1
+        tokens = torch.cat([context.root, self.drafted])  # [n]
         tree = DraftTree(tokens=tokens, parents=self.index[:nodes] - 1, depths=self.index[:nodes],
                          valid=self.all_valid[:nodes], tree_mask=self.causal[:nodes, :nodes],
                          joint_logprobs=self.no_scores[:nodes])
-        return engine.accept_and_commit(policy, tree, engine.verify_forward(tree, reuse=False), randomness, count)
+        return context.accept_and_commit(acceptance, tree, context.verify(tree, start_layer=0), count, randomness)
 
-    def _merged(self, policy: Acceptance, count: int, randomness=None, noise=None):
-        """The model's tree with the `count` retrieved tokens grafted on, verified in one pass."""
-        engine = self.engine
-        tree = graft_chain(engine.build_tree(engine.draws(policy, noise)), self.drafted[:count])
-        return engine.accept_and_commit(policy, tree, engine.verify_forward(tree), randomness,
-                                        max(engine.shape.depth, count))
+    def _merged(self, acceptance: Acceptance, randomness=None, noise=None):
+        """The model's tree with the retrieved tokens grafted on, verified in one pass."""
+        context = self.context
+        tree = graft_chain(context.build_tree(self.shape, context.draws(acceptance, noise)), self.drafted)
+        return context.accept_and_commit(acceptance, tree, context.verify(tree), max(self.shape.depth, self.draft_len),
+                                         randomness)
 
 
 def _on_chain_path(tree: DraftTree, chain: torch.Tensor) -> torch.Tensor:

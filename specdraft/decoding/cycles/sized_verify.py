@@ -1,5 +1,5 @@
-"""A pruned tree verified at the size of what its scorer keeps (`SpecEngine` with a tree scorer and `prune_verify`
-"kept", the default).
+"""A pruned tree verified at the size of what its scorer keeps (`SizedVerifyCycle`: a tree scorer with
+`prune_verify` "kept", the default).
 
 The fixed tree's cycle is one CUDA graph of static shapes, so the candidates a scorer drops still cost their verify
 rows, as padding. Here the cycle is two graphs: the drafting, whose tree has its real nodes moved ahead of the
@@ -14,70 +14,62 @@ read while this one's verify runs (engine.py's step in flight).
 from __future__ import annotations
 
 from functools import partial
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Set
 
 import torch
 
-from specdraft.config import PRUNE_AT, PRUNE_VERIFY
-from specdraft.core.errors import choices_error
 from specdraft.decoding.accept import Acceptance
+from specdraft.decoding.cycles.base import CycleKind, CycleRun
+from specdraft.decoding.cycles.context import CycleContext
 from specdraft.decoding.host_reader import HostReader
+from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.tree import DraftTree, kept_first, tree_rows, verify_size, verify_sizes
 
 
-class SizedVerify:
-    """The two-graph cycle of a SpecEngine's pruned tree (module docstring)."""
+class SizedVerifyCycle(CycleKind):
+    """The two-graph cycle of a pruned tree of `shape` (module docstring)."""
 
-    def __init__(self, engine):
-        self.engine = engine
-        self.sizes = verify_sizes(engine.shape.budget)
-        self.reader = HostReader(1, engine.device)
+    def __init__(self, context: CycleContext, shape: TreeShape):
+        self.context, self.shape = context, shape
+        self.most_tokens = shape.depth + 1
+        self.sizes = verify_sizes(shape.budget)
+        self.reader = HostReader(1, context.device)
         self.drafted: Dict[str, DraftTree] = {}  # each drafting graph's tree (its outputs), which its verifies read
         self.captured: Set[str] = set()  # the drafting graphs whose every verify size is captured
 
-    def _draft(self, policy: Acceptance, key: str, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _draft(self, acceptance: Acceptance, key: str, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The drafting graph: the tree, real nodes first, kept under `key` -> their count [1]."""
-        engine = self.engine
-        tree = self.drafted[key] = kept_first(engine.build_tree(engine.draws(policy, noise)))
+        context = self.context
+        tree = self.drafted[key] = kept_first(context.build_tree(self.shape, context.draws(acceptance, noise)))
         return tree.valid.sum(0, keepdim=True)
 
-    def _verify(self, policy: Acceptance, key: str, rows: int, randomness: Optional[torch.Tensor] = None):
+    def _verify(self, acceptance: Acceptance, key: str, rows: int, randomness: Optional[torch.Tensor] = None):
         """The verify graph of `rows` rows: the first `rows` nodes of the tree drafted under `key`, verified,
-        accepted and committed -> the engine's CycleOutput."""
-        engine = self.engine
+        accepted and committed -> the CycleOutput."""
+        context = self.context
         tree = tree_rows(self.drafted[key], rows)
-        return engine.accept_and_commit(policy, tree, engine.verify_forward(tree), randomness)
+        return context.accept_and_commit(acceptance, tree, context.verify(tree), self.shape.depth, randomness)
 
-    def cycle(self, policy: Acceptance, generator) -> Tuple[object, int, int]:
-        """One cycle -> (its CycleOutput, the drafted tokens it verified, the rows its verify ran)."""
-        engine = self.engine
-        noise = engine.draft_noise(policy, engine.shape.expanded_rows, generator)
-        key = engine.scored_key(f"draft:{policy.key}")
-        kept = engine.graphed(key, partial(self._draft, policy, key), *(() if noise is None else (noise,)))
+    def run(self, acceptance: Acceptance, generator) -> CycleRun:
+        context = self.context
+        noise = context.draft_noise(acceptance, self.shape.expanded_rows, generator)
+        key = context.scored_key(f"draft:{acceptance.key}")
+        kept = context.graphed(key, partial(self._draft, acceptance, key), *(() if noise is None else (noise,)))
         staged = self.reader.stage(kept)
-        self._capture_sizes(policy, key)
+        self._capture_sizes(acceptance, key)
         kept = self.reader.read(staged, 1)[0]  # the host waits for the drafting here
         rows = verify_size(kept, self.sizes)
-        randomness = policy.randomness(rows, generator, engine.device)
-        out = engine.graphed(f"{key}:verify@{rows}", partial(self._verify, policy, key, rows),
-                             *(() if randomness is None else (randomness,)))
-        return out, kept - 1, rows
+        randomness = acceptance.randomness(rows, generator, context.device)
+        out = context.graphed(f"{key}:verify@{rows}", partial(self._verify, acceptance, key, rows),
+                              *(() if randomness is None else (randomness,)))
+        return CycleRun(out, kept - 1, rows)
 
-    def _capture_sizes(self, policy: Acceptance, key: str) -> None:
+    def _capture_sizes(self, acceptance: Acceptance, key: str) -> None:
         """At a drafting graph's first cycle, with graphs and no random draws (T=0), every size's verify graph
         captured at once: none is captured later, in the middle of a timed generation."""
-        engine = self.engine
-        if not engine.use_graphs or policy.temperature > 0 or key in self.captured:
+        context = self.context
+        if not context.graphs.use_graphs or acceptance.temperature > 0 or key in self.captured:
             return
         self.captured.add(key)
         for rows in self.sizes:
-            verify = partial(self._verify, policy, key, rows)
-            engine.graph(f"{key}:verify@{rows}", verify, engine.state_tensors()).ready()
-
-
-def checked_prune_options(prune_at: str, prune_verify: str) -> Tuple[str, str]:
-    """(prune_at, prune_verify), or one line naming the bad one and the valid ones."""
-    for name, value, valid in (("prune_at", prune_at, PRUNE_AT), ("prune_verify", prune_verify, PRUNE_VERIFY)):
-        if value not in valid:
-            raise choices_error(f"runtime.{name}", value, valid)
-    return prune_at, prune_verify
+            context.graph(f"{key}:verify@{rows}", partial(self._verify, acceptance, key, rows)).ready()

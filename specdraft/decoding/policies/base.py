@@ -1,24 +1,47 @@
-"""A drafting policy decides, cycle by cycle, what the engine drafts and verifies in place of its fixed shape:
-retrieval drafts from a suffix automaton (retrieval_cycles.py), trees that stop growing early (depth_stop.py).
-The engine calls `attach` once, `begin` before each generation, `cycle` for each cycle and `observe` with each
-cycle's tokens; a policy that reads every cycle's tokens before choosing the next (`reads_every_cycle`) runs
-without a cycle in flight. Every policy keeps the engine's acceptance rule, so its output is the target's."""
+"""A drafting policy (`--policy`, runtime.policy) decides, cycle by cycle, which cycle kind the engine runs in place
+of its fixed shape's. One module per policy, named as users name it: sam.py (retrieval drafts), svip.py and ddd.py
+(drafting that stops early), adaptive.py (each cycle's tree depth); dynamic_exit.py is `--dynamic-exit` (DEL's
+chain length). "fixed" is no policy: the engine's own cycle kind every cycle.
+
+The engine calls `bind` once (with what it drafts with: `PolicySetup`), `begin` before each generation, `choose`
+for each cycle and `observe` with each cycle's tokens; a policy that reads every cycle's tokens before choosing the
+next (`reads_every_cycle`) runs without a cycle in flight. Every policy keeps the engine's acceptance rule, so its
+output is the target's.
+"""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+from specdraft.decoding.accept import Acceptance
+from specdraft.decoding.cycles.base import CycleKind
+from specdraft.decoding.cycles.chain import ChainCycle
+from specdraft.decoding.cycles.context import CycleContext
+from specdraft.decoding.shapes import TreeShape
+
+
+@dataclass
+class PolicySetup:
+    """What a policy binds to: the engine's cycle context, its shape, its own cycle kind for an acceptance rule
+    (`base`: the fixed tree or the chain, as the engine would run it), and its chain kind when it drafts chains."""
+
+    context: CycleContext
+    shape: TreeShape
+    base: Callable[[Acceptance], CycleKind]
+    chain: Optional[ChainCycle] = None
 
 
 class DraftingPolicy:
     reads_every_cycle: bool = True
     """The next cycle depends on this one's tokens (or on host reads inside a cycle): no cycle in flight."""
 
-    def attach(self, engine) -> None:
-        """Bind to a SpecEngine (its shape, drafter, device); refuses, in one line, what it cannot run with."""
-        self.engine = engine
+    def bind(self, setup: PolicySetup) -> None:
+        """Bind to an engine's setup; refuses, in one line, what it cannot run with."""
+        self.setup = setup
 
-    def max_depth(self) -> int:
-        """The deepest drafted path a cycle may verify (so a cycle emits at most max_depth + 1 tokens)."""
-        return self.engine.shape.depth
+    def kinds(self) -> List[CycleKind]:
+        """The cycle kinds of its own it may choose (the engine sizes what the host reads by their most_tokens)."""
+        return []
 
     def extra_rows(self) -> int:
         """Verify rows a cycle may run beyond the shape's budget (cache room)."""
@@ -34,6 +57,6 @@ class DraftingPolicy:
         """Counters of what the policy chose, since it was built (bench reports their change)."""
         return {}
 
-    def cycle(self, temperature: float, generator) -> Tuple[object, int]:
-        """One cycle -> (the engine's CycleOutput, drafted tokens verified)."""
+    def choose(self, acceptance: Acceptance) -> CycleKind:
+        """The cycle kind of the next cycle under `acceptance`."""
         raise NotImplementedError
