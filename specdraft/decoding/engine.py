@@ -90,6 +90,10 @@ class EngineOptions:
     """Each cycle also keeps the target's own greedy choice after every node (one argmax more a cycle) for its trace
     rows (`target_next`): under a judge an accepted token need not be that choice (the judge's on-policy mining
     reads it)."""
+    cycle_kind: Optional[Callable[[CycleContext, TreeShape], CycleKind]] = None
+    """A cycle kind of the caller's in place of the engine's own (the chain, the fixed tree): made with the engine's
+    context and shape (cycles/base.py: the interface; a block drafter's kind, say), verifying at most the shape's
+    budget of rows (the cache room the engine keeps). None: the engine's own."""
 
 
 def checked_prune_options(prune_at: str, prune_verify: str) -> Tuple[PruneAt, PruneVerify]:
@@ -118,10 +122,12 @@ class SpecEngine:
         self.context = self._context(options, use_graphs)
         self.chain = self._chain(options)
         self.set_exit_threshold(options.exit_threshold)
+        self.own_kind = options.cycle_kind(self.context, shape) if options.cycle_kind is not None else None
         self.policy = self._bind_policy(options.policy)
         self._trees: Dict[TreeShape, TreeCycle] = {}
         self._sized = SizedVerifyCycle(self.context, shape) if drafter is not None else None
-        self.most_tokens = max([s.depth + 1 for s in self.shapes] + [k.most_tokens for k in self._policy_kinds()])
+        kinds = self._policy_kinds() + ([self.own_kind] if self.own_kind is not None else [])
+        self.most_tokens = max([s.depth + 1 for s in self.shapes] + [kind.most_tokens for kind in kinds])
         self.context.most_tokens = self.most_tokens
         self._reader = HostReader(self.most_tokens + 2, self.device)  # count, tokens, then a pruned tree's nodes
         self._prefill = Prefill(self.context, PREFILL_ROWS if self.context.graphs.use_graphs else 1, max_len)
@@ -147,7 +153,7 @@ class SpecEngine:
                                tree_start_layer=tree_start, scorer=options.tree_scorer, prune_at=options.prune_at,
                                sample_drafts=options.sample_drafts, trace_target_choices=options.trace_target_choices)
         if drafter is not None:
-            context.d2t  # the draft vocabulary checked now, on the host, before any graph (vocabulary.py)
+            context.check_vocabulary()
         return context
 
     def _chain(self, options: EngineOptions) -> Optional[ChainCycle]:
@@ -307,8 +313,10 @@ class SpecEngine:
                 and not context.tree_start_layer and context.stage is None)
 
     def base_kind(self, acceptance: Acceptance) -> CycleKind:
-        """The engine's own cycle kind under `acceptance`: the chain, a pruned tree's sized verify, or the fixed
-        tree of `shape_at` its temperature."""
+        """The engine's own cycle kind under `acceptance`: the caller's (`EngineOptions.cycle_kind`), the chain, a
+        pruned tree's sized verify, or the fixed tree of `shape_at` its temperature."""
+        if self.own_kind is not None:
+            return self.own_kind
         if self.chain is not None:
             return self.chain
         if self.sizes_verify():
@@ -379,8 +387,13 @@ class SpecEngine:
     def _reads_every_cycle(self, trace: bool) -> bool:
         """Whether the host reads each cycle before it queues the next: traces, and kinds or a policy that read
         every cycle."""
-        chain_reads = self.chain is not None and self.chain.reads_every_cycle
-        return trace or chain_reads or (self.policy is not None and self.policy.reads_every_cycle)
+        own_reads = any(kind.reads_every_cycle for kind in self._own_kinds())
+        return trace or own_reads or (self.policy is not None and self.policy.reads_every_cycle)
+
+    def _own_kinds(self) -> List[CycleKind]:
+        """The kinds the engine keeps state across cycles for (begun with each generation): the chain, the
+        caller's."""
+        return [kind for kind in (self.chain, self.own_kind) if kind is not None]
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_ids: Sequence[int] = (),
@@ -400,8 +413,8 @@ class SpecEngine:
         generated = [self.prefill(prompt, temperature, generator, prompt_embeds, context, prompt_rope,
                                   meanwhile=begin)]
         result = GenerationResult(tokens=generated)
-        if self.chain is not None:
-            self.chain.begin()
+        for kind in self._own_kinds():
+            kind.begin()
         if self.policy is not None:
             self.policy.observe(generated)
         done = finished(generated, generated, eos_ids, max_new_tokens)

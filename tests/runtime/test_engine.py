@@ -1,13 +1,16 @@
 """The runtime's target and engine on tiny random models, CPU, fp32: exact against Hugging Face."""
 import logging
+from functools import partial
 
 import pytest
 import torch
 
 from specdraft.core.types import TargetInfo
+from specdraft.decoding.cycles.base import CycleKind, CycleRun
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
-from specdraft.decoding.tree import TreeShape
+from specdraft.decoding.tree import DraftTree, TreeShape
+from specdraft.kernels.draft_topk import draft_topk
 from tests.runtime.oracle import OracleDrafter
 from tests.tiny import tiny_llama_config
 
@@ -264,3 +267,50 @@ def test_a_tree_wider_than_the_attention_kernel_is_warned_of(caplog):
         assert not caplog.records
         TreeShape(depth=8, topk=8, budget=64).validated()
     assert "65 scratch slots" in caplog.text and "<= 64" in caplog.text
+
+
+class OneDraftCycle(CycleKind):
+    """A cycle kind written against specdraft/decoding/cycles/base.py alone: one drafter call, its top-1 token after
+    the root, verified with the root as a chain of two nodes."""
+
+    most_tokens = 2
+
+    def __init__(self, context, shape):
+        self.context = context
+        index = torch.arange(2, device=context.device)
+        self.parents, self.depths, self.causal = index - 1, index, index[:, None] >= index[None, :]
+        self.valid = torch.ones(2, dtype=torch.bool, device=context.device)
+
+    def body(self, acceptance, randomness=None):
+        context = self.context
+        logits, _ = context.drafter.first(context.root, context.prefix_len)  # [1, Vd]
+        scores, ids = draft_topk(logits, context.d2t, 1)  # [1, 1] each
+        tree = DraftTree(tokens=torch.cat([context.root, ids[0]]), parents=self.parents, depths=self.depths,
+                         valid=self.valid, tree_mask=self.causal, joint_logprobs=torch.cat([scores.new_zeros(1),
+                                                                                           scores[0]]))
+        return context.accept_and_commit(acceptance, tree, context.verify(tree, start_layer=0), 1, randomness)
+
+    def run(self, acceptance, generator):
+        randomness = acceptance.randomness(2, generator, self.context.device)
+        out = self.context.graphed(f"one-draft:{acceptance.key}", partial(self.body, acceptance),
+                                   *(() if randomness is None else (randomness,)))
+        return CycleRun(out, 1)
+
+
+@pytest.mark.parametrize("use_graphs", [False, True])
+def test_a_cycle_kind_of_its_own_runs_through_the_engine_unchanged(monkeypatch, use_graphs):
+    """A new kind (one module against the interface, EngineOptions.cycle_kind) decodes the target's greedy output,
+    each cycle accepting its one draft from a perfect drafter; graphed (a CPU stand-in with a graph's aliasing) as
+    eager."""
+    from specdraft.decoding import graphs
+    from tests.runtime.replay import ReplayOnCpu
+
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    greedy = _hf_greedy(model, prompt, 24)
+    engine = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
+                        OracleDrafter(prompt + greedy, 320), TreeShape.chain(1), 128, hf_rope_tables(model, 128),
+                        use_graphs, cycle_kind=OneDraftCycle)
+    result = engine.generate(prompt, 20)
+    assert result.tokens == greedy[:20] and set(result.accepted[:-1]) == {1} and set(result.drafted) == {1}

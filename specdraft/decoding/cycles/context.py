@@ -58,7 +58,7 @@ class CycleContext:
     sample_drafts: bool = True  # at T > 0, each expanded node's first child sampled (sampled_drafts.py)
     trace_target_choices: bool = False  # each cycle keeps the target's argmax after every node (`target_next`)
     most_tokens: int = 1  # the most tokens a cycle of the engine emits: the host reads that many of each
-    _d2t: Dict[int, torch.Tensor] = field(default_factory=dict)  # the checked d2t of each drafter variant
+    checked_d2t: Dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)  # per drafter variant
 
     @property
     def device(self) -> torch.device:
@@ -67,10 +67,15 @@ class CycleContext:
     @property
     def d2t(self) -> torch.Tensor:
         """[Vd] the drafting draft's vocabulary map, checked against the target's vocabulary (vocabulary.py)."""
+        return self.check_vocabulary()
+
+    def check_vocabulary(self) -> torch.Tensor:
+        """The drafting draft's vocabulary map checked (once a drafter variant, on the host: the engine checks the
+        first before any graph is captured) -> the map the cycles read."""
         variant = self.drafter.variant
-        checked = self._d2t.get(variant)
+        checked = self.checked_d2t.get(variant)
         if checked is None:
-            checked = self._d2t[variant] = checked_d2t(self.drafter.d2t, self.target.info.vocab_size)
+            checked = self.checked_d2t[variant] = checked_d2t(self.drafter.d2t, self.target.info.vocab_size)
         return checked
 
     # ---- graphs -----------------------------------------------------------------------------------------------
