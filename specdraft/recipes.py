@@ -63,12 +63,19 @@ def _renamed(raw):
     return raw
 
 
+def _renamed_override(override: str) -> str:
+    """A `key=value` override of an older key under the key's name now (RENAMED_KEYS)."""
+    key, _, value = override.partition("=")
+    return f"{RENAMED_KEYS[key]}={value}" if key in RENAMED_KEYS else override
+
+
 def _raw_recipe(path: str | Path, overrides: List[str]):
     path = Path(path)
     raw = _renamed(_read_yaml(path))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")
+    overrides = [_renamed_override(override) for override in overrides]
     try:
         return OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
     except (yaml.YAMLError, OmegaConfBaseException) as err:
