@@ -187,7 +187,8 @@ def _first_tokens(engine, prompt, trials):
     return root, torch.tensor(firsts)
 
 
-@pytest.mark.parametrize("name", ["chain", "tree", "tree_scorer_expansion_kept"])
+@pytest.mark.parametrize("name", ["chain", pytest.param("tree", marks=pytest.mark.slow),  # 400 cycles each
+                                  pytest.param("tree_scorer_expansion_kept", marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_broken_drafts_at_t1_keep_the_targets_distribution(name):
     model = _tiny_target()
