@@ -14,8 +14,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from specdraft.config import RENAMED_KEYS, SECTIONS, Recipe
-from specdraft.core.errors import SpecdraftError, error_summary
+from specdraft.config import RENAMED_KEYS, SECTIONS, Recipe, field_choices
+from specdraft.core.errors import SpecdraftError, choices_error, error_summary
 from specdraft.core.io import write_text
 from specdraft.methods import get_method
 from specdraft.targets.remote_code import with_remote_code
@@ -105,12 +105,21 @@ def load_recipe(path: str | Path, overrides: List[str] = (), trust_remote_code: 
     except ConfigKeyError as err:
         raise _key_error(err, spec.config) from None
     except ValidationError as err:
-        key = getattr(err, "full_key", None) or "?"
-        raise SpecdraftError(f"bad value for {key}: {str(err).splitlines()[0]}") from None
+        raise _value_error(err) from None
     except (TypeError, ValueError, OmegaConfBaseException) as err:
         raise SpecdraftError(f"invalid recipe {path}: {error_summary(err)}") from None
     recipe.target = with_remote_code(recipe.target, trust_remote_code, f"recipe {path}")
     return recipe
+
+
+def _value_error(err: ValidationError) -> SpecdraftError:
+    """A value OmegaConf refused, in one line: a field of choices (a Literal) as config.check_choices words it."""
+    key = getattr(err, "full_key", None) or "?"
+    section, _, name = key.partition(".")
+    choices = field_choices(SECTIONS[section]).get(name) if SECTIONS.get(section) is not None else None
+    if choices is not None:
+        return choices_error(key, getattr(err, "value", None), choices)
+    return SpecdraftError(f"bad value for {key}: {str(err).splitlines()[0]}")
 
 
 def _key_error(err: ConfigKeyError, method_config) -> SpecdraftError:
