@@ -187,8 +187,7 @@ def _first_tokens(engine, prompt, trials):
     return root, torch.tensor(firsts)
 
 
-@pytest.mark.parametrize("name", ["chain", pytest.param("tree", marks=pytest.mark.slow),  # 400 cycles each
-                                  pytest.param("tree_scorer_expansion_kept", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["chain", "tree", "tree_scorer_expansion_kept"])
 @torch.no_grad()
 def test_broken_drafts_at_t1_keep_the_targets_distribution(name):
     model = _tiny_target()
