@@ -22,8 +22,8 @@ from typing import List, Optional, Tuple
 
 import specdraft
 from specdraft.core.console import loading, log_through_bars, quiet_dependencies
-from specdraft.config import PRUNE_AT, PRUNE_VERIFY
 from specdraft.core.errors import Interrupted, SpecdraftError
+from specdraft.runtime.flags import add_runtime_flags, runtime_config as flags_over
 
 
 EXPORT_FORMATS = ("hf", "speculators")
@@ -129,117 +129,24 @@ def _trust_flags(cmd, checkpoints: bool = False) -> None:
 
 
 def _runtime_args(cmd, judge_sweep: bool = False) -> None:
-    """The runtime's flags, each mapped onto the `runtime:` recipe field of the same name (specdraft.config.
-    RuntimeConfig). A flag left out keeps the draft's own setting (its export's or its recipe's). `judge_sweep`
-    (bench): --judge-threshold takes several values, each benched in a run of its own."""
-    from specdraft.config import POLICIES
-
+    """The runtime's flags, one per `runtime:` recipe field (specdraft.config.RuntimeConfig), derived from the
+    fields by specdraft.runtime.flags. A flag left out keeps the draft's own setting (its export's or its recipe's).
+    `judge_sweep` (bench): --judge-threshold takes several values, each benched in a run of its own."""
     cmd.add_argument("path", metavar="DRAFT_DIR", help="an export directory (or a training run directory)")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     _trust_flags(cmd)
-    cmd.add_argument("--device", default=None, help="auto (default: the first GPU, else cpu), cpu, cuda, cuda:N")
-    cmd.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
-                     help="target and draft dtype (default auto: bf16 on GPUs that have it, else float32)")
-    cmd.add_argument("--depth", type=int, default=None,
-                     help="drafted tokens on the longest path (default: 5 for a tree, 6 for a chain; with no "
-                          "shape flag a tree is (5, 8, 40) at T=0 and (3, 6, 16) at T > 0)")
-    cmd.add_argument("--topk", type=int, default=None,
-                     help="children per expanded node (1: a chain; default 8, 6 at T > 0)")
-    cmd.add_argument("--budget", type=int, default=None,
-                     help="tree nodes verified, the root included (default 40, 16 at T > 0)")
-    cmd.add_argument("--chain", action="store_true", default=None, help="a chain of --depth drafts (same as --topk 1)")
-    cmd.add_argument("--exit-threshold", type=float, default=None, metavar="ETA",
-                     help="chains: stop drafting once the draft's top-1 probability falls below ETA (0: off; "
-                          "default: the draft's own, e.g. Kangaroo's method.exit_threshold, else off)")
-    cmd.add_argument("--dynamic-exit", action="store_true", default=None,
-                     help="chains: choose the draft length per context from acceptance statistics (DEL)")
-    cmd.add_argument("--more-exits", nargs="+", default=None, metavar="EXPORT_DIR",
-                     help="chains, with --dynamic-exit: drafts of the same target at other exit layers; each cycle "
-                          "drafts with the one DEL's statistics favour")
-    cmd.add_argument("--no-shallow-reuse", dest="shallow_reuse", action="store_false", default=None,
-                     help="chains: verify through every target layer even if the draft ran the shallow ones")
-    cmd.add_argument("--shallow-reuse-tree", action="store_true", default=None,
-                     help="trees, for drafts that run the target's shallow layers (Kangaroo): run every candidate "
-                          "through them while drafting and verify from above them")
-    cmd.add_argument("--prune-threshold", type=float, default=None, metavar="BETA",
-                     help="drafts that score their tree (C2T): drop candidates scored below BETA (default: the "
-                          "draft's own)")
-    cmd.add_argument("--prune-at", default=None, choices=PRUNE_AT,
-                     help="where that draft drops candidates: from the budget's selection, or as each depth is "
-                          "expanded (default selection)")
-    cmd.add_argument("--prune-verify", default=None, choices=PRUNE_VERIFY,
-                     help="verify only the candidates it keeps, padded to a multiple of 8 rows, or always the "
-                          "budget's rows (default kept)")
-    if judge_sweep:
-        cmd.add_argument("--judge-threshold", type=float, nargs="+", default=None, dest="judge_thresholds",
-                         metavar="DELTA", help="drafts that ship a judge: a greedy run at each DELTA after the exact "
-                                               "runs, each also accepting drafted tokens the judge scores above it "
-                                               "(lossy; add --check-answers to measure what it costs)")
-        cmd.set_defaults(judge_threshold=None)
-    else:
-        cmd.add_argument("--judge-threshold", type=float, default=None, metavar="DELTA",
-                         help="drafts that ship a judge: also accept drafted tokens the judge scores above DELTA "
-                              "(lossy, T=0 only; default: exact acceptance)")
-    cmd.add_argument("--policy", default=None, choices=POLICIES,
-                     help="what each cycle drafts: fixed (default), sam (retrieval drafts from a suffix automaton of "
-                          "the prompt and answer), svip (stop at the draft entropy's acceptance bound), ddd (stop "
-                          "growing the tree at the frontier's summed probability), adaptive (each cycle's tree depth "
-                          "from the acceptance so far)")
-    cmd.add_argument("--sam-min-match", type=int, default=None, metavar="N",
-                     help="sam: the suffix match (tokens) from which the retrieval draft is used (default 4)")
-    cmd.add_argument("--sam-draft", type=int, default=None, metavar="K",
-                     help="sam: retrieved tokens verified per retrieval cycle (default 10, at most 32)")
-    cmd.add_argument("--sam-merge", action="store_true", default=None,
-                     help="sam, trees: verify the retrieval draft grafted onto the model's tree in one pass")
-    cmd.add_argument("--sam-corpus", default=None, metavar="FILE",
-                     help="sam: a text file (documents apart by blank lines) to retrieve from as well")
-    cmd.add_argument("--svip-threshold", type=float, default=None, metavar="A",
-                     help="svip: stop below this estimated acceptance (default 0.4)")
-    cmd.add_argument("--ddd-threshold", type=float, default=None, metavar="P",
-                     help="ddd: stop below this frontier probability mass (default 0.25)")
-    cmd.add_argument("--adaptive-min-depth", type=int, default=None, metavar="D",
-                     help="adaptive: the shallowest tree a cycle may draft (default 2; the deepest is --depth, 7)")
-    cmd.add_argument("--adaptive-step-cost", type=float, default=None, metavar="C",
-                     help="adaptive: a draft depth's time against the rest of a cycle (default 0.045, SmolLM2's)")
-    cmd.add_argument("--no-sample-drafts", dest="sample_drafts", action="store_false", default=None,
-                     help="at T > 0, draft every child as a point mass of the draft's top-k (default: each "
-                          "node's first child sampled from the draft)")
-    cmd.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
-                     help="read every step's tokens before queuing the next (default: one step in flight)")
-    cmd.add_argument("--quantization", default=None, choices=("none", "int8", "int4"),
-                     help="the target's weights: weight-only int8 or int4, or none (default: the draft's "
-                          "target.quantization)")
-    cmd.add_argument("--intermediate", default=None, metavar="PATH",
-                     help="hierarchical drafting (trees, T=0): a small model checks each drafted tree and the "
-                          "target verifies the sequence it keeps: a Kangaroo export of the same target, or a small "
-                          "model of the target's tokenizer (default: off)")
-    cmd.add_argument("--max-len", type=int, default=None, help="KV-cache slots: prompt + answer + tree (default 2048)")
-    cmd.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
-                     help="run every step eagerly on a GPU (default: CUDA graphs)")
-    cmd.add_argument("--max-new-tokens", type=positive_int, default=256,
-                     help="tokens generated per prompt (default 256)")
+    sweeps = {"judge_threshold": ("judge_thresholds", "Several values: a greedy run at each after the exact runs "
+                                                      "(add --check-answers to measure what it costs).")}
+    add_runtime_flags(cmd, sweeps if judge_sweep else {})
+    cmd.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens generated per prompt (default 256)")
     cmd.add_argument("--seed", type=int, default=0, help="sampling seed at T > 0 (default 0)")
-
-
-RUNTIME_FLAGS = ("device", "dtype", "depth", "topk", "budget", "chain", "exit_threshold", "dynamic_exit",
-                 "more_exits", "shallow_reuse", "shallow_reuse_tree", "prune_threshold", "prune_at", "prune_verify",
-                 "judge_threshold", "policy", "sam_min_match", "sam_draft", "sam_merge", "sam_corpus", "svip_threshold",
-                 "ddd_threshold", "adaptive_min_depth", "adaptive_step_cost",
-                 "sample_drafts", "overlap", "quantization", "intermediate", "max_len", "cuda_graphs")
-"""The runtime flags, by their RuntimeConfig field names."""
 
 
 def runtime_config(args, dtype: Optional[str] = None):
     """The draft's own runtime settings with every flag given on the command line over them (`dtype` over all)."""
     from specdraft.drafts import runtime_settings
 
-    given = {name: getattr(args, name) for name in RUNTIME_FLAGS if getattr(args, name) is not None}
-    if dtype is not None:
-        given["dtype"] = dtype
-    try:
-        return replace(runtime_settings(args.path, args.trust_remote_code), **given)
-    except TypeError as err:
-        raise SpecdraftError(f"bad runtime setting: {err}") from None
+    return flags_over(runtime_settings(args.path, args.trust_remote_code), args, dtype)
 
 
 def _load_runtime(args, dtype: Optional[str] = None):
@@ -502,7 +409,7 @@ def _add_stages(sub) -> None:
     _trust_flags(export)
     export.set_defaults(func=_export)
     evaluate = sub.add_parser("eval", help="acceptance length against the real target, checked lossless",
-                              description="Decode eval.prompts with the draft (a chain of eval.num_draft_tokens, "
+                              description="Decode eval.prompts with the draft (a chain of eval.depth, "
                                           "T=0) and check every answer against the target's own. " + OUTPUTS,
                               example="specdraft eval runs/eagle3_smollm2/export eval.max_prompts=20")
     evaluate.add_argument("path", metavar="DRAFT_DIR", help="an export directory or a training run directory")

@@ -6,17 +6,19 @@ runtime reads an export's settings without it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import string
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional, get_args
 
 from specdraft.core.errors import SpecdraftError, choices_error
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES = get_args(Dtype)
 STRATEGIES = ("auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
 QUANTIZATIONS = ("none", "int8", "int4", "8bit", "4bit")
-RUNTIME_QUANTIZATIONS = ("none", "int8", "int4")  # the weight-only ones, which every stage runs
 FEATURE_MODES = ("online", "offline", "hybrid")
 SHARD_TARGET = ("auto", "true", "false")
 ZERO3_PERSIST = ("auto", "true", "false")
@@ -36,9 +38,12 @@ PREFETCH_NEEDS = {  # what train.prefetch_features needs of a run, as its refusa
 }
 DISTILL_ENGINES = ("auto", "hf", "static", "server")
 SERVER_APIS = ("auto", "vllm", "sglang", "llamacpp", "llama-cpp-python", "openai")
-POLICIES = ("fixed", "sam", "svip", "ddd", "adaptive")
-PRUNE_AT = ("expansion", "selection")  # where a tree scorer drops candidates (decoding/tree.py)
-PRUNE_VERIFY = ("kept", "budget")  # what a pruned tree's verify holds (decoding/sized_verify.py)
+PolicyName = Literal["fixed", "sam", "svip", "ddd", "adaptive"]  # the drafting policies (decoding/policies/)
+PruneAt = Literal["expansion", "selection"]  # where a tree scorer drops candidates (decoding/tree.py)
+PruneVerify = Literal["kept", "budget"]  # what a pruned tree's verify holds (decoding/cycles/sized_verify.py)
+RuntimeQuantization = Literal["none", "int8", "int4"]  # the weight-only ones, which every stage runs
+POLICIES, PRUNE_AT, PRUNE_VERIFY = get_args(PolicyName), get_args(PruneAt), get_args(PruneVerify)
+RUNTIME_QUANTIZATIONS = get_args(RuntimeQuantization)
 MAX_RETRIEVED = 32
 
 
@@ -79,6 +84,33 @@ def _finite(what: str, value: float, low: float, high: float = math.inf, low_ope
             raise SpecdraftError(f"{what} must be a finite number {'>' if low_open else '>='} {low:g}, got {value}")
         bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
         raise SpecdraftError(f"{what} must be in {bounds}, got {value}")
+
+
+def literal_choices(annotation) -> Optional[tuple]:
+    """The values a Literal (or Optional[Literal]) annotation allows; None for any other annotation."""
+    if typing.get_origin(annotation) is Literal:
+        return get_args(annotation)
+    if typing.get_origin(annotation) is typing.Union:
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return literal_choices(inner[0]) if len(inner) == 1 else None
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def field_choices(cls) -> Dict[str, tuple]:
+    """{field name: its choices} of a config dataclass's Literal fields (inherited ones included)."""
+    hints = typing.get_type_hints(cls)
+    return {name: choices for name, choices in ((name, literal_choices(hint)) for name, hint in hints.items())
+            if choices is not None}
+
+
+def check_choices(config, section: str) -> None:
+    """Every Literal field of a config dataclass holds one of its choices (None where it is Optional), or one line
+    naming the key, the value and the valid ones."""
+    for name, choices in field_choices(type(config)).items():
+        value = getattr(config, name)
+        if value is not None and value not in choices:
+            raise choices_error(f"{section}.{name}", value, choices)
 
 
 def prefetch_refusal(need: str, got: str = "") -> SpecdraftError:
@@ -430,8 +462,8 @@ class EvalConfig:
     """Skip this many prompts first (to evaluate on prompts a smoke run did not train on)."""
     max_new_tokens: int = 256
     """Tokens generated per prompt."""
-    num_draft_tokens: int = 6
-    """Chain length: tokens drafted per draft-verify cycle."""
+    depth: int = 6
+    """Chain length: tokens drafted per draft-verify cycle (`runtime.depth` of the evaluator's chain)."""
     dtype: str = "float32"
     """Target and draft dtype during evaluation (float32 keeps greedy comparisons exact)."""
     device: str = "auto"
@@ -444,27 +476,48 @@ class EvalConfig:
         _at_least("eval.skip_prompts", self.skip_prompts, 0)
 
 
+# ---- the runtime: RuntimeConfig, the union of its sections --------------------------------------------------
+# Each section is a dataclass of its own (the runtime's parts take theirs); RuntimeConfig holds them all as one flat
+# `runtime:` recipe section, each field a key (`runtime.depth`) and a flag of `generate` and `bench`
+# (specdraft/runtime/flags.py derives them from these fields, their types and docstrings). Choices are Literal
+# types, checked in one place (`check_choices`).
+
+
 @dataclass
-class RuntimeConfig:
-    """How the runtime drafts and verifies (`specdraft generate`, `bench` and the evaluator's engine). An export
-    carries its recipe's section; `generate` and `bench` flags override it field by field."""
+class ShapeSettings:
+    """What each cycle drafts: the chain or tree's shape (checked as the runtime resolves it: TreeShape.validated)
+    and, at T > 0, how its children are drawn."""
 
     depth: Optional[int] = None
-    """Drafted tokens on the longest path; None: 5 for a tree, 6 for a chain (the fastest shapes on SmolLM2,
-    docs/benchmarks.md). With depth, topk and budget all None, a tree is (5, 8, 40) at T=0 and (3, 6, 16) at
-    T > 0, the fastest of the shapes measured at each."""
+    """Drafted tokens on the longest path; None: the default shape's (specdraft/decoding/shapes.py holds them: a
+    tree at T=0 and a smaller one at T > 0 when topk and budget are None too, a chain's own length, the adaptive
+    policy's deepest tree; `specdraft generate --help` prints them)."""
     topk: Optional[int] = None
-    """Children proposed per expanded tree node, and nodes expanded per depth (1: a chain); None: 8 (6 at T > 0,
-    see depth)."""
+    """Children proposed per expanded tree node, and nodes expanded per depth (1: a chain); None: the default
+    shape's (see depth)."""
     budget: Optional[int] = None
-    """Tree nodes the target verifies, the root included; None: 40 (16 at T > 0, see depth)."""
+    """Tree nodes the target verifies, the root included; None: the default shape's (see depth)."""
     chain: bool = False
     """Draft a chain of `depth` tokens (the same as topk=1)."""
+    sample_drafts: bool = True
+    """At T > 0, each expanded node's first child is sampled from the draft and verified against its
+    probability (false: every child a point-mass draft of the draft's top-k)."""
+
+    def check_shape(self) -> None:
+        for name in ("depth", "topk", "budget"):
+            _at_least(f"runtime.{name}", getattr(self, name), 1)
+
+
+@dataclass
+class ExitSettings:
+    """When a chain stops drafting, and where a verify starts for a draft that runs the target's shallow layers."""
+
     exit_threshold: Optional[float] = None
     """Chains: stop drafting once the draft's top-1 probability falls below η (0: off); None: the draft's own
     (Kangaroo's method.exit_threshold), else off."""
     dynamic_exit: bool = False
-    """Chains: choose the draft length per context from running acceptance statistics (DEL)."""
+    """Chains: choose the draft length per context from running acceptance statistics (DEL). A research option:
+    slower than the fixed chain in this project's benchmarks (docs/benchmarks.md)."""
     more_exits: List[str] = field(default_factory=list)
     """Chains with dynamic_exit: exports of drafts of the same target at other exit layers; each cycle drafts
     with the one the statistics favour."""
@@ -472,30 +525,60 @@ class RuntimeConfig:
     """Chains: verify from the layer the draft's shallow pass reached (Kangaroo) instead of from layer 0."""
     shallow_reuse_tree: bool = False
     """Trees, for drafts that run the target's shallow layers: run every candidate through them while drafting
-    and verify above them (slower on small targets: docs/benchmarks.md)."""
+    and verify above them. A research option: it runs more shallow rows than it saves, slower than the full
+    verify in this project's benchmarks (docs/benchmarks.md)."""
+
+    def check_exits(self) -> None:
+        if self.exit_threshold is not None and not 0.0 <= self.exit_threshold < 1.0:
+            raise SpecdraftError(f"runtime.exit_threshold must be in [0, 1), got {self.exit_threshold}")
+
+
+@dataclass
+class PruneSettings:
+    """What the target verifies of a drafted tree and how it accepts: a draft's tree scorer (C2T), an intermediate
+    model (hierarchical drafting), a draft's judge (lossy)."""
+
     prune_threshold: Optional[float] = None
     """β for a draft that scores its tree while drafting (C2T): candidates scored below it are dropped (in a chain,
     the first one ends it); None: the draft's own default (its chain default for chains)."""
-    prune_at: str = "selection"
+    prune_at: PruneAt = "selection"
     """Trees, for a draft that scores its tree: selection (EAGLE-2's tree and its budget best by joint probability,
     then the selected nodes scored under β dropped, with their descendants) or expansion (each depth's children
-    scored under β dropped as it is drafted, so the frontier and the budget go to the kept ones: the paper's). On
-    SmolLM2's MT-bench trees both kept the same τ at each β, and expansion refilled the budget with candidates the
-    target did not accept: selection verified fewer tokens for it."""
-    prune_verify: str = "kept"
+    scored under β dropped as it is drafted, so the frontier and the budget go to the kept ones: the paper's).
+    expansion is a research option: it refills the budget with candidates the target seldom accepts, and verified
+    more tokens for the same τ in this project's benchmarks (docs/benchmarks.md)."""
+    prune_verify: PruneVerify = "kept"
     """Trees, for a draft that scores its tree: kept (the target verifies only the candidates the scorer keeps,
     padded to a multiple of 8 rows: a CUDA graph per size, and one host read a cycle between drafting and
     verifying) or budget (always the budget's rows, the dropped candidates as padding)."""
     judge_threshold: Optional[float] = None
     """δ for a draft that ships a judge: a drafted token whose judge score exceeds it is accepted even where the
     target's argmax differs (lossy, greedy only); None: exact acceptance."""
-    policy: str = "fixed"
+    intermediate: Optional[str] = None
+    """Hierarchical drafting (SpecMQuant, arXiv:2505.22179), trees at T=0: a small model checks the draft's tree
+    with its own greedy choices, and the target verifies the sequence it keeps (depth + 1 rows, not the tree's
+    budget). An export of a draft that can serve as one (Kangaroo: the target's own first layers and the
+    adapter), or a small Llama-family model of the target's tokenizer (hub id, directory or GGUF); None: off."""
+
+    def check_pruning(self) -> None:
+        for name in ("prune_threshold", "judge_threshold"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise SpecdraftError(f"runtime.{name} must be in [0, 1], got {value}")
+
+
+@dataclass
+class PolicySettings:
+    """The drafting policy: what each cycle drafts in place of the fixed shape (specdraft/decoding/policies/)."""
+
+    policy: PolicyName = "fixed"
     """What each cycle drafts: fixed (the shape as given); sam (a retrieval draft from a suffix automaton of the
     prompt and the answer so far when its match is long enough, the model's draft otherwise); svip (stop drafting
     once the draft entropy's bound on acceptance falls below svip_threshold); ddd (trees: stop growing once the
     frontier's summed draft probability falls below ddd_threshold; chains: the drafted path's probability);
     adaptive (trees: each cycle at the depth, adaptive_min_depth..depth, that the running per-depth acceptance says
-    emits the most tokens per cost; depth None: 7)."""
+    emits the most tokens per cost; depth None: the adaptive default, see depth). svip and ddd are research
+    options: slower than the fixed tree in this project's benchmarks (docs/benchmarks.md)."""
     sam_min_match: int = 4
     """sam: the suffix match, in tokens, from which the retrieval draft is used."""
     sam_draft: int = 10
@@ -513,52 +596,11 @@ class RuntimeConfig:
     adaptive_min_depth: int = 2
     """adaptive: the shallowest tree a cycle may draft."""
     adaptive_step_cost: float = 0.045
-    """adaptive: a draft depth's time against the rest of a cycle (the verify and the bookkeeping); 0.045 on SmolLM2
-    (the runtime suite's graph split: 0.049 ms a depth against 1.11 ms), less on larger targets, whose verify
-    costs more."""
-    sample_drafts: bool = True
-    """At T > 0, each expanded node's first child is sampled from the draft and verified against its
-    probability (false: every child a point-mass draft of the draft's top-k)."""
-    overlap: bool = True
-    """Keep one step in flight while the host reads the one before (false: read each step first)."""
-    max_len: int = 2048
-    """KV-cache slots: prompt + answer + one tree."""
-    cuda_graphs: bool = True
-    """Replay the cycle, the plain step and the prefill from CUDA graphs on a GPU (never on a CPU)."""
-    device: str = "auto"
-    """auto (the first GPU if there is one, else cpu), cpu, cuda, cuda:N."""
-    dtype: str = "auto"
-    """Target and draft dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
-    quantization: Optional[str] = None
-    """The target's weights in the runtime and eval: none, int8 or int4 (weight-only, as target.quantization);
-    None: the draft's target.quantization (its bitsandbytes settings, which quantize training features only, run
-    unquantized). To decode for a quantized target with a draft trained on the full-precision one, say."""
-    intermediate: Optional[str] = None
-    """Hierarchical drafting (SpecMQuant, arXiv:2505.22179), trees at T=0: a small model checks the draft's tree
-    with its own greedy choices, and the target verifies the sequence it keeps (depth + 1 rows, not the tree's
-    budget). An export of a draft that can serve as one (Kangaroo: the target's own first layers and the
-    adapter), or a small Llama-family model of the target's tokenizer (hub id, directory or GGUF); None: off."""
+    """adaptive: a draft depth's time as a share of the rest of a cycle (the verify and the bookkeeping); the
+    default suits a small target, whose verify costs little (docs/benchmarks.md: the runtime suite's graph split
+    measures it), a larger target's share is smaller."""
 
-    def __post_init__(self):
-        _check_choice("runtime.dtype", self.dtype, DTYPES)
-        _check_choice("runtime.prune_at", self.prune_at, PRUNE_AT)
-        _check_choice("runtime.prune_verify", self.prune_verify, PRUNE_VERIFY)
-        if self.quantization is not None:
-            _check_choice("runtime.quantization", self.quantization, RUNTIME_QUANTIZATIONS)
-        if self.exit_threshold is not None and not 0.0 <= self.exit_threshold < 1.0:
-            raise SpecdraftError(f"runtime.exit_threshold must be in [0, 1), got {self.exit_threshold}")
-        for name in ("prune_threshold", "judge_threshold"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise SpecdraftError(f"runtime.{name} must be in [0, 1], got {value}")
-        if self.max_len < 2:
-            raise SpecdraftError(f"runtime.max_len must be at least 2, got {self.max_len}")
-        for name in ("depth", "topk", "budget"):
-            _at_least(f"runtime.{name}", getattr(self, name), 1)
-        self._check_policy()
-
-    def _check_policy(self) -> None:
-        _check_choice("runtime.policy", self.policy, POLICIES)
+    def check_policy(self) -> None:
         if self.sam_min_match < 1:
             raise SpecdraftError(f"runtime.sam_min_match must be at least 1, got {self.sam_min_match}")
         if not 1 <= self.sam_draft <= MAX_RETRIEVED:
@@ -571,6 +613,46 @@ class RuntimeConfig:
             raise SpecdraftError(f"runtime.adaptive_min_depth must be at least 1, got {self.adaptive_min_depth}")
         if not self.adaptive_step_cost >= 0 or not math.isfinite(self.adaptive_step_cost):  # NaN compares False
             raise SpecdraftError(f"runtime.adaptive_step_cost must be >= 0, got {self.adaptive_step_cost}")
+
+
+@dataclass
+class DeviceSettings:
+    """Where and how the runtime runs: device, dtype, the target's weights, the cache, CUDA graphs, the step in
+    flight."""
+
+    device: str = "auto"
+    """auto (the first GPU if there is one, else cpu), cpu, cuda, cuda:N."""
+    dtype: Dtype = "auto"
+    """Target and draft dtype: auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16."""
+    quantization: Optional[RuntimeQuantization] = None
+    """The target's weights in the runtime and eval: none, int8 or int4 (weight-only, as target.quantization);
+    None: the draft's target.quantization (its bitsandbytes settings, which quantize training features only, run
+    unquantized). To decode for a quantized target with a draft trained on the full-precision one, say."""
+    max_len: int = 2048
+    """KV-cache slots: prompt + answer + one tree."""
+    cuda_graphs: bool = True
+    """Replay the cycle, the plain step and the prefill from CUDA graphs on a GPU (never on a CPU)."""
+    overlap: bool = True
+    """Keep one step in flight while the host reads the one before (false: read each step first)."""
+
+    def check_device(self) -> None:
+        if self.max_len < 2:
+            raise SpecdraftError(f"runtime.max_len must be at least 2, got {self.max_len}")
+
+
+@dataclass
+class RuntimeConfig(DeviceSettings, PolicySettings, PruneSettings, ExitSettings, ShapeSettings):
+    """How the runtime drafts and verifies (`specdraft generate`, `bench` and the evaluator's engine): its sections'
+    fields, one flat `runtime:` recipe section (the sections' order: shape, exits, pruning, policy, device). An
+    export carries its recipe's section; `generate` and `bench` flags override it field by field."""
+
+    def __post_init__(self):
+        check_choices(self, "runtime")
+        self.check_shape()
+        self.check_exits()
+        self.check_pruning()
+        self.check_policy()
+        self.check_device()
 
 
 @dataclass
@@ -608,6 +690,9 @@ class Recipe:
         if self.train.shard_target == "true":
             raise prefetch_refusal("online", got="train.shard_target=true")
 
+
+RENAMED_KEYS = {"eval.num_draft_tokens": "eval.depth"}
+"""Recipe keys of older recipes (saved beside runs and exports) -> their names now; the loader maps them."""
 
 SECTIONS = {"target": TargetConfig, "method": None, "data": DataConfig, "distill": DistillConfig,
             "train": TrainConfig, "eval": EvalConfig, "runtime": RuntimeConfig}

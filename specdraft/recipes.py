@@ -17,8 +17,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from specdraft.config import SECTIONS, Recipe
-from specdraft.core.errors import SpecdraftError, error_summary, shown
+from specdraft.config import RENAMED_KEYS, SECTIONS, Recipe, field_choices
+from specdraft.core.errors import SpecdraftError, choices_error, error_summary, shown
 from specdraft.core.io import write_text
 
 
@@ -54,12 +54,29 @@ def _read_yaml(path: Path):
     return raw
 
 
+def _renamed(raw):
+    """An older recipe's keys under their names now (RENAMED_KEYS), where the recipe does not give both."""
+    for old, new in RENAMED_KEYS.items():
+        (section, old_key), new_key = old.split("."), new.split(".")[1]
+        values = raw.get(section)
+        if isinstance(values, DictConfig) and old_key in values and new_key not in values:
+            values[new_key] = values.pop(old_key)
+    return raw
+
+
+def _renamed_override(override: str) -> str:
+    """A `key=value` override of an older key under the key's name now (RENAMED_KEYS)."""
+    key, _, value = override.partition("=")
+    return f"{RENAMED_KEYS[key]}={value}" if key in RENAMED_KEYS else override
+
+
 def _raw_recipe(path: str | Path, overrides: List[str]):
     path = Path(path)
-    raw = _read_yaml(path)
+    raw = _renamed(_read_yaml(path))
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise SpecdraftError(f"override {bad[0]!r} is not of the form key=value")
+    overrides = [_renamed_override(override) for override in overrides]
     try:
         return OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
     except (yaml.YAMLError, OmegaConfBaseException) as err:
@@ -147,6 +164,9 @@ def _value_error(err: ValidationError, path: Path, method_config) -> SpecdraftEr
     if not key:
         return SpecdraftError(f"recipe {path}: a section is not a mapping of keys (sections: {', '.join(SECTIONS)})")
     section, _, name = key.partition(".")
+    choices = field_choices(SECTIONS[section]).get(name) if SECTIONS.get(section) is not None else None
+    if choices is not None:  # a field of choices (a Literal), worded as config.check_choices words it
+        return choices_error(key, getattr(err, "value", None), choices)
     cls = method_config if section == "method" else SECTIONS.get(section)
     hints = typing.get_type_hints(cls) if cls is not None else {}
     expected = hints.get(name.split(".")[0])

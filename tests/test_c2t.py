@@ -230,7 +230,7 @@ def test_traces_of_a_budget_label_only_the_nodes_it_verifies(trained, chat_base_
 
 def test_a_budget_of_every_candidate_verifies_the_whole_expansion(chat_base_export, tiny_target_dir):
     from specdraft.decoding.engine import SpecEngine
-    from specdraft.decoding.target import from_hf, hf_rope_tables
+    from specdraft.decoding.verifier import from_hf, hf_rope_tables
     from specdraft.targets import load_target
     from specdraft.config import TargetConfig
     from specdraft.drafts import as_base

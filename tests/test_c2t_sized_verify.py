@@ -1,4 +1,4 @@
-"""A pruned tree verified at the size of what its scorer keeps (decoding/sized_verify.py) on the tiny chat target
+"""A pruned tree verified at the size of what its scorer keeps (decoding/cycles/sized_verify.py) on the tiny chat target
 (CPU): the target's own output, the same cycles as the budget's verify with fewer rows, padding never accepted,
 the sizes it picks, and pruning from the selection (tree.py's prune_at)."""
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_sized_verify_runs_in_cuda_graphs_one_per_size(chat_base_export):
     assert engine.use_graphs
     plain = [engine.decode_plain(runtime.encode_chat(text), 24, runtime.eos_ids).tokens for text in PROMPTS]
     sized = _generate(runtime, JointCut(-3.2))
-    verify_graphs = [key for key in engine._graphs if ":verify@" in key]
+    verify_graphs = [key for key in engine.graphs.keys() if ":verify@" in key]
     assert sorted(int(key.rsplit("@", 1)[1]) for key in verify_graphs) == list(verify_sizes(SHAPE["budget"]))
     budget = _generate(runtime, engine.tree_scorer, prune_verify="budget")
     for plain_tokens, kept, full in zip(plain, sized, budget):

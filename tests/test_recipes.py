@@ -153,3 +153,10 @@ def test_deepspeed_entries_merge_over_specdraft_s_config(tmp_path):
     config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 200_000_000}, "steps_per_print": 1}
     assert merge_config(config, recipe.train.deepspeed) == {
         "zero_optimization": {"stage": 3, "reduce_bucket_size": 500_000_000}, "steps_per_print": 10}
+
+
+def test_an_older_recipes_renamed_keys_load_under_their_names_now(tmp_path):
+    """eval.num_draft_tokens is eval.depth (specdraft.config.RENAMED_KEYS): in the file and as an override."""
+    assert load_recipe(_write(tmp_path, BASE + "eval: {num_draft_tokens: 3}\n")).eval.depth == 3
+    assert load_recipe(_write(tmp_path, BASE), ["eval.num_draft_tokens=2"]).eval.depth == 2
+    assert load_recipe(_write(tmp_path, BASE + "eval: {num_draft_tokens: 3}\n"), ["eval.depth=4"]).eval.depth == 4

@@ -31,7 +31,7 @@ method: {{name: eagle3, ttt_steps: 3, draft_vocab_size: 256}}
 data: {{val_fraction: 0.2}}
 distill: {{output_dir: {distill_dir}}}
 train: {{{train_yaml}}}
-eval: {{prompts: {prompts}, max_new_tokens: 24, num_draft_tokens: 3}}
+eval: {{prompts: {prompts}, max_new_tokens: 24, depth: 3}}
 """)
     return path
 

@@ -7,7 +7,7 @@ import torch
 from specdraft.config import TargetConfig
 from specdraft.core.types import IMAGE_EMBEDS, IMAGE_MASK
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets import load_target
 from specdraft.targets import load as target_load

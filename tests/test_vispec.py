@@ -12,7 +12,7 @@ from specdraft import cli
 from specdraft.config import RuntimeConfig
 from specdraft.core.types import IMAGE_MASK, DraftBatch, DraftContext, TargetInfo
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods import METHODS
 from specdraft.methods.vispec import draft_columns, vispec_unroll
@@ -254,7 +254,7 @@ train: {{output_dir: {tmp_path / 'run'}, max_steps: 3, micro_batch_size: 2, val_
                      str(image_file), "--max-new-tokens", "6", "--device", "cpu"]) == 0
     llava_set = prompts[1]  # the evaluator and the bench read the image prompt set's images too
     assert cli.main(["eval", str(tmp_path / "export"), f"eval.prompts={llava_set}", "eval.max_new_tokens=8",
-                     "eval.num_draft_tokens=3", "eval.device=cpu"]) == 0
+                     "eval.depth=3", "eval.device=cpu"]) == 0
     assert json.loads((tmp_path / "export" / "eval.json").read_text())["lossless"] is True
     assert cli.main(["bench", str(tmp_path / "export"), "--prompts", llava_set, "--max-new-tokens", "8",
                      "--temperature", "0", "--device", "cpu", "--out", str(tmp_path / "bench")]) == 0

@@ -19,8 +19,8 @@ inputs); draft, verify and bookkeeping run inside it as at T = 0. With --prune B
 with a C2T tree scorer at β (`specdraft.methods.c2t`), pruning from the selection and during the expansion
 (runtime.prune_at): the scorer's launches a cycle against the unpruned tree's (the phases of the budget's verify:
 a sized verify's drafting adds `tree.kept_first`). With --depth-stops, each tree shape's cycle also as a policy
-that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.depth_stop`) runs it, forced to stop
-at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
+that stops growing the tree (runtime.policy ddd or svip, `specdraft.decoding.cycles.depth_stop`) runs it, forced to
+stop at each depth: the launches of its per-depth graphs together (a graph a depth, one to verify), the graphs and
 the host reads of stop flags it needs; against the fixed tree's one graph, where a stop could only pad. With
 --vispec, each shape's cycle also with a ViSpec draft after a prompt holding an image: what its img_fc and image
 tables add to EAGLE-3's cycle.
@@ -83,7 +83,7 @@ def build_engine(config: str, shape, max_len: int = 256, device: torch.device = 
     from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
     from specdraft.methods.vispec import VispecConfig, VispecDraft, VispecDrafter
     from specdraft.decoding.engine import SpecEngine
-    from specdraft.decoding.target import from_hf, hf_rope_tables
+    from specdraft.decoding.verifier import from_hf, hf_rope_tables
 
     geometry, draft_vocab = CONFIGS[config]
     torch.manual_seed(0)
@@ -130,28 +130,28 @@ def cycle_launches(engine, syncs: Optional[List[str]] = None, temperature: float
     outside the cycle's graph each cycle: the random draws, and their copies into the graph's static inputs."""
     from specdraft.runtime.profile import draft_phase, verify_phase
 
-    policy = engine.acceptance(temperature)
-    (uniforms, draws), random = _counted(lambda: _cycle_draws(engine, policy, generator), syncs)
+    acceptance = engine.acceptance(temperature)
+    (uniforms, draws), random = _counted(lambda: _cycle_draws(engine, acceptance, generator), syncs)
     drafted, draft = _counted(lambda: draft_phase(engine, draws), syncs)
     (tree, verified), verify = _counted(lambda: verify_phase(engine, drafted), syncs)
-    _, book = _counted(lambda: engine.accept_and_commit(policy, tree, verified, uniforms), syncs)
+    _, book = _counted(lambda: engine.accept_and_commit(acceptance, tree, verified, uniforms), syncs)
     return {"draws": random, "draft": draft, "verify": verify, "bookkeeping": book}
 
 
-def _cycle_draws(engine, policy, generator):
-    """The random inputs of one cycle of the engine's shape under `policy`, as its cycle makes them, each copied once
-    as a graph copies its arguments in -> (uniforms or None, the tree's DraftDraws or None)."""
+def _cycle_draws(engine, acceptance, generator):
+    """The random inputs of one cycle of the engine's shape under `acceptance`, as its cycle makes them, each copied
+    once as a graph copies its arguments in -> (uniforms or None, the tree's DraftDraws or None)."""
     chain, depth = engine.chain, engine.shape.depth
     if chain is not None:
-        noise = engine.draft_noise(policy, depth, generator)
-        chain.temperature = policy.temperature if noise is not None else 0.0
+        noise = engine.draft_noise(acceptance, depth, generator)
+        chain.temperature = acceptance.temperature if noise is not None else 0.0
         if noise is not None:
             chain.noise.copy_(noise)
-        uniforms = policy.randomness(depth + 1, generator, engine.device)
+        uniforms = acceptance.randomness(depth + 1, generator, engine.device)
         return (None if uniforms is None else uniforms.clone()), None
-    args = [arg.clone() for arg in engine.cycle_args(policy, engine.shape.budget, generator)]  # the graph's copies
+    args = [arg.clone() for arg in engine.cycle_args(acceptance, engine.shape.budget, generator)]  # the graph's copies
     uniforms = args[0] if args else None
-    return uniforms, engine.draws(policy, args[1] if len(args) > 1 else None)
+    return uniforms, engine.draws(acceptance, args[1] if len(args) > 1 else None)
 
 
 def pruning_scorer(beta: float, device: torch.device = torch.device("cpu")):
@@ -211,13 +211,13 @@ def depth_stop_launches(config: str, text: str, prompt: torch.Tensor) -> List[di
     """The tree `text` grown by a depth-stop policy forced to stop at each depth d -> per d: launches of the whole
     cycle (the rule's own included), graphs it replays (first, d steps of which one is queued ahead, a finish),
     host reads of a stop flag."""
-    from specdraft.decoding.depth_stop import DepthStop
-    from specdraft.decoding.stop_rules import MassStop
+    from specdraft.decoding.policies.ddd import MassStop
+    from specdraft.decoding.policies.stopping import StopPolicy
 
     shape, rows = parse_shape(text), []
     for stop in range(1, shape.depth + 1):
         rule = _ForcedStop(MassStop(0.5), stop)
-        engine = build_engine(config, shape, policy=DepthStop(rule))
+        engine = build_engine(config, shape, policy=StopPolicy(rule))
         engine.prefill(prompt, 0.0)
         engine.cycle(0.0, None)  # what is cached per shape, as a graph's warm-up builds it
         rule.calls = 0

@@ -1,5 +1,5 @@
-"""Acceptance: which drafted tokens a cycle keeps, given the target's verify pass over the tree. One policy object
-serves the tree cycle, the chain cycle and the evaluator (which decodes through the engine).
+"""Acceptance: which drafted tokens a cycle keeps, given the target's verify pass over the tree. One acceptance rule
+serves every cycle kind and the evaluator (which decodes through the engine).
 
 - `ExactGreedy` (T = 0): the deepest path whose every token is the target's argmax at its parent
   (`kernels.tree_verify`); the output is the target's greedy output.
@@ -12,8 +12,8 @@ serves the tree cycle, the chain cycle and the evaluator (which decodes through 
   draft's own choice is judged: that is the token a chain drafts and the one the judge's labels are mined on
   (methods/judge/mining.py); a tree's other children are candidates it never learned to score.
 
-Every policy returns (accepted_nodes [depth_limit + 1] (-1 padded, node 0 the root), accept_length [1], bonus [1])
-with static shapes and no host sync, so that a cycle stays one CUDA graph. A policy's randomness is drawn
+Every rule returns (accepted_nodes [depth_limit + 1] (-1 padded, node 0 the root), accept_length [1], bonus [1])
+with static shapes and no host sync, so that a cycle stays one CUDA graph. A rule's randomness is drawn
 outside the graph (`randomness`) and passed in as a tensor.
 """
 from __future__ import annotations
@@ -118,7 +118,7 @@ def draft_choices(tree: DraftTree) -> torch.Tensor:
 
 
 def acceptance_for(temperature: float, judge: Optional[NodeJudge] = None) -> Acceptance:
-    """The policy of a cycle at `temperature`: the judge's when one is given (greedy only), else exact."""
+    """The acceptance rule of a cycle at `temperature`: the judge's when one is given (greedy only), else exact."""
     if judge is not None:
         if temperature > 0:
             raise SpecdraftError(f"learned acceptance (a judge threshold) decodes greedily; got temperature "

@@ -1,5 +1,5 @@
 """Bulk generation, many prompts at once (`distill-data`'s static engine): the runtime's compact target
-(target.py: fused weights, its kernels) over a static KV cache of many sequences, CUDA graphs and continuous
+(verifier/: fused weights, its kernels) over a static KV cache of many sequences, CUDA graphs and continuous
 batching. Greedy answers are the target's greedy answers, as Hugging Face `generate` gives them; sampled answers
 follow its temperature / top-p distribution (`sampling.sample_rows`).
 
@@ -34,7 +34,7 @@ from specdraft.kernels.launch import next_power_of_2
 from specdraft.kernels.ragged_attention import ragged_attention
 from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.sampling import sample_rows
-from specdraft.decoding.target import SUPPORTED, TargetModel, from_hf, hf_rope_tables
+from specdraft.decoding.verifier import SUPPORTED, VerifierModel, from_hf, hf_rope_tables
 
 SMALLEST_BUCKET = 8  # decode steps run 8, 16, 32, ... rows (or all rows): one graph each
 PREFILL_TOKENS = 16384  # the most prompt tokens one packed prefill runs (its activations' memory)
@@ -45,7 +45,7 @@ class BatchedDecoder:
     """The device side: the cache, one forward over packed tokens, prefills and graphed decode steps.
     `rope_tables(n)` -> (cos, sin) [n, D], the target's own rotary tables for n positions."""
 
-    def __init__(self, target: TargetModel, rope_tables: Callable[[int], Tuple[torch.Tensor, torch.Tensor]],
+    def __init__(self, target: VerifierModel, rope_tables: Callable[[int], Tuple[torch.Tensor, torch.Tensor]],
                  use_graphs: Optional[bool] = None):
         self.target, self.rope_tables = target, rope_tables
         self.device, self.dtype = target.device, target.dtype

@@ -6,7 +6,7 @@ saved before them and restored before the capture.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+from typing import Callable, Dict, Hashable, List, Sequence
 
 import torch
 
@@ -47,3 +47,30 @@ class CallGraph:
             self._capture()
         self.graph.replay()
         return self.output
+
+
+class GraphCache:
+    """An engine's CUDA graphs by key (any hashable: a cycle kind names its own), each made at its first request and
+    captured at its first call. `use_graphs` off (a CPU, `--no-cuda-graphs`), `run` calls the function itself."""
+
+    def __init__(self, use_graphs: bool):
+        self.use_graphs = use_graphs
+        self.graphs: Dict[Hashable, CallGraph] = {}
+
+    def get(self, key: Hashable, fn: Callable, state: Callable[[], List[torch.Tensor]],
+            example: Sequence[torch.Tensor] = ()) -> CallGraph:
+        """The graph under `key`, made with fn and state() (the tensors fn mutates, read only when the graph is
+        made) at the first request."""
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = CallGraph(fn, state(), example=example)
+        return graph
+
+    def run(self, key: Hashable, fn: Callable, args: Sequence[torch.Tensor], state: Callable[[], List[torch.Tensor]]):
+        """fn(*args), replayed from its graph under `key` when graphs are on."""
+        if not self.use_graphs:
+            return fn(*args)
+        return self.get(key, fn, state, args)(*args)
+
+    def keys(self):
+        return self.graphs.keys()

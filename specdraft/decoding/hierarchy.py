@@ -8,10 +8,11 @@ most depth + 1 drafted tokens. The target verifies that sequence as a chain of d
 acceptance decides the output: lossless against the target whatever the small model chose. Static shapes: the
 chain always has depth + 1 rows, those past the kept sequence are padding (no parent: never accepted).
 
-The engine calls the stage from `build_tree` (so that a cycle, its phases and their graphs see one tree, the
-chain) and from `commit` (the small model's cache follows the confirmed tokens). Greedy only (T = 0).
+The cycle context (cycles/context.py) calls the stage from `build_tree` (so that a cycle, its phases and their
+graphs see one tree, the chain) and from `commit` (the small model's cache follows the confirmed tokens). Greedy only
+(T = 0).
 
-`CompactIntermediate` is a separate small model of the target's tokenizer (a compact TargetModel with its own KV
+`CompactIntermediate` is a separate small model of the target's tokenizer (a VerifierModel with its own KV
 cache). Its cache lags one token: the last confirmed token of a cycle may be the small model's own next token,
 which no pass of it has run yet, so each pass runs that token first, at slot prefix - 1 (rewriting what is there),
 then the tree.
@@ -26,7 +27,7 @@ from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.kv_compact import compact_kv
 from specdraft.kernels.tree_verify import verify_greedy
-from specdraft.decoding.target import TargetModel
+from specdraft.decoding.verifier import VerifierModel
 from specdraft.decoding.tree import DraftTree
 
 
@@ -80,7 +81,7 @@ class CompactIntermediate:
 
     feature_layers: List[int] = []
 
-    def __init__(self, model: TargetModel, rope_tables):
+    def __init__(self, model: VerifierModel, rope_tables):
         self.model, self.rope_tables = model, rope_tables
 
     def allocate(self, max_len: int, device: torch.device, dtype: torch.dtype) -> None:

@@ -1,7 +1,7 @@
 """Kernel launches, counted on the CPU: every ATen op that computes (views, metadata and allocations launch no
 kernel) plus every Triton kernel run under the interpreter (TRITON_INTERPRET=1), whose own host copies are not
-counted. A small target's decode is bound by its launches (docs/benchmarks.md: a graphed cycle took
-about 3 µs a launch on an H100), so a step's count is a first-order model of its GPU time that a CPU can check.
+counted. A small target's decode is bound by its launches (docs/benchmarks.md has a graphed cycle's time a
+launch), so a step's count is a first-order model of its GPU time that a CPU can check.
 
     with LaunchCounter() as counter:
         engine.decode_plain(...)

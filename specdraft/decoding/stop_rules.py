@@ -1,15 +1,11 @@
 """When a draft stops growing: a rule evaluated on the device after each depth, whose one bool the host reads
-(chain.py for chains, depth_stop.py for trees). A stop never changes what the target accepts, only how much is
-drafted and verified, so every rule is lossless; at T > 0 with sampled drafts a rule reads only what does not
-depend on which token was sampled (a draft's top-1 score, its distribution), never the sampled token itself.
+(cycles/chain.py for chains, cycles/depth_stop.py for trees). A stop never changes what the target accepts, only
+how much is drafted and verified, so every rule is lossless; at T > 0 with sampled drafts a rule reads only what
+does not depend on which token was sampled (a draft's top-1 score, its distribution), never the sampled token
+itself.
 
-- `ConfidenceStop` (η, Kangaroo): the newest draft's top-1 probability below η. Chains.
-- `EntropyStop` (SVIP, Zhang et al., arXiv:2411.18462): a draft is accepted with probability 1 - TV(p, q) >=
-  1 - sqrt(KL(p || q) / 2) (Pinsker); SVIP stands the draft distribution's entropy H(q) in for the divergence it
-  cannot see, so 1 - sqrt(H(q) / 2) estimates the newest draft's acceptance, and drafting stops once it falls
-  below the threshold. Trees: once the best of the newest depth's estimates falls below it.
-- `MassStop` (Dynamic Depth Decoding, Brown et al., arXiv:2409.00142): the draft probability of the whole
-  drafted path (chains), or the summed joint probability of the tree's frontier (trees), below the threshold.
+- `ConfidenceStop` (η, Kangaroo's exit): the newest draft's top-1 probability below η. Chains.
+- The drafting policies' own: `policies.svip.EntropyStop`, `policies.ddd.MassStop`.
 """
 from __future__ import annotations
 
@@ -43,31 +39,3 @@ class ConfidenceStop(StopRule):
 
     def chain(self, logits, logprob, path):
         return logprob < math.log(self.threshold)
-
-
-def acceptance_bound(logits: torch.Tensor) -> torch.Tensor:
-    """logits [r, Vd] -> [r] float32: 1 - sqrt(H(q) / 2), SVIP's estimate of a draft's acceptance from its
-    distribution's entropy (nats)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    return 1.0 - (entropy / 2).sqrt()
-
-
-class EntropyStop(StopRule):
-    name = "svip"
-
-    def chain(self, logits, logprob, path):
-        return acceptance_bound(logits) < self.threshold
-
-    def tree(self, logits, frontier_scores):
-        return acceptance_bound(logits).amax(dim=0, keepdim=True) < self.threshold
-
-
-class MassStop(StopRule):
-    name = "ddd"
-
-    def chain(self, logits, logprob, path):
-        return path.sum(dim=0, keepdim=True) < math.log(self.threshold)
-
-    def tree(self, logits, frontier_scores):
-        return torch.logsumexp(frontier_scores, dim=0, keepdim=True) < math.log(self.threshold)

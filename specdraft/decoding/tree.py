@@ -14,19 +14,18 @@ A tree scorer (C2T) prunes where `prune_at` says: "selection" (the runtime's def
 `budget` best by joint probability stay EAGLE-2's, and the scorer then drops the selected nodes under β (and their
 descendants); "expansion" (the paper's): a child scored under β is dropped as the depth is expanded (-inf: never a
 frontier node, never selected), so the frontier and the budget go to the kept candidates. Either way the dropped
-nodes become padding. A pruned tree may be verified at a size below its budget (`verify_sizes`, sized_verify.py):
+nodes become padding. A pruned tree may be verified at a size below its budget (`verify_sizes`, cycles/sized_verify.py):
 `kept_first` moves its real nodes ahead of the padding, and `tree_rows` cuts it to a size.
 
 Candidate states (`keep_states`, for a drafter whose verify may start above the target's shallow layers): after
 `first` and after each `step`, the drafter runs the depth's new candidates (all of them, not just the frontier:
 any may be selected) through its shallow layers with its own `tree_candidates` hook, each attending to its
 root-to-node path; the tree then records which candidate each node is (`candidate_ids`), so that the verify
-can start from those states (engine.py, `tree_verify_states`).
+can start from those states (cycles/context.py, `tree_verify_states`).
 """
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Optional, Sequence, Tuple
 
@@ -36,66 +35,17 @@ from specdraft.core.drafting import Drafter, TreeScorer
 from specdraft.core.errors import SpecdraftError
 from specdraft.kernels.draft_topk import draft_topk
 from specdraft.kernels.sampled_topk import sampled_topk
-from specdraft.kernels.tree_attention import MAX_WINDOW
 from specdraft.kernels.tree_frontier import advance_frontier
 from specdraft.kernels.tree_select import TreeSelection, ancestry, select_tree
 from specdraft.decoding.sampled_drafts import DraftDraws, SampledDrafts
+from specdraft.decoding.shapes import TreeShape
 
 
-logger = logging.getLogger(__name__)
-CHAIN_DEPTH = 6
-"""A chain's drafts when none are asked for."""
 VERIFY_STEP = 8
 """A pruned tree's verify sizes are the multiples of this up to its budget, and the budget (`verify_sizes`): at most
 7 padding rows a cycle, and a CUDA graph per size (5 at budget 40). A verify's time is about flat in its rows at
-such sizes (docs/benchmarks.md: on a Llama-8B-shaped target 4.65 ms for 1 row, 4.95 for 16, 5.59 for 40), so finer
-sizes would save little and capture more graphs; coarser ones would verify up to 15 padding rows."""
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    depth: int = 5
-    """Drafted tokens on the longest path. The defaults (5, 8, 40) were the fastest of five shapes on SmolLM2
-    with two EAGLE-3 heads (docs/benchmarks.md, runtime suite); (6, 8, 48) accepts more but costs more a cycle."""
-    topk: int = 8
-    """Children proposed per expanded node, and nodes expanded per depth."""
-    budget: int = 40
-    """Nodes the target verifies, the root included."""
-
-    def validated(self) -> "TreeShape":
-        if self.depth < 1 or self.topk < 1:
-            raise SpecdraftError(f"tree depth and topk must be >= 1, got depth={self.depth} topk={self.topk}")
-        if not 2 <= self.budget <= self.num_candidates:
-            raise SpecdraftError(f"tree budget must be in 2..{self.num_candidates} for depth={self.depth} "
-                                 f"topk={self.topk}, got {self.budget}")
-        if max(self.budget, self.scratch) > MAX_WINDOW:
-            logger.warning("tree depth=%d topk=%d budget=%d: the verify's %d nodes and the draft's %d scratch slots "
-                           "must each be <= %d for the tree-attention kernel; beyond, attention runs its PyTorch "
-                           "reference (depth 8, top-8 drafted 1.7x slower a cycle on an H100)", self.depth,
-                           self.topk, self.budget, self.budget, self.scratch, MAX_WINDOW)
-        return self
-
-    @classmethod
-    def chain(cls, num_draft: int) -> "TreeShape":
-        return cls(depth=num_draft, topk=1, budget=num_draft + 1)
-
-    @property
-    def num_candidates(self) -> int:  # root + depth-1 tokens + k*k per later depth
-        return 1 + self.topk + (self.depth - 1) * self.topk * self.topk
-
-    @property
-    def scratch(self) -> int:  # draft scratch slots: root + k per expanded depth
-        return 1 + self.depth * self.topk
-
-    @property
-    def expanded_rows(self) -> int:  # nodes the expansion runs the draft on: the root + k per later depth
-        return 1 + (self.depth - 1) * self.topk
-
-
-SAMPLING_TREE = TreeShape(depth=3, topk=6, budget=16)
-"""The tree at T > 0 when no shape is asked for: where sampling accepts fewer drafts, a smaller tree's shorter
-cycle pays more than the default's deeper paths (SmolLM2 at T=1, docs/benchmarks.md: 1.62x plain against 1.43x
-for (5, 8, 40) on MT-bench, and the fastest of the shapes measured on Spec-Bench's categories on average)."""
+such sizes (docs/benchmarks.md, verify-cost suite), so finer sizes would save little and capture more graphs;
+coarser ones would verify up to 15 padding rows."""
 
 
 @dataclass
@@ -162,16 +112,17 @@ class TreeExpansion:
 
     def __init__(self, drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
                  keep_states: bool = False, scorer: Optional[TreeScorer] = None, draws: Optional[DraftDraws] = None,
-                 prune_at: str = "selection"):
+                 prune_at: str = "selection", d2t: Optional[torch.Tensor] = None):
         self.drafter, self.shape, self.root, self.root_position = drafter, shape, root, root_position
         self.keep_states, self.scorer, self.draws, self.prune_at = keep_states, scorer, draws, prune_at
+        self.d2t = drafter.d2t if d2t is None else d2t  # [Vd] draft index -> target id offset (vocabulary.py)
         self.const = _tree_constants(shape, root.device)
         pieces = shape.depth + 1  # piece d: depth d's candidates (piece 0 the root)
         self.kept = [None] * pieces  # with prune_at "selection": piece d's candidates the scorer keeps, [n] bool
         self.tokens, self.parents, self.scores = [None] * pieces, [None] * pieces, [None] * pieces
         self.expanded = [None] * pieces  # piece d: depth d's frontier
         self.draft_logprobs = None if draws is None else torch.empty(  # [R, Vd] log q of each expanded node, rows
-            shape.expanded_rows, drafter.d2t.shape[0], device=draws.exponential.device)  # in expansion order
+            shape.expanded_rows, self.d2t.shape[0], device=draws.exponential.device)  # in expansion order
         self.frontiers = [None] * pieces  # depth d's frontier (each depth's own: a graph reads the one before)
         self.positions = None
         self.logits = None  # [k, Vd] the draft logits of the newest depth (a stop rule reads them)
@@ -181,9 +132,9 @@ class TreeExpansion:
         log q [r, Vd] or None)."""
         k = self.shape.topk
         if self.draws is None:
-            return (*draft_topk(logits, self.drafter.d2t, k), None)
+            return (*draft_topk(logits, self.d2t, k), None)
         rows = slice(row, row + logits.shape[0])  # into one buffer the verify reads whole (no concatenation)
-        return sampled_topk(logits, self.drafter.d2t, k, self.draws.exponential[rows], self.draws.temperature,
+        return sampled_topk(logits, self.d2t, k, self.draws.exponential[rows], self.draws.temperature,
                             self.draft_logprobs[rows])
 
     def _scored(self, child_logprobs: torch.Tensor, parent_scores: torch.Tensor, draft_logits: torch.Tensor,
@@ -256,7 +207,7 @@ class TreeExpansion:
         row_of = torch.full((self.const.first_child.shape[0],), -1, dtype=torch.long, device=chosen.device)
         row_of[expanded] = self.const.expanded_rows[:expanded.shape[0]]
         return SampledDrafts(rows=row_of[chosen], logprobs=self.draft_logprobs[:expanded.shape[0]],
-                             d2t=self.drafter.d2t, sampled=self.const.first_child[chosen])
+                             d2t=self.d2t, sampled=self.const.first_child[chosen])
 
     def select(self, depth: int) -> DraftTree:
         """The tree of depths 0..depth's candidates the target verifies (at most `budget` nodes, static shapes)."""
@@ -284,12 +235,14 @@ class _Frontier(NamedTuple):
 
 def build_tree(drafter: Drafter, shape: TreeShape, root: torch.Tensor, root_position: torch.Tensor,
                keep_states: bool = False, scorer: Optional[TreeScorer] = None,
-               draws: Optional[DraftDraws] = None, prune_at: str = "selection") -> DraftTree:
+               draws: Optional[DraftDraws] = None, prune_at: str = "selection",
+               d2t: Optional[torch.Tensor] = None) -> DraftTree:
     """root [1] token, root_position [1] -> the tree the target verifies (budget nodes, static shapes);
     keep_states: the drafter keeps every candidate's shallow state (module docstring); scorer: drops candidates
     after each depth's expansion or from the selection (`prune_at`, module docstring), and those selected anyway
-    become padding; draws: sampled drafts at T > 0 (sampled_drafts.py)."""
-    expansion = TreeExpansion(drafter, shape, root, root_position, keep_states, scorer, draws, prune_at)
+    become padding; draws: sampled drafts at T > 0 (sampled_drafts.py); d2t: the draft vocabulary's map to target
+    ids (default the drafter's; the engine passes its checked copy, vocabulary.py)."""
+    expansion = TreeExpansion(drafter, shape, root, root_position, keep_states, scorer, draws, prune_at, d2t)
     expansion.first()
     for depth in range(1, shape.depth):
         expansion.advance(depth)

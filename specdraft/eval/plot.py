@@ -14,7 +14,7 @@ def eval_title(report: dict) -> str:
         (f" ({identical}/{report['prompts']} answers identical to the target's greedy ones)"
          if identical is not None else "")
     return (f"specdraft eval: {settings['method']} draft {draft_name(settings['draft'])}, "
-            f"τ = {report['tau']:.2f} tokens/cycle\nchain of {settings['num_draft_tokens']}, T=0, "
+            f"τ = {report['tau']:.2f} tokens/cycle\nchain of {settings['depth']}, T=0, "
             f"{report['prompts']} prompts of {short_path(settings['prompts'], 1)}, {settings.get('device', '?')} "
             f"({settings.get('dtype', '?')})\n{lossless}")
 

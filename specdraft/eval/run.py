@@ -58,7 +58,7 @@ def greedy_answer(target, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids
 
 def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: List[str] = (),
              trust_remote_code: bool = False) -> dict:
-    """Decode eval.prompts with the draft through the runtime (a chain of eval.num_draft_tokens, no early exit,
+    """Decode eval.prompts with the draft through the runtime (a chain of eval.depth, no early exit,
     in eval.dtype) and check every answer against the target's own greedy answer from Hugging Face `generate`.
     The target's weights: runtime.quantization when an override sets it, else the draft's target.quantization
     (`runtime_target`): a quantized target's greedy answers are what the runtime must give.
@@ -91,7 +91,7 @@ def run_eval(path: str | Path, out_dir: Optional[str | Path] = None, overrides: 
 
 def _loaded(path: str | Path, overrides: List[str], trust_remote_code: bool):
     """The draft, its recipe (with `overrides`), the target's settings and the target (runtime.quantization when an override sets it, else
-    the draft's target.quantization) and the runtime eval decodes with (a chain of eval.num_draft_tokens, no
+    the draft's target.quantization) and the runtime eval decodes with (a chain of eval.depth, no
     early exit, in eval.dtype)."""
     loaded = load_draft(path, overrides, trust_remote_code=trust_remote_code)  # first: it says what is wrong with
     recipe = load_recipe(Path(path) / RECIPE_FILE, list(overrides), trust_remote_code)  # `path` (missing, not a draft)
@@ -103,7 +103,7 @@ def _loaded(path: str | Path, overrides: List[str], trust_remote_code: bool):
     if target.info.vocab_size != loaded.target.vocab_size:
         raise SpecdraftError(f"draft was built for vocabulary {loaded.target.vocab_size}, target has "
                              f"{target.info.vocab_size}")
-    runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.num_draft_tokens, chain=True, exit_threshold=0.0,
+    runtime = build_runtime(loaded, target, RuntimeConfig(depth=cfg.depth, chain=True, exit_threshold=0.0,
                                                           device=cfg.device, dtype=cfg.dtype))
     runtime.engine.set_tree_scorer(None)  # no early exit: a draft's tree scorer would end chains too
     return loaded, recipe, target_cfg, target, runtime
@@ -114,9 +114,9 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
     cycles = max(1, len(accepted))
     return {
         "tau": sum(a + 1 for a in accepted) / cycles,
-        "acceptance_by_position": acceptance_by_position(accepted, cfg.num_draft_tokens),
-        "cycles_by_position": cycles_by_position(accepted, cfg.num_draft_tokens),
-        "accepted_histogram": [accepted.count(a) for a in range(cfg.num_draft_tokens + 1)],
+        "acceptance_by_position": acceptance_by_position(accepted, cfg.depth),
+        "cycles_by_position": cycles_by_position(accepted, cfg.depth),
+        "accepted_histogram": [accepted.count(a) for a in range(cfg.depth + 1)],
         "lossless": lossless_count == num_prompts,
         "lossless_prompts": lossless_count,
         "prompts": num_prompts,
@@ -124,7 +124,7 @@ def _report(loaded, cfg, accepted, lossless_count, num_prompts, new_tokens, spec
         "new_tokens": new_tokens,
         "seconds_speculative": spec_seconds,
         "seconds_greedy_hf": greedy_seconds,
-        "settings": {"temperature": 0.0, "num_draft_tokens": cfg.num_draft_tokens, "drafting": "chain",
+        "settings": {"temperature": 0.0, "depth": cfg.depth, "drafting": "chain",
                      "max_new_tokens": cfg.max_new_tokens, "prompts": cfg.prompts, "dtype": cfg.dtype,
                      "method": loaded.spec.name, "skip_prompts": cfg.skip_prompts, "device": device,
                      "target": loaded.target_config.path, "draft": str(loaded.source),

@@ -178,9 +178,9 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
 
 def warm_prompt_lengths(engine, prompts: List) -> dict:
     """Every prompt's prefill, twice, before the timed runs -> the mean first and second prefill (ms). The eager
-    prefill pays a one-time cost for each prompt length it has not met yet (SmolLM2 on an H200:
-    plain decoding ran 1.40 ms a token on a first pass over 20 prompts, 1.03 on every later pass), and the timed
-    loop that meets a prompt first, always plain decoding, paid it alone. A server pays it once a length, in
+    prefill pays a one-time cost for each prompt length it has not met yet (docs/benchmarks.md: a first pass over
+    the prompts decodes slower than every later one), and the timed loop that meets a prompt first, always plain
+    decoding, paid it alone. A server pays it once a length, in
     either loop; `bench` times both loops without it and keeps it on record here."""
     device = engine.device
     first, again = [], []
@@ -209,11 +209,11 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
     depth = engine.most_tokens - 1  # the most drafts a cycle may accept (a policy's may pass the shape's)
     greedy = temperature == 0
     chain = engine.chain is not None
-    policy = engine.acceptance(temperature)
+    acceptance = engine.acceptance(temperature)
     reach = drafted if chain else reachable(engine, temperature, len(accepted))
     return {
         "temperature": temperature,
-        "acceptance": policy.key,
+        "acceptance": acceptance.key,
         "tree": asdict(engine.shape_at(temperature)) if not chain else None,
         "tau": sum(a + 1 for a in accepted) / max(1, len(accepted)),
         "acceptance_by_position": acceptance_by_position(accepted, depth, reach),
@@ -236,7 +236,7 @@ def _summary(runtime, totals, cycles, same_as_plain, plain_matches_hf, num_promp
         "hf_prompts": min(num_prompts, settings.hf_prompts or num_prompts) if settings.hf_baseline else 0,
         "new_tokens": {name: tokens for name, (tokens, _) in totals.items() if "@" not in name},
         "seconds": {name: seconds for name, (_, seconds) in totals.items() if "@" not in name},
-        "lossless": (same_as_plain == num_prompts and policy.lossless) if greedy else None,
+        "lossless": (same_as_plain == num_prompts and acceptance.lossless) if greedy else None,
         "lossless_prompts": same_as_plain if greedy else None,
         "plain_matches_hf_prompts": plain_matches_hf if greedy and settings.hf_baseline else None,
         "prompts": num_prompts,

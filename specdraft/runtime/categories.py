@@ -14,7 +14,7 @@ rewritten after each category, so a run that stops keeps what it finished.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -25,6 +25,7 @@ from specdraft.config import RuntimeConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import write_json
 from specdraft.runtime.bench import warm_prompt_lengths
+from specdraft.runtime.flags import field_types, value_type
 from specdraft.runtime.load import Runtime
 
 SPEC_BENCH = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -76,7 +77,7 @@ def parse_variant(text: str) -> Dict[str, object]:
     """`POLICY[,FIELD=VALUE...]` -> RuntimeConfig overrides, each value of its field's type."""
     policy, *assignments = text.split(",")
     overrides: Dict[str, object] = {"policy": policy}
-    kinds = {f.name: _kind(str(f.type)) for f in fields(RuntimeConfig)}
+    kinds = {name: value_type(annotation) for name, annotation in field_types().items()}
     for assignment in assignments:
         name, _, value = assignment.partition("=")
         kind = kinds.get(name)
@@ -87,11 +88,6 @@ def parse_variant(text: str) -> Dict[str, object]:
         except ValueError:
             raise SpecdraftError(f"variant {text!r}: {name} takes a {kind.__name__}, got {value!r}") from None
     return overrides
-
-
-def _kind(annotation: str):
-    """A RuntimeConfig field's annotation (a string: `Optional[int]`, `bool`, ...) -> the type a value parses to."""
-    return next((kind for kind in (bool, int, float) if kind.__name__ in annotation), str)
 
 
 def variant_configs(base: RuntimeConfig, variants: Sequence[str]) -> Dict[str, RuntimeConfig]:

@@ -12,21 +12,23 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from specdraft.config import RUNTIME_QUANTIZATIONS, RuntimeConfig, TargetConfig
+from specdraft.config import RUNTIME_QUANTIZATIONS, ExitSettings, PolicySettings, PruneSettings, RuntimeConfig, \
+    TargetConfig
 from specdraft.core.drafting import IntermediateModel
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import geometry_mismatch
 from specdraft.drafts import RECIPE_FILE, LoadedDraft, load_draft
-from specdraft.decoding.depth_choice import DepthChoice
-from specdraft.decoding.depth_stop import DepthStop
-from specdraft.decoding.dynamic_exit import ExitChoice
-from specdraft.decoding.engine import SpecEngine
+from specdraft.decoding.engine import EngineOptions, SpecEngine
 from specdraft.decoding.hierarchy import CompactIntermediate
-from specdraft.decoding.retrieval import Retrieval, corpus_automaton
-from specdraft.decoding.retrieval_cycles import RetrievalDrafts
-from specdraft.decoding.stop_rules import EntropyStop, MassStop
-from specdraft.decoding.target import TargetModel, from_hf, hf_rope_tables
-from specdraft.decoding.tree import CHAIN_DEPTH, SAMPLING_TREE, TreeShape
+from specdraft.decoding.policies.adaptive import AdaptivePolicy
+from specdraft.decoding.policies.base import DraftingPolicy
+from specdraft.decoding.policies.ddd import ddd_policy
+from specdraft.decoding.policies.dynamic_exit import ExitChoice
+from specdraft.decoding.policies.sam import SamPolicy
+from specdraft.decoding.policies.suffix_automaton import Retrieval, corpus_automaton
+from specdraft.decoding.policies.svip import svip_policy
+from specdraft.decoding.shapes import ADAPTIVE_DEPTH, CHAIN_DEPTH, SAMPLING_TREE, TreeShape
+from specdraft.decoding.verifier import VerifierModel, from_hf, hf_rope_tables
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
 from specdraft.targets.remote_code import with_remote_code
@@ -72,7 +74,8 @@ def resolve_device(device: str) -> torch.device:
 
 def tree_shape(cfg: RuntimeConfig) -> TreeShape:
     """The draft's shape: a chain of `depth` (default CHAIN_DEPTH) or a tree (depth, topk, budget; each unset one
-    TreeShape's default, the depth ADAPTIVE_DEPTH under the adaptive policy: its deepest choice), checked."""
+    TreeShape's default, the depth ADAPTIVE_DEPTH under the adaptive policy: its deepest choice), checked
+    (decoding/shapes.py holds the defaults)."""
     if cfg.chain or cfg.topk == 1:
         return TreeShape.chain(cfg.depth or CHAIN_DEPTH).validated()
     depth = ADAPTIVE_DEPTH if cfg.policy == "adaptive" and cfg.depth is None else cfg.depth
@@ -99,7 +102,7 @@ def runtime_target(target_cfg: TargetConfig, cfg: RuntimeConfig) -> TargetConfig
     return replace(target_cfg, quantization=quantization if quantization in RUNTIME_QUANTIZATIONS else "none")
 
 
-def _intermediate(cfg: RuntimeConfig, target: LoadedTarget, target_model: TargetModel,
+def _intermediate(cfg: RuntimeConfig, target: LoadedTarget, target_model: VerifierModel,
                   max_len: int) -> Optional[IntermediateModel]:
     """runtime.intermediate loaded (None: off): a draft's export or run directory whose method serves as one
     (MethodSpec.intermediate), else a small Llama-family model of the target's vocabulary."""
@@ -121,40 +124,46 @@ def _intermediate(cfg: RuntimeConfig, target: LoadedTarget, target_model: Target
     return CompactIntermediate(from_hf(small.model, small.info), hf_rope_tables(small.model, max_len))
 
 
-def _engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=None) -> dict:
+def engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=None,
+                   intermediate: Optional[IntermediateModel] = None) -> EngineOptions:
     """SpecEngine's options from the settings; the chain-only ones are refused on a tree."""
-    options = {"reuse_shallow_tree": cfg.shallow_reuse_tree, "overlap": cfg.overlap,
-               "tree_scorer": _tree_scorer(drafter, cfg, chain=shape.topk == 1), "judge": _judge(drafter, cfg),
-               "sample_drafts": cfg.sample_drafts, "prune_at": cfg.prune_at, "prune_verify": cfg.prune_verify,
-               **_policy_options(cfg, shape, tokenizer)}
+    options = EngineOptions(reuse_shallow_tree=cfg.shallow_reuse_tree, overlap=cfg.overlap,
+                            tree_scorer=_tree_scorer(drafter, cfg, chain=shape.topk == 1), judge=_judge(drafter, cfg),
+                            sample_drafts=cfg.sample_drafts, prune_at=cfg.prune_at, prune_verify=cfg.prune_verify,
+                            policy=drafting_policy(cfg, tokenizer), intermediate=intermediate,
+                            sampling_shape=sampling_tree_shape(cfg))
     if shape.topk != 1:
         if (cfg.exit_threshold or 0) > 0 or cfg.dynamic_exit or cfg.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
         return options
-    eta = drafter.caps.exit_threshold if cfg.exit_threshold is None else cfg.exit_threshold
-    if "chain_stop" in options and cfg.exit_threshold is None:
-        eta = 0.0  # the policy's stop rule replaces the draft's own η
-    return {**options, "exit_threshold": eta, "dynamic_exit": cfg.dynamic_exit, "reuse_shallow": cfg.shallow_reuse}
+    return replace(options, exit_threshold=chain_exit_threshold(drafter, cfg), dynamic_exit=cfg.dynamic_exit,
+                   reuse_shallow=cfg.shallow_reuse)
 
 
-STOP_RULES = {"svip": (EntropyStop, "svip_threshold"), "ddd": (MassStop, "ddd_threshold")}
-ADAPTIVE_DEPTH = 7
-"""The adaptive policy's deepest tree when runtime.depth is unset: at top-8, the deepest whose 57 scratch slots fit
-the tree-attention kernel's window."""
+STOP_POLICIES = ("svip", "ddd")
+"""The policies that stop drafting by a rule of their own: on a chain, in place of the draft's own η."""
 
 
-def _policy_options(cfg: RuntimeConfig, shape: TreeShape, tokenizer=None) -> dict:
-    """runtime.policy as SpecEngine options: a drafting policy, or a chain's stop rule (none for fixed)."""
+def chain_exit_threshold(drafter, cfg: RuntimeConfig) -> float:
+    """A chain's η: runtime.exit_threshold, else the draft's own, except under a policy that stops the chain by its
+    own rule (then off)."""
+    if cfg.exit_threshold is not None:
+        return cfg.exit_threshold
+    return 0.0 if cfg.policy in STOP_POLICIES else drafter.caps.exit_threshold
+
+
+def drafting_policy(cfg: PolicySettings, tokenizer=None) -> Optional[DraftingPolicy]:
+    """runtime.policy as the engine's drafting policy (decoding/policies/; None for fixed)."""
     if cfg.policy == "sam":
         corpus = corpus_automaton(corpus_documents(cfg.sam_corpus, tokenizer)) if cfg.sam_corpus else None
-        return {"policy": RetrievalDrafts(Retrieval(cfg.sam_draft, cfg.sam_min_match, corpus), cfg.sam_merge)}
+        return SamPolicy(Retrieval(cfg.sam_draft, cfg.sam_min_match, corpus), cfg.sam_merge)
     if cfg.policy == "adaptive":
-        return {"policy": DepthChoice(cfg.adaptive_min_depth, cfg.adaptive_step_cost)}
-    if cfg.policy in STOP_RULES:
-        rule_class, threshold = STOP_RULES[cfg.policy]
-        rule = rule_class(getattr(cfg, threshold))
-        return {"chain_stop": rule} if shape.topk == 1 else {"policy": DepthStop(rule)}
-    return {}
+        return AdaptivePolicy(cfg.adaptive_min_depth, cfg.adaptive_step_cost)
+    if cfg.policy == "svip":
+        return svip_policy(cfg.svip_threshold)
+    if cfg.policy == "ddd":
+        return ddd_policy(cfg.ddd_threshold)
+    return None
 
 
 def corpus_documents(path: str, tokenizer) -> List[List[int]]:
@@ -169,7 +178,7 @@ def corpus_documents(path: str, tokenizer) -> List[List[int]]:
     return [tokenizer(document, add_special_tokens=False)["input_ids"] for document in documents]
 
 
-def _tree_scorer(drafter, cfg: RuntimeConfig, chain: bool = False):
+def _tree_scorer(drafter, cfg: PruneSettings, chain: bool = False):
     """The draft's tree scorer, or None; its threshold from runtime.prune_threshold when given, else the scorer's
     own (for a chain, its `chain_threshold`)."""
     if not drafter.caps.scores_tree:
@@ -185,7 +194,7 @@ def _tree_scorer(drafter, cfg: RuntimeConfig, chain: bool = False):
     return scorer
 
 
-def _judge(drafter, cfg: RuntimeConfig):
+def _judge(drafter, cfg: PruneSettings):
     """The draft's judge at runtime.judge_threshold δ, or None (exact acceptance, the default)."""
     if cfg.judge_threshold is None:
         return None
@@ -205,12 +214,12 @@ def set_judge_threshold(runtime: Runtime, threshold: Optional[float]) -> None:
     runtime.settings = settings
 
 
-def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: TargetModel):
+def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: VerifierModel):
     draft = loaded.draft.to(device=target_model.device, dtype=target.model.dtype)
     return loaded.spec.runtime(draft, loaded.method_cfg, target_model)
 
 
-def _exit_choice(drafter, cfg: RuntimeConfig, target: LoadedTarget, target_model: TargetModel) -> ExitChoice:
+def _exit_choice(drafter, cfg: ExitSettings, target: LoadedTarget, target_model: VerifierModel) -> ExitChoice:
     """The first draft and those of `cfg.more_exits`, which must run the target's shallow layers."""
     if not cfg.dynamic_exit:
         raise SpecdraftError("--more-exits needs --dynamic-exit (it chooses the exit per cycle)")
@@ -240,14 +249,13 @@ def build_runtime(loaded: LoadedDraft, target: LoadedTarget, cfg: RuntimeConfig 
     runtimes (one per tree shape, say) without loading it again."""
     shape = tree_shape(cfg)
     max_len = min(cfg.max_len, target.info.max_position_embeddings)
-    target_model: TargetModel = from_hf(target.model, target.info)
+    target_model: VerifierModel = from_hf(target.model, target.info)
     drafter = _drafter(loaded, target, target_model)
     if cfg.more_exits:
         drafter = _exit_choice(drafter, cfg, target, target_model)
+    options = engine_options(drafter, shape, cfg, target.tokenizer, _intermediate(cfg, target, target_model, max_len))
     engine = SpecEngine(target_model, drafter, shape, max_len, hf_rope_tables(target.model, max_len),
-                        None if cfg.cuda_graphs else False, **_engine_options(drafter, shape, cfg, target.tokenizer),
-                        intermediate=_intermediate(cfg, target, target_model, max_len),
-                        sampling_shape=sampling_tree_shape(cfg))
+                        None if cfg.cuda_graphs else False, options)
     return Runtime(engine=engine, target=target, draft=loaded, eos_ids=eos_token_ids(target.model, target.tokenizer),
                    settings=cfg)
 

@@ -62,3 +62,20 @@ def test_dispatch_and_bad_k():
     _assert_same(draft_topk(draft_logits, d2t, 4), draft_topk_reference(draft_logits, d2t, 4))
     with pytest.raises(SpecdraftError, match="k=41"):
         draft_topk_triton(draft_logits, d2t, 41)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes on the NaN rows in numpy
+def test_untrusted_rows_score_minus_inf_in_both():
+    """A row without a finite log-sum-exp (a NaN or +inf logit, every logit -inf) is untrusted: its k scores are
+    -inf and its ids those of draft indices 0..k-1, in the kernel as in the reference; the other rows are as
+    ever."""
+    draft_logits, d2t = _inputs(5, 256, torch.float32, seed=2)
+    draft_logits[0, 17] = float("nan")
+    draft_logits[1, 200] = float("inf")
+    draft_logits[2] = -float("inf")
+    draft_logits[3] = float("nan")
+    got = draft_topk_triton(draft_logits, d2t, 4, block_v=64)
+    _assert_same(got, draft_topk_reference(draft_logits, d2t, 4))
+    assert (got[0][:4] == -float("inf")).all() and torch.equal(got[1][:4], (torch.arange(4) + d2t[:4]).expand(4, 4))
+    _assert_same((got[0][4:], got[1][4:]), draft_topk_reference(draft_logits[4:], d2t, 4))
+    assert torch.isfinite(got[0][4]).all()

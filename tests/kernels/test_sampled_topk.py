@@ -51,3 +51,26 @@ def test_k_beyond_the_vocabulary_is_an_error():
     draft_logits, d2t, noise = _inputs(1, 8, torch.float32)
     with pytest.raises(SpecdraftError, match="k=9"):
         sampled_topk_triton(draft_logits, d2t, 9, noise, 1.0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter computes on the NaN rows in numpy
+def test_untrusted_rows_score_minus_inf_and_are_point_masses_in_both():
+    """A row without a finite log-sum-exp (a NaN or +inf logit, every logit -inf) is untrusted: its k scores are
+    -inf, its children draft indices 0..k-1 (the sampled one index 0) and its log q the point mass at index 0, in
+    the kernels as in the reference; the other rows are as ever."""
+    draft_logits, d2t, noise = _inputs(5, 256, torch.float32, seed=3)
+    draft_logits[0, 17] = float("nan")
+    draft_logits[1, 200] = float("inf")
+    draft_logits[2] = -float("inf")
+    draft_logits[3] = float("nan")
+    for temperature in (1.0, 0.6):
+        got = sampled_topk_triton(draft_logits, d2t, 4, noise, temperature, block_v=64)
+        want = sampled_topk_reference(draft_logits, d2t, 4, noise, temperature)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-5)
+        assert torch.equal(got[1], want[1])
+        torch.testing.assert_close(got[2], want[2], rtol=0, atol=1e-5)
+        assert (got[0][:4] == -float("inf")).all() and torch.equal(got[1][:4], (torch.arange(4) + d2t[0]).expand(4, 4))
+        point_mass = torch.full((256,), -float("inf"))
+        point_mass[0] = 0.0
+        assert all(torch.equal(row, point_mass) for row in got[2][:4])
+        assert got[0][4, 0] == 0.0 and torch.isfinite(got[2][4]).all()

@@ -78,3 +78,19 @@ def test_candidates_a_scorer_dropped_are_padding():
     assert (got.parents[~real] == -1).all() and (got.depths[~real] == 1).all()
     assert torch.equal(got.tree_mask[~real], torch.eye(12, dtype=torch.bool)[~real])
     assert not got.tree_mask[real][:, ~real].any()  # no real node sees a dropped one
+
+
+def test_nan_scores_never_take_the_roots_place():
+    """Candidates scored NaN (a broken draft or scorer) rank as -inf in both: the root stays node 0 with its token,
+    and a NaN candidate the budget takes is padding."""
+    tokens, parents, scores = expansion_candidates(3, 3, torch.Generator().manual_seed(2))
+    scores = scores.clone()
+    scores[1:] = float("nan")  # every candidate but the root
+    got = select_tree_triton(tokens, parents, scores, 6, 3)
+    _assert_same(got, select_tree_reference(tokens, parents, scores, 6, 3))
+    assert got.chosen[0] == 0 and got.tokens[0] == tokens[0] and got.valid.tolist() == [True] + [False] * 5
+    assert (got.parents == -1).all() and torch.equal(got.tree_mask, torch.eye(6, dtype=torch.bool))
+    scores[1:4] = torch.tensor([-0.1, -0.2, -0.3])  # depth 1 real again, its descendants NaN
+    got = select_tree_triton(tokens, parents, scores, 6, 3)
+    _assert_same(got, select_tree_reference(tokens, parents, scores, 6, 3))
+    assert got.chosen[:4].tolist() == [0, 1, 2, 3] and got.valid.tolist() == [True] * 4 + [False] * 2

@@ -21,7 +21,7 @@ data: {{val_fraction: 0.2}}
 distill: {{output_dir: {distill_dir}}}
 train: {{output_dir: {tmp / 'run'}, max_steps: 2, micro_batch_size: 4, val_every_steps: 2, lr: 3.0e-3,
          warmup_steps: 1, log_every_steps: 1}}
-eval: {{prompts: {prompts}, max_new_tokens: 8, num_draft_tokens: 3}}
+eval: {{prompts: {prompts}, max_new_tokens: 8, depth: 3}}
 """)
     assert cli.main(["train", str(recipe)]) == 0
     assert cli.main(["export", str(tmp / "run"), "--format", "hf", "--out", str(tmp / "hf")]) == 0

@@ -12,8 +12,7 @@ import torch
 
 from specdraft.config import RuntimeConfig, TargetConfig
 from specdraft.core.types import DraftContext, TargetInfo
-from specdraft.decoding import chain as chain_module
-from specdraft.decoding import engine as engine_module
+from specdraft.decoding import graphs
 from specdraft.drafts import LoadedDraft
 from specdraft.methods import METHODS
 from specdraft.runtime.categories import (CategorySettings, categories_table, category_prompts, run_categories,
@@ -83,8 +82,7 @@ def test_what_each_captured_graph_reads_outlives_it(monkeypatch, tmp_path):
     """Seven variants over one target meet 18 prompt lengths and their cycle sizes: a bounded cache of the ingest's
     constants (16 sizes) freed some that earlier prefill graphs read, and on a GPU those graphs' ingests wrote the
     drafter's keys at the slots the reused memory then held (issue 32's illegal memory access)."""
-    monkeypatch.setattr(engine_module, "CallGraph", CaptureOnCpu)
-    monkeypatch.setattr(chain_module, "CallGraph", CaptureOnCpu)
+    monkeypatch.setattr(graphs, "CallGraph", CaptureOnCpu)
     monkeypatch.setattr(CaptureOnCpu, "graphs", [])
     monkeypatch.setattr(CaptureOnCpu, "owned", weakref.WeakValueDictionary())
     runtimes = _runtimes(VARIANTS, graphs=True)

@@ -1,4 +1,4 @@
-"""Chain cycles (specdraft/decoding/chain.py) with Kangaroo's drafter on a tiny trained target (CPU, fp32): the
+"""Chain cycles (specdraft/decoding/cycles/chain.py) with Kangaroo's drafter on a tiny trained target (CPU, fp32): the
 confidence exit η, the verify that starts at the exit layer over the drafter's shallow states, and the dynamic
 draft length stay lossless; η makes the drafted length vary and the verify run fewer rows; drafting a chain
 runs one shallow row per depth; a verify that starts at the wrong layer is caught; choosing among drafts at two
@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from specdraft.core.types import DraftContext
-from specdraft.decoding import chain
-from specdraft.decoding import engine as engine_module
-from specdraft.decoding.dynamic_exit import DynamicExit, ExitChoice
+from specdraft.decoding import graphs
+from specdraft.decoding.policies.dynamic_exit import DynamicExit, ExitChoice
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
@@ -137,14 +136,18 @@ def test_dynamic_exit_picks_the_exit_whose_drafts_pay_for_their_layers():
                          ids=["whole", "eta", "eta_del"])
 @torch.no_grad()
 def test_static_buffer_replays_give_the_eager_tokens(monkeypatch, options):
-    monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
-    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)  # the prefill's graphs, padded as on a GPU
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)  # the prefill's graphs too, padded as on a GPU
     _, eager = _engine(**options)
     _, replayed = _engine(use_graphs=True, **options)
     for prompt in PROMPTS:
         expected, got = eager.generate(prompt, 24), replayed.generate(prompt, 24)
         assert got.tokens == expected.tokens and got.drafted == expected.drafted
-    assert replayed.chain._graphs
+    assert _chain_graph_keys(replayed)
+
+
+def _chain_graph_keys(engine):
+    """The keys of the chain cycle's CUDA graphs (their last element: the drafter variant)."""
+    return [key for key in engine.graphs.keys() if isinstance(key, tuple) and key[0] == "chain"]
 
 
 SAMPLING_TRIALS, TOP, CRITICAL = 400, 4, 18.5  # chi-square, TOP + 1 bins (4 degrees of freedom), p = 0.001
@@ -159,8 +162,7 @@ def _first_cycle_tokens(engine, prompt, trials):
     for _ in range(trials):
         for tensor, value in zip((engine.prefix_len, engine.root, engine.drafter.prefix_len), saved):
             tensor.copy_(value)
-        out, _ = engine.cycle(1.0, generator)
-        firsts.append(int(out.emitted[0]))
+        firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
     return root, torch.tensor(firsts)
 
 
@@ -216,10 +218,9 @@ def test_choosing_the_exit_layer_per_cycle_is_lossless(monkeypatch):
     for prompt, result in zip(PROMPTS, results):
         assert result.tokens == _hf_greedy(model, prompt, 32)
     assert chosen[0] == 1 and set(chosen) == {1, 2}  # the cheap exit first, the one whose drafts land later
-    monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
-    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)  # the prefill's graphs, padded as on a GPU
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)  # the prefill's graphs too, padded as on a GPU
     _, replayed, replayed_chosen = _exit_choice_engine(use_graphs=True)
     for prompt, result in zip(PROMPTS, results):
         got = replayed.generate(prompt, 32)
         assert got.tokens == result.tokens and got.drafted == result.drafted
-    assert replayed_chosen == chosen and {key[-1] for key in replayed.chain._graphs} == {0, 1}
+    assert replayed_chosen == chosen and {key[-1] for key in _chain_graph_keys(replayed)} == {0, 1}

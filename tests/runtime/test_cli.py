@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from specdraft import cli
@@ -86,6 +87,24 @@ def test_the_hf_baseline_on_the_first_prompts_alone(export_dir, tmp_path):
     assert abs(run["speedup_vs_hf"] - first["spec_tokens"] / first["spec_s"] / hf_rate) < 1e-9
     assert abs(run["plain_vs_hf"] - first["plain_tokens"] / first["plain_s"] / hf_rate) < 1e-9
     assert cli.main(["bench", str(export_dir), "--device", "cpu", "--hf-prompts", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_an_export_of_nan_weights_changes_no_token_of_generate(export_dir, tmp_path, capsys):
+    """Issue 52's export, every float of its model.safetensors NaN: `generate` prints the target's own answer (the
+    intact draft's, lossless) as a tree and as a chain."""
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "nan_export"
+    shutil.copytree(export_dir, broken)
+    tensors = load_file(broken / "model.safetensors")
+    save_file({name: torch.full_like(t, float("nan")) if t.is_floating_point() else t for name, t in tensors.items()},
+              broken / "model.safetensors", metadata={"format": "pt"})
+    answers = []
+    for draft, shape in ((export_dir, []), (broken, []), (broken, ["--chain"])):
+        assert cli.main(["generate", str(draft), "--prompt", "question 1?", "--max-new-tokens", "8", "--device", "cpu",
+                         "--max-len", "256", *shape]) == 0
+        answers.append(capsys.readouterr().out)
+    assert answers[0].strip() and answers[1] == answers[0] and answers[2] == answers[0]
 
 
 def test_a_bf16_bench_checks_its_draft_in_float32(export_dir, tmp_path, capsys):
@@ -279,7 +298,7 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
         engine.prefill(prompt, 0.0)
     for _ in range(3):
         with torch.no_grad():  # as the engine's loops run
-            expected, _ = engines[0].cycle(0.0, None)
+            expected = engines[0].cycle(0.0, None).output
             got = [fn() for _, fn in _phases(engines[1])][-1]
         assert torch.equal(got.for_host, expected.for_host)
         assert torch.equal(engines[1].prefix_len, engines[0].prefix_len)

@@ -1,13 +1,16 @@
 """The runtime's target and engine on tiny random models, CPU, fp32: exact against Hugging Face."""
 import logging
+from functools import partial
 
 import pytest
 import torch
 
 from specdraft.core.types import TargetInfo
+from specdraft.decoding.cycles.base import CycleKind, CycleRun
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
-from specdraft.decoding.tree import TreeShape
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
+from specdraft.decoding.tree import DraftTree, TreeShape
+from specdraft.kernels.draft_topk import draft_topk
 from tests.runtime.oracle import OracleDrafter
 from tests.tiny import tiny_llama_config
 
@@ -134,7 +137,7 @@ def test_the_cycle_in_flight_changes_no_token_and_no_statistic(shape):
 
 
 def test_host_reader_reads_each_slot_as_staged():
-    from specdraft.decoding.engine import HostReader
+    from specdraft.decoding.host_reader import HostReader
 
     reader = HostReader(4, torch.device("cpu"))
     first = reader.stage(torch.tensor([3, 1, 4]))
@@ -157,8 +160,7 @@ def test_speculative_sampling_runs_and_stays_in_vocabulary():
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(depth=3, topk=2, budget=7)])
 def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatch, shape):
     """T > 0 with graphs on (a CPU stand-in with a CUDA graph's aliasing): the same draws as the eager cycles."""
-    from specdraft.decoding import chain
-    from specdraft.decoding import engine as engine_module
+    from specdraft.decoding import graphs
     from tests.runtime.replay import ReplayOnCpu
 
     model = _tiny_hf("llama")
@@ -166,8 +168,7 @@ def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatc
     drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
     runs = []
     for use_graphs in (False, True):
-        monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
-        monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
+        monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
         engine = _engine(model, OracleDrafter(drafter_tokens, 320), shape)
         engine.use_graphs = use_graphs
         runs.append(engine.generate(prompt, 30, temperature=1.0, generator=torch.Generator().manual_seed(0)))
@@ -195,10 +196,10 @@ def test_a_sampling_shape_drafts_its_own_tree_at_t_above_zero_and_the_shape_at_z
 def test_sampled_cycles_of_a_sampling_shape_replayed_from_static_buffers_equal_eager_ones(monkeypatch):
     """The sampling shape's cycles at T > 0 and the shape's at T=0, graphed (a CPU stand-in with a CUDA graph's
     aliasing) in one engine: the eager tokens of each."""
-    from specdraft.decoding import engine as engine_module
+    from specdraft.decoding import graphs
     from tests.runtime.replay import ReplayOnCpu
 
-    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
     model = _tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,)).tolist()
     drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
@@ -260,9 +261,56 @@ def test_sampled_cycles_through_the_triton_kernels_draw_the_references_tokens(mo
 def test_a_tree_wider_than_the_attention_kernel_is_warned_of(caplog):
     """The verify's nodes and the draft's scratch slots fit the tree-attention kernel's window, or a warning
     names the shape: beyond it attention runs the reference, far slower (depth 8, top-8: 65 scratch slots)."""
-    with caplog.at_level(logging.WARNING, logger="specdraft.decoding.tree"):
+    with caplog.at_level(logging.WARNING, logger="specdraft.decoding.shapes"):
         TreeShape(depth=5, topk=8, budget=40).validated()
         TreeShape.chain(6).validated()
         assert not caplog.records
         TreeShape(depth=8, topk=8, budget=64).validated()
     assert "65 scratch slots" in caplog.text and "<= 64" in caplog.text
+
+
+class OneDraftCycle(CycleKind):
+    """A cycle kind written against specdraft/decoding/cycles/base.py alone: one drafter call, its top-1 token after
+    the root, verified with the root as a chain of two nodes."""
+
+    most_tokens = 2
+
+    def __init__(self, context, shape):
+        self.context = context
+        index = torch.arange(2, device=context.device)
+        self.parents, self.depths, self.causal = index - 1, index, index[:, None] >= index[None, :]
+        self.valid = torch.ones(2, dtype=torch.bool, device=context.device)
+
+    def body(self, acceptance, randomness=None):
+        context = self.context
+        logits, _ = context.drafter.first(context.root, context.prefix_len)  # [1, Vd]
+        scores, ids = draft_topk(logits, context.d2t, 1)  # [1, 1] each
+        tree = DraftTree(tokens=torch.cat([context.root, ids[0]]), parents=self.parents, depths=self.depths,
+                         valid=self.valid, tree_mask=self.causal, joint_logprobs=torch.cat([scores.new_zeros(1),
+                                                                                           scores[0]]))
+        return context.accept_and_commit(acceptance, tree, context.verify(tree, start_layer=0), 1, randomness)
+
+    def run(self, acceptance, generator):
+        randomness = acceptance.randomness(2, generator, self.context.device)
+        out = self.context.graphed(f"one-draft:{acceptance.key}", partial(self.body, acceptance),
+                                   *(() if randomness is None else (randomness,)))
+        return CycleRun(out, 1)
+
+
+@pytest.mark.parametrize("use_graphs", [False, True])
+def test_a_cycle_kind_of_its_own_runs_through_the_engine_unchanged(monkeypatch, use_graphs):
+    """A new kind (one module against the interface, EngineOptions.cycle_kind) decodes the target's greedy output,
+    each cycle accepting its one draft from a perfect drafter; graphed (a CPU stand-in with a graph's aliasing) as
+    eager."""
+    from specdraft.decoding import graphs
+    from tests.runtime.replay import ReplayOnCpu
+
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
+    model = _tiny_hf("llama")
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    greedy = _hf_greedy(model, prompt, 24)
+    engine = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
+                        OracleDrafter(prompt + greedy, 320), TreeShape.chain(1), 128, hf_rope_tables(model, 128),
+                        use_graphs, cycle_kind=OneDraftCycle)
+    result = engine.generate(prompt, 20)
+    assert result.tokens == greedy[:20] and set(result.accepted[:-1]) == {1} and set(result.drafted) == {1}

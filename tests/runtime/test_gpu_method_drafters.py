@@ -6,7 +6,7 @@ import torch
 from specdraft.methods import METHODS
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.test_method_drafters import CASES, RUNTIME_METHODS
 from tests.tiny import tiny_llama_config

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from specdraft.core.types import DraftContext, TargetInfo
-from specdraft.decoding.depth_stop import DepthStop
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.retrieval import Retrieval
-from specdraft.decoding.retrieval_cycles import RetrievalDrafts
-from specdraft.decoding.stop_rules import EntropyStop, MassStop
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.policies.ddd import ddd_policy
+from specdraft.decoding.policies.sam import SamPolicy
+from specdraft.decoding.policies.suffix_automaton import Retrieval
+from specdraft.decoding.policies.svip import svip_policy
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
 from tests.tiny import tiny_llama_config
@@ -18,11 +18,11 @@ from tests.tiny import tiny_llama_config
 pytestmark = pytest.mark.gpu
 TREE, CHAIN = TreeShape(depth=4, topk=4, budget=16), TreeShape.chain(4)
 POLICIES = {
-    "sam": (TREE, lambda: {"policy": RetrievalDrafts(Retrieval(8, 2))}),
-    "sam_merge": (TREE, lambda: {"policy": RetrievalDrafts(Retrieval(8, 2), merge=True)}),
-    "ddd_tree": (TREE, lambda: {"policy": DepthStop(MassStop(0.05))}),
-    "svip_tree": (TREE, lambda: {"policy": DepthStop(EntropyStop(0.01))}),
-    "ddd_chain": (CHAIN, lambda: {"chain_stop": MassStop(0.05)}),
+    "sam": (TREE, lambda: {"policy": SamPolicy(Retrieval(8, 2))}),
+    "sam_merge": (TREE, lambda: {"policy": SamPolicy(Retrieval(8, 2), merge=True)}),
+    "ddd_tree": (TREE, lambda: {"policy": ddd_policy(0.05)}),
+    "svip_tree": (TREE, lambda: {"policy": svip_policy(0.01)}),
+    "ddd_chain": (CHAIN, lambda: {"policy": ddd_policy(0.05)}),
 }
 
 

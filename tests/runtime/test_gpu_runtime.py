@@ -5,7 +5,7 @@ import torch
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.tiny import tiny_llama_config
 
@@ -70,8 +70,8 @@ def test_graphed_prefill_of_padded_lengths_equals_the_eager_prefill(shape):
         got = graphed.generate(prompt, 32)
         assert got.tokens == expected.tokens and got.accepted == expected.accepted
         assert graphed.decode_plain(prompt, 32).tokens == expected.tokens
-    assert {key for key in graphed._graphs if key.startswith("prefill@")} == {"prefill@64", "prefill@128",
-                                                                             "prefill@192"}
+    prefills = {key for key in graphed.graphs.keys() if isinstance(key, str) and key.startswith("prefill@")}
+    assert prefills == {"prefill@64", "prefill@128", "prefill@192"}
 
 
 @pytest.mark.parametrize("shape", [TreeShape.chain(4), TreeShape(depth=4, topk=4, budget=16)])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.targets.vision import image_prompt
 from tests.test_vispec import image_ids, memorised_vlm_draft, vlm_info

@@ -10,7 +10,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetInfo
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.hierarchy import CompactIntermediate
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.layers.quantized import quantize_decoder
 from tests.runtime.oracle import OracleDrafter

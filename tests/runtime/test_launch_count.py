@@ -9,7 +9,7 @@ import torch
 
 from specdraft.core.types import TargetInfo
 from specdraft.decoding.launches import LaunchCounter
-from specdraft.decoding.target import from_hf
+from specdraft.decoding.verifier import from_hf
 from tests.tiny import tiny_llama_config
 
 FUSED_BOUND = 10  # add + norm, qkv, rope + cache, attention (2 kernels), o, add + norm, gate/up, silu * up, down

@@ -9,7 +9,7 @@ import torch
 from specdraft.methods import METHODS
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.targets import capture_features
 from tests.addons import DRAFT_METHODS

@@ -2,21 +2,20 @@
 merged into the tree), SVIP's entropy stop and Dynamic Depth Decoding's mass stop (trees and chains) each give
 greedy decoding's output; their CUDA-graph paths (graph outputs at fixed addresses, read by the next graph) give
 the eager tokens; sampled cycles keep the target's distribution; parameters out of range are one-line errors."""
-from functools import partial
-
 import pytest
 import torch
 
 from specdraft.config import RuntimeConfig
 from specdraft.core.errors import SpecdraftError
-from specdraft.decoding import engine as engine_module
-from specdraft.decoding.depth_choice import DepthChoice
-from specdraft.decoding.depth_stop import DepthStop
+from specdraft.decoding import graphs
+from specdraft.decoding.cycles.tree import TreeCycle
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.retrieval import Retrieval
-from specdraft.decoding.retrieval_cycles import RetrievalDrafts
-from specdraft.decoding.stop_rules import EntropyStop, MassStop
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.policies.adaptive import AdaptivePolicy
+from specdraft.decoding.policies.ddd import ddd_policy
+from specdraft.decoding.policies.sam import SamPolicy
+from specdraft.decoding.policies.suffix_automaton import Retrieval
+from specdraft.decoding.policies.svip import svip_policy
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_chain_exits import CRITICAL, SAMPLING_TRIALS, _chi_square_top
@@ -25,14 +24,14 @@ from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _train
 TREE, CHAIN = TreeShape(depth=4, topk=3, budget=10), TreeShape.chain(4)
 REPEATING = PROMPT + PROMPT[:9]  # the prompt's start again: its continuation can be retrieved
 POLICIES = {  # name: (shape, engine options of a fresh policy)
-    "sam": (TREE, lambda: {"policy": RetrievalDrafts(Retrieval(draft_len=6, min_match=2))}),
-    "sam_merge": (TREE, lambda: {"policy": RetrievalDrafts(Retrieval(draft_len=6, min_match=2), merge=True)}),
-    "sam_chain": (CHAIN, lambda: {"policy": RetrievalDrafts(Retrieval(draft_len=6, min_match=2))}),
-    "svip_tree": (TREE, lambda: {"policy": DepthStop(EntropyStop(0.5))}),
-    "ddd_tree": (TREE, lambda: {"policy": DepthStop(MassStop(0.4))}),
-    "svip_chain": (CHAIN, lambda: {"chain_stop": EntropyStop(0.5)}),
-    "ddd_chain": (CHAIN, lambda: {"chain_stop": MassStop(0.2)}),
-    "adaptive_tree": (TREE, lambda: {"policy": DepthChoice(min_depth=2, step_cost=0.2)}),
+    "sam": (TREE, lambda: {"policy": SamPolicy(Retrieval(draft_len=6, min_match=2))}),
+    "sam_merge": (TREE, lambda: {"policy": SamPolicy(Retrieval(draft_len=6, min_match=2), merge=True)}),
+    "sam_chain": (CHAIN, lambda: {"policy": SamPolicy(Retrieval(draft_len=6, min_match=2))}),
+    "svip_tree": (TREE, lambda: {"policy": svip_policy(0.5)}),
+    "ddd_tree": (TREE, lambda: {"policy": ddd_policy(0.4)}),
+    "svip_chain": (CHAIN, lambda: {"policy": svip_policy(0.5)}),
+    "ddd_chain": (CHAIN, lambda: {"policy": ddd_policy(0.2)}),
+    "adaptive_tree": (TREE, lambda: {"policy": AdaptivePolicy(min_depth=2, step_cost=0.2)}),
 }
 SHARPEN = 6.0  # the tiny draft's distributions are nearly flat (entropy > 2 nats): SVIP's bound would never pass
 
@@ -97,10 +96,7 @@ def test_the_adaptive_policy_drafts_deeper_where_drafts_are_accepted_and_shallow
 @torch.no_grad()
 def test_graph_replays_give_the_eager_tokens(monkeypatch, name):
     """The graphed paths with a graph's aliasing (ReplayOnCpu): each replay writes into its first outputs."""
-    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
-    from specdraft.decoding import chain
-
-    monkeypatch.setattr(chain, "CallGraph", ReplayOnCpu)
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
     _, eager = _engine(name)
     _, replayed = _engine(name, use_graphs=True)
     for prompt in (PROMPT, REPEATING):
@@ -131,13 +127,13 @@ class _ReadiedReplay(ReplayOnCpu):
 def test_the_adaptive_policy_captures_every_depth_before_its_first_cycle_runs(monkeypatch):
     """A depth first chosen in the middle of a generation replays a graph captured at the first cycle: a timed run
     never pays a capture."""
-    monkeypatch.setattr(engine_module, "CallGraph", _ReadiedReplay)
+    monkeypatch.setattr(graphs, "CallGraph", _ReadiedReplay)
     monkeypatch.setattr(_ReadiedReplay, "made", [])
     _, engine = _engine("adaptive_tree", use_graphs=True)
     engine.generate(PROMPT, 32)
-    cycle_graphs = [graph for graph in _ReadiedReplay.made  # a tree cycle's body: (policy, shape) bound
-                    if isinstance(graph.fn, partial) and isinstance(graph.fn.args[-1], TreeShape)]
-    assert {graph.fn.args[1] for graph in cycle_graphs} == set(engine.policy.shapes.values())
+    bodies = {graph: getattr(getattr(graph.fn, "func", None), "__self__", None) for graph in _ReadiedReplay.made}
+    cycle_graphs = [graph for graph, kind in bodies.items() if isinstance(kind, TreeCycle)]  # TreeCycle.body, bound
+    assert {bodies[graph].shape for graph in cycle_graphs} == set(engine.policy.shapes.values())
     assert all(graph.readied and not graph.called_unready for graph in cycle_graphs)
     assert sum(1 for count in engine.policy.counts.values() if count) > 1
 
@@ -153,8 +149,7 @@ def _first_tokens(engine, prompt, trials):
         if engine.policy is not None:
             engine.policy.begin(prompt)
             engine.policy.observe([root])
-        out, _ = engine.cycle(1.0, generator)
-        firsts.append(int(out.emitted[0]))
+        firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
     return root, torch.tensor(firsts)
 
 
@@ -198,11 +193,11 @@ def test_a_policy_that_cannot_run_with_the_shape_says_why():
     drafter = spec.runtime(draft, cfg, target)
     with pytest.raises(SpecdraftError, match="sam_merge grafts the retrieval draft onto a tree"):
         SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256),
-                   policy=RetrievalDrafts(Retrieval(4, 2), merge=True))
+                   policy=SamPolicy(Retrieval(4, 2), merge=True))
     with pytest.raises(SpecdraftError, match="chooses a tree's depth"):
-        SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256), policy=DepthChoice())
+        SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256), policy=AdaptivePolicy())
     with pytest.raises(SpecdraftError, match="adaptive_min_depth must be in 1..4"):
-        SpecEngine(target, drafter, TREE, 256, hf_rope_tables(model, 256), policy=DepthChoice(min_depth=5))
+        SpecEngine(target, drafter, TREE, 256, hf_rope_tables(model, 256), policy=AdaptivePolicy(min_depth=5))
     with pytest.raises(SpecdraftError, match="both stop chains"):
         SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256), exit_threshold=0.5,
-                   chain_stop=MassStop(0.3))
+                   policy=ddd_policy(0.3))

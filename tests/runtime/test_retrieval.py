@@ -1,14 +1,14 @@
-"""Retrieval drafts (specdraft/decoding/retrieval.py, retrieval_cycles.py): the suffix automaton against brute
-force on random strings (what it accepts, the longest earlier match of the text's newest suffix, where it first
-ended, the continuation drafted from it), the corpus beside the text, and the graft of a retrieved chain onto a
-tree."""
+"""Retrieval drafts (specdraft/decoding/policies/suffix_automaton.py, cycles/retrieval.py): the suffix automaton
+against brute force on random strings (what it accepts, the longest earlier match of the text's newest suffix, where
+it first ended, the continuation drafted from it), the corpus beside the text, and the graft of a retrieved chain
+onto a tree."""
 import random
 
 import pytest
 import torch
 
-from specdraft.decoding.retrieval import SEPARATOR, Match, Retrieval, SuffixAutomaton, corpus_automaton
-from specdraft.decoding.retrieval_cycles import graft_chain
+from specdraft.decoding.cycles.retrieval import graft_chain
+from specdraft.decoding.policies.suffix_automaton import SEPARATOR, Match, Retrieval, SuffixAutomaton, corpus_automaton
 from specdraft.decoding.tree import DraftTree
 
 

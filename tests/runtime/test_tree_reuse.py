@@ -8,9 +8,9 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.methods import kangaroo
-from specdraft.decoding import engine as engine_module
+from specdraft.decoding import graphs
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_chain_exits import assert_first_cycles_keep_the_target_distribution
@@ -114,7 +114,7 @@ def test_shallow_kv_left_at_the_candidate_slots_is_caught(monkeypatch):
 @torch.no_grad()
 def test_a_tree_verify_starting_at_the_wrong_layer_is_caught():
     model, engine = _engine()
-    engine.tree_start_layer = engine.drafter.exit_layer - 1  # states at ℓ fed to layer ℓ-1
+    engine.context.tree_start_layer = engine.drafter.exit_layer - 1  # states at ℓ fed to layer ℓ-1
     assert engine.generate(PROMPT, 24).tokens != _hf_greedy(model, PROMPT, 24)
 
 
@@ -136,7 +136,7 @@ def test_sampled_tree_cycles_with_reuse_keep_the_target_distribution(monkeypatch
 
 @torch.no_grad()
 def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatch):
-    monkeypatch.setattr(engine_module, "CallGraph", ReplayOnCpu)
+    monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
     runs = []
     for use_graphs in (False, True):
         _, engine = _engine(use_graphs=use_graphs)

@@ -244,7 +244,7 @@ def _tiny_pair(steps: int, scale: float, sequences: int = 24, held_out: int = 4)
 def measure(steps: int, scale: float, repeats: int = 3) -> List[dict]:
     """τ at T=1 of the tiny pair, tree (4, 4, 16) and chain of 4, sampled and point-mass drafts."""
     from specdraft.decoding.engine import SpecEngine
-    from specdraft.decoding.target import from_hf, hf_rope_tables
+    from specdraft.decoding.verifier import from_hf, hf_rope_tables
     from specdraft.decoding.tree import TreeShape
 
     model, info, spec, cfg, draft, prompts = _tiny_pair(steps, scale)

@@ -193,22 +193,22 @@ def training_main(argv=None) -> dict:
 
 # ---- decode: a random target's plain decoding, bf16 against int8 and int4 ------------------------------------
 def random_target(geometry: str, weights: str, max_len: int, device: torch.device):
-    """A compact TargetModel of GEOMETRIES[geometry] with random bf16 weights (float32 on the CPU), quantized to
+    """A compact VerifierModel of GEOMETRIES[geometry] with random bf16 weights (float32 on the CPU), quantized to
     `weights` (int8, int4) or not (bf16)."""
     from specdraft.core.types import TargetInfo
-    from specdraft.decoding.target import TargetModel, quantized_target
+    from specdraft.decoding.verifier import VerifierModel, quantized_verifier
 
     info = TargetInfo(name_or_path=f"random {geometry}", model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0,
                       max_position_embeddings=max_len, **GEOMETRIES[geometry])
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     with torch.device("meta"):  # then made where it runs, in its dtype: no float32 copy of 8B weights
-        model = TargetModel(info).to(dtype).eval().requires_grad_(False)
+        model = VerifierModel(info).to(dtype).eval().requires_grad_(False)
     model.to_empty(device=device)
     with torch.no_grad():
         for param in model.parameters():
             param.fill_(1.0) if param.dim() == 1 else param.uniform_(-0.03, 0.03)
-    return model if weights == "bf16" else quantized_target(model, weights)
+    return model if weights == "bf16" else quantized_verifier(model, weights)
 
 
 def step_bytes(model, context: int) -> int:

@@ -45,10 +45,10 @@ GEOMETRIES = {  # TargetInfo fields of each geometry
 
 
 def random_target(config: str, max_len: int, device: torch.device, dtype: torch.dtype):
-    """The runtime's TargetModel of `config`'s geometry, random weights built in `dtype` on `device`, its static
+    """The runtime's VerifierModel of `config`'s geometry, random weights built in `dtype` on `device`, its static
     cache allocated for `max_len` slots (rotary tables of its rope_theta)."""
     from specdraft.core.types import TargetInfo
-    from specdraft.decoding.target import TargetModel
+    from specdraft.decoding.verifier import VerifierModel
 
     geometry = GEOMETRIES[config]
     info = TargetInfo(name_or_path=f"random {config}", model_type="llama", rms_norm_eps=1e-5,
@@ -58,7 +58,7 @@ def random_target(config: str, max_len: int, device: torch.device, dtype: torch.
     torch.set_default_dtype(dtype)  # built in place in dtype: an 8B target never exists in float32
     try:
         with torch.device(device):
-            model = TargetModel(info).eval().requires_grad_(False)
+            model = VerifierModel(info).eval().requires_grad_(False)
     finally:
         torch.set_default_dtype(default)
     half = info.head_dim // 2

@@ -1,8 +1,9 @@
 """Draft top-k in two launches. Stage 1, one program per (row, vocabulary chunk): the chunk's max and sum of
 exp (for the log-softmax normaliser) and its own top k. Stage 2, one program per row: merges the chunks'
 normalisers into the row's logsumexp and their candidates into the row's top k, then maps draft ids to target
-ids through d2t. Each (logit, draft id) pair is packed into one int64 sort key (logit order in the high word,
-lower id wins ties in the low word), so a top-k step is a single max reduction."""
+ids through d2t (a row without a finite logsumexp is untrusted: reference.py). Each (logit, draft id) pair is
+packed into one int64 sort key (logit order in the high word, lower id wins ties in the low word), so a top-k step
+is a single max reduction."""
 import torch
 import triton
 import triton.language as tl
@@ -68,11 +69,13 @@ def _merge_topk_kernel(keys_ptr, chunk_max_ptr, chunk_sumexp_ptr, d2t_ptr, logpr
     candidates = tl.arange(0, BLOCK_CANDIDATES)
     keys = tl.load(keys_ptr + row * num_chunks * K + candidates, mask=candidates < num_chunks * K,
                    other=EMPTY_KEY)  # [BLOCK_CANDIDATES]
+    trusted = tl.abs(log_normaliser) < float("inf")  # a NaN, +inf or all--inf row: untrusted (reference.py)
     for rank in tl.static_range(K):
         best = tl.max(keys, 0)
         keys = tl.where(keys == best, EMPTY_KEY, keys)
         logit, draft_id = unpack_key(best)
-        tl.store(logprobs_ptr + row * K + rank, logit - log_normaliser)
+        draft_id = tl.where(trusted, draft_id, rank)
+        tl.store(logprobs_ptr + row * K + rank, tl.where(trusted, logit - log_normaliser, -float("inf")))
         tl.store(target_ids_ptr + row * K + rank, draft_id + tl.load(d2t_ptr + draft_id))
 
 

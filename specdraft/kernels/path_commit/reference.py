@@ -1,7 +1,7 @@
-"""The spec of a cycle's commit bookkeeping (runtime/engine.py, after the verify): from the accepted path through
-the tree, the cache slots the KV compaction reads, the token after each path node (what the drafter ingests), what
-the host reads (the count, then the emitted tokens), the captured target features of the path's nodes, and the
-new root (the bonus token)."""
+"""The spec of a cycle's commit bookkeeping (decoding/cycles/context.py, after the verify): from the accepted path
+through the tree, the cache slots the KV compaction reads, the token after each path node (what the drafter
+ingests), what the host reads (the count, then the emitted tokens), the captured target features of the path's
+nodes, and the new root (the bonus token)."""
 from typing import NamedTuple, Sequence, Tuple
 
 import torch

@@ -2,8 +2,8 @@
 exp of logits / T (the log-softmax normaliser), its own top k (packed keys, as draft_topk's) and its Gumbel-max
 candidate (the largest logits / T - log of the Exp(1) draw, lowest id on ties). Stage 2, one program per row: the
 row's logsumexp, the sampled token (the best chunk candidate), the k - 1 best keys besides it, the d2t map, and log q
-written out chunk by chunk. The Gumbel-max reads logits / T + Gumbel noise (the argmax of log q + noise, short of
-rounding)."""
+written out chunk by chunk (a row without a finite logsumexp is untrusted: reference.py). The Gumbel-max reads
+logits / T + Gumbel noise (the argmax of log q + noise, short of rounding)."""
 import torch
 import triton
 import triton.language as tl
@@ -56,7 +56,9 @@ def _merge_kernel(logits_ptr, row_stride, vocab, temperature, keys_ptr, chunk_ma
     perturbed_ids = tl.load(perturbed_id_ptr + row * num_chunks + chunks, mask=is_chunk, other=vocab)
     best = tl.max(perturbed, 0)
     sampled = tl.min(tl.where(perturbed == best, perturbed_ids, vocab), 0)  # chunks ascend: the lowest id
-    tl.store(scores_ptr + row * K, 0.0)
+    trusted = tl.abs(log_normaliser) < float("inf")  # a NaN, +inf or all--inf row: untrusted (reference.py)
+    sampled = tl.where(trusted, sampled, 0)
+    tl.store(scores_ptr + row * K, tl.where(trusted, 0.0, -float("inf")))
     tl.store(target_ids_ptr + row * K, sampled + tl.load(d2t_ptr + sampled))
     candidates = tl.arange(0, BLOCK_CANDIDATES)
     keys = tl.load(keys_ptr + row * num_chunks * K + candidates, mask=candidates < num_chunks * K,
@@ -66,12 +68,15 @@ def _merge_kernel(logits_ptr, row_stride, vocab, temperature, keys_ptr, chunk_ma
         top = tl.max(keys, 0)
         keys = tl.where(keys == top, EMPTY_KEY, keys)
         logit, draft_id = unpack_key(top)
-        tl.store(scores_ptr + row * K + rank, logit - log_normaliser)
+        draft_id = tl.where(trusted, draft_id, rank)
+        tl.store(scores_ptr + row * K + rank, tl.where(trusted, logit - log_normaliser, -float("inf")))
         tl.store(target_ids_ptr + row * K + rank, draft_id + tl.load(d2t_ptr + draft_id))
     for chunk in range(NUM_CHUNKS):  # a constant trip count (the interpreter's loops need one)
         ids = chunk * BLOCK_V + tl.arange(0, BLOCK_V)
         logits = _scaled(logits_ptr, row_stride, row, ids, vocab, temperature, SCALE)
-        tl.store(logprobs_ptr + row.to(tl.int64) * vocab + ids, logits - log_normaliser, mask=ids < vocab)
+        point_mass = tl.where(ids == sampled, 0.0, -float("inf"))
+        tl.store(logprobs_ptr + row.to(tl.int64) * vocab + ids, tl.where(trusted, logits - log_normaliser, point_mass),
+                 mask=ids < vocab)
 
 
 def sampled_topk_triton(draft_logits: torch.Tensor, d2t: torch.Tensor, k: int, exponential: torch.Tensor,

@@ -2,8 +2,8 @@
 
 Dispatch: the Triton kernels when `use_triton(q)`, else the reference (tests/kernels/test_tree_attention.py
 checks that both compute the same function). On the CPU (eager, never in a graph) the reference gets the slots in
-use alone, before prefix_len + W: the kernels skip the rest too, and over the whole 2,048-slot cache SmolLM2's
-plain decoding was 1.3-1.5x slower (docs/benchmarks.md, kernels suite).
+use alone, before prefix_len + W: the kernels skip the rest too, and attending over the whole cache would cost
+every CPU step the slots no token holds yet (docs/benchmarks.md, kernels suite).
 """
 import torch
 

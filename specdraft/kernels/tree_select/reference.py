@@ -3,7 +3,8 @@ candidates of highest joint score (ties: the lower candidate index first), in ca
 parent among them, its depth, its tree-attention row, and whether it is a real node: its path reaches the root and
 it scores above -inf. Padding (a candidate whose ancestor fell out on a tie, or one a tree scorer dropped, scored
 -inf, taken when fewer candidates than the budget were kept) hangs under no node (parent -1, as the root: no
-verify matches it), sits at depth 1, sees itself alone, scores -inf."""
+verify matches it), sits at depth 1, sees itself alone, scores -inf. A NaN score (a broken draft or scorer) ranks
+as -inf and makes padding: whatever the scores, node 0 is the root."""
 from typing import NamedTuple
 
 import torch
@@ -39,7 +40,8 @@ def select_tree_reference(cand_tokens: torch.Tensor, cand_parents: torch.Tensor,
     TreeSelection."""
     count, device = cand_scores.shape[0], cand_scores.device
     index = torch.arange(count, device=device)
-    scores = torch.where(index == 0, float("inf"), cand_scores)  # the root is always kept
+    ordered = torch.where(cand_scores == cand_scores, cand_scores, float("-inf"))  # a NaN ranks last: never the root's
+    scores = torch.where(index == 0, float("inf"), ordered)  # the root is always kept
     chosen = torch.sort(torch.sort(scores, descending=True, stable=True).indices[:budget]).values  # [N]
     node_of = torch.full((count,), -1, dtype=torch.long, device=device)
     node_of[chosen] = torch.arange(budget, device=device)

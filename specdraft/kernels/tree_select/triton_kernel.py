@@ -20,6 +20,7 @@ def _select_kernel(cand_tokens_ptr, cand_parents_ptr, cand_scores_ptr, count, no
     cand = tl.arange(0, BLOCK_C)  # [BLOCK_C] candidate index
     in_range = cand < count
     scores = tl.load(cand_scores_ptr + cand, mask=in_range, other=0.0)
+    scores = tl.where(scores == scores, scores, -float("inf"))  # a NaN ranks last: never the root's place
     keys = tl.where(in_range, pack_keys(tl.where(cand == 0, float("inf"), scores), cand), EMPTY_KEY)
     remaining = keys
     for _ in range(BUDGET - 1):  # drop the BUDGET - 1 largest: the largest left is the threshold

@@ -8,7 +8,7 @@ traces of the runtime's own tree drafting, every candidate labelled by whether t
 `specdraft distill-data`); BCE, the best/ snapshot by recall first (the paper's) or AUC (method.best_by). At run
 time it is the tree scorer of the base draft's drafter (`export.c2t_runtime`): the candidates it scores below β
 (method.threshold, runtime.prune_threshold) are dropped, and the target verifies only the kept ones
-(runtime.prune_verify kept: padded to a multiple of 8 rows, decoding/sized_verify.py); pruning only removes
+(runtime.prune_verify kept: padded to a multiple of 8 rows, decoding/cycles/sized_verify.py); pruning only removes
 candidates, so decoding stays lossless. In a chain the same rule ends the drafting (method.chain_threshold).
 
 Beyond the paper: by default (runtime.prune_at selection) the classifier scores the `budget` best candidates of

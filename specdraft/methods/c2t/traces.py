@@ -17,7 +17,7 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.decoding.engine import SpecEngine
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.kernels.prune_children import child_inputs
 from specdraft.methods.base import RecordContext
@@ -142,11 +142,11 @@ class TraceMaker:
             raise SpecdraftError(f"prompt of {len(prompt)} tokens + {max_new} new tokens + a traced tree of "
                                  f"{engine.shape.budget} nodes do not fit the target's {engine.max_len} positions")
         generated = [engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)]
-        policy, trees = engine.acceptance(0.0), []
+        acceptance, trees = engine.acceptance(0.0), []
         while len(generated) < max_new and generated[-1] not in self.eos_ids:
             tree = engine.build_tree()
             columns = self.recorder.take()
-            out = engine.accept_and_commit(policy, tree, engine.verify_forward(tree))
+            out = engine.accept_and_commit(acceptance, tree, engine.verify_forward(tree))
             accepted_nodes = out.accepted_nodes[out.accepted_nodes > 0]  # the drafted nodes the target accepted
             accepted = torch.zeros(len(columns["depth"]), dtype=torch.bool, device=engine.device)
             accepted[tree.candidate_ids[accepted_nodes] - 1] = True  # candidate c is entry c - 1 (after the root)

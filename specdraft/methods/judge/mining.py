@@ -44,7 +44,7 @@ from specdraft.data.sources import source_records
 from specdraft.decoding.batched import BatchedGenerator, batched_generator, unsupported_reason
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.outputs import GenerationResult
-from specdraft.decoding.target import from_hf, hf_rope_tables
+from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods.judge.config import JudgeConfig
 from specdraft.methods.judge.on_policy import judge_accepted, mining_judge

@@ -34,7 +34,7 @@ Inference: confirmed positions' adapter keys come from the target's own feature 
 each drafted token goes through the target's layers 0..ℓ-1 (with their KV cache) and then the adapter. In the
 runtime (`KangarooDrafter`) a chain's verify starts at layer ℓ over those shallow states (a tree's too, when the
 engine asks: its drafter then runs every tree candidate through the shallow layers), and the engine's confidence
-exit (specdraft/decoding/chain.py) defaults to `exit_threshold`.
+exit (specdraft/decoding/cycles/chain.py) defaults to `exit_threshold`.
 
 Hierarchical drafting (`KangarooIntermediate`, runtime.intermediate = a Kangaroo export): the shallow layers and
 the adapter, scored by the target's whole LM head, check another draft's tree before the target verifies the

@@ -30,7 +30,7 @@ class KangarooDrafter(Drafter):
     so `step` reruns every scratch node drafted so far (W rows, static) with the scratch visibility it recorded.
 
     Verification of a chain starts at layer ℓ (`verify_start_layer`; `set_verify_start_layer` lowers it, for
-    a set of drafts at several ℓ that share one verify, runtime/dynamic_exit.py): the shallow states of the
+    a set of drafts at several ℓ that share one verify, decoding/policies/dynamic_exit.py): the shallow states of the
     scratch nodes at that layer are kept (`shallow_states` [W, H]) and their shallow KV is already at the slots
     the verify pass uses (chain
     node j is scratch slot j); `chain_verify_states` runs the one node no step read (the last draft).

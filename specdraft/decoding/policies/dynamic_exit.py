@@ -1,6 +1,8 @@
 """Dynamic exit layer and draft length from acceptance statistics gathered while decoding, after DEL
 ("Context-Aware Dynamic Exit Layer for Efficient Self-Speculative Decoding", Zarch et al., 2025). Off by default
-(`--dynamic-exit`); the exit-layer choice needs several drafts at different exit layers (`--more-exits`).
+(`--dynamic-exit`, a research option: docs/runtime.md); the exit-layer choice needs several drafts at different exit
+layers (`--more-exits`). The chain cycle (cycles/chain.py) asks `DynamicExit.choose` before each cycle and tells it
+what the host read after.
 
 DEL picks, per context, the exit layer and the speculation length that maximise tokens per layer run. Here,
 per exit e (one per draft): running per-position acceptance rates r_{e,i} = P(draft i accepted | drafts < i
