@@ -471,7 +471,7 @@ class EvalConfig:
 
     def __post_init__(self):
         _check_choice("eval.dtype", self.dtype, DTYPES)
-        for name in ("max_prompts", "max_new_tokens", "num_draft_tokens"):
+        for name in ("max_prompts", "max_new_tokens", "depth"):
             _at_least(f"eval.{name}", getattr(self, name), 1)
         _at_least("eval.skip_prompts", self.skip_prompts, 0)
 

@@ -292,7 +292,7 @@ def test_answers_cut_at_a_length_limit_are_marked(tmp_path, tokenizer_dir, capsy
     assert [(c["index"], c["turn"], c["tokens"], c["reason"]) for c in cut] == [
         (0, 0, 3, "cut by the server's length limit after 3 tokens (its context is full)"),
         (1, 0, 8, "cut at distill.max_new_tokens=8")]
-    assert "(2 answers cut at a length limit:" in capsys.readouterr().out
+    assert "(2 answers cut at a length limit:" in capsys.readouterr().err
 
 
 def test_concurrency_is_bounded_and_the_next_shard_is_asked_ahead(tmp_path, tokenizer_dir):

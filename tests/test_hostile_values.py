@@ -28,7 +28,7 @@ from tests.test_train_export_eval import make_recipe
     ("distill.top_p=0", "distill.top_p must be in (0, 1], got 0.0"),
     ("distill.max_new_tokens=0", "distill.max_new_tokens must be at least 1"),
     ("eval.max_new_tokens=0", "eval.max_new_tokens must be at least 1, got 0"),
-    ("eval.num_draft_tokens=0", "eval.num_draft_tokens must be at least 1, got 0"),
+    ("eval.depth=0", "eval.depth must be at least 1, got 0"),
     ("eval.max_prompts=0", "eval.max_prompts must be at least 1"),
     ("eval.skip_prompts=-1", "eval.skip_prompts must be at least 0"),
     ("runtime.topk=0", "runtime.topk must be at least 1"),

@@ -101,7 +101,7 @@ data: {{prompts: [{prompts}], max_length: 128, val_fraction: 0.25}}
 distill: {{output_dir: {tmp_path / "data"}, max_new_tokens: 8, batch_size: 4, shard_size: 4}}
 train: {{output_dir: {tmp_path / "run"}, max_steps: 2, micro_batch_size: 2, val_every_steps: 2, warmup_steps: 1,
         log_every_steps: 1}}
-eval: {{prompts: {prompts}, max_prompts: 2, max_new_tokens: 8, num_draft_tokens: 2}}
+eval: {{prompts: {prompts}, max_prompts: 2, max_new_tokens: 8, depth: 2}}
 """)
     assert cli.main(["distill-data", str(recipe)]) == 0
     tokenizer = byte_tokenizer(chat_template=None)
