@@ -111,14 +111,15 @@ def _fits(value, hint) -> bool:
 
 def _dataclass_from(cls, values: Optional[Dict[str, Any]], what: str):
     """cls(**values) for the fields cls has, each value of its field's type; a bad value is one line naming
-    `what` and the field (never the value: a file's contents stay out of messages)."""
+    `what` and the field (never the value: a file's contents stay out of messages). None is a value the file
+    does not record (an export that names no target: its geometry says what it was trained for)."""
     if values is not None and not isinstance(values, dict):
         raise SpecdraftError(f"bad {what}: a {type(values).__name__}, expected a mapping of settings")
     hints = typing.get_type_hints(cls)
     known = {f.name: hints[f.name] for f in fields(cls)}
     values = {k: v for k, v in (values or {}).items() if k in known}
     for name, value in values.items():
-        if not _fits(value, known[name]):
+        if value is not None and not _fits(value, known[name]):
             expected = known[name].__name__ if isinstance(known[name], type) else \
                 str(known[name]).replace("typing.", "")
             raise SpecdraftError(f"bad {what}: {name} is of type {type(value).__name__}, expected {expected}")

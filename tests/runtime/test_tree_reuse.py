@@ -8,6 +8,7 @@ import torch
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.methods import kangaroo
+from specdraft.methods.kangaroo import drafter as kangaroo_drafter
 from specdraft.decoding import graphs
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
@@ -106,7 +107,7 @@ def test_the_confirmed_cache_equals_a_prefill_of_the_confirmed_tokens():
 def test_shallow_kv_left_at_the_candidate_slots_is_caught(monkeypatch):
     model, engine = _engine()
     sequence = PROMPT + _hf_greedy(model, PROMPT, 48)
-    monkeypatch.setattr(kangaroo, "compact_kv", lambda *args: None)  # the verify's nodes keep candidate slots
+    monkeypatch.setattr(kangaroo_drafter, "compact_kv", lambda *args: None)  # the verify's nodes keep candidate slots
     result = engine.generate(PROMPT, 24)
     assert not _cache_matches_a_prefill(model, engine, sequence) and result.tokens != sequence[len(PROMPT):][:24]
 
