@@ -56,8 +56,9 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
     assert "| exact |" in out and "| δ=0 | 4.00 |" in out and "goal (retained accuracy >= 98%)" in out
     assert "target and draft in float32" in out and "held-out labels:" in out
     assert "| 2,2,4 |" in out and "δ=0.9: τ ratio / retained" in out
+    first_set = tmp_path / "heldout.jsonl"
     first, second = report["heldout_sets"]["sets"]  # each set benched at the first shape, then pooled
-    assert (first["prompts"], first["count"]) == (str(heldout), 2)
+    assert (first["prompts"], first["count"]) == (str(first_set), 2)
     assert (second["prompts"], second["count"]) == (str(second_set), 3)
     assert first["exact_tau"] == report["bench"]["runs"][0]["tau"]
     assert json.loads((tmp_path / "work" / "bench-set2" / "bench.json").read_text())["runs"][0]["prompts"] == 3
@@ -67,7 +68,7 @@ def test_the_suite_mines_trains_and_sweeps_delta(tmp_path, monkeypatch, tiny_tar
     resumed = suite.main([str(base), "data.val_fraction=0.25", "data.max_length=256", "train.max_steps=3",
                           "train.val_every_steps=3", "train.micro_batch_size=2", "train.warmup_steps=1",
                           "--target", str(tiny_target_dir), "--train-prompts", str(train), "--heldout-prompts",
-                          str(heldout), str(second_set), "--thresholds", "0.9", "0", "--precision-targets", "0.5",
+                          str(first_set), str(second_set), "--thresholds", "0.9", "0", "--precision-targets", "0.5",
                           "--max-new-tokens", "8", "--shape", "3", "2,2,4", "--work", str(tmp_path / "work"),
                           "--resume"])
     assert resumed["bench"] == bench and resumed["stage_seconds"]["bench set 2"] == 0.0  # kept, not run again
