@@ -58,6 +58,7 @@ Held-out images drawn by specdraft/vlm/scenes.py, never seen in training the VLM
 turn is a reference (distillation regenerates answers); `facts` are the scored attributes.
 - distill.jsonl: prompts for regenerating answers with the VLM (draft training data)
 - test.jsonl: prompts for benches and the accuracy check (accuracy.json beside the model)
+- determined/: the same for the kinds whose answers the image determines item by item (its README.md)
 """
 
 
