@@ -449,9 +449,10 @@ def _add_runtime(sub) -> None:
                                            "time)", CPU_BENCH),))
     _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, metavar="FILE",
-                       help="prompt file, JSON or JSONL in any form recipes read, or tasks:SPLIT[:COUNT] (the "
-                            "task suite whose answers a program checks) (default: MT-bench's questions; with "
-                            "--categories: Spec-Bench's question.jsonl, required)")
+                       help="prompt file, JSON or JSONL in any form recipes read, or a task set whose answers a "
+                            "program checks: tasks:SPLIT[:RANGE], humaneval:SPLIT[:RANGE], gsm8k:FILE[:RANGE] "
+                            "(default: MT-bench's questions; with --categories: Spec-Bench's question.jsonl, "
+                            "required)")
     bench.add_argument("--max-prompts", type=positive_int, default=None, metavar="N",
                        help="the first N prompts (default: all; with --categories, N per category)")
     bench.add_argument("--temperature", type=finite_nonnegative_float, nargs="+", default=None, metavar="T",
@@ -468,8 +469,9 @@ def _add_runtime(sub) -> None:
                             "draft's directory)")
     bench.add_argument("--trace", action="store_true", help="write trace.jsonl: per cycle tree, probs, path")
     bench.add_argument("--check-answers", action="store_true",
-                       help="check every answer with its prompt's program (prompts of the task suite, tasks:SPLIT, "
-                            "GSM8K or HumanEval; code runs sandboxed) and report accuracy and retained accuracy")
+                       help="check every answer with its prompt's program (prompts of a task set: tasks:, "
+                            "humaneval:, gsm8k:, or GSM8K and HumanEval records; code runs sandboxed) and report "
+                            "accuracy and retained accuracy")
     bench.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     bench.add_argument("--hf-prompts", type=int, default=None, metavar="N",
                        help="the Hugging Face baseline on the first N prompts alone (it decodes 20-50x slower); "

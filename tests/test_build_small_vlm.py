@@ -1,16 +1,20 @@
 """`specdraft build-small-vlm` (specdraft/vlm/) in its tiny mode: the saved directory loads as a plain LLaVA model + processor and
 generates from an image prompt, the processor gives the rows the tool trained on, the drawn prompt sets are well
-formed, and the accuracy report is written."""
+formed, and the accuracy report is written. The determined tasks (a grid, words, a bar chart's values): drawn the
+same every time and as their listing says, scored item by item, held out by image, reported per kind."""
+import dataclasses
 import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from specdraft import cli
 from specdraft.core.errors import SpecdraftError
 from specdraft.vlm import build as build_small_vlm
+from specdraft.vlm import determined as vlm_determined
 from specdraft.vlm import long as vlm_long
 from specdraft.vlm import prompts as vlm_prompts
 from specdraft.vlm import scenes as vlm_scenes
@@ -169,3 +173,138 @@ def test_accuracy_reports_long_answers_beside_plain_ones(built):
     assert set(long["attributes"]) <= {"count", "colours", "shapes", "objects", "sizes", "word", "word_colour",
                                        "word_row", "bar_count", "bar_colours", "tallest", "bar_values"}
     assert "| with instruction | 2 |" in vlm_prompts.long_table({"long": long})
+
+
+# ---- the determined tasks: answers the image decides token by token ----------------------------------------------
+def _near(pixel, colour, tolerance=30) -> bool:
+    return all(abs(int(p) - c) <= tolerance for p, c in zip(pixel, colour))
+
+
+def test_determined_scenes_draw_the_same_image_every_time_and_their_listing_reads_back():
+    scenes = vlm_scenes.distinct_scenes(30, seed=7, seen=set())
+    assert [scene.kind for scene in scenes[:6]] == list(vlm_scenes.DETERMINED_KINDS) * 2  # in turn
+    assert scenes == vlm_scenes.distinct_scenes(30, seed=7, seen=set())
+    for scene, other in zip(scenes, scenes[3:] + scenes[:3]):  # `other`: another scene of the same kind
+        assert vlm_scenes.draw(scene, 64).tobytes() == vlm_scenes.draw(scene, 64).tobytes()
+        truth = vlm_scenes.facts(scene)
+        text = vlm_determined.listing(scene)
+        assert vlm_determined.score_listing(truth, text) == {"hits": vlm_determined.ITEMS[scene.kind],
+                                                              "items": vlm_determined.ITEMS[scene.kind],
+                                                              "exact": True}
+        assert not vlm_determined.score_listing(truth, vlm_determined.listing(other))["exact"]
+    moved = dataclasses.replace(scenes[0], seed=scenes[0].seed + 1)  # the same facts, other jitter
+    assert moved == scenes[0] and vlm_scenes.draw(moved, 64).tobytes() != vlm_scenes.draw(scenes[0], 64).tobytes()
+
+
+def test_a_grid_draws_each_cell_s_shape_in_its_colour_and_leaves_empty_cells_blank():
+    size = 128
+    scenes = [s for s in vlm_scenes.distinct_scenes(30, seed=8, seen=set()) if s.kind == "grid"]
+    for scene in scenes:
+        image = vlm_scenes.draw(scene, size)
+        cell = size / vlm_scenes.GRID
+        for index, (colour, _) in enumerate(scene.cells):
+            centre = image.getpixel((int(cell * (index % vlm_scenes.GRID + 0.5)),
+                                     int(cell * (index // vlm_scenes.GRID + 0.5))))
+            assert _near(centre, vlm_scenes.COLOURS[colour] if colour else vlm_scenes.BACKGROUND, 32), (index, colour)
+
+
+def test_a_values_chart_draws_each_bar_to_its_value():
+    size, scene = 100, next(s for s in vlm_scenes.distinct_scenes(9, seed=9, seen=set()) if s.kind == "values")
+    image = vlm_scenes.draw(scene, size)
+    margin, base, unit = 0.05 * size, 0.95 * size, 0.09 * size  # the renderer's layout
+    slot = (size - 2 * margin) / len(scene.bars)
+    for number, (colour, value) in enumerate(scene.bars):
+        x = int(margin + slot * (number + 0.5))
+        rows = [y for y in range(size) if _near(image.getpixel((x, y)), vlm_scenes.COLOURS[colour], 22)]
+        assert round((base - min(rows)) / unit) == value, (number, colour, value)
+
+
+def test_a_word_changed_changes_the_image_in_its_own_place_alone():
+    scene = next(s for s in vlm_scenes.distinct_scenes(9, seed=10, seen=set()) if s.kind == "words")
+    size, index = 96, 3  # the second line's right word
+    other = next(word for word in vlm_scenes.WORD_LIST if word != scene.words[index])
+    changed = dataclasses.replace(scene, words=scene.words[:index] + (other,) + scene.words[index + 1:])
+    before, after = (np.asarray(vlm_scenes.draw(s, size)).astype(int) for s in (scene, changed))
+    ys, xs = np.nonzero(np.abs(before - after).sum(-1))
+    line, column = divmod(index, vlm_scenes.WORDS_PER_LINE)
+    row, half = size / vlm_scenes.WORD_LINES, size / vlm_scenes.WORDS_PER_LINE
+    assert len(xs) and xs.min() >= half * column - 1 and xs.max() <= half * (column + 1) + 1
+    assert ys.min() >= row * (line - 0.2) and ys.max() <= row * (line + 1.2)
+
+
+def test_listings_are_scored_item_by_item():
+    scene = next(s for s in vlm_scenes.distinct_scenes(3, seed=11, seen=set()) if s.kind == "grid")
+    truth, lines = vlm_scenes.facts(scene), vlm_determined.listing(scene).splitlines()
+    first = lines[0].split(": ")[1].rstrip(".").split(", ")
+    wrong = "empty" if first[0] != "empty" else "red circle"
+    one_off = "\n".join([f"Row 1: {', '.join([wrong] + first[1:])}.", *lines[1:]])
+    assert vlm_determined.score_listing(truth, one_off)["hits"] == 15
+    assert vlm_determined.score_listing(truth, "\n".join(lines[1:]))["hits"] == 12  # row 1 not stated
+    assert vlm_determined.score_listing(truth, "\n".join([*lines, one_off]))["exact"]  # a line's first statement
+    assert vlm_determined.score_listing(truth, "I see shapes.") == {"hits": 0, "items": 16, "exact": False}
+    values = {"kind": "values", "bars": [["red", 7], ["blue", 3]]}
+    assert vlm_determined.read_listing("values", "Bar 1: red, 7.\nBar 2: blue, 12.")[:2] == ["red, 7", None]
+    assert vlm_determined.score_listing(values, "Bar 1: red, 7.\nBar 2: blue, 12.")["hits"] == 1
+
+
+def test_held_out_determined_images_repeat_no_earlier_one():
+    def tiny_space(rng, number):
+        return vlm_scenes.Scene("words", words=(rng.choice(("cat", "dog", "sun")),))
+
+    seen = {vlm_scenes.Scene("words", words=("cat",))}
+    drawn = vlm_scenes.distinct_scenes(2, seed=0, seen=seen, draw=tiny_space)
+    assert sorted(scene.words for scene in drawn) == [("dog",), ("sun",)]
+
+
+def test_determined_scenes_pretrain_the_tower_on_every_item():
+    names = [name for name, _ in vlm_scenes.AUX_SLOTS]
+    for scene in vlm_scenes.distinct_scenes(3, seed=12, seen=set()):
+        labels = dict(zip(names, vlm_scenes.aux_labels(scene)))
+        assert labels["kind"] == vlm_scenes.ALL_KINDS.index(scene.kind)
+        prefix = {"grid": "grid", "words": "words", "values": "values"}[scene.kind]
+        own = [name for name in names if name.startswith(prefix)]
+        assert own and all(labels[name] != vlm_scenes.IGNORE for name in own)
+        assert all(labels[name] == vlm_scenes.IGNORE for name in names if name not in own and name != "kind")
+    grid = next(s for s in vlm_scenes.distinct_scenes(3, seed=12, seen=set()) if s.kind == "grid")
+    labels = dict(zip(names, vlm_scenes.aux_labels(grid)))
+    assert [labels[f"grid{i}_colour"] == 0 for i in range(16)] == [colour == "" for colour, _ in grid.cells]
+
+
+def test_the_build_writes_held_out_determined_sets_and_scores_its_answers_per_kind(built):
+    folder = built / "prompts" / vlm_prompts.DETERMINED
+    trained = set(map(json.dumps, (vlm_scenes.facts(scene) for scene in vlm_prompts.determined_pool(
+        round(build_small_vlm.TINY.pool * build_small_vlm.TINY.determined_share), 0))))
+    splits = {}
+    for split, count in (("distill", 3), ("test", 3)):
+        records = vlm_prompts.read_prompt_set(folder / f"{split}.jsonl")
+        assert len(records) == count
+        for record in records:
+            kind = record["facts"]["kind"]
+            human, gpt = record["conversations"]
+            assert human["value"].split("\n", 1)[1] in vlm_determined.QUESTIONS[kind]
+            assert vlm_determined.score_listing(record["facts"], gpt["value"])["exact"]
+            assert (folder / record["image"]).is_file()
+        splits[split] = set(json.dumps(record["facts"]) for record in records)
+    assert not splits["distill"] & trained and not splits["test"] & (trained | splits["distill"])
+    determined = json.loads((built / "accuracy.json").read_text())["determined"]
+    assert determined["prompt_set"] == "prompts/determined/test.jsonl" and determined["images"] == 3
+    assert sum(row["n"] for row in determined["kinds"].values()) == 3
+    for row in determined["kinds"].values():
+        assert 0 <= row["item_accuracy"] <= 1 and 0 <= row["exact"] <= 1
+    assert "| determined task |" in vlm_prompts.determined_table({"determined": determined})
+
+
+def test_the_pool_asks_a_determined_scene_its_kind_s_questions_and_answers_its_listing(built):
+    from transformers import AutoProcessor
+
+    tokenizer, settings = AutoProcessor.from_pretrained(built).tokenizer, build_small_vlm.TINY
+    scenes = vlm_scenes.random_scenes(3, seed=13) + vlm_scenes.distinct_scenes(3, seed=13, seen=set())
+    pixels = build_small_vlm.draw_pixels(scenes, settings.image_size, 1)
+    pool = build_small_vlm.make_pool(scenes, pixels, tokenizer, settings, "cpu")
+    assert pool.prompts[False]["grid"] == [build_small_vlm.prompt_ids(tokenizer, question, settings)
+                                           for question in vlm_determined.QUESTIONS["grid"]]
+    for index, scene in enumerate(scenes[3:], start=3):
+        assert pool.answers[True][index] == pool.answers[False][index]
+        assert tokenizer.decode(pool.answers[False][index][:-1]) == vlm_determined.listing(scene)
+    with pytest.raises(SpecdraftError, match="determined_share=1.5"):
+        build_small_vlm.parse_settings(build_small_vlm.Settings(), ["determined_share=1.5"])

@@ -1,10 +1,12 @@
-"""tools/prepare_prompts.py's code prompts: programming requests only, none that the training mix already holds."""
+"""tools/prepare_prompts.py's code prompts: programming requests only, none that the training mix already holds; its
+copy of GSM8K, which the judge recipes' gsm8k: task sets read."""
 import json
 import random
 
 import pytest
 
-from tools.prepare_prompts import CODE_REQUEST, CODE_SOURCES, code_rows
+from specdraft.data.task_sets import task_set_records
+from tools.prepare_prompts import CODE_REQUEST, CODE_SOURCES, code_rows, copy_gsm8k
 
 
 @pytest.mark.parametrize("text, code", [
@@ -37,3 +39,16 @@ def test_code_rows_take_programming_prompts_the_mix_leaves_out(tmp_path):
     assert all(row["messages"][0]["role"] == "user" and CODE_REQUEST.search(row["messages"][0]["content"])
                for row in rows)
     assert len(code_rows(tmp_path, left_out, 3, random.Random(0))) == 3
+
+
+def test_gsm8k_is_copied_where_the_judge_recipes_read_it(tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "gsm8k").mkdir(parents=True)
+    for name, question in (("train.jsonl", "1 + 1?"), ("test.jsonl", "2 + 2?")):
+        (shared / "gsm8k" / name).write_text(json.dumps({"question": question, "answer": "#### 2"}) + "\n")
+        (shared / "gsm8k" / name).chmod(0o444)  # ../shared/data is read-only: the copy must still be rewritable
+    for _ in range(2):
+        folder = copy_gsm8k(shared, tmp_path / ".data")
+    assert folder == tmp_path / ".data" / "gsm8k"
+    assert [item["prompt"].split("\n")[0] for item in task_set_records(f"gsm8k:{folder / 'test.jsonl'}")] == ["2 + 2?"]
+    assert task_set_records(f"gsm8k:{folder / 'train.jsonl'}")[0]["answer"] == 2

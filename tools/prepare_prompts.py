@@ -3,7 +3,9 @@
 Writes OUT_DIR/train_prompts.jsonl (alpaca, ShareGPT, GSM8K train: OpenAI `messages` form, first user turn),
 copies MT-bench's question.jsonl beside it (mt_bench.jsonl) and splits Spec-Bench's questions by task
 (spec_bench_<task>.jsonl: translation, summarization, qa, math_reasoning, rag, and mt_bench, its MT-bench
-categories together), for `.data/` to travel to the GPU machine (or runs/prompts/ for recipes/c2t_smollm2.yaml).
+categories together), and copies GSM8K's train.jsonl and test.jsonl into OUT_DIR/gsm8k/ (the judge recipes'
+`gsm8k:.data/gsm8k/...` task sets: mined on train, benched on test), for `.data/` to travel to the GPU machine (or
+runs/prompts/ for recipes/c2t_smollm2.yaml).
 With `--code N` it also writes code_prompts.jsonl: up to N programming prompts of the alpaca and ShareGPT sets that
 train_prompts.jsonl leaves out (the code recipes' second set; HumanEval stays an evaluation set).
 
@@ -48,6 +50,18 @@ def split_spec_bench(question_file: Path, out: Path) -> dict:
     for task, lines in by_task.items():
         (out / f"spec_bench_{task}.jsonl").write_text("\n".join(lines) + "\n")
     return {task: len(lines) for task, lines in by_task.items()}
+
+
+GSM8K_FILES = ("train.jsonl", "test.jsonl")
+
+
+def copy_gsm8k(shared: Path, out: Path) -> Path:
+    """SHARED/gsm8k/{train,test}.jsonl -> OUT/gsm8k/ (unchanged: the task set reads GSM8K's own records)."""
+    folder = out / "gsm8k"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in GSM8K_FILES:
+        shutil.copyfile(shared / "gsm8k" / name, folder / name)
+    return folder
 
 
 def first_user_turn(conversation) -> dict:
@@ -95,6 +109,7 @@ def main() -> None:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
     shutil.copy(Path(args.shared) / "mt_bench" / "question.jsonl", out / "mt_bench.jsonl")
     tasks = split_spec_bench(Path(args.shared) / "spec_bench" / "question.jsonl", out)
+    print(f"GSM8K train and test -> {copy_gsm8k(Path(args.shared), out)}")
     print("Spec-Bench: " + ", ".join(f"{task} {count}" for task, count in tasks.items()) + f" -> {out}")
     print(f"{len(rows)} training prompts -> {out / args.name}")
     if args.code:

@@ -12,6 +12,14 @@ A prompt record that can be checked says how, by its fields (`check_of`):
   {"question": ..., "answer": "... #### 42"}                       GSM8K: a number check on what follows ####
   {"prompt": ..., "test": ..., "entry_point": ...}                 HumanEval: the answer's code passes the tests,
                                                                    run in a sandboxed subprocess (sandbox.py)
+  {"prompt": ..., "check": "code", "stub": ..., "test": ..., "entry_point": ...}
+                                                                   the same, the prompt a request around the stub
+                                                                   (task_sets.py's HumanEval items)
+
+A code answer's program (`answer_code`): its first code block that defines the entry point (else its first block,
+else the answer itself, cut to the code in it), after the whole stub (its imports and helper functions; a function
+the answer defines again replaces the stub's; a stub that is no whole Python: its imports) or, where the answer
+completes the stub's body, the stub and then it.
 
 `passes(check, answer, timeout_s)` -> True or False; a checker that fails itself (crashes, times out) raises
 `CheckError` instead: its verdict is neither, and whoever labels answers counts an error and labels nothing.
@@ -51,6 +59,9 @@ def check_of(record: Any) -> Optional[Check]:
     """The check a prompt record carries (module docstring), or None when it carries none."""
     if not isinstance(record, Mapping):
         return None
+    if record.get("check") == "code":
+        fields = {"prompt": record.get("stub"), "test": record.get("test"), "entry_point": record.get("entry_point")}
+        return Check("code", None, code={key: str(value or "") for key, value in fields.items()})
     if "check" in record:
         return Check(str(record["check"]), record.get("answer"), tuple(map(str, record.get("reject") or ())))
     if {"test", "entry_point", "prompt"} <= set(record):
@@ -113,16 +124,56 @@ def _json(check: Check, answer: str) -> bool:
     return first_json_object(answer) == check.expected
 
 
+def _defines(code: str, entry_point: str) -> bool:
+    """Whether code defines the entry point at its margin (a rewritten function, not the rest of the stub's)."""
+    return re.search(rf"^def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<answer>", "exec", dont_inherit=True)  # parsed, never run
+    except Exception:  # SyntaxError, a null byte, nesting too deep for the parser
+        return False
+    return True
+
+
+def _code_lines(head: str, code: str) -> str:
+    """The longest run of `code`'s first lines that compiles after `head` (all of it where it does; an answer
+    without a code block may end in prose)."""
+    lines = code.splitlines(keepends=True)
+    for end in range(len(lines), 0, -1):
+        if _compiles(head + "".join(lines[:end])):
+            return "".join(lines[:end])
+    return code
+
+
+def _unfenced_code(stub: str, answer: str, entry_point: str) -> str:
+    """The code of an answer without a code block: from its first line of code at the margin where it defines
+    the entry point (prose may come first), else all of it (the rest of the stub's body); cut where prose starts."""
+    if _defines(answer, entry_point):
+        start = re.search(r"^(?:def|class|import|from|@)\b", answer, re.MULTILINE)
+        code = answer[start.start():]
+        return _code_lines(_stub_head(stub) + "\n", code)
+    return _code_lines(stub, answer)
+
+
 def answer_code(stub: str, answer: str, entry_point: str) -> str:
-    """The program an answer stands for: its first Python code block (else the whole answer), after the prompt's
-    stub when the block does not define the entry point itself (a completion of the stub's body), else after the
-    stub's imports (which a rewritten function still needs)."""
+    """The program an answer stands for (module docstring): its code after the whole stub where it defines the
+    entry point itself, else the stub and then the answer as the rest of the stub's body."""
     blocks = CODE_BLOCK.findall(answer)
-    code = blocks[0] if blocks else answer
-    if not re.search(rf"def\s+{re.escape(entry_point)}\s*\(", code):
+    defining = [block for block in blocks if _defines(block, entry_point)]
+    code = (defining or blocks)[0] if blocks else _unfenced_code(stub, answer, entry_point)
+    if not _defines(code, entry_point):
         return stub + code
-    imports = [line for line in stub.splitlines() if line.startswith(("import ", "from "))]
-    return "\n".join([*imports, code])
+    return "\n".join([_stub_head(stub), code])
+
+
+def _stub_head(stub: str) -> str:
+    """What a rewritten function keeps of the stub: all of it where it is whole Python (its docstring the body),
+    else its imports."""
+    if _compiles(stub):
+        return stub
+    return "\n".join(line for line in stub.splitlines() if line.startswith(("import ", "from ")))
 
 
 def _code(check: Check, answer: str, timeout_s: float) -> bool:

@@ -1,8 +1,8 @@
 """Prompt sets -> conversations whose assistant turns `distill-data` regenerates.
 
 A prompt set is a local `.jsonl`, `.json` (a list of records) or their `.gz` twins, `hf:ID[:SPLIT]` (a Hugging
-Face dataset, split `train` unless named) or `tasks:SPLIT[:COUNT]` (the checked task suite, tasks.py). The format
-is detected per record from its fields:
+Face dataset, split `train` unless named) or a checked task set (task_sets.py: `tasks:SPLIT[:RANGE]`, the template
+suite; `humaneval:SPLIT[:RANGE]`; `gsm8k:FILE[:RANGE]`). The format is detected per record from its fields:
 
   conversations   ShareGPT: [{"from": "human"|"gpt"|"system", "value": ...}, ...]
   messages        OpenAI: [{"role": "user"|"assistant"|"system", "content": ...}, ...]
@@ -34,8 +34,8 @@ from typing import Iterable, Iterator, List, Optional, Tuple
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import package_file, reading, resolve_file
-from specdraft.data.tasks import PREFIX as TASKS_PREFIX
-from specdraft.data.tasks import parse_source, task_records
+from specdraft.data.task_sets import FORMS as TASK_SET_FORMS
+from specdraft.data.task_sets import is_task_set, task_set_records
 
 MAX_CONVERSATION_CHARS = 1_000_000
 """The most characters a conversation's turns may hold together: beyond any target's context (a million characters
@@ -183,7 +183,7 @@ def _json_records(path: Path) -> list:
 def _file_records(path_text: str) -> Iterable:
     if not path_text.endswith(EXTENSIONS):
         raise SpecdraftError(f"prompt set {path_text!r} has an unknown extension; valid: "
-                             f"{', '.join(EXTENSIONS)}, hf:ID[:SPLIT] or tasks:SPLIT[:COUNT]")
+                             f"{', '.join(EXTENSIONS)}, hf:ID[:SPLIT] or a task set: {', '.join(TASK_SET_FORMS)}")
     path = resolve_file(path_text, "prompt file")
     with reading(path, "prompt file"):  # bad bytes, a broken gzip stream, JSON nested past Python's recursion limit
         if path.name.endswith((".jsonl", ".jsonl.gz")):
@@ -209,8 +209,8 @@ def _hf_records(spec: str) -> Iterable:
 
 def source_records(source: str) -> Iterable:
     """The raw records of one prompt set, in order."""
-    if source.startswith(TASKS_PREFIX):
-        return iter(task_records(*parse_source(source)))
+    if is_task_set(source):
+        return iter(task_set_records(source))
     return _hf_records(source) if source.startswith("hf:") else _file_records(source)
 
 
@@ -243,7 +243,7 @@ def _conversation(source: str, index: int, record, folder: Path) -> Conversation
 
 def _image_folder(source: str) -> Path:
     """Where a prompt set's relative image paths start: its file's folder (the working directory for `hf:`)."""
-    if source.startswith("hf:"):
+    if source.startswith("hf:") or is_task_set(source):
         return Path(".")
     return package_file(source).parent if source.startswith("pkg:") else Path(source).expanduser().parent
 

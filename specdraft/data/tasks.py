@@ -3,19 +3,18 @@ reversal, counting, field extraction, JSON formatting and the like, each a templ
 words from a seeded generator. Two disjoint sets of templates: `train` (to mine labels on) and `heldout` (to
 measure quality on templates no label came from).
 
-As a prompt set: `tasks:SPLIT`, `tasks:SPLIT:COUNT` (the first COUNT items; default 500) or `tasks:SPLIT:START..END`
-(items START to END - 1: say, labels mined on a held-out template's items that a bench of its first items never
-sees), read like any prompt file (specdraft.data.sources); item i of a split is the same whatever the count. Each
-record is a `prompt`, its `check` and `answer` (checks.py) and its `template`.
+As a prompt set (task_sets.py): `tasks:SPLIT`, `tasks:SPLIT:COUNT` (the first COUNT items; default 500) or
+`tasks:SPLIT:START..END` (items START to END - 1: say, labels mined on a held-out template's items that a bench of
+its first items never sees), read like any prompt file (specdraft.data.sources); item i of a split is the same
+whatever the count. Each record is a `prompt`, its `check` and `answer` (checks.py) and its `template`.
 """
 from __future__ import annotations
 
 import random
 from typing import Callable, Dict, List, Tuple
 
-from specdraft.core.errors import SpecdraftError, choices_error
+from specdraft.core.errors import choices_error
 
-PREFIX = "tasks:"
 DEFAULT_COUNT = 500
 FRUITS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "orange", "peach", "pear", "plum"]
 ANIMALS = ["cat", "dog", "horse", "lion", "mouse", "rabbit", "sheep", "tiger", "wolf", "zebra"]
@@ -313,16 +312,3 @@ def task_records(split: str, count: int = DEFAULT_COUNT, start: int = 0) -> List
         records.append({**template(rng), "template": template.__name__})
     return records
 
-
-def parse_source(source: str) -> Tuple[str, int, int]:
-    """`tasks:SPLIT[:COUNT]` or `tasks:SPLIT:START..END` -> (split, count, start)."""
-    split, _, items = source[len(PREFIX):].partition(":")
-    if not items:
-        return split, DEFAULT_COUNT, 0
-    first, dots, last = items.partition("..")
-    if dots and first.isdigit() and last.isdigit() and int(last) > int(first):
-        return split, int(last) - int(first), int(first)
-    if not dots and items.isdigit() and int(items) > 0:
-        return split, int(items), 0
-    raise SpecdraftError(f"prompt set {source!r}: write tasks:SPLIT:COUNT with a positive integer COUNT, or "
-                         f"tasks:SPLIT:START..END with integers START < END")

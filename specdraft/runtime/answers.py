@@ -33,7 +33,7 @@ def bench_prompts(source: str, max_prompts: Optional[int], with_checks: bool = F
     missing = next((conversation.index for (conversation, _), check in zip(kept, checks) if check is None), None)
     if missing is not None:
         raise SpecdraftError(f"prompt {missing} of {source} has no answer check, which --check-answers needs "
-                             f"(prompts of the task suite, tasks:SPLIT, GSM8K or HumanEval)")
+                             f"(prompts of a task set: tasks:, humaneval:, gsm8k:, or GSM8K and HumanEval records)")
     return turns, checks, images
 
 

@@ -2,7 +2,9 @@
 with LoRA) reading a SigLIP-style vision tower and projector trained from scratch on images this module draws
 (specdraft/vlm/scenes.py: shapes, colours, counts, positions, rendered words, bar charts) with descriptions it knows
 to be true: a short one to a plain question, a long one (specdraft/vlm/long.py) when the question ends with the
-long-answer instruction that ViSpec's recipes append ("Please answer with at least 1000 words.").
+long-answer instruction that ViSpec's recipes append ("Please answer with at least 1000 words."). A share of the
+scenes (`determined_share`) are of the kinds read out item by item (a grid of shapes, words, a bar chart's values:
+specdraft/vlm/determined.py), answered with their listing to their own questions, with or without the instruction.
 
     specdraft build-small-vlm --out runs/small_vlm --device cuda     # the real one, about 4 min on one GPU
     specdraft build-small-vlm --out /tmp/small_vlm --tiny           # a tiny random LM, seconds on a CPU
@@ -13,8 +15,8 @@ tower, tiny images and a few steps: the tests' mode.
 
 Training, in three stages over one pool of drawn scenes:
   1. tower: the vision tower alone, classifying each scene's facts (kind, count, each grid cell's colour, shape and
-     size, the word and its row, each bar's colour and value) from its patch features: a from-scratch tower learns
-     to see in seconds this way;
+     size, the word and its row, each bar's colour and value; a determined scene's every item) from its patch
+     features: a from-scratch tower learns to see in seconds this way;
   2. align: the projector (and the tower, slower) under the frozen language model's caption loss;
   3. lora: LoRA adapters (peft) on every projection of the language model, with the projector and the tower; a
      share of its steps (`long_share`) trains on long answers to the instruction, the rest on short ones.
@@ -26,8 +28,9 @@ places images): `AutoModelForImageTextToText.from_pretrained(OUT)` and `AutoProc
 OUT also holds prompts/ (held-out drawn images and JSONL prompt sets, see specdraft/vlm/prompts.py), accuracy.json
 (the saved model's descriptions of prompts/test.jsonl's images scored per attribute, with chance levels; and its
 long answers to the first `long_eval_prompts` of them with the instruction: their lengths beside the plain answers'
-and their attributes) and build.json (settings, per-stage losses and seconds). NAME=VALUE overrides (`--set`)
-change any Settings field.
+and their attributes; and the answers to prompts/determined/test.jsonl's questions, scored item by item per kind,
+with chance levels) and build.json (settings, per-stage losses and seconds). NAME=VALUE overrides (`--set`) change
+any Settings field.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.core.errors import SpecdraftError
+from specdraft.vlm import determined as vlm_determined
 from specdraft.vlm import long as vlm_long
 from specdraft.vlm import prompts as vlm_prompts
 from specdraft.vlm import scenes as vlm_scenes
@@ -85,7 +89,9 @@ class Settings:
     tower_layers: int = 6
     tower_heads: int = 4
     pool: int = 40000
-    """Drawn training scenes (each seen with a random one of vlm_scenes.PROMPTS)."""
+    """Drawn training scenes (each seen with a random one of its kind's questions)."""
+    determined_share: float = 0.3
+    """The share of the pool that is of vlm_scenes.DETERMINED_KINDS (read out item by item), the rest described."""
     tower_steps: int = 800
     tower_batch: int = 256
     tower_lr: float = 1e-3
@@ -108,6 +114,11 @@ class Settings:
     long_eval_prompts: int = 50
     """Test images answered at length (with the instruction) for accuracy.json's `long` section."""
     long_max_new_tokens: int = 512
+    determined_distill_prompts: int = 1000
+    determined_test_prompts: int = 150
+    """prompts/determined/'s splits (the test split: accuracy.json's `determined` section, and the benches')."""
+    determined_max_new_tokens: int = 128
+    """Tokens of a determined answer in the accuracy check (a grid's listing is about 65 SmolLM2 tokens)."""
     eval_batch: int = 100
     workers: int = 16
     """Processes drawing the scene pool (fork; 1 draws in this process)."""
@@ -115,11 +126,16 @@ class Settings:
     tiny_lm: bool = False
     """A tiny random language model (with the target's tokenizer) in place of the target's weights."""
 
+    def __post_init__(self):
+        if not 0.0 <= self.determined_share <= 1.0:
+            raise SpecdraftError(f"--set determined_share={self.determined_share}: a share of the pool, in [0, 1]")
+
 
 TINY = Settings(image_size=32, patch_size=8, tower_hidden=32, tower_layers=1, tower_heads=2, pool=48,
                 tower_steps=2, tower_batch=8, align_steps=2, lora_steps=2, batch=4, long_batch=2, distill_prompts=4,
                 test_prompts=6, max_new_tokens=12, long_eval_prompts=2, long_max_new_tokens=16, eval_batch=4,
-                workers=1, log_every=1, lora_rank=4, tiny_lm=True)
+                workers=1, log_every=1, lora_rank=4, tiny_lm=True, determined_distill_prompts=3,
+                determined_test_prompts=3, determined_max_new_tokens=12)
 
 
 def parse_settings(base: Settings, assignments: Sequence[str]) -> Settings:
@@ -240,21 +256,37 @@ class Pool:
     """The drawn training scenes, on the device, with their tokenised descriptions and the prompts' tokens."""
     pixels: torch.Tensor  # [N, 3, S, S] uint8
     aux: torch.Tensor  # [N, slots] class per vlm_scenes.AUX_SLOTS slot
-    answers: Dict[bool, List[List[int]]]  # long? -> description + EOS, per scene (short, or vlm_long's)
-    prompts: Dict[bool, List[List[int]]]  # long? -> one per vlm_scenes.PROMPTS (the long ones with the instruction)
+    answers: Dict[bool, List[List[int]]]  # long? -> answer + EOS, per scene (short, vlm_long's; a listing either way)
+    prompts: Dict[bool, Dict[str, List[List[int]]]]  # long? -> kind -> its questions (the long ones with the
+    # instruction): vlm_scenes.PROMPTS for a described kind, vlm_determined.QUESTIONS' for a determined one
+    kinds: List[str]  # each scene's kind
 
 
 def tokenized_answers(tokenizer, texts: List[str]) -> List[List[int]]:
     return [ids + [tokenizer.eos_token_id] for ids in tokenizer(texts, add_special_tokens=False).input_ids]
 
 
+def scene_answer(scene: vlm_scenes.Scene, long: bool) -> str:
+    """What the VLM learns to answer about a scene: a determined one's listing, a described one's description
+    (short, or `long`)."""
+    if scene.kind in vlm_scenes.DETERMINED_KINDS:
+        return vlm_determined.listing(scene)
+    return vlm_long.describe_long(scene) if long else vlm_scenes.describe(scene)
+
+
+def kind_questions(kind: str):
+    return vlm_determined.QUESTIONS[kind] if kind in vlm_scenes.DETERMINED_KINDS else vlm_scenes.PROMPTS
+
+
 def make_pool(scenes, pixels, tokenizer, settings: Settings, device: str) -> Pool:
-    answers = {False: tokenized_answers(tokenizer, [vlm_scenes.describe(scene) for scene in scenes]),
-               True: tokenized_answers(tokenizer, [vlm_long.describe_long(scene) for scene in scenes])}
+    answers = {long: tokenized_answers(tokenizer, [scene_answer(scene, long) for scene in scenes])
+               for long in (False, True)}
     aux = torch.tensor([vlm_scenes.aux_labels(scene) for scene in scenes])
-    prompts = {long: [prompt_ids(tokenizer, vlm_long.long_prompt(prompt) if long else prompt, settings)
-                      for prompt in vlm_scenes.PROMPTS] for long in (False, True)}
-    return Pool(pixels.to(device), aux.to(device), answers, prompts)
+    kinds = [scene.kind for scene in scenes]
+    prompts = {long: {kind: [prompt_ids(tokenizer, vlm_long.long_prompt(prompt) if long else prompt, settings)
+                             for prompt in kind_questions(kind)] for kind in sorted(set(kinds))}
+               for long in (False, True)}
+    return Pool(pixels.to(device), aux.to(device), answers, prompts, kinds)
 
 
 def caption_batch(pool: Pool, rng: random.Random, size: int, pad_id: int, device: str,
@@ -262,7 +294,7 @@ def caption_batch(pool: Pool, rng: random.Random, size: int, pad_id: int, device
     """`size` random scenes as right-padded chat rows: ids, mask, labels (-100 except on the answer); `long`: the
     prompts with the instruction and the long answers."""
     picks = [rng.randrange(len(pool.pixels)) for _ in range(size)]
-    rows = [(rng.choice(pool.prompts[long]), pool.answers[long][i]) for i in picks]
+    rows = [(rng.choice(pool.prompts[long][pool.kinds[i]]), pool.answers[long][i]) for i in picks]
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((size, width), pad_id)
     labels = torch.full((size, width), -100)
@@ -413,7 +445,8 @@ def save(vlm, processor, out: Path, dtype: torch.dtype) -> None:
 def build(out: Path, target: str, device: str, seed: int, save_dtype: str, settings: Settings) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     times, start = {}, time.time()
-    scenes = vlm_scenes.random_scenes(settings.pool, seed)
+    determined = vlm_prompts.determined_pool(round(settings.pool * settings.determined_share), seed)
+    scenes = vlm_scenes.random_scenes(settings.pool - len(determined), seed) + determined
     pixels = draw_pixels(scenes, settings.image_size, settings.workers)
     times["draw"] = round(time.time() - start, 1)
     lm, tokenizer = language_model(target, settings, device)
@@ -428,10 +461,15 @@ def build(out: Path, target: str, device: str, seed: int, save_dtype: str, setti
     save(vlm.eval(), processor, out, torch.bfloat16 if save_dtype == "bfloat16" else torch.float32)
     sets = vlm_prompts.write_prompt_sets(out / "prompts", settings.image_size, seed,
                                          {"distill": settings.distill_prompts, "test": settings.test_prompts})
+    determined_sets = vlm_prompts.write_determined_sets(
+        out / "prompts" / vlm_prompts.DETERMINED, settings.image_size, seed,
+        {"distill": settings.determined_distill_prompts, "test": settings.determined_test_prompts}, determined)
     times["save"] = round(time.time() - mark, 1)
     mark = time.time()
     accuracy = vlm_prompts.evaluate(out, sets["test"], device, settings.max_new_tokens, settings.eval_batch,
-                                    settings.long_eval_prompts, settings.long_max_new_tokens)
+                                    settings.long_eval_prompts, settings.long_max_new_tokens,
+                                    determined_sets["test"] if settings.determined_test_prompts else None,
+                                    settings.determined_max_new_tokens)
     times["evaluate"] = round(time.time() - mark, 1)
     times["total"] = round(time.time() - start, 1)
     (out / "accuracy.json").write_text(json.dumps(accuracy, indent=1) + "\n")
@@ -460,5 +498,6 @@ def build_small_vlm(out: str | Path, target: Optional[str] = None, device: Optio
         torch.set_num_threads(threads)
     print(vlm_prompts.accuracy_table(result["accuracy"]))
     print(vlm_prompts.long_table(result["accuracy"]))
+    print(vlm_prompts.determined_table(result["accuracy"]))
     print(f"{out}: built in {result['build']['seconds']['total']:.0f} s")
     return result

@@ -20,6 +20,11 @@ processor expand it); the gpt turn is the scene's true description (a reference:
 answers with the target); `facts` are what specdraft/vlm/scenes.py scores a description on. Splits: `distill`
 (prompts to regenerate answers on, for draft training) and `test` (benches and this accuracy check), drawn from
 seeds apart from each other and from the model's training scenes.
+
+prompts/determined/ is a prompt set of the same form for the kinds whose answers the image determines token by
+token (scenes.DETERMINED_KINDS; specdraft/vlm/determined.py): each record's question is its kind's, its gpt turn
+the scene's listing, its `facts` the items. Held out by image: no scene of its `distill` split is one the VLM
+trained on, and no scene of its `test` split one of either (each redrawn until it is not).
 """
 from __future__ import annotations
 
@@ -30,11 +35,16 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from specdraft.vlm import determined as vlm_determined
 from specdraft.vlm import long as vlm_long
 from specdraft.vlm import scenes as vlm_scenes
 
 SPLIT_SEEDS = {"distill": 1, "test": 2}
 """Offsets added to the build's seed (the training pool uses the seed itself)."""
+DETERMINED_SEEDS = {"pool": 10, "distill": 11, "test": 12}
+"""The same for the determined scenes: the training pool's, then each split's."""
+DETERMINED = "determined"
+"""The determined prompt set's folder under prompts/."""
 README = """# Drawn-image prompt sets
 
 Held-out images drawn by specdraft/vlm/scenes.py, never seen in training the VLM beside them. One JSON object a line:
@@ -48,32 +58,67 @@ Held-out images drawn by specdraft/vlm/scenes.py, never seen in training the VLM
 turn is a reference (distillation regenerates answers); `facts` are the scored attributes.
 - distill.jsonl: prompts for regenerating answers with the VLM (draft training data)
 - test.jsonl: prompts for benches and the accuracy check (accuracy.json beside the model)
+- determined/: the same for the kinds whose answers the image determines item by item (its README.md)
 """
 
 
 def prompt_record(split: str, number: int, scene: vlm_scenes.Scene) -> dict:
     name = f"{split}-{number:05d}"
-    prompt = vlm_scenes.PROMPTS[number % len(vlm_scenes.PROMPTS)]
+    if scene.kind in vlm_scenes.DETERMINED_KINDS:
+        prompt, answer = vlm_determined.question(scene.kind, number), vlm_determined.listing(scene)
+    else:
+        prompt, answer = vlm_scenes.PROMPTS[number % len(vlm_scenes.PROMPTS)], vlm_scenes.describe(scene)
     return {"id": name, "image": f"images/{name}.png",
-            "conversations": [{"from": "human", "value": f"<image>\n{prompt}"},
-                              {"from": "gpt", "value": vlm_scenes.describe(scene)}],
+            "conversations": [{"from": "human", "value": f"<image>\n{prompt}"}, {"from": "gpt", "value": answer}],
             "facts": vlm_scenes.facts(scene)}
+
+
+def write_split(folder: Path, split: str, scenes: List[vlm_scenes.Scene], image_size: int) -> Path:
+    """One split's images and JSONL under `folder` -> the JSONL's path."""
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for number, scene in enumerate(scenes):
+        record = prompt_record(split, number, scene)
+        vlm_scenes.draw(scene, image_size).save(folder / record["image"])
+        records.append(record)
+    path = folder / f"{split}.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
 
 
 def write_prompt_sets(folder: Path, image_size: int, seed: int, counts: Dict[str, int]) -> Dict[str, Path]:
     """Draws and writes each split's images and JSONL under `folder`; split -> JSONL path."""
-    (folder / "images").mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, count in counts.items():
-        records = []
-        for number, scene in enumerate(vlm_scenes.random_scenes(count, seed + SPLIT_SEEDS[split])):
-            record = prompt_record(split, number, scene)
-            vlm_scenes.draw(scene, image_size).save(folder / record["image"])
-            records.append(record)
-        paths[split] = folder / f"{split}.jsonl"
-        paths[split].write_text("".join(json.dumps(record) + "\n" for record in records))
+    paths = {split: write_split(folder, split, vlm_scenes.random_scenes(count, seed + SPLIT_SEEDS[split]), image_size)
+             for split, count in counts.items()}
     (folder / "README.md").write_text(README)
     return paths
+
+
+def determined_pool(count: int, seed: int) -> List[vlm_scenes.Scene]:
+    """The determined scenes the VLM trains on (distinct)."""
+    return vlm_scenes.distinct_scenes(count, seed + DETERMINED_SEEDS["pool"], set())
+
+
+def write_determined_sets(folder: Path, image_size: int, seed: int, counts: Dict[str, int],
+                          trained: List[vlm_scenes.Scene]) -> Dict[str, Path]:
+    """The determined prompt set under `folder` (module docstring): each split's scenes unlike the `trained` ones
+    and every earlier split's; split -> JSONL path."""
+    seen, paths = set(trained), {}
+    for split, count in counts.items():
+        scenes = vlm_scenes.distinct_scenes(count, seed + DETERMINED_SEEDS[split], seen)
+        seen.update(scenes)
+        paths[split] = write_split(folder, split, scenes, image_size)
+    (folder / "README.md").write_text(DETERMINED_README)
+    return paths
+
+
+DETERMINED_README = """# Drawn-image prompt sets whose answers the image determines
+
+The held-out images of specdraft/vlm/determined.py's kinds (a grid of shapes listed cell by cell, words
+transcribed, a bar chart's values read out), in ../README.md's form: the human turn a question of its kind, the gpt
+turn the scene's listing, `facts` its items. No image of distill.jsonl is one the VLM trained on, and none of
+test.jsonl one of either. `python -m tools.bench.vispec VLM --tasks determined` trains and benches on these.
+"""
 
 
 def read_prompt_set(path: Path) -> List[dict]:
@@ -175,17 +220,37 @@ def long_answers(vlm, records: List[dict], root: Path, device: str, plain_length
             "examples": [{"image": r["image"], "answer": a} for r, a in list(zip(records, answers))[:2]]}
 
 
+def determined_answers(vlm, prompt_set: Path, model_dir: Path, device: str, max_new_tokens: int, batch: int) -> dict:
+    """accuracy.json's `determined` section: the determined test set's questions answered with the long-answer
+    instruction (as the ViSpec suite asks them), scored item by item per kind (vlm_determined.accuracy)."""
+    records = read_prompt_set(prompt_set)
+    answers, lengths = describe_images(vlm, records, prompt_set.parent, device, max_new_tokens, batch,
+                                       vlm_long.INSTRUCTION)
+    return {"prompt_set": str(prompt_set.relative_to(model_dir)), "images": len(records),
+            "instruction": vlm_long.INSTRUCTION, "max_new_tokens": max_new_tokens,
+            "lengths": length_summary(lengths, max_new_tokens), "kinds": vlm_determined.accuracy(records, answers),
+            "scoring": "an item is right when the answer's line for it states it exactly as drawn (a grid cell's "
+                       "colour and shape or `empty`, a word, a bar's colour and value); chance: the true listing of "
+                       "another held-out image of the kind",
+            "examples": [{"image": r["image"], "truth": r["conversations"][1]["value"], "answer": a}
+                         for r, a in list(zip(records, answers))[:6]]}
+
+
 def evaluate(model_dir: Path, prompt_set: Path, device: str, max_new_tokens: int, batch: int, long_prompts: int = 0,
-             long_max_new_tokens: int = 512) -> dict:
+             long_max_new_tokens: int = 512, determined_set: Optional[Path] = None,
+             determined_max_new_tokens: int = 128) -> dict:
     """accuracy.json's content: the saved model's descriptions of a prompt set's images, scored; with
-    `long_prompts`, the first that many answered at length too (`long_answers`)."""
+    `long_prompts`, the first that many answered at length too (`long_answers`); with `determined_set`, its
+    determined questions answered and scored (`determined_answers`)."""
     records = read_prompt_set(prompt_set)
     vlm = load_vlm(model_dir, device)
     answers, lengths = describe_images(vlm, records, prompt_set.parent, device, max_new_tokens, batch)
     long = long_answers(vlm, records[:long_prompts], prompt_set.parent, device, lengths, long_max_new_tokens, batch) \
         if long_prompts else None
+    determined = determined_answers(vlm, determined_set, model_dir, device, determined_max_new_tokens, batch) \
+        if determined_set is not None else None
     return {"prompt_set": str(prompt_set.relative_to(model_dir)), "images": len(records),
-            "attributes": accuracy(records, answers), "long": long,
+            "attributes": accuracy(records, answers), "long": long, "determined": determined,
             "scoring": "an attribute is right when the description states it exactly as the drawn scene has it "
                        "(colours, shapes: the multiset over all shapes; objects: every colour-shape-position "
                        "triple); chance: the same score for the true description of another held-out image of "
@@ -199,6 +264,12 @@ def accuracy_table(result: dict) -> str:
     for name, row in result["attributes"].items():
         lines.append(f"| {name} | {row['accuracy']:.3f} | {row['chance']:.3f} | {row['n']} |")
     return "\n".join(lines)
+
+
+def determined_table(result: dict) -> str:
+    """The `determined` section as markdown ('' without one)."""
+    determined = result.get("determined")
+    return vlm_determined.accuracy_table(determined["kinds"]) if determined else ""
 
 
 def long_table(result: dict) -> str:

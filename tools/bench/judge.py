@@ -10,9 +10,14 @@ rounding flips near-tied argmaxes, which alone cost a few percent of retained ac
     python3 -m tools.bench.judge $HOME/work/eagle3/export --target $GGUF --work $HOME/judge --out $OUT
     python3 -m tools.bench.judge EXPORT --target $GGUF --train-prompts tasks:train:200 --thresholds 0.5 0.9 ...
     python3 -m tools.bench.judge EXPORT --target $GGUF --shape 5,8,40 6 8 --work W --out OUT   # and two chains
+    python3 -m tools.bench.judge runs/eagle3_qwen25coder15b/export --recipe recipes/judge_qwen25coder15b.yaml \
+        --heldout-prompts humaneval:heldout gsm8k:.data/gsm8k/test.jsonl:0..100 tasks:heldout:100 ...
 
 EXPORT is the draft the judge serves beside (an EAGLE-3, PosS or Kangaroo export of the same target); key=value
-arguments override the judge recipe (every stage). The table has, per acceptance rule: τ, τ against the exact
+arguments override the judge recipe (every stage). --train-prompts (default: the recipe's data.prompts) and
+--heldout-prompts take prompt sets of checked items (specdraft.data.task_sets: `tasks:SPLIT[:RANGE]`,
+`humaneval:SPLIT[:RANGE]`, `gsm8k:FILE[:RANGE]`, or files of records that carry a check); a held-out prompt that
+is also a training prompt stops the suite before it mines. The table has, per acceptance rule: τ, τ against the exact
 rule's, tokens/s, speedup over plain decoding, precision and recall on the held-out labels, plain and judged
 accuracy, retained accuracy (the share of the prompts plain decoding solves that the rule still solves), answers
 identical to plain decoding, and lossless. Above it: the labels mined (prompts labelled of those given,
@@ -30,10 +35,20 @@ the first shape at round 1's sweep (and the δ its own precision targets choose)
 table: each later round's labels (unrecoverable mismatches among them) and, per δ, every round's τ ratio, retained
 accuracy and label precision side by side.
 
+Several --heldout-prompts sets (say HumanEval's held-out problems, GSM8K test items and the held-out templates)
+are benched one by one at the first --shape, each against plain decoding on its own prompts (the first set also at
+every other shape, and the float32 check on it): below the table, each set's exact τ, per δ its τ ratio and
+retained accuracy, its goal, and the sets pooled (τ over every cycle, retained accuracy over every prompt plain
+decoding solves) with the pooled goal. WORK/bench holds the first set's bench, WORK/bench-setK the K-th's.
+
 --template-labels PROMPTS (say tasks:heldout:100..600: the held-out templates' items past the bench's first 100)
 mines labels there too, with exact acceptance, and scores each round's head on them: precision and recall on
 templates no label it trained on came from, beside its validation labels'. A head whose precision holds on its
 validation labels but not on these has learned its templates, not the task.
+
+--resume keeps what an earlier call left in WORK (each round's export, each bench.json; distill-data resumes its
+labels by itself), so that a suite longer than one call's time limit goes on where the last call stopped when the
+same command runs again.
 """
 from __future__ import annotations
 
@@ -51,7 +66,6 @@ import torch
 from specdraft.core.io import write_json
 
 GOAL_RETAINED = 0.98
-TRAIN_PROMPTS = 4000
 THRESHOLDS = [0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
 PRECISION_TARGETS = [0.99, 0.995]
 MINE_THRESHOLD = 0.9
@@ -99,10 +113,10 @@ def round_overrides(args, work: Path, number: int) -> List[str]:
     k-1's judge at --mine-threshold, and trains on every round's labels so far."""
     out = round_dir(work, number)
     target = [f"target.path={args.target}"] if args.target else []
-    overrides = [f"method.draft={args.export}", f"data.prompts=[{args.train_prompts}]",
-                 f"distill.output_dir={out / 'labels'}", f"train.output_dir={out / 'train'}",
-                 f"distill.max_new_tokens={args.max_new_tokens}", f"target.dtype={args.dtype}", *target,
-                 *args.overrides]
+    prompts = [f"data.prompts=[{','.join(args.train_prompts)}]"] if args.train_prompts else []
+    overrides = [f"method.draft={args.export}", *prompts, f"distill.output_dir={out / 'labels'}",
+                 f"train.output_dir={out / 'train'}", f"distill.max_new_tokens={args.max_new_tokens}",
+                 f"target.dtype={args.dtype}", *target, *args.overrides]
     if number > 1:
         earlier = ",".join(str(round_dir(work, k) / "labels") for k in range(1, number))
         overrides += [f"method.mine_judge={round_dir(work, number - 1) / 'export'}",
@@ -112,13 +126,15 @@ def round_overrides(args, work: Path, number: int) -> List[str]:
 
 def run_round(args, work: Path, number: int) -> Dict[str, float]:
     """distill-data (mined labels), train, export, the head on its held-out labels (the δ of each precision
-    target joins the sweep), then bench on the held-out prompts -> each stage's seconds. Round 1 benches every
-    --shape; a later round the first, at round 1's sweep and its own chosen δ."""
+    target joins the sweep), then bench on the held-out prompts -> each stage's seconds. Round 1 benches the first
+    set at every --shape; a later round at the first, at round 1's sweep and its own chosen δ; every other set is
+    benched at the first shape."""
     out, overrides = round_dir(work, number), round_overrides(args, work, number)
     seconds: Dict[str, float] = {}
-    _cli(["distill-data", str(args.recipe), *overrides], seconds)
-    _cli(["train", str(args.recipe), *overrides], seconds)
-    _cli(["export", str(out / "train"), "--format", "hf", "--out", str(out / "export")], seconds)
+    _cli(["distill-data", str(args.recipe), *overrides], seconds)  # resumes by itself
+    if not (args.resume and (out / "export" / "config.json").is_file()):
+        _cli(["train", str(args.recipe), *overrides], seconds)
+        _cli(["export", str(out / "train"), "--format", "hf", "--out", str(out / "export")], seconds)
     first_sweep = [] if number == 1 else sweep(args.thresholds, _read(work / "heldout_labels.json"))
     labels = heldout_labels(out, sorted({*args.thresholds, *first_sweep}), args.precision_targets)
     write_json(out / "heldout_labels.json", labels)
@@ -131,15 +147,34 @@ def run_round(args, work: Path, number: int) -> Dict[str, float]:
             seconds["template labels"] = mined["distill-data"]
         write_json(out / "template_labels.json", template_labels(out, work / "template_labels", thresholds))
     for index, shape in enumerate(args.shape if number == 1 else args.shape[:1]):  # float32 check: round 1's first
-        bench = ["bench", str(out / "export"), "--prompts", args.heldout_prompts, "--check-answers", "--temperature",
-                 "0", "--no-hf", "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts",
-                 str(args.lossless_prompts if index == 0 and number == 1 else 0), "--dtype", args.dtype,
-                 "--judge-threshold", *map(str, thresholds), *shape_flags(shape), "--out",
-                 str(bench_dir(out, index, shape))]
-        stage: Dict[str, float] = {}
-        _cli([*bench, *(["--target", args.target] if args.target else [])], stage)
-        seconds["bench" if index == 0 else f"bench {shape}"] = stage["bench"]
+        lossless = args.lossless_prompts if index == 0 and number == 1 else 0
+        stage = bench_stage(args, out, args.heldout_prompts[0], shape, bench_dir(out, index, shape), thresholds,
+                            lossless)
+        seconds["bench" if index == 0 else f"bench {shape}"] = stage
+    for index, prompts in enumerate(args.heldout_prompts[1:], start=1):  # the other sets: the first shape
+        seconds[f"bench set {index + 1}"] = bench_stage(args, out, prompts, args.shape[0], set_dir(out, index),
+                                                        thresholds, 0)
     return seconds
+
+
+def bench_stage(args, out: Path, prompts: str, shape: str, where: Path, thresholds: List[float],
+                lossless: int) -> float:
+    """`specdraft bench` of the round's export on one held-out prompt set at one shape, every δ of the sweep,
+    answers checked -> its seconds (0 for one --resume keeps)."""
+    if args.resume and (where / "bench.json").is_file():
+        return 0.0
+    bench = ["bench", str(out / "export"), "--prompts", prompts, "--check-answers", "--temperature", "0", "--no-hf",
+             "--max-new-tokens", str(args.max_new_tokens), "--lossless-prompts", str(lossless), "--dtype",
+             args.dtype, "--judge-threshold", *map(str, thresholds), *shape_flags(shape), "--out", str(where)]
+    stage: Dict[str, float] = {}
+    _cli([*bench, *(["--target", args.target] if args.target else [])], stage)
+    return stage["bench"]
+
+
+def set_dir(work: Path, index: int) -> Path:
+    """Where the bench of the index-th --heldout-prompts set writes: WORK/bench for the first, WORK/bench-setK (K =
+    index + 1) after it."""
+    return work / ("bench" if index == 0 else f"bench-set{index + 1}")
 
 
 def bench_dir(work: Path, index: int, shape: str) -> Path:
@@ -238,6 +273,61 @@ def shape_summary(bench: dict) -> dict:
                       for run in bench.get("judge_sweep") or []]}
 
 
+def exact_run(bench: dict) -> dict:
+    return next(run for run in bench["runs"] if run["temperature"] == 0)
+
+
+def set_summaries(args, out: Path) -> List[dict]:
+    """Each --heldout-prompts set's bench at the first shape in a round's directory: its prompts, plain decoding's
+    accuracy, exact τ, goal and sweep."""
+    summaries = []
+    for index, prompts in enumerate(args.heldout_prompts):
+        bench = _read(set_dir(out, index) / "bench.json")
+        answers = exact_run(bench).get("answers") or {}
+        summaries.append({"prompts": prompts, "count": exact_run(bench)["prompts"],
+                          "accuracy_plain": answers.get("accuracy_plain"), **shape_summary(bench)})
+    return summaries
+
+
+def _pool(runs: List[dict]) -> dict:
+    """Runs on several prompt sets as one: τ over every cycle, retained accuracy over every prompt plain decoding
+    solves, speedup from the summed tokens and seconds."""
+    cycles = sum(run["cycles"] for run in runs)
+    answers = [run.get("answers") or {} for run in runs]
+    solved_plain = sum(answer.get("solved_plain", 0) for answer in answers)
+    rates = {name: sum(run["new_tokens"][name] for run in runs) / max(1e-9, sum(run["seconds"][name] for run in runs))
+             for name in ("spec", "plain")}
+    return {"tau": sum(run["tau"] * run["cycles"] for run in runs) / cycles if cycles else None,
+            "prompts": sum(run["prompts"] for run in runs), "solved_plain": solved_plain,
+            "retained_accuracy": sum(answer.get("solved_both", 0) for answer in answers) / solved_plain
+            if solved_plain else None, "speedup_vs_plain": rates["spec"] / rates["plain"] if rates["plain"] else None}
+
+
+def pooled(benches: List[dict]) -> dict:
+    """Several sets' benches (the same sweep) pooled (`_pool`): exact τ, each δ's τ ratio, retained accuracy and
+    speedup, and the goal (the highest pooled τ ratio at a pooled retained accuracy of at least GOAL_RETAINED)."""
+    exact = _pool([exact_run(bench) for bench in benches])
+    sweep = []
+    for number, run in enumerate(benches[0].get("judge_sweep") or []):
+        point = _pool([bench["judge_sweep"][number] for bench in benches])
+        sweep.append({"judge_threshold": run["judge_threshold"], **point,
+                      "tau_ratio": point["tau"] / exact["tau"] if point["tau"] and exact["tau"] else None})
+    kept = [point for point in sweep if (point["retained_accuracy"] or 0) >= GOAL_RETAINED]
+    best = max(kept, key=lambda point: point["tau_ratio"] or 0) if kept else None
+    goal_point = None if best is None else {key: best[key] for key in ("judge_threshold", "tau_ratio",
+                                                                       "retained_accuracy", "speedup_vs_plain")}
+    return {"exact_tau": exact["tau"], "prompts": exact["prompts"], "solved_plain": exact["solved_plain"],
+            "sweep": sweep, "goal": goal_point}
+
+
+def sets_report(args, out: Path) -> dict:
+    """A round's held-out sets one by one and pooled ({} with one set: the main table is all of it)."""
+    if len(args.heldout_prompts) < 2:
+        return {}
+    benches = [_read(set_dir(out, index) / "bench.json") for index in range(len(args.heldout_prompts))]
+    return {"sets": set_summaries(args, out), "pooled": pooled(benches)}
+
+
 def head_metrics(out: Path) -> dict:
     """A round's head on its validation labels (the train stage's best snapshot)."""
     head = _read(out / "train" / "best" / "meta.json").get("metrics", {})
@@ -257,7 +347,8 @@ def round_summary(args, work: Path, number: int) -> dict:
             point["template_precision"] = _label_point(templates, point["judge_threshold"]).get("precision")
     mined_by = None if number == 1 else str(round_dir(work, number - 1) / "export")
     return {"round": number, "mine_judge": mined_by, "mine_threshold": None if number == 1 else args.mine_threshold,
-            "labels": label_stats(out / "labels"), "head": head_metrics(out), **summary}
+            "labels": label_stats(out / "labels"), "head": head_metrics(out), **summary,
+            "heldout_sets": sets_report(args, out)}
 
 
 def collect(args, work: Path) -> dict:
@@ -265,11 +356,12 @@ def collect(args, work: Path) -> dict:
     others = {shape: shape_summary(_read(bench_dir(work, index, shape) / "bench.json"))
               for index, shape in enumerate(args.shape) if index > 0}
     report = {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
-              "train_prompts": args.train_prompts, "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
+              "train_prompts": training_prompts(args), "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
               "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
               "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
               "head": head_metrics(work), "stage_seconds": seconds, "bench": bench, "goal": goal(bench),
-              "other_shapes": others, "template_labels_prompts": args.template_labels}
+              "other_shapes": others, "template_labels_prompts": args.template_labels,
+              "heldout_sets": sets_report(args, work)}
     if args.template_labels:
         report["template_labels"] = {"mined": label_stats(work / "template_labels"),
                                      **_read(work / "template_labels.json")}
@@ -334,6 +426,25 @@ def _other_shapes(report: dict) -> List[str]:
                                 "goal"], rows)]
 
 
+def _set_lines(title: str, report: dict) -> List[str]:
+    """A round's held-out sets (each at the first shape) and the sets pooled: exact τ, per δ the τ ratio and
+    retained accuracy, the goal."""
+    if not report:
+        return []
+    sets, pool = report["sets"], report["pooled"]
+    thresholds = [point["judge_threshold"] for point in pool["sweep"]]
+
+    def cells(sweep: List[dict]) -> List[str]:
+        return [f"{fmt(point['tau_ratio'], '.2f')} / {fmt(point['retained_accuracy'], '.3f')}" for point in sweep]
+
+    rows = [[one["prompts"], one["count"], fmt(one["accuracy_plain"], ".3f"), fmt(one["exact_tau"], ".2f"),
+             *cells(one["sweep"]), _goal_text(one["goal"])] for one in sets]
+    rows.append(["pooled", pool["prompts"], "-", fmt(pool["exact_tau"], ".2f"), *cells(pool["sweep"]),
+                 _goal_text(pool["goal"])])
+    return ["", title, markdown_table(["held-out set", "prompts", "plain accuracy", "exact τ",
+                                       *(f"δ={t:.4g}: τ ratio / retained" for t in thresholds), "goal"], rows)]
+
+
 def _round_line(summary: dict) -> str:
     """How a later round mined, what it labelled and its head."""
     labels = summary["labels"]
@@ -369,7 +480,10 @@ def _rounds(report: dict) -> List[str]:
     templates = " / template-label precision" if report.get("template_labels") else ""
     header = ["", *(f"round {summary['round']}: τ ratio / retained / label precision{templates}"
                     for summary in rounds)]
-    return [*lines, "", markdown_table(header, rows)]
+    later_sets = [line for summary in rounds[1:] for line in
+                  _set_lines(f"round {summary['round']}, held-out sets at {report['shape'][0]}:",
+                             summary.get("heldout_sets") or {})]
+    return [*lines, "", markdown_table(header, rows), *later_sets]
 
 
 def table(report: dict) -> str:
@@ -397,7 +511,10 @@ def table(report: dict) -> str:
                              "label recall", "plain accuracy", "accuracy", "retained accuracy", "identical to plain",
                              "lossless"], rows), "",
              f"exact decoding, float32: {check.get('identical')}/{check.get('prompts')} identical to plain",
-             "goal (retained accuracy >= 98%): " + _goal_text(reached), *_template_lines(report),
+             "goal (retained accuracy >= 98%): " + _goal_text(reached),
+             *_set_lines(f"held-out sets at {report['shape'][0]}, each against plain decoding on its own prompts "
+                         f"(the table above: the first):", report.get("heldout_sets") or {}),
+             *_template_lines(report),
              *_other_shapes(report), *_rounds(report),
              "seconds: " + ", ".join(f"{stage} {value:.0f}" for stage, value in report["stage_seconds"].items())]
     return "\n".join(lines)
@@ -409,8 +526,12 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="judge recipe overrides for every stage, key=value")
     parser.add_argument("--target", default=None, help="the target (default: the recipe's, the packaged SmolLM2)")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "judge_smollm2.yaml")
-    parser.add_argument("--train-prompts", default=f"tasks:train:{TRAIN_PROMPTS}", help="prompts labels are mined on")
-    parser.add_argument("--heldout-prompts", default="tasks:heldout:100", help="prompts the sweep is benched on")
+    parser.add_argument("--train-prompts", nargs="+", default=None,
+                        help="prompt sets labels are mined on (default: the recipe's data.prompts)")
+    parser.add_argument("--heldout-prompts", nargs="+", default=["tasks:heldout:100"],
+                        help="prompt sets the sweep is benched on, each apart (held out: none of their prompts may be "
+                             "a training prompt); say humaneval:heldout gsm8k:.data/gsm8k/test.jsonl:0..100 "
+                             "tasks:heldout:100")
     parser.add_argument("--template-labels", default=None,
                         help="prompts of templates the head never trains on (say tasks:heldout:100..600, past the "
                              "bench's items): labels mined on them with exact acceptance, each round's head scored "
@@ -434,8 +555,15 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path("runs/bench/judge"))
     parser.add_argument("--out", type=Path, default=None, help="where judge.json goes (default: WORK)")
     parser.add_argument("--collect", action="store_true", help="only read an existing WORK")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep what an earlier, interrupted call left in WORK: a round's export (its head is not "
+                             "trained again) and each bench.json (that bench is not run again); distill-data resumes "
+                             "its labels by itself")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     args.shape, args.overrides = split_overrides(args.shape, args.overrides)  # and --shape
+    args.heldout_prompts, args.overrides = split_overrides(args.heldout_prompts, args.overrides)  # and the lists
+    if args.train_prompts:
+        args.train_prompts, args.overrides = split_overrides(args.train_prompts, args.overrides)
     check_shapes(parser, args.shape)  # a bad shape stops here, not after the mining and training
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -444,9 +572,36 @@ def _args(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
+def shared_prompt(train: List[str], heldout: List[str]) -> Optional[str]:
+    """The first held-out prompt (as 'SET item I') whose user turn is also a training prompt's, or None."""
+    from specdraft.data.sources import load_conversations
+
+    def turns(conversation) -> tuple:
+        return tuple(message["content"] for message in conversation.messages if message["role"] == "user")
+
+    seen = {turns(conversation) for conversation in load_conversations(list(train))}
+    for spec in heldout:
+        for conversation in load_conversations([spec]):
+            if turns(conversation) in seen:
+                return f"{spec} item {conversation.index}"
+    return None
+
+
+def training_prompts(args) -> List[str]:
+    """The prompt sets labels are mined on: --train-prompts, else the recipe's data.prompts."""
+    from specdraft.recipes import load_recipe
+
+    return list(args.train_prompts or load_recipe(args.recipe, args.overrides).data.prompts)
+
+
 def main(argv: Optional[List[str]] = None) -> dict:
     args = _args(argv)
     if not args.collect:
+        train = training_prompts(args)
+        shared = shared_prompt(train, args.heldout_prompts)
+        if shared is not None:
+            raise SystemExit(f"held-out prompt {shared} is also a training prompt (of {' '.join(train)}): name "
+                             f"held-out items (humaneval:heldout, a GSM8K test file, tasks:heldout)")
         run_stages(args, args.work)
     report = collect(args, args.work)
     return finish(table(report), args.out or args.work, report, "judge")

@@ -4,9 +4,13 @@ held-out images.
 
     python -m tools.bench.vispec runs/small_vlm --out runs/bench/vispec        # about 5 minutes on one H200
     python -m tools.bench.vispec runs/small_vlm --shapes 12 10,6,48 --out ...  # and at a chain of 12, a tree
+    python -m tools.bench.vispec runs/small_vlm --tasks determined --out ...   # answers the image determines
 
 VLM is a model directory whose prompt sets sit in VLM/prompts/ (distill.jsonl and test.jsonl, LLaVA's form, each
-image a path relative to its JSONL; `specdraft build-small-vlm` writes both), or --prompts DIR. In this process:
+image a path relative to its JSONL; `specdraft build-small-vlm` writes both), or --prompts DIR. `--tasks determined`
+trains and benches on DIR/determined/ alone: the kinds whose answers the image determines token by token (a grid of
+shapes listed cell by cell, words transcribed, a bar chart's values read out: specdraft/vlm/determined.py), where a
+text-only head can only guess what the image decides. In this process:
   1. lengths: the first --length-prompts distill prompts regenerated without the answer instruction, then the first
      --distill-prompts with it (recipes/vispec_smallvlm.yaml's distill.answer_instruction): the training data;
      the answer-length distribution with and without it, on the same prompts;
@@ -35,6 +39,14 @@ from tools.count_cycle_launches import check_shapes, parse_shape
 from specdraft.vlm.prompts import length_summary
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "vispec_smallvlm.yaml"
+TASKS = ("described", "determined")
+
+
+def task_prompts(folder: Path, tasks: str) -> Path:
+    """The folder of the prompt sets of --tasks: FOLDER itself, or its determined/ sets."""
+    from specdraft.vlm.prompts import DETERMINED
+
+    return folder / DETERMINED if tasks == "determined" else folder
 
 
 def suite_recipe(args, out: Path, method_dir: str, prompts: int, instruction: bool = True):
@@ -203,7 +215,8 @@ def tables(report: dict) -> str:
     text += "\n\n" + markdown_table(["draft", "steps", "held-out τ_sim", "τ", "spec tok/s", "plain tok/s",
                                      "speedup", "float32 lossless"], run_rows)
     if "bench_instruction" in report:
-        text += f"\n\nbench prompts: {'with' if report['bench_instruction'] else 'without'} the instruction"
+        text += (f"\n\nbench prompts: {'with' if report['bench_instruction'] else 'without'} the instruction; "
+                 f"tasks: {report['settings']['tasks']} ({report['settings']['prompt_dir']})")
     if report.get("tau_ratio") is not None:
         text += f"\n\nτ(ViSpec) / τ(EAGLE-3) = {report['tau_ratio']:.3f}"
     if report.get("by_shape"):
@@ -222,6 +235,10 @@ def _args(argv: Optional[List[str]]):
     parser.add_argument("--out", type=Path, default=Path("runs/bench/vispec"))
     parser.add_argument("--prompts", dest="prompt_dir", type=Path, default=None,
                         help="the folder of distill.jsonl and test.jsonl (default: VLM/prompts)")
+    parser.add_argument("--tasks", choices=TASKS, default="described",
+                        help="described: the scenes described briefly or at length (the folder's own sets); "
+                             "determined: the folder's determined/ sets alone, answers the image determines token "
+                             "by token (a grid listed cell by cell, words transcribed, bar values read out)")
     parser.add_argument("--recipe", type=Path, default=RECIPE)
     parser.add_argument("--distill-prompts", type=int, default=768)
     parser.add_argument("--length-prompts", type=int, default=64, help="prompts regenerated without the instruction")
@@ -243,7 +260,11 @@ def _args(argv: Optional[List[str]]):
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     args.shapes, args.overrides = split_overrides(args.shapes, args.overrides)  # and --shapes
     check_shapes(parser, args.shapes)
-    args.prompt_dir = args.prompt_dir or args.vlm / "prompts"
+    args.prompt_dir = task_prompts(args.prompt_dir or args.vlm / "prompts", args.tasks)
+    missing = [name for name in ("distill.jsonl", "test.jsonl") if not (args.prompt_dir / name).is_file()]
+    if missing:
+        parser.error(f"--tasks {args.tasks}: {args.prompt_dir} holds no {' or '.join(missing)} (a VLM that "
+                     f"`specdraft build-small-vlm` builds writes both, its determined/ sets too)")
     if args.device is None:
         import torch
 
