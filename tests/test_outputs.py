@@ -278,6 +278,20 @@ def test_train_refuses_a_directory_of_other_files(tmp_path, tiny_target_dir, dis
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["notes.txt"]
 
 
+def test_a_directory_holding_only_its_slurm_job_folder_is_claimed(tmp_path):
+    """`specdraft slurm` writes the job's script and logs into OUTPUT/slurm before the job runs: the job's train or
+    distill-data then claims OUTPUT; any other file still makes it foreign."""
+    from specdraft.core.errors import SpecdraftError
+    from specdraft.core.io import JOB_FOLDER, check_output_dir
+
+    (tmp_path / "run" / JOB_FOLDER).mkdir(parents=True)
+    (tmp_path / "run" / JOB_FOLDER / "train-3.out").write_text("log")
+    assert check_output_dir(tmp_path / "run", lambda path: False, "a training run") == tmp_path / "run"
+    (tmp_path / "run" / "notes.txt").write_text("my notes")
+    with pytest.raises(SpecdraftError, match="not a training run"):
+        check_output_dir(tmp_path / "run", lambda path: False, "a training run")
+
+
 @pytest.mark.parametrize("command", ["train", "distill-data", "eval"])
 def test_an_unwritable_output_directory_is_one_line_before_the_work(tmp_path, trained, tiny_target_dir, distilled,
                                                                      capsys, monkeypatch, command):

@@ -361,6 +361,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 LOCK_PREFIX = ".lock-"
+JOB_FOLDER = "slurm"
+"""The folder `specdraft slurm` writes a job's script and logs into, inside the job's own output directory, before
+the job runs: it belongs to the output being made, so `check_output_dir` counts it as empty."""
 """Prefix of the lock files `directory_lock` holds in a directory (one a writer's slot)."""
 
 
@@ -500,8 +503,9 @@ def check_output_dir(directory: str | Path, owns, what: str, force: bool = False
         return directory
     if not directory.is_dir():
         raise SpecdraftError(f"{directory} is a file, not {what}; refusing to replace it (choose another directory)")
-    others = [p for p in directory.iterdir() if not p.name.startswith((TMP_PREFIX, LOCK_PREFIX))]
-    if owns(directory) or not others or force:  # a writer's temporary or lock: a directory being claimed
+    others = [p for p in directory.iterdir()
+              if not p.name.startswith((TMP_PREFIX, LOCK_PREFIX)) and not (p.name == JOB_FOLDER and p.is_dir())]
+    if owns(directory) or not others or force:  # a writer's temporary, lock or job folder: a directory being claimed
         return directory
     hint = f", or pass {flag} to replace it" if flag else ""
     raise SpecdraftError(f"{directory} already holds files that are not {what}; refusing to write there (choose a "

@@ -29,7 +29,7 @@ from typing import List, Optional
 from specdraft.config import Recipe
 from specdraft.recipes import load_recipe
 from specdraft.core.errors import SpecdraftError, choices_error
-from specdraft.core.io import write_text
+from specdraft.core.io import JOB_FOLDER, write_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 KINDS = ("train", "distill-data")
@@ -127,7 +127,7 @@ def render(job: SlurmJob) -> tuple:
     """-> (script text, the path it is written to)."""
     recipe = load_recipe(job.recipe, job.overrides, job.trust_remote_code)
     _check(job, recipe)
-    folder = output_dir(job, recipe) / "slurm"
+    folder = output_dir(job, recipe) / JOB_FOLDER
     values = {name: str(value) for name, value in _values(job, recipe, folder).items()}
     return _template(job).safe_substitute(values), folder / f"{job.kind}.sbatch"
 
