@@ -44,7 +44,7 @@ def random_rows(lengths):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_online_features_are_hugging_faces_hidden_states(family_dirs, family):
+def test_online_features_are_hugging_faces_hidden_states(family_dirs, family, one_thread):
     """Right-padded rows longer than the sliding window (16), as training runs them (no mask): every real token's
     captured state at each kept index, the final normed state and the teacher's logits over the whole vocabulary
     are those of Hugging Face's masked forward."""
@@ -64,7 +64,7 @@ def test_online_features_are_hugging_faces_hidden_states(family_dirs, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_packed_rows_attend_within_their_documents(family_dirs, family):
+def test_packed_rows_attend_within_their_documents(family_dirs, family, one_thread):
     """Two documents packed in one row (position ids restarting): each one's captured states and logits are those
     of Hugging Face's forward on the document alone."""
     model = loaded(family_dirs, family).model
@@ -85,7 +85,7 @@ def test_packed_rows_attend_within_their_documents(family_dirs, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_offline_heads_embeddings_and_softcap_are_the_online_ones(family_dirs, family):
+def test_offline_heads_embeddings_and_softcap_are_the_online_ones(family_dirs, family, one_thread):
     """What offline training keeps of the target (heads.py) gives the online teacher and embeddings: the LM head
     read from the checkpoint (tied or not), the family's softcap, and hidden_states[0] either looked up in the table
     or, where the family scales its embeddings (Gemma 3), stored with the dump."""
