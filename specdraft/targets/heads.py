@@ -1,10 +1,9 @@
 """What offline training keeps of the target: its LM head (the teacher is final_hidden @ lm_head.T, softcapped where
-the family does: specdraft.targets.head_forms) and, for
-methods that read hidden_states[0], its embedding table. Both are read straight from the checkpoint's
-safetensors files; no decoder layer is ever built (the model skeleton that names them lives on the meta device).
-A checkpoint that does not name them as the model does (or is not safetensors) falls back to loading the whole
-model on the CPU once and keeping the two matrices. A weight-only quantized target (target.quantization=int8|int4)
-gives its quantized LM head, dequantized.
+the family does: specdraft.targets.head_forms) and, for methods that read hidden_states[0], its embedding table.
+Both are read straight from the checkpoint's safetensors files; no decoder layer is ever built (the model skeleton
+that names them lives on the meta device). A checkpoint that does not name them as the model does (or is not
+safetensors) falls back to loading the whole model on the CPU once and keeping the two matrices. A weight-only
+quantized target (target.quantization=int8|int4) gives its quantized LM head, dequantized.
 """
 from __future__ import annotations
 
