@@ -123,3 +123,42 @@ def test_softcaps_come_from_the_families_that_have_them():
     assert logit_softcap(Gemma3TextConfig(final_logit_softcapping=25.0)) == 25.0
     assert logit_softcap(Gemma3Config(text_config={"final_logit_softcapping": 20.0})) == 20.0
     assert logit_softcap(MixtralConfig()) is None
+
+
+def test_gemma3_270ms_gguf_header_gives_the_layout_training_reads(tmp_path):
+    """recipes/eagle3_gemma3_270m.yaml's target is a GGUF: its Gemma 3 layout comes from the fields llama.cpp writes
+    (Gemma-3-270M's values here) plus Gemma3TextConfig's defaults, through transformers' GGUF reader. Training needs
+    its 5 local : 1 global layers (window 512, so features keep Hugging Face's mask), the two rope bases, the query
+    scale and head_dim 256, and no final-logit softcap."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = tmp_path / "gemma3.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_context_length(32768)
+    writer.add_block_count(18)
+    writer.add_feed_forward_length(2048)
+    writer.add_embedding_length(640)
+    writer.add_rope_freq_base(1e6)
+    writer.add_key_length(256)
+    writer.add_value_length(256)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_sliding_window(512)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 640), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fields = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    config = AutoConfig.for_model(**fields)
+    assert config.model_type == "gemma3_text"
+    assert config.layer_types == (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert config.sliding_window == 512
+    assert {kind: rope["rope_theta"] for kind, rope in config.rope_parameters.items()} == \
+        {"sliding_attention": 10_000.0, "full_attention": 1_000_000.0}
+    assert (config.head_dim, config.query_pre_attn_scalar) == (256, 256)
+    assert logit_softcap(config) is None
