@@ -125,11 +125,15 @@ class TargetFeatures:
     """The frozen target's outputs that drafts train on, for one batch."""
 
     hidden_states: Dict[int, torch.Tensor]
-    """Index i -> input of decoder layer i, [B, T, H] (index 0 is the token embeddings, L the final pre-norm state)."""
+    """Index i -> input of decoder layer i, [B, T, H], as Hugging Face's `output_hidden_states` gives it (index 0 is
+    the token embeddings, scaled where the family scales them; L the last layer's output after the final norm)."""
     final_hidden: Optional[torch.Tensor] = None
     """[B, T, H] the last hidden state after the final norm (training only): logits = final_hidden @ lm_head.T."""
     lm_head: Optional[torch.Tensor] = None
     """[V, H] the target's LM head weight, so that a method computes only the logits it needs."""
+    logit_softcap: Optional[float] = None
+    """c of the target's softcap on its final logits, c * tanh(logits / c), where its family has one and its
+    config sets it (Gemma 2 and 3: specdraft.targets.head_forms); None: none."""
     context: Dict[str, torch.Tensor] = field(default_factory=dict)
     """The prompts' extra context by name, as the runtime hands it to `Drafter.begin` (a vision-language target's
     IMAGE_EMBEDS [B, T, H] and IMAGE_MASK [B, T]); empty for text targets. hidden_states[0] stays the token
@@ -137,12 +141,16 @@ class TargetFeatures:
 
     def logits_for(self, vocab_ids: torch.Tensor) -> torch.Tensor:
         """The target's logits over `vocab_ids` [Vd] only -> [B, T, Vd] (no [B, T, V] tensor)."""
-        return self.final_hidden @ self.lm_head[vocab_ids].T
+        logits = self.final_hidden @ self.lm_head[vocab_ids].T
+        if self.logit_softcap is None:
+            return logits
+        return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
     def argmax_in(self, vocab_mask: torch.Tensor, vocab_chunk: int = 16384) -> torch.Tensor:
         """Whether the target's argmax over its whole vocabulary lies in `vocab_mask` [V] -> [B, T] bool.
 
-        Scans the vocabulary in chunks of `vocab_chunk` rows of the LM head, so no [B, T, V] logits exist."""
+        Scans the vocabulary in chunks of `vocab_chunk` rows of the LM head, so no [B, T, V] logits exist. A softcap
+        keeps the order of the logits, so the raw logits' argmax is the target's."""
         best_value = best_index = None
         for start in range(0, self.lm_head.shape[0], vocab_chunk):
             chunk_max, chunk_index = (self.final_hidden @ self.lm_head[start:start + vocab_chunk].T).max(-1)

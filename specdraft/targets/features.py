@@ -11,6 +11,7 @@ from typing import Dict, Iterable, List, Optional
 import torch
 
 from specdraft.core.types import TargetFeatures
+from specdraft.targets.head_forms import logit_softcap
 
 CAUSAL_SDPA = "specdraft_causal_sdpa"
 """The attention a right-padded target forward runs under: SDPA's causal kernel with no mask at all."""
@@ -30,10 +31,14 @@ def _register_causal_sdpa() -> None:
 
 
 def _full_causal_sdpa(config) -> bool:
-    """Whether every layer of the target attends causally to the whole prefix with SDPA (no sliding window)."""
+    """Whether every layer of the target attends causally to the whole prefix with SDPA (no sliding window).
+
+    A config that sets `sliding_window` counts as windowed whatever its `layer_types` say: Mistral, Mixtral and
+    Qwen3-MoE window every layer by it alone (no layer_types), Qwen2 and Qwen3 clear it unless use_sliding_window,
+    and Gemma 3's local layers read it (named in layer_types)."""
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     return config._attn_implementation == "sdpa" and layer_types == {"full_attention"} \
-        and not (getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None))
+        and getattr(config, "sliding_window", None) is None
 
 
 @contextlib.contextmanager
@@ -135,15 +140,15 @@ def capture_features(model, input_ids: torch.Tensor, attention_mask: Optional[to
     with causal_attention(model) if unmasked else contextlib.nullcontext(), torch_linear():
         hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
     return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
-                          lm_head=model.get_output_embeddings().weight)
+                          lm_head=model.get_output_embeddings().weight, logit_softcap=logit_softcap(model.config))
 
 
 def embeddings_from_table(model, input_ids: torch.Tensor) -> bool:
-    """Whether the embedding table alone gives hidden_states[0] for input_ids [1, T] (a target that scales its
-    embeddings inside its forward does not: then stored features must keep index 0)."""
+    """Whether the embedding table alone (its rows, as offline training looks them up) gives hidden_states[0] for
+    input_ids [1, T]. A target that scales its embeddings (Gemma, inside its embedding module) does not: then
+    stored features must keep index 0."""
     stored = capture_features(model, input_ids, torch.ones_like(input_ids), [0]).hidden_states[0]  # [1, T, H]
-    with torch.no_grad():
-        looked_up = model.get_input_embeddings()(input_ids)  # [1, T, H]
+    looked_up = torch.nn.functional.embedding(input_ids, model.get_input_embeddings().weight)  # [1, T, H]
     return torch.equal(stored, looked_up.to(stored.dtype))
 
 

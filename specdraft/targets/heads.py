@@ -1,9 +1,9 @@
-"""What offline training keeps of the target: its LM head (the teacher is final_hidden @ lm_head.T) and, for
-methods that read hidden_states[0], its embedding table. Both are read straight from the checkpoint's
-safetensors files; no decoder layer is ever built (the model skeleton that names them lives on the meta device).
-A checkpoint that does not name them as the model does (or is not safetensors) falls back to loading the whole
-model on the CPU once and keeping the two matrices. A weight-only quantized target (target.quantization=int8|int4)
-gives its quantized LM head, dequantized.
+"""What offline training keeps of the target: its LM head (the teacher is final_hidden @ lm_head.T, softcapped where
+the family does: specdraft.targets.head_forms) and, for methods that read hidden_states[0], its embedding table.
+Both are read straight from the checkpoint's safetensors files; no decoder layer is ever built (the model skeleton
+that names them lives on the meta device). A checkpoint that does not name them as the model does (or is not
+safetensors) falls back to loading the whole model on the CPU once and keeping the two matrices. A weight-only
+quantized target (target.quantization=int8|int4) gives its quantized LM head, dequantized.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from safetensors import safe_open
 from specdraft.config import TargetConfig
 from specdraft.core.types import TargetInfo
 from specdraft.layers.quantized import WEIGHT_ONLY, fake_quantized
+from specdraft.targets.head_forms import logit_softcap
 from specdraft.targets.load import MODEL_BUILD_LOCK, local_or_hub, resolve_dtype
 from specdraft.targets.remote_code import target_error
 from specdraft.targets.vision import model_class
@@ -33,6 +34,8 @@ class TargetHeads:
     """[V, H] the target's output embedding."""
     embed_tokens: Optional[torch.Tensor]
     """[V, H] the target's input embedding table (None when the method does not read hidden_states[0])."""
+    logit_softcap: Optional[float] = None
+    """c of the target's final-logit softcap c * tanh(logits / c) (specdraft.targets.head_forms), None for none."""
 
 
 def _tensor_names(config, cfg: TargetConfig) -> Dict[str, List[str]]:
@@ -102,4 +105,5 @@ def load_target_heads(cfg: TargetConfig, embeddings: bool, device: torch.device 
     lm_head = embed if tied and embed is not None else lm_head.to(device, dtype)
     if cfg.quantization in WEIGHT_ONLY:  # the quantized target's head (its embedding stays as it is)
         lm_head = fake_quantized(lm_head, cfg.quantization)
-    return TargetHeads(info=TargetInfo.from_hf_config(config, cfg.path), lm_head=lm_head, embed_tokens=embed)
+    return TargetHeads(info=TargetInfo.from_hf_config(config, cfg.path), lm_head=lm_head, embed_tokens=embed,
+                       logit_softcap=logit_softcap(config))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.io import package_file
+from specdraft.core.types import TargetInfo
 
 log = logging.getLogger(__name__)
 
@@ -59,3 +60,16 @@ def target_hub_id(target_path: str) -> Optional[str]:
     if target_path.startswith("pkg:") or Path(target_path).expanduser().exists():
         return None
     return as_hub_id(target_path)
+
+
+def hf_architectures(target: TargetInfo) -> List[str]:
+    """The Hugging Face classes of the target as its config.json names them (`architectures`, e.g.
+    ["Qwen3MoeForCausalLM"]), what speculators' `verifier.architectures` records. A config that names none (or an
+    export written before TargetInfo kept them) gets the causal-LM class transformers maps its model_type to, e.g.
+    gemma3_text -> Gemma3ForCausalLM; [] where it maps none."""
+    if target.architectures:
+        return list(target.architectures)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(target.model_type)
+    return [mapped] if mapped else []

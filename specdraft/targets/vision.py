@@ -23,6 +23,7 @@ import torch
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import IMAGE_EMBEDS, IMAGE_MASK, TargetFeatures
 from specdraft.targets.features import causal_attention, decoder_states, torch_linear
+from specdraft.targets.head_forms import logit_softcap
 
 IMAGE_PLACEHOLDER = "<image>"
 """Where a user turn's text places the next of its prompt's images (LLaVA's convention)."""
@@ -206,4 +207,5 @@ def vision_features(model, processor, input_ids: torch.Tensor, images: Sequence[
     states[0] = model.get_input_embeddings()(input_ids).to(embeds.dtype)  # [B, T, H]
     context = {IMAGE_EMBEDS: embeds, IMAGE_MASK: input_ids == image_token_id(model)}
     return TargetFeatures(hidden_states=states, final_hidden=final_hidden,
-                          lm_head=model.get_output_embeddings().weight, context=context)
+                          lm_head=model.get_output_embeddings().weight, logit_softcap=logit_softcap(model.config),
+                          context=context)

@@ -43,6 +43,7 @@ from specdraft.core.types import TargetFeatures
 from specdraft.methods.base import MethodSpec
 from specdraft.data.images import load_image, resolve_image
 from specdraft.targets.features import capture_features
+from specdraft.targets.head_forms import logit_softcap
 from specdraft.targets.vision import vision_features
 from specdraft.targets.load import is_quantized, is_weight_only_quantized, resolve_dtype
 from specdraft.train.data import DistilledData, collate
@@ -162,8 +163,10 @@ class OfflineFeatures:
     prefetchable = False  # nothing to run ahead: the features come with the batch
 
     def __init__(self, lm_head: torch.Tensor, embed_tokens: Optional[torch.Tensor], stored: List[int],
-                 cfg: TargetConfig):
+                 cfg: TargetConfig, logit_softcap: Optional[float] = None):
+        """logit_softcap: the target's final-logit softcap (TargetHeads.logit_softcap), None for none."""
         self.lm_head, self.embed_tokens, self.stored, self.cfg = lm_head, embed_tokens, list(stored), cfg
+        self.logit_softcap = logit_softcap
 
     def setup(self, device: torch.device, rank: int = 0) -> None:
         dtype = feature_dtype(self.cfg, device)
@@ -178,7 +181,8 @@ class OfflineFeatures:
         if 0 not in hidden_states and self.embed_tokens is not None:
             hidden_states[0] = torch.nn.functional.embedding(batch["input_ids"], self.embed_tokens)  # [B, T, H]
         final_hidden = stored[FINAL].to(self.lm_head.dtype)  # [B, T, H]
-        return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden, lm_head=self.lm_head)
+        return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden, lm_head=self.lm_head,
+                              logit_softcap=self.logit_softcap)
 
 
 class HybridFeatures:
@@ -404,14 +408,15 @@ def _hybrid(recipe: Recipe, spec: MethodSpec, dataset, device: torch.device):
     if layers is not None and len(store) >= len(dataset):  # every row cached: no target this time
         claim_features_dir(directory, hybrid_manifest(recipe, info, dataset, layers, device))
         heads = load_target_heads(recipe.target, spec.reads_embeddings and 0 not in layers)
-        offline = OfflineFeatures(heads.lm_head, heads.embed_tokens, layers, recipe.target)
+        offline = OfflineFeatures(heads.lm_head, heads.embed_tokens, layers, recipe.target, heads.logit_softcap)
         return HybridFeatures(None, offline, store, len(dataset)), store, info
     target, online = _online(recipe, spec, device, [])
     layers = layers or layers_to_store(spec, recipe.method, info, target.model)
     claim_features_dir(directory, hybrid_manifest(recipe, info, dataset, layers, device))
     store = FeatureStore(directory, feature_names(layers))
     embed = target.model.get_input_embeddings().weight if spec.reads_embeddings and 0 not in layers else None
-    offline = OfflineFeatures(target.model.get_output_embeddings().weight, embed, layers, recipe.target)
+    offline = OfflineFeatures(target.model.get_output_embeddings().weight, embed, layers, recipe.target,
+                              logit_softcap(target.model.config))
     return HybridFeatures(online, offline, store, len(dataset)), store, target.info
 
 
@@ -433,7 +438,7 @@ def build_features(recipe: Recipe, spec: MethodSpec, dataset, distill_dirs: List
     if mode == "offline":
         lookup, layers = offline_lookup(recipe, spec, load_target_info(recipe.target), distill_dirs)
         heads = load_target_heads(recipe.target, spec.reads_embeddings and 0 not in layers)
-        offline = OfflineFeatures(heads.lm_head, heads.embed_tokens, layers, recipe.target)
+        offline = OfflineFeatures(heads.lm_head, heads.embed_tokens, layers, recipe.target, heads.logit_softcap)
         return offline, FeatureRows(dataset, lookup), heads.info, FeatureData
     source, store, info = _hybrid(recipe, spec, dataset, device)
     return source, FeatureRows(dataset, FeatureLookup([store], [0])), info, FeatureData

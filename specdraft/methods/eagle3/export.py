@@ -19,6 +19,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods.eagle3.config import Eagle3Config
 from specdraft.methods.eagle3.model import Eagle3Draft
+from specdraft.targets.provenance import hf_architectures
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetI
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         "speculators_version": "0.3.0",
+        # the draft's own layer, Llama's for every target family: vLLM builds Eagle3LlamaForCausalLM for "llama"
         "transformer_layer_config": {"model_type": "llama", "num_hidden_layers": 1, **layer_config},
         "draft_vocab_size": hf_config["draft_vocab_size"],
         "target_hidden_size": target.hidden_size,
@@ -102,7 +104,7 @@ def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetI
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name(provenance, target),
-                         "architectures": list(target.architectures)},
+                         "architectures": hf_architectures(target)},
         },
         "torch_dtype": "bfloat16",
         "specdraft": hf_config["specdraft"],
