@@ -2,7 +2,10 @@
 tokenizer as the runtime's drafter (specdraft/decoding/draft_model.py), checked to share the target's tokenizer."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
+
+import torch
 
 from specdraft.config import TargetConfig
 from specdraft.core.errors import SpecdraftError
@@ -38,12 +41,18 @@ def tokenizer_mismatch(draft_tokenizer, target_tokenizer) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=2)
+def small_model(path: str, device: torch.device, dtype: str) -> LoadedTarget:
+    """The small model at `path`, loaded once a process per (device, dtype): several runtimes (one per shape or
+    policy, and the float32 check's) draft with it, each over its own copy of its weights (`from_hf` copies)."""
+    return load_target(TargetConfig(path=path), device=device, dtype=dtype, require_chat_template=False)
+
+
 def load_draft_model(path: str, target: LoadedTarget, target_model: VerifierModel, max_len: int,
                      dtype: str) -> DraftModelDrafter:
     """runtime.draft_model at `path` (hub id, directory, GGUF or pkg:MODEL) as a drafter for `target`, on the
     target's device in `dtype`; a model of another tokenizer is one line."""
-    small = load_target(TargetConfig(path=path), device=target_model.device, dtype=dtype,
-                        require_chat_template=False)
+    small = small_model(path, target_model.device, dtype)
     mismatch = tokenizer_mismatch(small.tokenizer, target.tokenizer)
     if mismatch is not None:
         raise SpecdraftError(f"runtime.draft_model={path} does not share the target's tokenizer (vocabulary "
