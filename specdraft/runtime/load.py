@@ -268,6 +268,14 @@ def load_parts(path: Optional[str | Path], cfg: RuntimeConfig = RuntimeConfig(),
     return loaded, target
 
 
+def load_draft_for(path: str | Path, target: LoadedTarget, trust_remote_code: bool = False) -> LoadedDraft:
+    """An export or run directory -> its draft, checked to fit `target` (one loaded target benched with several
+    methods' drafts)."""
+    loaded = load_draft(path, target_path=target.info.name_or_path, trust_remote_code=trust_remote_code)
+    _check_geometry(loaded, target)
+    return loaded
+
+
 def _target_alone(target_path: Optional[str], cfg: RuntimeConfig, trust_remote_code: bool) -> LoadedTarget:
     """The target of a runtime without a trained draft (`--target` beside `--draft-model`)."""
     if target_path is None or cfg.draft_model is None:
