@@ -132,7 +132,9 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
     """The runtime's flags, one per `runtime:` recipe field (specdraft.config.RuntimeConfig), derived from the
     fields by specdraft.runtime.flags. A flag left out keeps the draft's own setting (its export's or its recipe's).
     `judge_sweep` (bench): --judge-threshold takes several values, each benched in a run of its own."""
-    cmd.add_argument("path", metavar="DRAFT_DIR", help="an export directory (or a training run directory)")
+    cmd.add_argument("path", metavar="DRAFT_DIR", nargs="?", default=None,
+                     help="an export directory (or a training run directory); left out, --target and --draft-model "
+                          "name the target and the small model that drafts for it")
     cmd.add_argument("--target", default=None, help="the target to run (default: the one the draft was trained for)")
     _trust_flags(cmd)
     sweeps = {"judge_threshold": ("judge_thresholds", "Several values: a greedy run at each after the exact runs "
@@ -143,22 +145,47 @@ def _runtime_args(cmd, judge_sweep: bool = False) -> None:
 
 
 def runtime_config(args, dtype: Optional[str] = None):
-    """The draft's own runtime settings with every flag given on the command line over them (`dtype` over all)."""
+    """The draft's own runtime settings (the defaults without a draft directory) with every flag given on the
+    command line over them (`dtype` over all)."""
+    from specdraft.config import RuntimeConfig
     from specdraft.drafts import runtime_settings
 
-    return flags_over(runtime_settings(args.path, args.trust_remote_code), args, dtype)
+    base = runtime_settings(args.path, args.trust_remote_code) if args.path is not None else RuntimeConfig()
+    return flags_over(base, args, dtype)
+
+
+def _drafting_args(args) -> None:
+    """A draft directory that is there, or (none given) both --target and --draft-model: checked before the
+    libraries load."""
+    if args.path is not None:
+        _draft_dir(args.path)
+    elif args.target is None or args.draft_model is None:
+        raise SpecdraftError("give DRAFT_DIR (an export or a training run directory), or --target TARGET and "
+                             "--draft-model SMALL (a small model of the target's tokenizer that drafts for it)")
+
+
+def _drafting(args) -> str:
+    """What the loading line names: the draft directory, or the target and its draft model."""
+    return f"draft {args.path}" if args.path is not None else f"target {args.target}, draft model {args.draft_model}"
 
 
 def _load_runtime(args, dtype: Optional[str] = None):
     """The runtime the arguments describe, in `dtype` when given (else the settings'), a loading line drawn
     meanwhile."""
-    _draft_dir(args.path)
+    _drafting_args(args)
     with loading(LIBRARIES):
         from specdraft.runtime.load import load_runtime
 
         settings = runtime_config(args, dtype)
-    with loading(f"loading draft {args.path}" + (f" in {dtype}" if dtype else "")):
+    with loading(f"loading {_drafting(args)}" + (f" in {dtype}" if dtype else "")):
         return load_runtime(args.path, settings, args.target, args.trust_remote_code)
+
+
+def _bench_out(args) -> str:
+    """Where bench writes: --out, else the draft directory (without one, --out is needed)."""
+    if args.out is None and args.path is None:
+        raise SpecdraftError("bench without a draft directory needs --out DIR (where bench.json goes)")
+    return args.out or args.path
 
 
 def _generate(args) -> None:
@@ -186,13 +213,14 @@ def _bench_categories(args) -> dict:
 
     if not args.prompts:
         raise SpecdraftError("--categories needs --prompts: a Spec-Bench question.jsonl")
-    _draft_dir(args.path)
+    _drafting_args(args)
+    out = _bench_out(args)
     with loading(LIBRARIES):
         from specdraft.runtime.categories import CategorySettings, categories_table, run_categories, variant_configs
         from specdraft.runtime.load import build_runtime, load_parts
 
         configs = variant_configs(runtime_config(args), args.policies)
-    with loading(f"loading draft {args.path}"):
+    with loading(f"loading {_drafting(args)}"):
         parts = load_parts(args.path, next(iter(configs.values())), args.target, args.trust_remote_code)
     runtimes = {name: build_runtime(*parts, cfg) for name, cfg in configs.items()}
     float32_parts = functools.lru_cache(maxsize=1)(
@@ -202,7 +230,6 @@ def _bench_categories(args) -> dict:
     settings = CategorySettings(prompts=args.prompts, per_category=args.max_prompts, variants=args.policies,
                                 temperatures=tuple(args.temperature or (0.0,)), max_new_tokens=args.max_new_tokens,
                                 seed=args.seed, lossless_prompts=args.lossless_prompts)
-    out = args.out or args.path
     report = run_categories(runtimes, settings, out, load_float32=float32)
     print(categories_table(report), file=sys.stderr)
     return {"rows": len(report["rows"]), "out": str(out)}
@@ -211,7 +238,8 @@ def _bench_categories(args) -> dict:
 def _bench(args) -> dict:
     if args.categories:
         return _bench_categories(args)
-    _draft_dir(args.path)
+    _drafting_args(args)
+    out = _bench_out(args)
     with loading(LIBRARIES):
         from specdraft.core.io import check_writable
         from specdraft.runtime.answers import bench_prompts
@@ -229,10 +257,10 @@ def _bench(args) -> dict:
     # a bad prompt file (or, with --check-answers, a prompt without a check) fails before the model loads
     bench_prompts(settings.prompts, settings.max_prompts, settings.check_answers)
     if args.out or Path(args.path).is_dir():  # so does a read-only output directory (a missing draft: its own line)
-        check_writable(args.out or args.path)
+        check_writable(out)
     runtime = _load_runtime(args)
     settings = _judge_sweep(runtime, settings)
-    report = run_bench(runtime, settings, args.out or args.path, load_float32=lambda: _load_runtime(args, "float32"))
+    report = run_bench(runtime, settings, out, load_float32=lambda: _load_runtime(args, "float32"))
     print(format_table(report), file=sys.stderr)
     return summary(report)
 
@@ -322,6 +350,9 @@ def _add_slurm(sub) -> None:
 CPU_BENCH = ("specdraft bench runs/smoke_eagle3_smollm2/export --device cpu --dtype float32 --chain --depth 4 "
              "--temperature 0 --max-prompts 2 --max-new-tokens 16 --no-hf --lossless-prompts 2 --profile-cycles 2")
 """`specdraft bench` sized for a CPU: one greedy float32 run, whose own comparison is the lossless check."""
+DRAFT_MODEL_BENCH = ("specdraft bench --target pkg:qwen2.5-coder-1.5b-instruct --draft-model "
+                     "pkg:qwen2.5-coder-0.5b-instruct --max-prompts 20 --no-hf --out runs/bench_qwen_draft_model")
+"""`specdraft bench` of the draft-model baseline: a small model of the target's tokenizer drafting, no export."""
 
 DESCRIPTION = "Train draft models for speculative decoding and run them in a fast, lossless runtime."
 
@@ -446,7 +477,10 @@ def _add_runtime(sub) -> None:
                            more_examples=(("on a CPU, kept small: one greedy float32 run of 2 prompts, its own "
                                            "comparison the lossless check, no HF baseline (the speedup there is "
                                            "below 1: a verify costs several plain steps where compute sets the "
-                                           "time)", CPU_BENCH),))
+                                           "time)", CPU_BENCH),
+                                          ("the draft-model baseline: a small model of the target's tokenizer "
+                                           "drafts for it (Hugging Face's assisted generation), no trained draft",
+                                           DRAFT_MODEL_BENCH)))
     _runtime_args(bench, judge_sweep=True)
     bench.add_argument("--prompts", default=None, metavar="FILE",
                        help="prompt file, JSON or JSONL in any form recipes read, or a task set whose answers a "

@@ -485,9 +485,14 @@ class EvalConfig:
 
 @dataclass
 class ShapeSettings:
-    """What each cycle drafts: the chain or tree's shape (checked as the runtime resolves it: TreeShape.validated)
-    and, at T > 0, how its children are drawn."""
+    """What each cycle drafts: with which draft, the chain or tree's shape (checked as the runtime resolves it:
+    TreeShape.validated) and, at T > 0, how its children are drawn."""
 
+    draft_model: Optional[str] = None
+    """A separate small model of the target's tokenizer that drafts in place of a trained draft, one token a pass
+    over its own KV cache (Hugging Face's assisted generation; chains and trees, lossless as any draft): hub id,
+    directory, GGUF or pkg:MODEL (Qwen2.5-Coder-0.5B-Instruct for the 1.5B). `generate` and `bench` then need no
+    export: `--target TARGET --draft-model SMALL`. None: the export's trained draft."""
     depth: Optional[int] = None
     """Drafted tokens on the longest path; None: the default shape's (specdraft/decoding/shapes.py holds them: a
     tree at T=0 and a smaller one at T > 0 when topk and budget are None too, a chain's own length, the adaptive

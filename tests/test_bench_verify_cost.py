@@ -16,6 +16,22 @@ def test_verify_cost_tables_a_pass_per_tree_size(tmp_path, monkeypatch, capsys):
     assert "| N (tree tokens) | ms a verify |" in capsys.readouterr().out
 
 
+def test_several_geometries_print_their_curves_side_by_side(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    report = suite.main(["--config", "tiny", "tiny-qwen2", "--context", "8", "--nodes", "1", "3", "--reference", "3",
+                         "--repeats", "1", "--rounds", "1", "--device", "cpu", "--out", str(tmp_path)])
+    assert [curve["config"] for curve in report["configs"]] == ["tiny", "tiny-qwen2"]
+    assert [curve["qkv_bias"] for curve in report["configs"]] == [False, True]
+    for curve in report["configs"]:
+        assert [row["nodes"] for row in curve["rows"]] == [1, 3] and all(row["ms"] > 0 for row in curve["rows"])
+    assert json.loads((tmp_path / "verify_cost.json").read_text()) == report
+    out = capsys.readouterr().out
+    assert "| N (tree tokens) | tiny ms | tiny × N=1 | tiny-qwen2 ms | tiny-qwen2 × N=1 |" in out
+    assert "| 1 |" in out and "\ntiny-qwen2:\n" in out
+    model = suite.random_target("tiny-qwen2", 8, torch.device("cpu"), torch.float32)
+    assert model.layers[0].wqkv.bias is not None and model.info.model_type == "qwen2"
+
+
 def test_a_random_tree_sees_its_ancestors_alone():
     depths, mask = suite.random_tree(12, torch.Generator().manual_seed(0))
     assert depths[0] == 0 and (depths[1:] >= 1).all() and mask.diagonal().all()

@@ -24,7 +24,9 @@ position n + d. One draft-verify cycle (batch 1) calls, in order:
 Before a prompt's prefill the engine calls `begin(context)` with the prompt's extra context (image features,
 say: the names `DrafterCaps.context` declares), outside any CUDA graph. The prompt's own rows (start 0) come to
 `ingest_prompt`, which is `ingest` unless a drafter maps prompt positions in a way later rows never need (ViSpec's
-image spans): a cycle's `ingest` then stays as short as a text drafter's.
+image spans): a cycle's `ingest` then stays as short as a text drafter's. A drafter whose `DrafterCaps.context`
+names `PROMPT_IDS` finds the prompt's token ids [P] there too: one that runs on tokens needs the first, which no row
+holds.
 
 Every tensor argument is on the engine's device and every shape is static for a given (k, depth, W), so the
 engine can capture `ingest`, `first` and `step` in CUDA graphs: no host syncs, no data-dependent shapes.
@@ -56,6 +58,10 @@ from typing import Dict, List, Mapping, Optional, Protocol, Tuple
 import torch
 
 from specdraft.core.errors import SpecdraftError
+
+PROMPT_IDS = "prompt_ids"
+"""The name under which `Drafter.begin`'s context holds the prompt's token ids [P] (int64, on the device), for a
+drafter whose `DrafterCaps.context` names it."""
 
 
 @dataclass(frozen=True)

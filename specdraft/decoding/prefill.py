@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Optional, Tuple
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from specdraft.core.drafting import PROMPT_IDS
 from specdraft.decoding.cycles.context import CycleContext
 from specdraft.decoding.sampling import sample_token
 
@@ -48,7 +49,8 @@ class Prefill:
         padded = torch.nn.functional.pad(prompt_ids, (0, rows - n)) if rows > n else prompt_ids  # [R]
         count = torch.full((1,), n, dtype=torch.long, device=context.device)
         if drafter is not None:
-            drafter.begin(drafter_context or {})
+            ids = {PROMPT_IDS: prompt_ids} if PROMPT_IDS in drafter.caps.context else {}  # declared: asked for
+            drafter.begin({**ids, **(drafter_context or {})})
         with sdpa_kernel(PREFILL_ATTENTION):
             if prompt_embeds is None:
                 last_logits, *features = context.graphed(f"prefill@{rows}", self._target_pass, padded, count)

@@ -443,7 +443,7 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "dtype": str(engine.dtype).replace("torch.", ""), "cuda_graphs": engine.use_graphs,
             "overlap": engine.overlap,
             "device": device_name(device),
-            "method": runtime.draft.spec.name, "draft": str(runtime.draft.source),
+            "method": runtime.method, "draft": runtime.draft_source,
             "target": runtime.target.info.name_or_path}
 
 

@@ -29,6 +29,7 @@ from specdraft.decoding.policies.suffix_automaton import Retrieval, corpus_autom
 from specdraft.decoding.policies.svip import svip_policy
 from specdraft.decoding.shapes import ADAPTIVE_DEPTH, CHAIN_DEPTH, SAMPLING_TREE, TreeShape
 from specdraft.decoding.verifier import VerifierModel, from_hf, hf_rope_tables
+from specdraft.runtime.draft_model import load_draft_model
 from specdraft.targets import load_target
 from specdraft.targets.load import LoadedTarget, eos_token_ids
 from specdraft.targets.remote_code import with_remote_code
@@ -39,9 +40,19 @@ from specdraft.targets.vision import PromptInputs, image_prompt
 class Runtime:
     engine: SpecEngine
     target: LoadedTarget  # the Hugging Face model and tokenizer (the `generate` baseline)
-    draft: LoadedDraft
+    draft: Optional[LoadedDraft]  # the trained draft (None: a target alone, runtime.draft_model drafting)
     eos_ids: List[int]
     settings: RuntimeConfig
+
+    @property
+    def method(self) -> str:
+        """What drafts: the trained draft's method, or "draft_model" (runtime.draft_model)."""
+        return "draft_model" if self.settings.draft_model else self.draft.spec.name
+
+    @property
+    def draft_source(self) -> str:
+        """Where the drafting draft came from: the export or run directory, or runtime.draft_model."""
+        return self.settings.draft_model or str(self.draft.source)
 
     def encode_chat(self, text: str) -> List[int]:
         """A user turn's token ids, chat template (or target.prompt_format's plain form) applied (a target without
@@ -219,6 +230,17 @@ def _drafter(loaded: LoadedDraft, target: LoadedTarget, target_model: VerifierMo
     return loaded.spec.runtime(draft, loaded.method_cfg, target_model)
 
 
+def _runtime_drafter(loaded: Optional[LoadedDraft], target: LoadedTarget, target_model: VerifierModel,
+                     cfg: RuntimeConfig, max_len: int):
+    """The drafter: runtime.draft_model's small model when set (runtime/draft_model.py), else the trained draft's."""
+    if cfg.draft_model is not None:
+        return load_draft_model(cfg.draft_model, target, target_model, max_len, cfg.dtype)
+    if loaded is None:
+        raise SpecdraftError("no draft to run: give an export (or a training run directory), or --draft-model SMALL "
+                             "(runtime.draft_model) beside --target")
+    return _drafter(loaded, target, target_model)
+
+
 def _exit_choice(drafter, cfg: ExitSettings, target: LoadedTarget, target_model: VerifierModel) -> ExitChoice:
     """The first draft and those of `cfg.more_exits`, which must run the target's shallow layers."""
     if not cfg.dynamic_exit:
@@ -231,11 +253,13 @@ def _exit_choice(drafter, cfg: ExitSettings, target: LoadedTarget, target_model:
     return ExitChoice(drafters)
 
 
-def load_parts(path: str | Path, cfg: RuntimeConfig = RuntimeConfig(), target_path: Optional[str] = None,
-               trust_remote_code: bool = False) -> Tuple[LoadedDraft, LoadedTarget]:
+def load_parts(path: Optional[str | Path], cfg: RuntimeConfig = RuntimeConfig(), target_path: Optional[str] = None,
+               trust_remote_code: bool = False) -> Tuple[Optional[LoadedDraft], LoadedTarget]:
     """An export or run directory -> (the draft, the target it was trained for or `target_path`, its weights as
-    `runtime_target` says), checked to fit.
-    `trust_remote_code`: the caller's own consent to run the target's code (never read from a file)."""
+    `runtime_target` says), checked to fit; `path` None: (None, `target_path` alone), for runtime.draft_model to
+    draft for. `trust_remote_code`: the caller's own consent to run the target's code (never read from a file)."""
+    if path is None:
+        return None, _target_alone(target_path, cfg, trust_remote_code)
     loaded = load_draft(path, target_path=target_path, trust_remote_code=trust_remote_code)
     target_cfg = replace(runtime_target(loaded.target_config, cfg), **({"path": target_path} if target_path else {}))
     target_cfg = with_remote_code(target_cfg, trust_remote_code, f"the draft {path}")
@@ -244,13 +268,32 @@ def load_parts(path: str | Path, cfg: RuntimeConfig = RuntimeConfig(), target_pa
     return loaded, target
 
 
-def build_runtime(loaded: LoadedDraft, target: LoadedTarget, cfg: RuntimeConfig = RuntimeConfig()) -> Runtime:
-    """A ready SpecEngine over loaded parts. It copies the target's weights, so one loaded target serves several
-    runtimes (one per tree shape, say) without loading it again."""
+def load_draft_for(path: str | Path, target: LoadedTarget, trust_remote_code: bool = False) -> LoadedDraft:
+    """An export or run directory -> its draft, checked to fit `target` (one loaded target benched with several
+    methods' drafts)."""
+    loaded = load_draft(path, target_path=target.info.name_or_path, trust_remote_code=trust_remote_code)
+    _check_geometry(loaded, target)
+    return loaded
+
+
+def _target_alone(target_path: Optional[str], cfg: RuntimeConfig, trust_remote_code: bool) -> LoadedTarget:
+    """The target of a runtime without a trained draft (`--target` beside `--draft-model`)."""
+    if target_path is None or cfg.draft_model is None:
+        raise SpecdraftError("without a draft directory the runtime needs --target TARGET (hub id, directory, GGUF or "
+                             "pkg:MODEL) and --draft-model SMALL (a small model of its tokenizer that drafts for it)")
+    target_cfg = with_remote_code(runtime_target(TargetConfig(path=target_path), cfg), trust_remote_code,
+                                  f"--target {target_path}")
+    return load_target(target_cfg, device=resolve_device(cfg.device), dtype=cfg.dtype, require_chat_template=False)
+
+
+def build_runtime(loaded: Optional[LoadedDraft], target: LoadedTarget,
+                  cfg: RuntimeConfig = RuntimeConfig()) -> Runtime:
+    """A ready SpecEngine over loaded parts (`loaded` None: runtime.draft_model drafts). It copies the target's
+    weights, so one loaded target serves several runtimes (one per tree shape, say) without loading it again."""
     shape = tree_shape(cfg)
     max_len = min(cfg.max_len, target.info.max_position_embeddings)
     target_model: VerifierModel = from_hf(target.model, target.info)
-    drafter = _drafter(loaded, target, target_model)
+    drafter = _runtime_drafter(loaded, target, target_model, cfg, max_len)
     if cfg.more_exits:
         drafter = _exit_choice(drafter, cfg, target, target_model)
     options = engine_options(drafter, shape, cfg, target.tokenizer, _intermediate(cfg, target, target_model, max_len))
@@ -260,7 +303,8 @@ def build_runtime(loaded: LoadedDraft, target: LoadedTarget, cfg: RuntimeConfig 
                    settings=cfg)
 
 
-def load_runtime(path: str | Path, cfg: RuntimeConfig = RuntimeConfig(), target_path: Optional[str] = None,
+def load_runtime(path: Optional[str | Path], cfg: RuntimeConfig = RuntimeConfig(), target_path: Optional[str] = None,
                  trust_remote_code: bool = False) -> Runtime:
-    """An export or run directory -> a ready SpecEngine over the target it was trained for (or `target_path`)."""
+    """An export or run directory -> a ready SpecEngine over the target it was trained for (or `target_path`);
+    `path` None: `target_path` alone, runtime.draft_model drafting."""
     return build_runtime(*load_parts(path, cfg, target_path, trust_remote_code), cfg)

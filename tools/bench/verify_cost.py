@@ -3,6 +3,8 @@ with random weights (the time does not depend on the values), ms per N. Pruning 
 tokens; this table turns that saving into time on a large target: a measured projection, not a guess.
 
     python -m tools.bench.verify_cost --config llama3-8b --context 1024 --nodes 1 8 16 24 32 40 48 56 64 --out OUT
+    python -m tools.bench.verify_cost --config smollm2 qwen2.5-coder-1.5b llama3-8b --context 1024 \
+        --nodes $(seq 1 64) --out OUT                # several geometries: their curves side by side, one table
 
 Per N: the target's pass over N tree nodes at cache slots C..C+N-1 (C = --context; tree attention over the
 context and each node's ancestors, a random tree of N nodes) and the logits of every node, as
@@ -28,7 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from tools.bench.suite import finish, fmt, machine, markdown_table
 
@@ -39,9 +41,15 @@ GEOMETRIES = {  # TargetInfo fields of each geometry
                   "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0},
     "smollm2": {"hidden_size": 576, "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64,
                 "intermediate_size": 1536, "vocab_size": 49152, "rope_theta": 100000.0},
+    "qwen2.5-coder-1.5b": {"hidden_size": 1536, "num_layers": 28, "num_heads": 12, "num_kv_heads": 2, "head_dim": 128,
+                           "intermediate_size": 8960, "vocab_size": 151936, "rope_theta": 1000000.0},
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
              "intermediate_size": 128, "vocab_size": 320, "rope_theta": 10000.0},
+    "tiny-qwen2": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+                   "intermediate_size": 128, "vocab_size": 320, "rope_theta": 10000.0},
 }
+QKV_BIAS = ("qwen2.5-coder-1.5b", "tiny-qwen2")
+"""The geometries of Qwen2 targets: biases on q, k and v (one more add in each layer's qkv matmul)."""
 
 
 def random_target(config: str, max_len: int, device: torch.device, dtype: torch.dtype):
@@ -50,15 +58,15 @@ def random_target(config: str, max_len: int, device: torch.device, dtype: torch.
     from specdraft.core.types import TargetInfo
     from specdraft.decoding.verifier import VerifierModel
 
-    geometry = GEOMETRIES[config]
-    info = TargetInfo(name_or_path=f"random {config}", model_type="llama", rms_norm_eps=1e-5,
-                      max_position_embeddings=max_len, **geometry)
+    geometry, qkv_bias = GEOMETRIES[config], config in QKV_BIAS
+    info = TargetInfo(name_or_path=f"random {config}", model_type="qwen2" if qkv_bias else "llama",
+                      rms_norm_eps=1e-5, max_position_embeddings=max_len, **geometry)
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # built in place in dtype: an 8B target never exists in float32
     try:
         with torch.device(device):
-            model = VerifierModel(info).eval().requires_grad_(False)
+            model = VerifierModel(info, qkv_bias).eval().requires_grad_(False)
     finally:
         torch.set_default_dtype(default)
     half = info.head_dim // 2
@@ -188,6 +196,21 @@ def cost_table(rows: List[Dict], reference: int) -> str:
                            f"µs a token against N={reference}"], lines)
 
 
+def curves_table(reports: List[Dict]) -> str:
+    """Several geometries' verify cost side by side: per N, each one's ms a verify and that over its own N = 1."""
+    nodes = sorted({row["nodes"] for report in reports for row in report["rows"]})
+    header = ["N (tree tokens)"] + [f"{report['config']} {what}" for report in reports for what in ("ms", "× N=1")]
+    lines = []
+    for n in nodes:
+        cells = [n]
+        for report in reports:
+            ms_by_nodes = {row["nodes"]: row["ms"] for row in report["rows"]}
+            ms, plain = ms_by_nodes.get(n), ms_by_nodes.get(1)
+            cells += [fmt(ms, ".3f"), "-" if ms is None or plain is None else f"{ms / plain:.2f}"]
+        lines.append(cells)
+    return markdown_table(header, lines)
+
+
 def timed_rows(model, args) -> List[Dict]:
     """Per N of args.nodes: the pass's ms, and with args.matmuls its matmuls' alone, their GFLOP, and each split's."""
     rows = [{"nodes": n, "ms": verify_pass_ms(model, args.context, n, args.repeats, args.rounds)}
@@ -200,9 +223,32 @@ def timed_rows(model, args) -> List[Dict]:
     return rows
 
 
+def config_report(config: str, args, device: torch.device, dtype: torch.dtype) -> Tuple[Dict, str]:
+    """One geometry timed (a random target of it built, timed, then freed) -> (its report, its table)."""
+    model = random_target(config, args.context + max(args.nodes), device, dtype)
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, args.allow_tf32
+    try:
+        rows = timed_rows(model, args)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the next geometry's weights in its place
+    report = {"config": config, "geometry": GEOMETRIES[config], "qkv_bias": config in QKV_BIAS,
+              "context": args.context, "dtype": str(dtype).replace("torch.", ""), "allow_tf32": args.allow_tf32,
+              "cuda_graphs": device.type == "cuda",
+              "machine": machine(args.device), "repeats": args.repeats, "rounds": args.rounds,
+              "reference": args.reference, "rows": rows}
+    table = cost_table(rows, args.reference)
+    if args.matmuls:
+        table += "\n\n" + matmul_table(rows, args.split_k)
+    return report, table
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description="one verify pass of N tree tokens on a random target, ms per N")
-    parser.add_argument("--config", default="llama3-8b", choices=sorted(GEOMETRIES))
+    parser.add_argument("--config", nargs="+", default=["llama3-8b"], choices=sorted(GEOMETRIES),
+                        help="the geometries (several: their curves side by side, then each one's table)")
     parser.add_argument("--context", type=int, default=1024, help="cached tokens before the tree")
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 8, 16, 24, 32, 40, 48, 56, 64])
     parser.add_argument("--reference", type=int, default=40, help="the N the savings are taken against")
@@ -224,21 +270,15 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else \
         torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = random_target(args.config, args.context + max(args.nodes), device, dtype)
-    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, args.allow_tf32
-    try:
-        rows = timed_rows(model, args)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    report = {"config": args.config, "geometry": GEOMETRIES[args.config], "context": args.context,
-              "dtype": str(dtype).replace("torch.", ""), "allow_tf32": args.allow_tf32,
-              "cuda_graphs": device.type == "cuda",
-              "machine": machine(args.device), "repeats": args.repeats, "rounds": args.rounds,
-              "reference": args.reference, "rows": rows}
-    table = cost_table(rows, args.reference)
-    if args.matmuls:
-        table += "\n\n" + matmul_table(rows, args.split_k)
-    return finish(table, args.out, report, "verify_cost")
+    configs = list(dict.fromkeys(args.config))
+    timed = [config_report(config, args, device, dtype) for config in configs]
+    if len(timed) == 1:
+        return finish(timed[0][1], args.out, timed[0][0], "verify_cost")
+    reports = [report for report, _ in timed]
+    table = "\n\n".join([curves_table(reports), *(f"{report['config']}:\n\n{own}" for report, own in timed)])
+    combined = {"configs": reports, "context": args.context, "dtype": str(dtype).replace("torch.", ""),
+                "machine": machine(args.device)}
+    return finish(table, args.out, combined, "verify_cost")
 
 
 if __name__ == "__main__":
