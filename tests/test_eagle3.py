@@ -279,3 +279,20 @@ def test_negative_long_context_settings_are_one_line_errors(field):
 
     with pytest.raises(SpecdraftError, match=f"method.{field} must be 0"):
         SPEC.config(**{field: -1})
+
+
+def test_exports_carry_the_window_for_the_engines(target):
+    """A windowed draft's hf config and speculators layer config name its sliding window (vLLM's fields); the
+    export reads back with its window and sinks; a foreign checkpoint's sliding window is read too."""
+    cfg, draft = _draft(target, attention_window=512, attention_sinks=4)
+    hf, tensors = SPEC.exports["hf"].write(draft, cfg, target.info, {})
+    assert hf["sliding_window"] == 512 and hf["layer_types"] == ["sliding_attention"]
+    spec_config, _ = SPEC.exports["speculators"].write(draft, cfg, target.info, {})
+    assert spec_config["transformer_layer_config"]["sliding_window"] == 512
+    read_cfg, rebuilt = SPEC.from_export(hf, tensors, DraftContext(target.info))
+    assert (read_cfg.attention_window, read_cfg.attention_sinks) == (512, 4)
+    assert rebuilt.attention_window.size == 512 and rebuilt.midlayer.window.sinks == 4
+    foreign = {k: v for k, v in hf.items() if k != "specdraft"}
+    assert SPEC.export_config(foreign).attention_window == 512
+    plain_cfg, plain = _draft(target)
+    assert "sliding_window" not in SPEC.exports["hf"].write(plain, plain_cfg, target.info, {})[0]
