@@ -113,11 +113,13 @@ def build_prompt(documents: Sequence[Document], rng: random.Random, low: int, hi
         if count_tokens(_compose(trial, 1)) <= goal:
             pieces = trial
             continue
-        room = goal - count_tokens(_compose(pieces + [(document, "")], 1)) if pieces else 0
+        room = goal - count_tokens(_compose(pieces + [(document, "")], 1))
         if room >= MIN_PIECE_TOKENS:
             pieces.append((document, cut(document.text, room)))
         if pieces:
             break
+    if not pieces:
+        raise ValueError(f"no prompt of {low}..{high} tokens can be made: the instructions alone pass it")
     whole = [i for i, (document, text) in enumerate(pieces, start=1) if text == document.text] or [1]
     ask = rng.choice(whole)
     text = _compose(pieces, ask)
