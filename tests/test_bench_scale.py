@@ -281,3 +281,19 @@ def test_cli_rows_at_long_lengths_with_and_without_a_window(tmp_path):
     argv, run = train_cli.cli_argv(args, recipe, 65536, *rows[1], profile=False)
     assert "data.max_length=65536" in argv and "method.attention_window=2048" in argv and run.name == "cli-window-65536"
     assert train_cli.variants([], 0) == [("cli", [])]
+
+
+def test_cli_rows_log_every_sets_the_timed_steps(tmp_path):
+    """--log-every N: the cli rows log every N steps, and --warmup/--steps round up to multiples of N (not the
+    recipe's 10), so a short GPU call times few steps."""
+    from specdraft.recipes import load_recipe
+    from tools.bench import train_cli
+
+    args = train_cli.parse_args(["--lengths", "32768", "--log-every", "2", "--warmup", "3", "--steps", "3",
+                                 "--out", str(tmp_path)])
+    recipe = load_recipe(args.recipe, [f"train.log_every_steps={args.log_every}"])
+    assert train_cli.timed_steps(recipe, args.warmup, args.steps) == (4, 4)
+    argv, _ = train_cli.cli_argv(args, recipe, 32768, "cli", [], profile=False)
+    assert "train.log_every_steps=2" in argv and "train.max_steps=8" in argv
+    assert "train.log_every_steps=2" not in train_cli.cli_argv(
+        train_cli.parse_args(["--out", str(tmp_path)]), load_recipe(args.recipe), 2048, "cli", [], profile=False)[0]

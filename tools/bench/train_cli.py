@@ -10,6 +10,8 @@ Llama-3.1-8B shapes with random weights (the scaling suite's target and syntheti
         --seq-lens 64 --out DIR                                              # the path, on a CPU
     python -m tools.bench.scale cli --lengths 2048 16384 32768 65536 --window 2048 --out OUT   # long sequences,
         # each length with and without LongSpec's window (method.attention_window, 4 sinks)
+    python -m tools.bench.scale cli --lengths 32768 --window 2048 --log-every 2 --warmup 4 --steps 4 \
+        --harness-steps 3 --out OUT                                           # the same rows, few steps timed
 
 Rows, at each length T of --seq-lens:
   harness   tools/bench/train.py's --harness-row (default ours-swiglu-8bit-fused: compiled, swiglu checkpointing,
@@ -85,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="cli steps timed")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="one more cli row with these overrides (repeatable)")
+    parser.add_argument("--log-every", type=int, default=None, metavar="N",
+                        help="the cli rows' train.log_every_steps (default: the recipe's): the unit --warmup and "
+                             "--steps round up to, smaller for a short run")
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows a length (cycled)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
@@ -163,6 +168,7 @@ def cli_argv(args, recipe, seq_len: int, name: str, overrides: List[str], profil
     where = [f"target.path={work / 'target'}", "target.random_init=true",
              f"distill.output_dir={work / f'data-{seq_len}'}", "train.devices=1"]
     where += [] if seq_len == recipe.data.max_length else [f"data.max_length={seq_len}"]
+    where += [] if args.log_every is None else [f"train.log_every_steps={args.log_every}"]
     if profile:
         return [sys.executable, "-m", "tools.profile_train", str(args.recipe), *where, *overrides,
                 "--warmup", str(warmup), "--steps", str(args.profile), "--out", str(run)], run / "train"
@@ -237,7 +243,7 @@ def main(argv=None) -> dict:
     scale.write_target(work / "target", spec["target"])
     for seq_len in args.seq_lens:
         scale.write_rows(work / f"data-{seq_len}", args.rows, seq_len, spec["target"]["vocab_size"])
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, [] if args.log_every is None else [f"train.log_every_steps={args.log_every}"])
     weights = target_weight_bytes(spec["target"], args.device == "cuda")
     report = {"machine": machine(args.device), "recipe": str(args.recipe), "harness_row": args.harness_row,
               "seq_lens": args.seq_lens, "target": spec["target"], "target_weights_gib": weights / 2 ** 30,
