@@ -173,3 +173,25 @@ def test_long_context_goal_not_met_and_not_measured():
     assert "NOT met" in goal_line([{"run": "full", "keeps": 0.5}, {"run": "longspec", "keeps": 0.9}])
     assert goal_line([{"run": "full", "keeps": None}, {"run": "longspec", "keeps": 0.99}]).startswith(
         "goal: not measured")
+
+
+def test_long_context_resumes_at_the_stage_it_was_in(tmp_path, monkeypatch):
+    """A second call runs only the stages whose output WORK lacks: here the longspec head's long-prompt bench."""
+    from tools.bench import long_context
+
+    work = tmp_path / "work"
+    (work / "prompts").mkdir(parents=True)
+    for name in long_context.SETS.values():
+        (work / "prompts" / name).write_text(json.dumps({"token_length": 900}) + "\n")
+    for name in long_context.RUNS:
+        _fake_run(work / name, 5, {"attention_window": 0}, {"1k": (2.0, [("<1K", 2.0)]), "long": (2.0, [])},
+                  {"bytes_by_context": {"1024": 1}, "constant_in_context": True})
+        (work / name / "export.done").write_text("")
+    (work / "longspec" / "bench-long" / "bench.json").unlink()
+    calls = []
+    monkeypatch.setattr(long_context, "_cli", calls.append)
+    long_context.main(["--work", str(work), "--data", str(tmp_path / "data"), "--prompts", str(work / "prompts"),
+                       "--cache-lengths", "1024"])
+    assert [argv[:2] for argv in calls] == [["bench", str(work / "longspec" / "export")]]
+    assert calls[0][calls[0].index("--prompts") + 1] == str(work / "prompts" / "long_prompts.jsonl")
+    assert calls[0][calls[0].index("--out") + 1] == str(work / "longspec" / "bench-long")

@@ -12,8 +12,8 @@ its own run is the lossless check, token for token, no HF baseline) on 1K-token 
         'data.prompts=[.data/train_prompts.jsonl]'                              # more data, the same two heads
 
 `keeps` is a head's τ on the long prompts over its τ on the 1K ones; LongSpec's claim, the goal here: longspec keeps
-at least 95% where full keeps less. Writes WORK/long_context.json and prints the table; --collect reads a WORK
-filled before.
+at least 95% where full keeps less. Writes WORK/long_context.json and prints the table; a call again skips the stages whose
+output WORK holds (it resumes one cut short); --collect only reads WORK.
 """
 from __future__ import annotations
 
@@ -111,17 +111,25 @@ def bench_argv(args, export: Path, prompts: Path, out: Path) -> List[str]:
 
 
 def run_stages(args, recipe, sets: Dict[str, Path], data: Path) -> None:
-    if args.data is None:
+    """Every stage whose output WORK lacks (a call cut short resumes at the stage it was in)."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.data is None and not (args.work / "distill.done").is_file():
         _cli(["distill-data", str(args.recipe), f"distill.output_dir={data}", *args.overrides])
+        (args.work / "distill.done").write_text("")
     for name in RUNS:
         run = args.work / name
-        _cli(["train", str(args.recipe), f"distill.output_dir={data}", f"train.output_dir={run / 'train'}",
-              *args.overrides, *run_overrides(name, args, recipe)])
-        _cli(["export", str(run / "train"), "--format", "hf", "--out", str(run / "export"), "--force"])
+        if not (run / "train" / "train_summary.json").is_file():
+            _cli(["train", str(args.recipe), f"distill.output_dir={data}", f"train.output_dir={run / 'train'}",
+                  *args.overrides, *run_overrides(name, args, recipe)])
+        if not (run / "export.done").is_file():
+            _cli(["export", str(run / "train"), "--format", "hf", "--out", str(run / "export"), "--force"])
+            (run / "export.done").write_text("")
         for set_name, prompts in sets.items():
-            _cli(bench_argv(args, run / "export", prompts, run / f"bench-{set_name}"))
-        cache = cache_bytes_by_length(run / "export", args)
-        (run / "cache_bytes.json").write_text(json.dumps(cache))
+            if not (run / f"bench-{set_name}" / "bench.json").is_file():
+                _cli(bench_argv(args, run / "export", prompts, run / f"bench-{set_name}"))
+        if not (run / "cache_bytes.json").is_file():
+            cache = cache_bytes_by_length(run / "export", args)
+            (run / "cache_bytes.json").write_text(json.dumps(cache))
 
 
 def cache_bytes_by_length(export: Path, args) -> dict:
