@@ -249,16 +249,51 @@ def test_cli_row_beside_the_harness_row(tmp_path, capsys):
     """`scale.py cli` on a CPU: the harness row (tools/bench/train.py) and `specdraft train` with a recipe's settings,
     plus a variant, each in its own process, at a length that is not the recipe's (data.max_length follows)."""
     recipe = REPO / "recipes" / "smoke" / "eagle3_smollm2.yaml"
-    report = scale.main(["cli", "--config", "tiny", "--device", "cpu", "--recipe", str(recipe), "--seq-lens", "64",
+    report = scale.main(["cli", "--config", "tiny", "--device", "cpu", "--recipe", str(recipe), "--lengths", "64",
                          "--warmup", "5", "--steps", "10", "--variant", "eager:train.compile=false",
-                         "--out", str(tmp_path)])
+                         "--window", "16", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "cli.json").read_text()) == json.loads(json.dumps(report))
     assert report["harness"]["status"] == "ok" and report["harness"]["rows"][64]["row"] == "ours-swiglu-8bit-fused"
     rows = {r["row"]: r for r in report["results"]}
-    assert set(rows) == {"cli", "cli-eager"} and rows["cli-eager"]["overrides"] == ["train.compile=false"]
+    assert set(rows) == {"cli", "cli-window", "cli-eager"} and rows["cli-eager"]["overrides"] == ["train.compile=false"]
+    window_recipe = (tmp_path / "work" / "runs" / "cli-window-64" / "recipe.yaml").read_text()
+    assert "attention_window: 16" in window_recipe and "attention_sinks: 4" in window_recipe
     for row in rows.values():
         assert row["status"] == "ok" and row["tokens_per_s"] > 0 and row["share_of_harness"] > 0
         assert row["steps"] == 15 and row["gib_beyond_weights"] is None  # log_every_steps 5: 5 + 10 steps; no GPU
     recipe_yaml = (tmp_path / "work" / "runs" / "cli-64" / "recipe.yaml").read_text()
     assert "max_length: 64" in recipe_yaml and "micro_batch_size: 4" in recipe_yaml  # the recipe's own batch
     assert "| cli-eager | 64 | ok |" in capsys.readouterr().out
+
+
+def test_cli_rows_at_long_lengths_with_and_without_a_window(tmp_path):
+    """--lengths and --window: every length gets the recipe's row and its windowed twin, each `specdraft train` with
+    data.max_length at that length (the command lines alone: no process runs)."""
+    from specdraft.recipes import load_recipe
+    from tools.bench import train_cli
+
+    args = train_cli.parse_args(["--lengths", "2048", "65536", "--window", "2048", "--sinks", "8",
+                                 "--out", str(tmp_path)])
+    assert args.seq_lens == [2048, 65536]
+    rows = train_cli.variants(args.variant, args.window, args.sinks)
+    assert rows == [("cli", []), ("cli-window", ["method.attention_window=2048", "method.attention_sinks=8"])]
+    recipe = load_recipe(args.recipe)
+    argv, run = train_cli.cli_argv(args, recipe, 65536, *rows[1], profile=False)
+    assert "data.max_length=65536" in argv and "method.attention_window=2048" in argv and run.name == "cli-window-65536"
+    assert train_cli.variants([], 0) == [("cli", [])]
+
+
+def test_cli_rows_log_every_sets_the_timed_steps(tmp_path):
+    """--log-every N: the cli rows log every N steps, and --warmup/--steps round up to multiples of N (not the
+    recipe's 10), so a short GPU call times few steps."""
+    from specdraft.recipes import load_recipe
+    from tools.bench import train_cli
+
+    args = train_cli.parse_args(["--lengths", "32768", "--log-every", "2", "--warmup", "3", "--steps", "3",
+                                 "--out", str(tmp_path)])
+    recipe = load_recipe(args.recipe, [f"train.log_every_steps={args.log_every}"])
+    assert train_cli.timed_steps(recipe, args.warmup, args.steps) == (4, 4)
+    argv, _ = train_cli.cli_argv(args, recipe, 32768, "cli", [], profile=False)
+    assert "train.log_every_steps=2" in argv and "train.max_steps=8" in argv
+    assert "train.log_every_steps=2" not in train_cli.cli_argv(
+        train_cli.parse_args(["--out", str(tmp_path)]), load_recipe(args.recipe), 2048, "cli", [], profile=False)[0]

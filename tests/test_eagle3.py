@@ -162,3 +162,137 @@ def test_teacher_logits_equal_the_targets_own(target):
     mask[::3] = True
     expected = mask[full_logits.argmax(-1)]
     assert torch.equal(feats.argmax_in(mask, vocab_chunk=7), expected)
+
+
+# ---- LongSpec: the attention window, anchor offsets, chunked loss ---------------------------------------------
+
+
+def _features(target, cfg, ids):
+    return capture_features(target.model, ids, torch.ones_like(ids), SPEC.feature_layers(cfg, target.info))
+
+
+def test_windowed_chain_drafting_matches_training_time_test(target):
+    """With a window and sinks the inference chain (the layer's own window, no mask) still equals the TTT unroll
+    (its mask's window) fed the same tokens."""
+    cfg, draft = _draft(target, attention_window=4, attention_sinks=2)
+    ids = torch.randint(0, 250, (1, 16))
+    feats = _features(target, cfg, ids)
+    prefix = 11
+    state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
+                       features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()}))
+    drafted = eagle3_chain(draft, state, cfg.ttt_steps)
+    teacher = ids.clone()
+    teacher[0, prefix + 1: prefix + cfg.ttt_steps] = drafted[:-1]
+    hidden = {i: h.clone() for i, h in _features(target, cfg, teacher).hidden_states.items()}
+    for i in hidden:
+        hidden[i][:, :prefix] = feats.hidden_states[i][:, :prefix]
+    with torch.no_grad():
+        steps = [logits[0, prefix - 1].argmax() for logits in ttt_unroll(draft, hidden, cfg.ttt_steps)]
+        full_cfg, full = _draft(target)
+        full.load_state_dict(draft.state_dict())
+        unwindowed = [logits[0, prefix - 1] for logits in ttt_unroll(full, hidden, cfg.ttt_steps)]
+    assert [int(s + draft.d2t[s]) for s in steps] == drafted.tolist()
+    windowed = list(ttt_unroll(draft, hidden, cfg.ttt_steps))
+    assert not torch.allclose(windowed[0][0, prefix - 1], unwindowed[0])  # the window hid keys
+
+
+def test_a_short_offset_sequence_trains_what_a_long_context_computes(target):
+    """LongSpec's point: with a window w and s sinks, column t of a long sequence sees the sinks and its w newest
+    columns; a short sequence of just those tokens, its positions from s on offset to t - w + 1, computes the same
+    draft logits at its last column, at every TTT step (training and inference agree on the rotary positions)."""
+    sinks, window, t = 2, 5, 19
+    cfg, draft = _draft(target, attention_window=window, attention_sinks=sinks)
+    ids = torch.randint(0, 250, (1, 24))
+    ids[0, t - window + 1] = ids[0, sinks]  # the last sink's key reads the token after it: the same in both
+    hidden = _features(target, cfg, ids).hidden_states
+    keep = torch.tensor([*range(sinks), *range(t - window + 1, t + 1 + cfg.ttt_steps)])  # +K: the later steps' tokens
+    short = {i: h[:, keep] for i, h in hidden.items()}
+    positions = keep[None]  # [1, T']: 0..s-1, then t-w+1.. : an offset of t - w + 1 - s after the sinks
+    with torch.no_grad():
+        long_steps = [logits[0, t] for logits in ttt_unroll(draft, hidden, cfg.ttt_steps)]
+        short_steps = [logits[0, sinks + window - 1]
+                       for logits in ttt_unroll(draft, short, cfg.ttt_steps, position_ids=positions)]
+    for step, (want, got) in enumerate(zip(long_steps, short_steps)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"step {step}")
+
+
+def test_anchor_offsets_shift_positions_after_the_sinks():
+    from specdraft.methods.eagle3.ttt import anchor_offset_positions
+
+    torch.manual_seed(0)
+    document_ids = torch.tensor([[0] * 6 + [1] * 4, [0] * 10])
+    position_ids = torch.tensor([[*range(6), *range(4)], list(range(10))])
+    shifted = anchor_offset_positions(position_ids, document_ids, document_ids.shape, 2, 1000, "cpu")
+    offsets = shifted - position_ids
+    assert torch.equal(offsets[position_ids < 2], torch.zeros_like(offsets[position_ids < 2]))
+    for row, doc in ((0, 0), (0, 1), (1, 0)):  # one offset for each document's non-anchor positions
+        moved = offsets[row][(document_ids[row] == doc) & (position_ids[row] >= 2)]
+        assert len(set(moved.tolist())) == 1 and 0 <= int(moved[0]) <= 1000
+    unpacked = anchor_offset_positions(None, None, torch.Size([3, 8]), 4, 50, "cpu")
+    assert torch.equal(unpacked[:, :4], torch.arange(4).expand(3, 4))
+    assert (unpacked[:, 4:] - torch.arange(4, 8)).unique(dim=1).shape[1] == 1
+
+
+def test_offsets_apply_in_training_only(target, monkeypatch):
+    """method.position_offset reaches the unroll's positions while the draft trains; validation sees the true
+    ones."""
+    from specdraft.methods.eagle3 import loss as loss_module
+
+    cfg, draft = _draft(target, position_offset=500)
+    ids = torch.randint(0, 250, (2, 12))
+    ones = torch.ones_like(ids)
+    batch = DraftBatch(input_ids=ids, loss_mask=ones, attention_mask=ones, features=_features(target, cfg, ids))
+    seen = []
+
+    def recording_unroll(draft, hidden_states, steps, position_ids=None, *args, **kwargs):
+        seen.append(position_ids)
+        return ttt_unroll(draft, hidden_states, steps, position_ids, *args, **kwargs)
+
+    out = loss_module.eagle3_loss(draft.train(), batch, cfg, unroll=recording_unroll)
+    assert torch.isfinite(out.loss) and seen[0] is not None and int((seen[0] - torch.arange(12)).max()) > 0
+    loss_module.eagle3_loss(draft.eval(), batch, cfg, unroll=recording_unroll)
+    assert seen[1] is None
+
+
+def test_chunked_loss_equals_the_whole_batchs(target):
+    """method.loss_chunk_rows below the batch's rows: the same loss, metrics and gradients."""
+    ids = torch.randint(0, 250, (2, 20))
+    ones = torch.ones_like(ids)
+    results = []
+    for chunk in (0, 7):
+        torch.manual_seed(1)
+        cfg, draft = _draft(target, loss_chunk_rows=chunk)
+        batch = DraftBatch(input_ids=ids, loss_mask=ones, attention_mask=ones, features=_features(target, cfg, ids))
+        out = SPEC.loss(draft, batch, cfg)
+        out.loss.backward()
+        results.append((out.loss.detach(), out.metrics, {n: p.grad.clone() for n, p in draft.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    assert {k: float(v) for k, v in results[1][1].items()} == pytest.approx(
+        {k: float(v) for k, v in results[0][1].items()}, rel=1e-5)
+    for name, grad in results[0][2].items():
+        torch.testing.assert_close(results[1][2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("field", ["attention_window", "attention_sinks", "position_offset", "loss_chunk_rows"])
+def test_negative_long_context_settings_are_one_line_errors(field):
+    from specdraft.core.errors import SpecdraftError
+
+    with pytest.raises(SpecdraftError, match=f"method.{field} must be 0"):
+        SPEC.config(**{field: -1})
+
+
+def test_exports_carry_the_window_for_the_engines(target):
+    """A windowed draft's hf config and speculators layer config name its sliding window (vLLM's fields); the
+    export reads back with its window and sinks; a foreign checkpoint's sliding window is read too."""
+    cfg, draft = _draft(target, attention_window=512, attention_sinks=4)
+    hf, tensors = SPEC.exports["hf"].write(draft, cfg, target.info, {})
+    assert hf["sliding_window"] == 512 and hf["layer_types"] == ["sliding_attention"]
+    spec_config, _ = SPEC.exports["speculators"].write(draft, cfg, target.info, {})
+    assert spec_config["transformer_layer_config"]["sliding_window"] == 512
+    read_cfg, rebuilt = SPEC.from_export(hf, tensors, DraftContext(target.info))
+    assert (read_cfg.attention_window, read_cfg.attention_sinks) == (512, 4)
+    assert rebuilt.attention_window.size == 512 and rebuilt.midlayer.window.sinks == 4
+    foreign = {k: v for k, v in hf.items() if k != "specdraft"}
+    assert SPEC.export_config(foreign).attention_window == 512
+    plain_cfg, plain = _draft(target)
+    assert "sliding_window" not in SPEC.exports["hf"].write(plain, plain_cfg, target.info, {})[0]

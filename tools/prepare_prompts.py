@@ -7,9 +7,12 @@ categories together), and copies GSM8K's train.jsonl and test.jsonl into OUT_DIR
 `gsm8k:.data/gsm8k/...` task sets: mined on train, benched on test), for `.data/` to travel to the GPU machine (or
 runs/prompts/ for recipes/c2t_smollm2.yaml).
 With `--code N` it also writes code_prompts.jsonl: up to N programming prompts of the alpaca and ShareGPT sets that
-train_prompts.jsonl leaves out (the code recipes' second set; HumanEval stays an evaluation set).
+train_prompts.jsonl leaves out (the code recipes' second set; HumanEval stays an evaluation set). With `--long` it
+also writes the long-context evaluation sets (tools/long_prompts.py): long_prompts.jsonl (4-7K tokens) and
+long_prompts_1k.jsonl (768-1,023), `--long-count` prompts each, measured by SmolLM2's tokenizer (`--long-target`).
 
     python -m tools.prepare_prompts --shared ../shared/data --out .data --per-source 1600,1200,600,600 --code 600
+    python -m tools.prepare_prompts --shared ../shared/data --out .data --long
 """
 from __future__ import annotations
 
@@ -90,6 +93,11 @@ def main() -> None:
     parser.add_argument("--name", default="train_prompts.jsonl")
     parser.add_argument("--code", type=int, default=0, help="also write code_prompts.jsonl: up to this many "
                                                              "programming prompts that the training mix leaves out")
+    parser.add_argument("--long", action="store_true", help="also write long_prompts.jsonl (4-7K tokens) and "
+                                                                 "long_prompts_1k.jsonl (tools/long_prompts.py)")
+    parser.add_argument("--long-count", type=int, default=40, help="prompts in each long-context set")
+    parser.add_argument("--long-target", default=None, help="the target whose tokenizer measures them "
+                                                            "(default: SmolLM2-135M-Instruct's GGUF)")
     args = parser.parse_args()
     counts = [int(c) for c in args.per_source.split(",")]
     rng = random.Random(args.seed)
@@ -117,6 +125,11 @@ def main() -> None:
         with open(out / "code_prompts.jsonl", "w") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in code)
         print(f"{len(code)} code prompts -> {out / 'code_prompts.jsonl'}")
+    if args.long:
+        from tools.long_prompts import SMOLLM2, write_long_sets
+
+        paths = write_long_sets(Path(args.shared), out, args.long_count, args.seed, args.long_target or SMOLLM2)
+        print("long-context prompts -> " + ", ".join(map(str, paths)))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ benched with its quality cost beside its speedup: with `check_answers`, every an
 program (answers.py) and each run reports its accuracy and retained accuracy; the plot says `lossless: false`
 for the judged runs.
 
+Each run also reports τ by the prompt's length (`tau_by_context`: buckets of CONTEXT_BUCKETS tokens, the table's
+last line a run), for drafts meant for long contexts (a windowed draft's τ on 4-8K prompts against its τ on short
+ones), and the settings the bytes of the drafter's own state (`draft_state_bytes`: its KV cache, which a windowed
+draft keeps the same size at any context length).
+
 What "lossless" compared is in its name: `lossless_float32` (speculative == plain decoding token for token in
 float32, on the first `lossless_prompts` prompts: the timed T=0 run itself when it ran float32, else a float32
 runtime's; `float32_check` holds the detail) and `<dtype>_matches_plain` (the timed T=0 run in its own dtype,
@@ -42,6 +47,9 @@ from specdraft.runtime.plots import device_name, plot_bench
 from specdraft.runtime.profile import profile_cycles
 from specdraft.targets.vision import PromptInputs, as_prompt, image_model_inputs
 
+
+CONTEXT_BUCKETS = (1024, 2048, 4096, 8192)
+"""Edges (prompt tokens) of the prompt-length buckets `tau_by_context` reports: <1K, 1-2K, 2-4K, 4-8K, >=8K."""
 
 PRUNE_SWEEP_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
 """The default β sweep of a draft that scores its tree, as multiples of its own β: a classifier trained on balanced
@@ -157,6 +165,7 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
         answers["spec"].append(spec.tokens)
         per_prompt.append({"prompt_len": len(prompt.ids), "plain_tokens": len(plain.tokens), "plain_s": plain.seconds,
                            "spec_tokens": len(spec.tokens), "spec_cycles": len(spec.accepted), "spec_s": spec.seconds,
+                           "spec_cycle_tokens": sum(a + 1 for a in spec.accepted),
                            "diverges_at": divergence(plain.tokens, spec.tokens)})
         traces += [{"temperature": temperature, "prompt": index, "cycle": c, **row} for c, row in enumerate(spec.trace)]
         if settings.hf_baseline and (settings.hf_prompts is None or index < settings.hf_prompts):
@@ -172,8 +181,29 @@ def run_temperature(runtime: Runtime, prompts: List, settings: BenchSettings, te
         decode = lambda tokens: runtime.target.tokenizer.decode(tokens, skip_special_tokens=True)  # noqa: E731
         summary["answers"] = answer_quality(decode, checks, answers["plain"], answers["spec"],
                                             settings.check_timeout_s)
-    return {**summary, "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()},
+    return {**summary, "tau_by_context": tau_by_context(per_prompt),
+            "host_load": {"before": load_before, "after": host_load(), "cpus": os.cpu_count()},
             "prompt_warmup": prompt_warmup, "per_prompt": per_prompt}
+
+
+def context_bucket(prompt_len: int) -> str:
+    """The CONTEXT_BUCKETS bucket of a prompt length: '<1K', '1-2K', ..., '>=8K'."""
+    edges = [f"{edge // 1024}K" for edge in CONTEXT_BUCKETS]
+    for index, edge in enumerate(CONTEXT_BUCKETS):
+        if prompt_len < edge:
+            return f"<{edges[0]}" if index == 0 else f"{edges[index - 1][:-1]}-{edges[index]}"
+    return f">={edges[-1]}"
+
+
+def tau_by_context(per_prompt: List[dict]) -> List[dict]:
+    """A run's prompts by prompt-length bucket (those it has, shortest first) -> [{bucket, prompts, cycles, tau}]:
+    τ is the bucket's cycle tokens (accepted + 1 each cycle) over its cycles."""
+    buckets: Dict[str, List[dict]] = {}
+    for row in sorted(per_prompt, key=lambda row: row["prompt_len"]):
+        buckets.setdefault(context_bucket(row["prompt_len"]), []).append(row)
+    return [{"bucket": name, "prompts": len(rows), "cycles": sum(r["spec_cycles"] for r in rows),
+             "tau": sum(r["spec_cycle_tokens"] for r in rows) / max(1, sum(r["spec_cycles"] for r in rows))}
+            for name, rows in buckets.items()]
 
 
 def warm_prompt_lengths(engine, prompts: List) -> dict:
@@ -444,7 +474,13 @@ def _settings(runtime: Runtime, settings: BenchSettings) -> Dict:
             "overlap": engine.overlap,
             "device": device_name(device),
             "method": runtime.method, "draft": runtime.draft_source,
-            "target": runtime.target.info.name_or_path}
+            "target": runtime.target.info.name_or_path, "max_len": engine.max_len,
+            "draft_state_bytes": draft_state_bytes(engine.drafter)}
+
+
+def draft_state_bytes(drafter) -> int:
+    """The bytes of a drafter's own state (Drafter.state_tensors: its KV caches, prefix length, last state)."""
+    return sum(t.numel() * t.element_size() for t in drafter.state_tensors())
 
 
 def _chain_settings(engine) -> Optional[Dict]:
@@ -467,6 +503,7 @@ def format_table(report: dict) -> str:
                     f"{fmt(run['tokens_per_s_plain'])} | {fmt(run['tokens_per_s_hf'])} | "
                     f"{fmt(run['speedup_vs_plain'], 2)} | {fmt(run['speedup_vs_hf'], 2)} | "
                     f"{fmt(run['plain_vs_hf'], 2)} | {same_as_plain(run)} |")
+    rows += [context_line(run) for run in report["runs"] if len(run.get("tau_by_context") or []) > 1]
     rows += _sweep_rows(report.get("prune_sweep") or [], fmt)
     if report.get("judge_sweep"):
         rows += ["", sweep_table(report)]
@@ -474,6 +511,12 @@ def format_table(report: dict) -> str:
     if report["cycle_profile"] is not None:
         rows += ["", *cycle_lines(report["cycle_profile"])]
     return "\n".join(rows)
+
+
+def context_line(run: dict) -> str:
+    """'τ by prompt length, T=0: <1K 3.21 (12 prompts), 4-8K 3.05 (8 prompts)'."""
+    return f"τ by prompt length, T={run['temperature']:g}: " + ", ".join(
+        f"{b['bucket']} {b['tau']:.2f} ({b['prompts']} prompt{'s' * (b['prompts'] != 1)})" for b in run["tau_by_context"])
 
 
 def same_as_plain(run: dict) -> str:

@@ -1,5 +1,8 @@
 """Training-time-test attention: flex attention with block masks against the dense reference.
 
+Windows (LongSpec's sliding window with attention sinks): the reference and flex against a brute-force loop over
+every query's visible keys, on random shapes; the chunked BlockMask builder against create_block_mask's.
+
 CPU: flex runs eagerly and only forward (PyTorch has no flex backward on the CPU); the log-sum-exp merge of the
 diagonal keys is checked for gradients with a differentiable dense stand-in for the flex call. `gpu`: the
 compiled flex call, forward and backward, in bfloat16."""
@@ -11,7 +14,7 @@ import torch
 from torch.nn.attention.flex_attention import create_mask
 
 from specdraft.kernels.ttt_attention import flex as flex_module
-from specdraft.kernels.ttt_attention import ttt_attention, ttt_attention_reference, ttt_mask
+from specdraft.kernels.ttt_attention import TTTWindow, ttt_attention, ttt_attention_reference, ttt_mask
 
 DOCUMENTS = [[0] * 15 + [1] * 20 + [2] * 5, [0] * 33 + [1] * 7]
 
@@ -128,7 +131,8 @@ def test_an_unpacked_rows_block_mask_is_built_once_per_shape(monkeypatch):
     """Rows of one document each: the mask depends on the shape alone, so later unrolls reuse it (each build is
     host work in every training step); packed rows' masks follow their document ids, built every time."""
     built, build = [], flex_module.ttt_block_mask
-    monkeypatch.setattr(flex_module, "ttt_block_mask", lambda ids: built.append(tuple(ids.shape)) or build(ids))
+    monkeypatch.setattr(flex_module, "ttt_block_mask",
+                        lambda ids, *window: built.append(tuple(ids.shape)) or build(ids, *window))
     flex_module._cached_causal_block_mask.cache_clear()
     first = ttt_mask(None, 2, 40, "cpu", "flex")
     assert ttt_mask(None, 2, 40, "cpu", "flex").block_mask is first.block_mask
@@ -151,9 +155,96 @@ def _output_and_grads(query, steps_kv, cols, mask):
     return [out, *torch.autograd.grad((out.float() ** 2).sum(), leaves)]
 
 
-@pytest.mark.gpu
+def _brute_force(query, steps_kv, cols, document_ids, window):
+    """Each query's attention written out key by key (float64): the step-0 keys of its document at columns
+    c <= t with t - c < size or c among the document's first `sinks` columns, and the diagonal keys."""
+    batch, heads, num_cols, dim = query.shape
+    groups = heads // steps_kv[0][0].shape[1]
+    out = torch.zeros(batch, heads, len(cols), dim, dtype=torch.float64)
+    for b in range(batch):
+        doc = document_ids[b].tolist() if document_ids is not None else [0] * steps_kv[0][0].shape[2]
+        for i, t in enumerate(cols.tolist()):
+            start = doc.index(doc[t])
+            seen = [c for c in range(t + 1) if doc[c] == doc[t] and
+                    (window.size == 0 or t - c < window.size or c - start < window.sinks)]
+            for h in range(heads):
+                keys = [steps_kv[0][0][b, h // groups, c] for c in seen] + [k[b, h // groups, i] for k, _ in steps_kv[1:]]
+                values = [steps_kv[0][1][b, h // groups, c] for c in seen] + [v[b, h // groups, i] for _, v in steps_kv[1:]]
+                scores = torch.stack([query[b, h, i].double() @ k.double() for k in keys]) / math.sqrt(dim)
+                out[b, h, i] = torch.softmax(scores, 0) @ torch.stack(values).double()
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_windowed_attention_matches_a_brute_force_loop(seed):
+    """Random shapes, windows and sinks, packed rows or not: the dense reference and flex (eagerly, forward) against
+    the brute-force loop; a window that hides nothing (0, or at least T) is full attention."""
+    generator = torch.Generator().manual_seed(seed)
+    pick = lambda *options: options[int(torch.randint(len(options), (), generator=generator))]  # noqa: E731
+    cols, steps, packed = pick(24, 40, 65), pick(1, 2, 4), pick(False, True)
+    window = TTTWindow(size=pick(1, 3, 8, 17), sinks=pick(0, 1, 4))
+    torch.manual_seed(seed)
+    query, steps_kv, _ = _inputs(steps=steps, cols=cols)
+    document_ids = None
+    if packed:
+        cuts = sorted(torch.randint(1, cols, (2,), generator=generator).tolist())
+        document_ids = torch.tensor([[int(c >= cuts[0]) + int(c >= cuts[1]) for c in range(cols)]] * 2)
+    all_cols = torch.arange(cols)
+    want = _brute_force(query, steps_kv, all_cols, document_ids, window)
+    for impl in ("dense", "flex"):
+        mask = ttt_mask(document_ids, 2, cols, "cpu", impl, window)
+        assert mask.window == window and (mask.block_mask is not None) == (impl == "flex")
+        got = ttt_attention(query, steps_kv, all_cols, mask)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    queries = torch.tensor([0, cols // 2, cols - 1])  # inference: chosen columns, dense
+    got = ttt_attention(query[:, :, queries], [steps_kv[0]] + [(k[:, :, queries], v[:, :, queries])
+                                                               for k, v in steps_kv[1:]], queries,
+                        ttt_mask(document_ids, 2, cols, "cpu", "dense", window))
+    torch.testing.assert_close(got.double(), want[:, :, queries], atol=1e-5, rtol=1e-5)
+    for covering in (TTTWindow(0, 4), TTTWindow(cols, 2), TTTWindow(cols + 5, 0)):
+        assert ttt_mask(document_ids, 2, cols, "cpu", "flex", covering).window is None
+        full = _brute_force(query, steps_kv, all_cols, document_ids, TTTWindow())
+        got = ttt_attention(query, steps_kv, all_cols, ttt_mask(document_ids, 2, cols, "cpu", "dense", covering))
+        torch.testing.assert_close(got.double(), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, TTTWindow(5, 2), TTTWindow(130, 3)])
 @pytest.mark.parametrize("packed", [False, True])
-def test_compiled_flex_forward_and_backward_on_cuda(packed):
+def test_chunked_block_mask_equals_create_block_mask(window, packed):
+    """The band-by-band BlockMask (long rows) is create_block_mask's: the same blocks, full and partial, and the
+    same mask, at lengths off the block size."""
+    cols = 300
+    document_ids = torch.tensor([[0] * 150 + [1] * 150, [0] * 7 + [1] * 293]) if packed else \
+        torch.zeros(2, cols, dtype=torch.long)
+    mask_mod = flex_module._mask_mod(document_ids if packed else None, window)
+    want = flex_module.create_block_mask(mask_mod, 2, None, cols, cols, device="cpu")
+    got = flex_module.chunked_block_mask(mask_mod, 2, cols, torch.device("cpu"), chunk_rows=128)
+    assert torch.equal(got.to_dense(), want.to_dense())
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    dense = create_mask(mask_mod, 2, 1, cols, cols, device="cpu")
+    assert torch.equal(create_mask(got.mask_mod, 2, 1, cols, cols, device="cpu"), dense)
+
+
+def test_windowed_flex_gradients_match_dense(monkeypatch):
+    """The windowed block mask's gradients through the log-sum-exp merge (the flex call's dense stand-in)."""
+    monkeypatch.setattr(flex_module, "_flex_with_lse", _dense_flex_with_lse)
+    query, steps_kv, document_ids = _inputs(steps=3)
+    window = TTTWindow(size=6, sinks=2)
+    grads = []
+    for impl in ("dense", "flex"):
+        leaves = [t.detach().clone().requires_grad_() for t in [query, *[t for kv in steps_kv for t in kv]]]
+        kv = [(leaves[1 + 2 * j], leaves[2 + 2 * j]) for j in range(3)]
+        out = ttt_attention(leaves[0], kv, torch.arange(40), ttt_mask(document_ids, 2, 40, "cpu", impl, window))
+        grads.append(torch.autograd.grad((out * torch.cos(out)).sum(), leaves))
+    for flex_grad, dense_grad in zip(*grads[::-1]):
+        torch.testing.assert_close(flex_grad, dense_grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, TTTWindow(100, 4)], ids=["full", "window"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_flex_forward_and_backward_on_cuda(packed, window):
     """bf16 flex against the float32 dense reference: its error (output and each gradient, as a norm) at most
     twice the bf16 dense path's own error, plus 1e-3 of the reference's norm (elementwise bounds on bf16 results
     failed on one element in 98,304)."""
@@ -162,10 +253,10 @@ def test_compiled_flex_forward_and_backward_on_cuda(packed):
     document_ids = torch.repeat_interleave(document_ids, 10, dim=1)[:, :384] if packed else None
     cols = torch.arange(384, device="cuda")
     as_float = [query.float(), [tuple(t.float() for t in kv) for kv in steps_kv]]
-    reference = _output_and_grads(*as_float, cols, ttt_mask(document_ids, 2, 384, "cuda", "dense"))
+    reference = _output_and_grads(*as_float, cols, ttt_mask(document_ids, 2, 384, "cuda", "dense", window))
     dense = _output_and_grads(query.clone(), [tuple(t.clone() for t in kv) for kv in steps_kv], cols,
-                              ttt_mask(document_ids, 2, 384, "cuda", "dense"))
-    flex = _output_and_grads(query, steps_kv, cols, ttt_mask(document_ids, 2, 384, "cuda", "flex"))
+                              ttt_mask(document_ids, 2, 384, "cuda", "dense", window))
+    flex = _output_and_grads(query, steps_kv, cols, ttt_mask(document_ids, 2, 384, "cuda", "flex", window))
     for index, (want, bf16_dense, got) in enumerate(zip(reference, dense, flex)):
         dense_error = (bf16_dense.float() - want).norm()
         flex_error = (got.float() - want).norm()

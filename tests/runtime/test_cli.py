@@ -61,6 +61,10 @@ def test_bench_writes_json_plot_and_trace(export_dir, tmp_path, capsys):
     assert sum(p["plain_tokens"] for p in per_prompt) == report["runs"][0]["new_tokens"]["plain"]
     assert sum(p["spec_cycles"] for p in per_prompt) == report["runs"][0]["cycles"]
     assert abs(sum(p["spec_s"] for p in per_prompt) - report["runs"][0]["seconds"]["spec"]) < 1e-6
+    buckets, run = report["runs"][0]["tau_by_context"], report["runs"][0]  # τ by prompt length adds up to τ
+    assert sum(b["cycles"] for b in buckets) == run["cycles"] and sum(b["prompts"] for b in buckets) == prompts_run
+    assert sum(b["tau"] * b["cycles"] for b in buckets) == pytest.approx(run["tau"] * run["cycles"])
+    assert report["settings"]["draft_state_bytes"] > 0 and report["settings"]["max_len"] == 256
     warmup = report["runs"][0]["prompt_warmup"]  # every prompt prefilled twice before the timed loops
     assert warmup["prompts"] == prompts_run and warmup["prefill_first_ms"] > 0 and warmup["prefill_again_ms"] > 0
     load = report["runs"][0]["host_load"]

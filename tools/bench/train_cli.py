@@ -8,6 +8,10 @@ Llama-3.1-8B shapes with random weights (the scaling suite's target and syntheti
     python -m tools.bench.scale cli --seq-lens 2048 --profile 5 --out OUT     # and where each step's time goes
     python -m tools.bench.scale cli --config tiny --device cpu --recipe recipes/smoke/eagle3_smollm2.yaml \\
         --seq-lens 64 --out DIR                                              # the path, on a CPU
+    python -m tools.bench.scale cli --lengths 2048 16384 32768 65536 --window 2048 --out OUT   # long sequences,
+        # each length with and without LongSpec's window (method.attention_window, 4 sinks)
+    python -m tools.bench.scale cli --lengths 32768 --window 2048 --log-every 2 --warmup 4 --steps 4 \
+        --harness-steps 3 --out OUT                                           # the same rows, few steps timed
 
 Rows, at each length T of --seq-lens:
   harness   tools/bench/train.py's --harness-row (default ours-swiglu-8bit-fused: compiled, swiglu checkpointing,
@@ -17,6 +21,8 @@ Rows, at each length T of --seq-lens:
             rows), train.output_dir, train.max_steps (--warmup + --steps), train.devices=1, and
             data.max_length=T where T is not the recipe's (its rows would be cut to it)
   cli-NAME  cli with a --variant's overrides on top (an A/B in the same call)
+  cli-window  with --window W: cli with method.attention_window=W and method.attention_sinks=--sinks (LongSpec's
+            sliding window: the TTT attention's work linear in T, its memory unchanged)
 tokens/s: the harness's timed steps; a cli row's steady rate from its RUN/logs/step_times.csv after --warmup
 steps (both rounded up to multiples of the recipe's train.log_every_steps, the steps it times). % of harness:
 against the harness row of the same T in this call. GiB beyond the weights: the harness's peak beyond what was
@@ -24,6 +30,28 @@ resident before its row (the target's weights); a cli row's peak allocated (trai
 weights. A row that runs out of memory says OOM. With --profile N, the harness profiles N more steps and each
 length gets a `cli-profile` row (tools/profile_train.py, N steps after --warmup): device busy ms, kernel launches
 and host waits per step, side by side. OUT/cli.json; each process's log in OUT/logs.
+
+Memory at long T, the arithmetic these rows test (Llama-3.1-8B shapes: H = 4096, I = 14336, 32 query and 8 KV
+heads of D = 128, draft vocabulary Vd = 32000, K = 7 TTT steps; bf16, one sequence of T tokens a step):
+  - fixed: the target's weights (16.1 GB, left out of "beyond the weights"), the draft's 0.43 G parameters with
+    their float32 weights, gradients and 8-bit AdamW moments (about 4.3 GB), the bf16 weight copies autocast keeps.
+  - once per token: the teacher's logits over the draft vocabulary 2 Vd = 64 kB (written in place, no second
+    copy), the target's captured states (three feature layers, the embeddings, the final state) 5 x 2H = 41 kB.
+  - per token and TTT step, what the backward keeps under swiglu checkpointing: the layer's [embedding ; hidden]
+    input 2 x 2H = 16 kB, q, k and v 2 (32 + 2 x 8) D = 12 kB, the attention's output 8 kB, the step's hidden state,
+    residual and normed states 3 x 2H = 25 kB, gate and up 2 x 2I = 57 kB: about 120 kB, plus what the compiled
+    norms and merge keep (tools/bench/train.py `activations` counts it; selective drops gate and up and the
+    normed MLP input, full keeps the step's inputs alone). Flex attention keeps O(T) (its output and log-sum-exp),
+    with or without a window: a window changes the attention's work (T x window instead of T^2 / 2), not its
+    memory. The BlockMask is O((T / 128)^2) int32 (a few MB at T = 65,536), built a band of rows at a time past
+    T = 16,384 (create_block_mask's whole [T, T] mask would be 4.3 GB there).
+  - per token and TTT step, the LM head's logits 2 Vd = 64 kB while the loss keeps them: past
+    method.loss_chunk_rows (32,768 rows) the head and loss run in chunks recomputed in the backward, so at
+    T = 65,536 they keep nothing (7 x 4.2 GB = 29 GB otherwise; one 4.2 GB chunk and its gradient are transient).
+At T = 65,536: 7 x T x (120 kB and the compiled parts' share) = 55 GB and more, the teacher and features 7 GB,
+the draft's state 4.3 GB: 70-100 GB beyond the weights, inside an H200's 141 GB beside the target's 16 GB (the
+logits kept, 29 GB more, would not fit). Where it does not, `--variant selective:train.activation_checkpointing=
+selective` recomputes the MLP (and the head) in the backward instead of keeping gate and up (26 GB less at 64K).
 """
 from __future__ import annotations
 
@@ -48,7 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", choices=sorted(HARNESS_CONFIGS), default="llama8b")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "eagle3_llama3.yaml")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--seq-lens", "--lengths", dest="seq_lens", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--window", type=int, default=0, metavar="W",
+                        help="one more row a length with method.attention_window=W (LongSpec's sliding window)")
+    parser.add_argument("--sinks", type=int, default=4, help="its method.attention_sinks")
     parser.add_argument("--harness-row", default="ours-swiglu-8bit-fused")
     parser.add_argument("--harness-warmup", type=int, default=2)
     parser.add_argument("--harness-steps", type=int, default=6)
@@ -56,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="cli steps timed")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                         help="one more cli row with these overrides (repeatable)")
+    parser.add_argument("--log-every", type=int, default=None, metavar="N",
+                        help="the cli rows' train.log_every_steps (default: the recipe's): the unit --warmup and "
+                             "--steps round up to, smaller for a short run")
     parser.add_argument("--rows", type=int, default=64, help="synthetic rows a length (cycled)")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per process")
@@ -66,9 +100,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def variants(texts: List[str]) -> List[Tuple[str, List[str]]]:
-    """--variant texts -> [(row name, overrides)], the recipe as it is first."""
+def variants(texts: List[str], window: int = 0, sinks: int = 4) -> List[Tuple[str, List[str]]]:
+    """--variant texts (and --window) -> [(row name, overrides)], the recipe as it is first."""
     rows = [("cli", [])]
+    if window:
+        rows.append(("cli-window", [f"method.attention_window={window}", f"method.attention_sinks={sinks}"]))
     for text in texts:
         name, _, overrides = text.partition(":")
         rows.append((f"cli-{name}", [item for item in overrides.split(",") if item]))
@@ -132,6 +168,7 @@ def cli_argv(args, recipe, seq_len: int, name: str, overrides: List[str], profil
     where = [f"target.path={work / 'target'}", "target.random_init=true",
              f"distill.output_dir={work / f'data-{seq_len}'}", "train.devices=1"]
     where += [] if seq_len == recipe.data.max_length else [f"data.max_length={seq_len}"]
+    where += [] if args.log_every is None else [f"train.log_every_steps={args.log_every}"]
     if profile:
         return [sys.executable, "-m", "tools.profile_train", str(args.recipe), *where, *overrides,
                 "--warmup", str(warmup), "--steps", str(args.profile), "--out", str(run)], run / "train"
@@ -206,14 +243,14 @@ def main(argv=None) -> dict:
     scale.write_target(work / "target", spec["target"])
     for seq_len in args.seq_lens:
         scale.write_rows(work / f"data-{seq_len}", args.rows, seq_len, spec["target"]["vocab_size"])
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, [] if args.log_every is None else [f"train.log_every_steps={args.log_every}"])
     weights = target_weight_bytes(spec["target"], args.device == "cuda")
     report = {"machine": machine(args.device), "recipe": str(args.recipe), "harness_row": args.harness_row,
               "seq_lens": args.seq_lens, "target": spec["target"], "target_weights_gib": weights / 2 ** 30,
               "harness": run_harness(args), "results": []}
     print(f"harness: {report['harness']['status']}", flush=True)
     for seq_len in args.seq_lens:
-        for name, overrides in variants(args.variant):
+        for name, overrides in variants(args.variant, args.window, args.sinks):
             report["results"].append(compare(measure_cli(args, recipe, seq_len, name, overrides),
                                              report["harness"], weights))
             print(f"{name} T={seq_len}: {report['results'][-1]['status'][:200]}", flush=True)

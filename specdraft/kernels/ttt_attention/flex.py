@@ -1,7 +1,8 @@
 """Training-time-test attention on flex attention (torch.nn.attention.flex_attention).
 
 The queries of every step are the T columns, so the step-0 part is the same block-sparse problem at every
-step: causal within each document (several packed conversations per row), one BlockMask built once per batch.
+step: causal within each document (several packed conversations per row), one BlockMask built once per batch;
+with a TTTWindow also within the window or at a sink, whose block sparsity makes the work and memory linear in T.
 flex_attention returns it with its log-sum-exp; the diagonal keys of steps 1..j (one per query) are scored
 elementwise and merged in by their weights, softmax([lse_0, s_1, ..., s_j]). Gradients flow through the
 log-sum-exp. On CUDA the flex call and the merge are compiled (torch.compile), which is what makes them fast.
@@ -10,38 +11,99 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import List
+from typing import List, Optional
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from specdraft.kernels.ttt_attention.reference import KV
+from specdraft.kernels.ttt_attention.reference import KV, TTTWindow, document_columns
 
 
-def ttt_block_mask(document_ids: torch.Tensor):
-    """document_ids [B, T] (non-decreasing along each row) -> BlockMask: causal and same document."""
+MASK_BLOCK = 128
+"""flex attention's block size (its default), the granularity of a BlockMask's sparsity."""
+DENSE_MASK_ELEMENTS = 2 ** 28
+"""Above this many [B, T, T] mask elements (T = 16384 at B = 1) a BlockMask is built a band of query blocks at a
+time (`chunked_block_mask`), its memory linear in T: create_block_mask evaluates the whole [B, T, T] mask at once
+(4 GiB of bools at T = 65536)."""
+MASK_CHUNK_ROWS = 2048
+"""Query rows a band of `chunked_block_mask` evaluates at once ([B, 2048, T] bools: 128 MiB at T = 65536)."""
+
+
+def _mask_mod(document_ids: Optional[torch.Tensor], window: Optional[TTTWindow]):
+    """flex's mask_mod for causal attention within each document (document_ids [B, T], None: one a row), within
+    `window` (TTTWindow; None: full) or at one of the document's sinks."""
+    doc_cols = document_columns(document_ids) if document_ids is not None and window is not None else None
+
+    def visible(b, h, q_idx, kv_idx):
+        seen = kv_idx <= q_idx
+        if window is not None:
+            sink = kv_idx < window.sinks if doc_cols is None else doc_cols[b, kv_idx] < window.sinks
+            seen = seen & ((q_idx - kv_idx < window.size) | sink)
+        if document_ids is not None:
+            seen = seen & (document_ids[b, q_idx] == document_ids[b, kv_idx])
+        return seen
+
+    return visible
+
+
+def ttt_block_mask(document_ids: torch.Tensor, window: Optional[TTTWindow] = None):
+    """document_ids [B, T] (non-decreasing along each row) -> BlockMask: causal and same document (within the
+    window, or at a sink, when one is given)."""
     batch, cols = document_ids.shape
-
-    def causal_same_document(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (document_ids[b, q_idx] == document_ids[b, kv_idx])
-
-    return create_block_mask(causal_same_document, batch, None, cols, cols, device=document_ids.device)
+    return _block_mask(_mask_mod(document_ids, window), batch, cols, document_ids.device)
 
 
-def unpacked_block_mask(batch: int, cols: int, device: torch.device):
-    """The BlockMask of `batch` rows of one document each (causal), built once per (batch, cols, device) and
-    shared by every later unroll of that shape: building it is about 60 small ops and 2.5 ms of host time a
-    step for T = 2048 (seen on an H200). Kept for the whole process (a few KB a shape): a training step's CUDA
-    graph (train.cuda_graphs) reads the mask it was captured with at every replay. Under a capture it is built
-    anew and not kept: a mask made during a capture holds its values only when the graph replays."""
+def _block_mask(mask_mod, batch: int, cols: int, device: torch.device):
+    if batch * cols * cols > DENSE_MASK_ELEMENTS:
+        return chunked_block_mask(mask_mod, batch, cols, device)
+    return create_block_mask(mask_mod, batch, None, cols, cols, device=device)
+
+
+def chunked_block_mask(mask_mod, batch: int, cols: int, device: torch.device, chunk_rows: int = MASK_CHUNK_ROWS):
+    """The BlockMask create_block_mask builds, from a band of query rows at a time: each band's [B, rows, T]
+    mask (mask_mod on broadcast index tensors) reduced to which key blocks it touches and which it fills."""
+    blocks = -(-cols // MASK_BLOCK)
+    padded = blocks * MASK_BLOCK
+    chunk_rows = max(MASK_BLOCK, chunk_rows // MASK_BLOCK * MASK_BLOCK)
+    b = torch.arange(batch, device=device)[:, None, None]  # [B, 1, 1]
+    kv = torch.arange(padded, device=device)[None, None, :]  # [1, 1, T']
+    partial, full = [], []
+    for start in range(0, padded, chunk_rows):
+        q = torch.arange(start, min(start + chunk_rows, padded), device=device)[None, :, None]  # [1, rows, 1]
+        inside = (q < cols) & (kv < cols)
+        seen = mask_mod(b, None, q.clamp(max=cols - 1), kv.clamp(max=cols - 1)) & inside
+        seen = seen.expand(batch, q.shape[1], padded)  # [B, rows, T'] (a mask_mod may not read b)
+        tiles = seen.view(batch, -1, MASK_BLOCK, blocks, MASK_BLOCK)
+        touched, filled = tiles.any(4).any(2), tiles.all(4).all(2)  # [B, row blocks, blocks]
+        partial.append(touched & ~filled)
+        full.append(filled)
+    partial_blocks, full_blocks = (torch.cat(part, dim=1)[:, None].to(torch.int8) for part in (partial, full))
+
+    def as_indices(block_flags):  # [B, 1, Qb, KVb] -> (blocks a row, their indices first)
+        return block_flags.sum(-1).to(torch.int32), \
+            torch.argsort(block_flags, dim=-1, descending=True, stable=True).to(torch.int32)
+
+    return BlockMask.from_kv_blocks(*as_indices(partial_blocks), *as_indices(full_blocks), BLOCK_SIZE=MASK_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(cols, cols))
+
+
+def unpacked_block_mask(batch: int, cols: int, device: torch.device, window: Optional[TTTWindow] = None):
+    """The BlockMask of `batch` rows of one document each (causal; within `window`, or at a sink, when one is
+    given), built once per (batch, cols, device, window) and shared by every later unroll of that shape: building
+    it is about 60 small ops and 2.5 ms of host time a step for T = 2048 (seen on an H200). Kept for the whole
+    process (a few KB a shape): a training step's CUDA graph (train.cuda_graphs) reads the mask it was captured
+    with at every replay. Under a capture it is built anew and not kept: a mask made during a capture holds its
+    values only when the graph replays."""
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return _causal_block_mask(batch, cols, device)
-    return _cached_causal_block_mask(batch, cols, device)
+        return _causal_block_mask(batch, cols, device, window)
+    return _cached_causal_block_mask(batch, cols, device, window)
 
 
-def _causal_block_mask(batch: int, cols: int, device: torch.device):
-    return ttt_block_mask(torch.zeros(batch, cols, dtype=torch.long, device=device))
+def _causal_block_mask(batch: int, cols: int, device: torch.device, window: Optional[TTTWindow] = None):
+    if window is None:
+        return ttt_block_mask(torch.zeros(batch, cols, dtype=torch.long, device=device))
+    return _block_mask(_mask_mod(None, window), batch, cols, device)
 
 
 _cached_causal_block_mask = functools.cache(_causal_block_mask)

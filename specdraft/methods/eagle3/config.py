@@ -7,6 +7,7 @@ from typing import List, Optional
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.types import TargetInfo
 from specdraft.kernels.ttt_attention import IMPLS as ATTENTION_IMPLS
+from specdraft.kernels.ttt_attention import TTTWindow
 
 
 @dataclass
@@ -28,6 +29,27 @@ class Eagle3Config:
     init_from: Optional[str] = None
     """An EAGLE-3 run directory or `hf` export whose weights start the training (a warm start: more steps, another
     schedule or more data); None starts from random weights."""
+    attention_window: int = 0
+    """LongSpec's sliding window (arXiv:2502.17421): the draft attends to the step-0 keys of its `attention_window`
+    newest positions (its own among them) and of the method.attention_sinks first ones, in training (the TTT
+    attention) and in the runtime, whose draft KV cache is then a ring of attention_sinks + attention_window
+    positions (plus the drafting slots), the same size at any context length. Exports write it as the layer's
+    `sliding_window` (vLLM reads it; no engine reads the sinks). 0 (the default): full attention; a window at least
+    as long as a sequence is full attention for that sequence."""
+    attention_sinks: int = 4
+    """The first positions of each sequence that the draft always attends to beside its window (LongSpec's attention
+    sinks), and the anchors method.position_offset leaves in place. Read only with a window or an offset."""
+    position_offset: int = 0
+    """LongSpec's anchor-offset indices, in training: each sequence's rotary positions from method.attention_sinks on
+    are shifted by an offset drawn uniformly from 0..position_offset (a new one for each sequence and step), so that
+    sequences of data.max_length tokens train the positions up to data.max_length + position_offset that long
+    contexts reach at inference: set it to the target's context less data.max_length (SmolLM2: 8192 - 2048).
+    Validation and the runtime use the true positions. 0 (the default): none."""
+    loss_chunk_rows: int = 32768
+    """A batch of more rows (micro-batch x sequence length) runs the LM head and the loss this many rows at a time,
+    each chunk's logits recomputed in the backward instead of kept (2 bytes x draft vocabulary a row and TTT step:
+    28 GiB at 65,536 tokens, 7 steps and a 32k vocabulary); a batch of at most this many rows runs as one chunk, as
+    without chunks. 0: never chunked."""
 
     def __post_init__(self):
         if self.ttt_steps < 1:
@@ -36,6 +58,13 @@ class Eagle3Config:
             raise SpecdraftError(f"method.step_loss_decay must be in (0, 1], got {self.step_loss_decay}")
         if self.attention not in ATTENTION_IMPLS:
             raise choices_error("method.attention", self.attention, ATTENTION_IMPLS)
+        for name in ("attention_window", "attention_sinks", "position_offset", "loss_chunk_rows"):
+            if getattr(self, name) < 0:
+                raise SpecdraftError(f"method.{name} must be 0 (off) or a positive number, got {getattr(self, name)}")
+
+    def ttt_window(self) -> TTTWindow:
+        """The draft's attention window (TTTWindow: size 0 is full attention)."""
+        return TTTWindow(size=self.attention_window, sinks=self.attention_sinks if self.attention_window else 0)
 
 
 def eagle3_feature_layers(cfg: Eagle3Config, target: TargetInfo) -> List[int]:

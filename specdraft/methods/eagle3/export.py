@@ -24,6 +24,16 @@ from specdraft.targets.provenance import hf_architectures
 log = logging.getLogger(__name__)
 
 
+def sliding_window_config(cfg: Eagle3Config) -> Dict[str, Any]:
+    """A windowed draft's layer fields as the engines read them: `sliding_window` with the layer typed
+    "sliding_attention" (vLLM's Llama attention reads both, in a speculators export's transformer_layer_config;
+    SGLang's Llama EAGLE-3 layer reads neither and attends to the whole context). The sinks have no engine field:
+    specdraft's runtime reads them from the method config. {} for full attention."""
+    if not cfg.attention_window:
+        return {}
+    return {"sliding_window": cfg.attention_window, "layer_types": ["sliding_attention"]}
+
+
 def eagle3_hf_config(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -41,6 +51,7 @@ def eagle3_hf_config(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, 
         "max_position_embeddings": target.max_position_embeddings,
         "rope_theta": target.rope_theta,
         "rope_scaling": target.rope_scaling,
+        **sliding_window_config(cfg),
         "tie_word_embeddings": False,
         "bos_token_id": target.bos_token_id,
         "eos_token_id": target.eos_token_id,
@@ -88,6 +99,7 @@ def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetI
                                                 "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
                                                 "vocab_size", "max_position_embeddings", "rope_theta",
                                                 "rope_scaling", "bos_token_id", "eos_token_id")}
+    layer_config.update(sliding_window_config(cfg))
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -119,8 +131,10 @@ def eagle3_speculators_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]
 def eagle3_export_config(config: Dict[str, Any]) -> Eagle3Config:
     """The head's config from an SGLang-style EAGLE-3 checkpoint's own keys (one no specdraft export wrote)."""
     aux_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    sliding = "sliding_attention" in (config.get("layer_types") or []) and config.get("sliding_window")
     return Eagle3Config(draft_vocab_size=config["draft_vocab_size"], intermediate_size=config.get("intermediate_size"),
-                        feature_layers=[i + 1 for i in aux_ids] if aux_ids else None)
+                        feature_layers=[i + 1 for i in aux_ids] if aux_ids else None,
+                        attention_window=int(sliding or 0), attention_sinks=0)
 
 
 def eagle3_export_tensors(tensors: Dict[str, torch.Tensor], draft: Eagle3Draft) -> Dict[str, torch.Tensor]:

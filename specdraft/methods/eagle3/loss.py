@@ -1,7 +1,8 @@
 """EAGLE-3's loss: soft cross-entropy against the target's distribution over the draft vocabulary at every TTT
 step, decayed by step, with acc@k and tau_sim. Packed rows (several conversations per row,
 `data.pack_length`): a column predicts only tokens of its own conversation, so the loss equals that of the
-conversations in separate rows."""
+conversations in separate rows. Long batches (method.loss_chunk_rows) run the LM head and the loss in row chunks,
+each recomputed in the backward; LongSpec's anchor offsets (method.position_offset) shift the training positions."""
 from __future__ import annotations
 
 from typing import Optional
@@ -12,8 +13,8 @@ from torch.utils.checkpoint import checkpoint
 from specdraft.core.types import DraftBatch, LossOutput, TargetFeatures
 from specdraft.kernels.soft_ce import soft_cross_entropy
 from specdraft.methods.eagle3.config import Eagle3Config
-from specdraft.methods.eagle3.model import Eagle3Draft
-from specdraft.methods.eagle3.ttt import draft_checkpointing, padded_rows, shifted, ttt_unroll
+from specdraft.methods.eagle3.model import Eagle3Draft, compute_dtype
+from specdraft.methods.eagle3.ttt import anchor_offset_positions, draft_checkpointing, shifted, ttt_unroll
 from specdraft.methods.shared import shift_left
 
 
@@ -24,11 +25,19 @@ def _same_document(document_ids: Optional[torch.Tensor], shift: int):
     return (shift_left(document_ids, shift) == document_ids).float()
 
 
+@torch.no_grad()
 def _teacher_rows(features: TargetFeatures, vocab_ids: torch.Tensor, pad: int) -> torch.Tensor:
-    """The target's logits over the draft vocabulary, rows flattened, `pad` zero rows after: [B*T + pad, Vd].
+    """The target's logits over the draft vocabulary (TargetFeatures.logits_for), rows flattened, `pad` zero rows
+    after: [B*T + pad, Vd], written in place (no second [B*T, Vd] copy: 4 GiB at 65,536 tokens and a 32k vocabulary).
 
     Computed once per batch; each TTT step reads a shifted view of it (no per-step copies)."""
-    return padded_rows(features.logits_for(vocab_ids), pad)
+    dtype = compute_dtype(features.lm_head)  # autocast's, as logits_for's matmul would compute in
+    hidden = features.final_hidden.flatten(0, 1).to(dtype)  # [B*T, H]
+    rows = hidden.new_empty(hidden.shape[0] + pad, vocab_ids.shape[0])
+    with torch.autocast(hidden.device.type, enabled=False):
+        torch.matmul(hidden, features.lm_head[vocab_ids].to(dtype).T, out=rows[:hidden.shape[0]])
+    rows[hidden.shape[0]:].zero_()
+    return rows
 
 
 def _head_loss(draft: Eagle3Draft, hidden: torch.Tensor, target_rows: torch.Tensor, row_weights: torch.Tensor):
@@ -37,6 +46,29 @@ def _head_loss(draft: Eagle3Draft, hidden: torch.Tensor, target_rows: torch.Tens
     draft_logits = draft.logits(hidden)  # [B, T, Vd]
     loss = soft_cross_entropy(draft_logits.flatten(0, 1), target_rows, row_weights)
     return loss, draft_logits.detach().argmax(-1)
+
+
+def _rows_head_loss(draft: Eagle3Draft, hidden_rows: torch.Tensor, target_rows: torch.Tensor,
+                    row_weights: torch.Tensor):
+    """_head_loss of flattened rows: hidden_rows [N, H], target_rows [N, Vd], row_weights [N] -> (loss sum, argmax
+    [N])."""
+    draft_logits = draft.logits(hidden_rows)  # [N, Vd]
+    return soft_cross_entropy(draft_logits, target_rows, row_weights), draft_logits.detach().argmax(-1)
+
+
+def chunked_head_loss(chunk_rows: int):
+    """_head_loss over row chunks of `chunk_rows`, each checkpointed: no more than chunk_rows x Vd logits exist at
+    once, in the forward or the backward (which recomputes each chunk's LM head)."""
+    def head_loss(draft, hidden, target_rows, row_weights):
+        rows = hidden.flatten(0, 1)  # [B*T, H]
+        loss, best = torch.zeros((), device=rows.device), []
+        for start in range(0, rows.shape[0], chunk_rows):
+            part = slice(start, start + chunk_rows)
+            part_loss, part_best = checkpoint(_rows_head_loss, draft, rows[part], target_rows[part], row_weights[part],
+                                              use_reentrant=False)
+            loss, best = loss + part_loss, best + [part_best]
+        return loss, torch.cat(best).view(hidden.shape[:2])
+    return head_loss
 
 
 def _checkpointed_head_loss(draft, hidden, target_rows, row_weights):
@@ -59,9 +91,15 @@ def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config, unroll
     valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]
     loss = torch.zeros((), device=valid_all.device)
     metrics, chain_alive, chain_len = {}, None, torch.zeros_like(valid_all)
-    steps = unroll(draft, feats.hidden_states, cfg.ttt_steps, batch.position_ids, batch.document_ids,
-                   cfg.attention, logits=False)
+    positions = batch.position_ids
+    if cfg.position_offset and draft.training:
+        positions = anchor_offset_positions(positions, batch.document_ids, shape, cfg.attention_sinks,
+                                            cfg.position_offset, valid_all.device)
+    steps = unroll(draft, feats.hidden_states, cfg.ttt_steps, positions, batch.document_ids, cfg.attention,
+                   logits=False)
     head_loss = _checkpointed_head_loss if draft_checkpointing(draft) in ("selective", "full") else _head_loss
+    if 0 < cfg.loss_chunk_rows < valid_all.numel():
+        head_loss = chunked_head_loss(cfg.loss_chunk_rows)
     for step, hidden in enumerate(steps):
         target_rows = teacher[step + 1: step + 1 + valid_all.numel()]  # [B*T, Vd] the target's view at t+1+step
         in_vocab = shift_left(in_vocab_all, step + 1)

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from specdraft.core.types import DraftContext, TargetInfo
-from specdraft.kernels.ttt_attention import TTTMask, ttt_attention
+from specdraft.kernels.ttt_attention import TTTMask, TTTWindow, ttt_attention
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from specdraft.layers.compile import maybe_compiled
 from specdraft.layers.decoder_parts import LayerWeights, attention_inputs, attention_residual, mlp_residual
@@ -59,6 +59,8 @@ class Eagle3DecoderLayer(nn.Module):
 
     checkpointing = "none"
     compiled = False
+    window: Optional[TTTWindow] = None  # the draft's attention window (Eagle3Draft.share_attention_window): a
+    # forward given no mask attends within it
 
     def __init__(self, target: TargetInfo, intermediate_size: int):
         super().__init__()
@@ -79,11 +81,12 @@ class Eagle3DecoderLayer(nn.Module):
 
         cache[0] holds step-0 keys over columns 0..T0-1 (attended causally by column, within the column's
         document); cache[1:] hold later steps' keys aligned with the queries (attended on the diagonal). `mask`
-        (built once per unroll by `ttt_mask`) carries document ids and, for flex attention, the block mask;
-        None is one causal document per row, dense. The first call of a chain writes step 0. `weights_for(layer)`
+        (built once per unroll by `ttt_mask`) carries document ids, the window and, for flex attention, the
+        block mask; None is one causal document per row, dense, within the layer's `window`. The first call of a chain writes step 0. `weights_for(layer)`
         (specdraft.layers.cast.UnrollCasts) gives the layer's LayerWeights; None casts them for this call."""
         weights = weights_for(self) if weights_for else self.compute_weights()
         q, k, v = maybe_compiled(attention_inputs, self.compiled)(self, hidden, embeds, positions, weights.qkv)
+        mask = mask if mask is not None or self.window is None else TTTMask(window=self.window)
         attn = ttt_attention(q, cache + [(k, v)], query_cols, mask)  # [B, h, T, D]
         hidden = maybe_compiled(attention_residual, self.compiled)(hidden, attn, weights.o)
         if self.checkpointing == "selective" and torch.is_grad_enabled():
@@ -115,6 +118,15 @@ class Eagle3Draft(DraftVocab, nn.Module):
         self.compile_layers = ctx.compile
         self.init_draft_vocab(ctx.token_counts, vocab, target.vocab_size)
         init_linear_normal_(self, cfg.init_std)  # gathers ZeRO-3 partitions: zero.Init split them as built
+        self.attention_window = cfg.ttt_window()
+        self.share_attention_window()
+
+    def share_attention_window(self) -> None:
+        """Every decoder layer of the draft attends within its `attention_window` (a head that adds layers calls this
+        after adding them)."""
+        for module in self.modules():
+            if isinstance(module, Eagle3DecoderLayer):
+                module.window = self.attention_window if self.attention_window.size else None
 
     def step(self, hidden, embeds, positions, query_cols, cache, mask=None, weights_for=None):
         """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV.

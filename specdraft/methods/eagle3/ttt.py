@@ -6,7 +6,8 @@ Columns t = 0..T-1 of a sequence x:
 Step j at column t stands for sequence position t + j, so its rotary position is t + j, and it attends to the
 step-0 keys of columns <= t plus the keys that steps 1..j wrote at column t: exactly what the draft sees at
 inference after drafting j tokens. `ttt_inputs` prepares what every step reads (heads built on EAGLE-3, PosS,
-run their own unroll over it), `ttt_unroll` is EAGLE-3's.
+run their own unroll over it), `ttt_unroll` is EAGLE-3's. The draft's attention window (method.attention_window)
+rides in the unroll's mask; LongSpec's anchor-offset positions (`anchor_offset_positions`) come in as position_ids.
 """
 from __future__ import annotations
 
@@ -93,7 +94,24 @@ def ttt_inputs(draft, hidden_states: Dict[int, torch.Tensor], steps: int, positi
     return TTTInputs(fused=fused, embeds_rows=padded_rows(embeds_all.to(fused.dtype), steps),
                      shape=embeds_all.shape, cols=cols,
                      positions=cols if position_ids is None else position_ids,
-                     mask=ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention), run_step=run_step)
+                     mask=ttt_mask(document_ids, batch, num_cols, embeds_all.device, attention, draft.attention_window),
+                     run_step=run_step)
+
+
+def anchor_offset_positions(position_ids: Optional[torch.Tensor], document_ids: Optional[torch.Tensor],
+                            shape: torch.Size, anchors: int, max_offset: int, device) -> torch.Tensor:
+    """LongSpec's anchor-offset indices: each document's rotary positions from `anchors` on shifted by an offset
+    drawn uniformly from 0..max_offset (one per document), the first `anchors` (the attention sinks) kept.
+    position_ids, document_ids [B, T] of packed rows (None: one document a row, positions 0..T-1) -> [B, T]."""
+    batch, cols = shape[:2]
+    positions = position_ids if position_ids is not None else \
+        torch.arange(cols, device=device).expand(batch, cols)
+    offsets = torch.randint(0, max_offset + 1, (batch, cols), device=device)  # [B, T]: one for each document id
+    if document_ids is not None:
+        offsets = offsets.gather(1, document_ids.clamp(max=cols - 1))
+    else:
+        offsets = offsets[:, :1]
+    return torch.where(positions >= anchors, positions + offsets, positions)
 
 
 def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps: int,

@@ -25,6 +25,7 @@ class PossDraft(Eagle3Draft):
         init_linear_normal_(nn.ModuleList(others), cfg.init_std)  # gathers ZeRO-3 partitions (zero.Init)
         self.specialists = nn.ModuleList([first, *others])
         self.positions_per_specialist = cfg.positions_per_specialist
+        self.share_attention_window()
 
     @property
     def midlayer(self) -> Eagle3DecoderLayer:

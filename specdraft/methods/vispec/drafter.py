@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.core.drafting import DrafterCaps
+from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import IMAGE_EMBEDS, IMAGE_MASK
 from specdraft.kernels.tree_attention import tree_attention
 from specdraft.layers.draft_cache import ingest_slots
@@ -97,4 +98,7 @@ class VispecDrafter(Eagle3Drafter):
 
 
 def vispec_runtime(draft: VispecDraft, cfg: VispecConfig, target_model) -> VispecDrafter:
+    if cfg.attention_window:  # its cache maps image columns by slot: EAGLE-3's ring does not hold them
+        raise SpecdraftError(f"ViSpec's runtime drafter keeps a full draft cache: this draft's method.attention_window "
+                             f"{cfg.attention_window} is served by eagle3 and poss drafts only (0: full attention)")
     return VispecDrafter(draft, target_model)
