@@ -28,6 +28,14 @@ class Eagle3Config:
     init_from: Optional[str] = None
     """An EAGLE-3 run directory or `hf` export whose weights start the training (a warm start: more steps, another
     schedule or more data); None starts from random weights."""
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm of its own on each fused target feature before `fc`, fc(concat(norm_i(h_i))), so that
+    layers of different scales enter the fusion alike (tensors fc_norm.{i}.weight). Exported under this name, the
+    key vLLM's and SGLang's EAGLE-3 configs read."""
+    norm_output: bool = False
+    """EAGLE-3.1: a draft step hands the next one its output after the final norm (what the LM head reads) rather
+    than before it, so the fed-back state keeps one scale at every depth. Exported under this name, the key vLLM's
+    and SGLang's EAGLE-3 configs read."""
 
     def __post_init__(self):
         if self.ttt_steps < 1:
@@ -36,6 +44,18 @@ class Eagle3Config:
             raise SpecdraftError(f"method.step_loss_decay must be in (0, 1], got {self.step_loss_decay}")
         if self.attention not in ATTENTION_IMPLS:
             raise choices_error("method.attention", self.attention, ATTENTION_IMPLS)
+
+
+EAGLE31_FLAGS = ("fc_norm", "norm_output")
+"""EAGLE-3.1's recipe switches on the EAGLE-3 head (Eagle3Config's fields of these names)."""
+
+
+def refuse_eagle31(cfg, method: str) -> None:
+    """A head built on EAGLE-3's whose own parts (an unroll, a drafter) do not implement EAGLE-3.1's switches: one
+    line naming the key that is on."""
+    for flag in EAGLE31_FLAGS:
+        if getattr(cfg, flag):
+            raise SpecdraftError(f"method.{flag}=true (EAGLE-3.1) is not supported by {method}; set it to false")
 
 
 def eagle3_feature_layers(cfg: Eagle3Config, target: TargetInfo) -> List[int]:

@@ -58,7 +58,7 @@ class Eagle3Drafter(Drafter):
         """`ingest` with each row's keys at its target slot less `shift` [1] (None: at it), its rotary position the
         target's: for a drafter whose cache dropped some of the prompt's positions (ViSpec's image columns)."""
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
-        hidden = self.draft_input(self.draft.fc(aux.to(self.draft.fc.weight.dtype)))  # [M, H]
+        hidden = self.draft_input(self.draft.fuse(aux))  # [M, H]
         positions = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
         cache_start, slots = (start, positions) if shift is None else (start - shift, positions - shift)
         q = self.query(hidden, next_tokens, positions, slots)
@@ -71,14 +71,15 @@ class Eagle3Drafter(Drafter):
         return hidden
 
     def first(self, root_token, position):
-        return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
+        normed = fused_norm(self.draft.norm, self.last_hidden)
+        return self.draft.lm_head(normed), normed if self.draft.norm_output else self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         hidden = self.draft_input(hidden)
         q = self.query(hidden, tokens, positions, scratch_slots, position_offset=-1, slot_base=self.prefix_len)
         attended = draft_attention(q, self.k_cache, self.v_cache, self.prefix_len, scratch_visible, root_written=False)
         normed, out = self.tail(hidden, attended)
-        return self.draft.lm_head(normed), out
+        return self.draft.lm_head(normed), normed if self.draft.norm_output else out  # the fed-back state
 
 
 def eagle3_runtime(draft: Eagle3Draft, cfg: Eagle3Config, target_model) -> Eagle3Drafter:
