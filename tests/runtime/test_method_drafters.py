@@ -24,6 +24,8 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
     "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts: tests/test_vispec.py has images
     "peagle": {"draft_vocab_size": 200, "init_std": 0.3, "num_depths": 5},
 }
+VARIANTS = {"eagle3.1": ("eagle3", {**CASES["eagle3"], "fc_norm": True, "norm_output": True})}
+"""Recipe switches of a method whose drafter runs another path (EAGLE-3.1's normed features and fed-back state)."""
 RUNTIME_METHODS = sorted(name for name in DRAFT_METHODS if METHODS[name].runtime is not None)
 """Drafts of their own; an add-on's drafter extends its base's (tests/test_methods_contract.py decodes with it)."""
 
@@ -74,8 +76,9 @@ def _trained(method):
     model = LlamaForCausalLM(tiny_llama_config(layers=4)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # a peaked, repetitive target
+    method, settings = VARIANTS.get(method, (method, CASES.get(method)))
     info, spec = _info(model), METHODS[method]
-    cfg = spec.config(**CASES[method])
+    cfg = spec.config(**settings)
     sequence = torch.tensor(PROMPT + _hf_greedy(model, PROMPT, 40))
     counts = torch.randint(0, 50, (info.vocab_size,)) + 1000 * torch.bincount(sequence, minlength=info.vocab_size)
     draft = spec.build(cfg, DraftContext(info, counts))
@@ -100,7 +103,7 @@ def _propose(model, spec, draft, confirmed, k):
     return chain_of(spec.name)(draft, state, k).tolist()
 
 
-@pytest.mark.parametrize("method", RUNTIME_METHODS)
+@pytest.mark.parametrize("method", RUNTIME_METHODS + sorted(VARIANTS))
 @torch.no_grad()
 def test_chain_drafts_equal_the_training_side_drafter(method):
     model, spec, draft, engine = _setup(method, TreeShape.chain(4))
@@ -115,7 +118,7 @@ def test_chain_drafts_equal_the_training_side_drafter(method):
     assert sum(result.accepted) > 0  # the comparison covered multi-token ingests, not only first drafts
 
 
-@pytest.mark.parametrize("method", RUNTIME_METHODS)
+@pytest.mark.parametrize("method", RUNTIME_METHODS + sorted(VARIANTS))
 @pytest.mark.parametrize("shape", [TreeShape.chain(5), TreeShape(depth=4, topk=3, budget=10)],
                          ids=["chain", "tree"])
 @torch.no_grad()
