@@ -13,6 +13,7 @@ import torch
 from specdraft.core.types import DraftBatch, TargetFeatures
 from specdraft.methods.eagle3 import Eagle3Draft, fused_features
 from specdraft.methods.kangaroo import KangarooDraft
+from specdraft.methods.peagle import PEagleDraft, Rollout, rollout_hidden
 from specdraft.methods.poss import PossDraft, PrefixKeys
 from specdraft.methods.vispec import VispecDraft, draft_columns
 from tests.partial_layers import new_layer_cache, run_first_layers
@@ -48,6 +49,7 @@ def _chain_steps(draft, state: ChainState, hidden, kv, last_col, last_position, 
         if step + 1 == num_tokens:
             break
         embeds = state.embed(drafted[-1].view(1, 1)).to(hidden.dtype)
+        hidden = draft.fed_back(hidden)  # EAGLE-3.1's norm_output: the normed state
         hidden, kv = draft.step(feed(hidden) if feed else hidden, embeds, last_position + step + 1, last_col, cache)
         cache.append(kv)
     return torch.stack(drafted)
@@ -123,7 +125,26 @@ def vispec_chain(draft: VispecDraft, state: ChainState, num_tokens: int) -> torc
                         feed=lambda fed_back: draft.with_image(fed_back, last_global))
 
 
-CHAINS = {"eagle3": eagle3_chain, "poss": poss_chain, "kangaroo": kangaroo_chain, "vispec": vispec_chain}
+@torch.no_grad()
+def peagle_chain(draft: PEagleDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """The training side's rollout forward over the prefix, with num_tokens - 1 mask rows at its last column: depth 1
+    from that column, depths 2.. from the mask rows, all in one call."""
+    fused = fused_features(draft, state.features.hidden_states)  # [1, n, H]
+    n, masked = fused.shape[1], num_tokens - 1
+    next_embeds = state.embed(state.tokens[:, 1:]).to(fused.dtype)  # column t sees token t+1
+    anchors = torch.tensor([list(range(n)) + [n - 1] * masked], device=fused.device)  # [1, n + k - 1]
+    groups = torch.tensor([[0] * n + list(range(1, num_tokens))], device=fused.device)
+    parents = [torch.tensor([[n - 1 if group == 1 else 0]], device=fused.device) for group in range(1, num_tokens)]
+    rollout = Rollout(anchors=anchors, groups=groups, sizes=[n] + [1] * masked, parents=parents)
+    mask_embed = state.embed(torch.tensor([[draft.mask_token_id]], device=fused.device))[0, 0]
+    hidden = rollout_hidden(draft, rollout, fused, next_embeds, mask_embed, anchors[:, :n], None, "dense")
+    logits = draft.logits(hidden[0, n - 1:])  # [k, Vd]: the prefix's last column, then the mask rows
+    draft_index = logits.argmax(-1)
+    return draft_index + draft.d2t[draft_index]
+
+
+CHAINS = {"eagle3": eagle3_chain, "poss": poss_chain, "kangaroo": kangaroo_chain, "vispec": vispec_chain,
+          "peagle": peagle_chain}
 
 
 def chain_of(method: str):

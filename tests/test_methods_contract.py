@@ -37,6 +37,7 @@ CASES = {  # small settings per method trained on the target's features; every r
     "poss": {"ttt_steps": 3, "draft_vocab_size": 256, "num_specialists": 2, "positions_per_specialist": 2},
     "kangaroo": {"ttt_steps": 3, "draft_vocab_size": 256, "exit_layer": 2},
     "vispec": {"ttt_steps": 3, "draft_vocab_size": 256, "num_queries": 3},
+    "peagle": {"num_depths": 4, "draft_vocab_size": 256},
 }
 READS_IMAGES = {"vispec"}  # trained and served on the tiny VLM (tiny_vlm_dir, distilled_images)
 LABELS = [{"prefix": "ab", "candidate": "c", "label": 1}, {"prefix": "a", "candidate_id": 7, "label": 0}]

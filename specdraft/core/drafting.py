@@ -48,6 +48,15 @@ Declared capabilities (`DrafterCaps`) switch on further hooks, which the base cl
     chain, after each drafted token: the first token it drops ends the chain).
   judges: `node_judge()` -> a NodeJudge, whose scores let the acceptance rule accept a token exact verification
     rejects (lossy, opt-in at run time).
+  block_size = B > 0 (a block drafter: one pass drafts the B - 1 positions after the root at once, e.g. DFlash):
+    propose(root_token, prefix_len) -> draft_logits [B - 1, Vd]
+        Row j - 1 is the draft's distribution of the token at position n + j (j = 1..B-1), from the root x_n and
+        the confirmed prefix alone: no row reads another row's drafted token, so every row is a proposal whatever
+        tokens the cycle picks from the rows before it. The drafter keeps, between cycles, only what `ingest` gave
+        it (its context KV of the confirmed positions 0..n-1); `propose` may write its own scratch (its cache slots
+        n..n+B-1, which the next `ingest` overwrites) and nothing else. Static shapes, no host sync: the engine
+        captures the call inside its cycle's CUDA graph. A block drafter need not implement `first` and `step`:
+        its cycles are the engine's `BlockCycle` (decoding/cycles/block.py), chosen from this capability.
 An add-on method (a tree classifier, a judge) serves beside its base draft's drafter as an `ExtendedDrafter`.
 """
 from __future__ import annotations
@@ -87,6 +96,10 @@ class DrafterCaps:
     """`tree_scorer()` gives a TreeScorer that may drop candidates while the tree is drafted."""
     judges: bool = False
     """`node_judge()` gives a NodeJudge for learned (lossy) acceptance."""
+    block_size: int = 0
+    """B: one `propose` call covers B positions, the root and the B - 1 drafted after it (a block drafter: DFlash,
+    P-EAGLE), and the engine runs its cycles as `BlockCycle`; 0: the drafter drafts depth by depth (`first`,
+    `step`)."""
 
 
 class TreeScorer(Protocol):
@@ -230,6 +243,11 @@ class Drafter:
     def node_judge(self) -> NodeJudge:
         raise self._undeclared("node_judge", "judges")
 
+    def propose(self, root_token: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
+        """root_token [1], prefix_len [1] int64 (the root's position n) -> draft_logits [B - 1, Vd] (module
+        docstring)."""
+        raise self._undeclared("propose", "block_size")
+
 
 class ExtendedDrafter(Drafter):
     """A base drafter with an add-on's hooks (a tree scorer, a judge) declared beside its own capabilities: the
@@ -293,3 +311,6 @@ class ExtendedDrafter(Drafter):
 
     def select_exit(self, index: int) -> None:
         self.base.select_exit(index)
+
+    def propose(self, root_token, prefix_len):
+        return self.base.propose(root_token, prefix_len)

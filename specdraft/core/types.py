@@ -134,6 +134,9 @@ class TargetFeatures:
     logit_softcap: Optional[float] = None
     """c of the target's softcap on its final logits, c * tanh(logits / c), where its family has one and its
     config sets it (Gemma 2 and 3: specdraft.targets.head_forms); None: none."""
+    embed_tokens: Optional[torch.Tensor] = None
+    """[V, H] the target's input embedding table, for a method that embeds tokens besides the batch's own (a block
+    drafter's mask token); None where the source keeps none."""
     context: Dict[str, torch.Tensor] = field(default_factory=dict)
     """The prompts' extra context by name, as the runtime hands it to `Drafter.begin` (a vision-language target's
     IMAGE_EMBEDS [B, T, H] and IMAGE_MASK [B, T]); empty for text targets. hidden_states[0] stays the token

@@ -6,7 +6,8 @@ decoding/cycles/ holds the kinds (the fixed tree, the chain, a pruned tree's siz
 early, retrieval drafts), cycles/base.py the interface one implements, cycles/context.py what they share
 (`CycleContext`). The engine's own kind is its shape's: a chain (shape.topk == 1: `ChainCycle`, with η, a dynamic
 exit, a verify above the shallow layers a drafter runs), a tree (`TreeCycle`; at T > 0 of `sampling_shape` when one
-is given), or, with a tree scorer and `prune_verify` "kept", `SizedVerifyCycle`. A drafting policy
+is given), or, with a tree scorer and `prune_verify` "kept", `SizedVerifyCycle`; a block drafter's (one that
+declares `DrafterCaps.block_size`) is `BlockCycle`. A drafting policy
 (decoding/policies/) may choose another kind per cycle. The acceptance rule comes from the temperature
 (accept.py): at T=0 the deepest path whose tokens are the target's argmax, at T>0 recursive rejection sampling on
 the device, or the opt-in learned rule of a draft that ships a judge. Hierarchical drafting (hierarchy.py: an
@@ -38,6 +39,7 @@ from specdraft.core.drafting import Drafter, IntermediateModel, NodeJudge, TreeS
 from specdraft.core.errors import SpecdraftError
 from specdraft.decoding.accept import Acceptance, acceptance_for
 from specdraft.decoding.cycles.base import CycleKind, CycleRun
+from specdraft.decoding.cycles.block import BlockCycle
 from specdraft.decoding.cycles.chain import ChainCycle
 from specdraft.decoding.cycles.context import CycleContext, Verified
 from specdraft.decoding.cycles.sized_verify import SizedVerifyCycle
@@ -122,7 +124,7 @@ class SpecEngine:
         self.context = self._context(options, use_graphs)
         self.chain = self._chain(options)
         self.set_exit_threshold(options.exit_threshold)
-        self.own_kind = options.cycle_kind(self.context, shape) if options.cycle_kind is not None else None
+        self.own_kind = self._own_kind(options)
         self.policy = self._bind_policy(options.policy)
         self._trees: Dict[TreeShape, TreeCycle] = {}
         self._sized = SizedVerifyCycle(self.context, shape) if drafter is not None else None
@@ -166,6 +168,17 @@ class SpecEngine:
         if options.dynamic_exit:
             length_choice = dynamic_exit_for(self.drafter.caps, self.shape.depth, self.target.info.num_layers - start)
         return ChainCycle(self.context, self.shape.depth, reuse, length_choice)
+
+    def _own_kind(self, options: EngineOptions) -> Optional[CycleKind]:
+        """The caller's cycle kind; else, for a drafter that declares block_size (core/drafting.py), `BlockCycle`;
+        else None (the chain or the fixed tree)."""
+        make = options.cycle_kind
+        if make is None and self.drafter is not None and self.drafter.caps.block_size:
+            if options.policy is not None or options.exit_threshold or options.dynamic_exit:
+                raise SpecdraftError("a block drafter drafts its block in one pass: drop --policy, --exit-threshold "
+                                     "and --dynamic-exit")
+            make = BlockCycle
+        return make(self.context, self.shape) if make is not None else None
 
     def _bind_policy(self, policy: Optional[DraftingPolicy]) -> Optional[DraftingPolicy]:
         """The drafting policy bound to the engine's setup, after what the fixed tree's own options refuse."""

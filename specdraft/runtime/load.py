@@ -83,10 +83,16 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
 
 
-def tree_shape(cfg: RuntimeConfig) -> TreeShape:
+def tree_shape(cfg: RuntimeConfig, block_size: int = 0) -> TreeShape:
     """The draft's shape: a chain of `depth` (default CHAIN_DEPTH) or a tree (depth, topk, budget; each unset one
     TreeShape's default, the depth ADAPTIVE_DEPTH under the adaptive policy: its deepest choice), checked
-    (decoding/shapes.py holds the defaults)."""
+    (decoding/shapes.py holds the defaults). A block drafter's (`block_size` B > 0): the chain of its B - 1
+    proposals unless a topk above 1 asks for a block tree, the depth B - 1 unless runtime.depth is set."""
+    if block_size:
+        depth = cfg.depth or block_size - 1
+        if cfg.chain or cfg.topk in (None, 1):
+            return TreeShape.chain(depth).validated()
+        cfg = replace(cfg, depth=depth)
     if cfg.chain or cfg.topk == 1:
         return TreeShape.chain(cfg.depth or CHAIN_DEPTH).validated()
     depth = ADAPTIVE_DEPTH if cfg.policy == "adaptive" and cfg.depth is None else cfg.depth
@@ -142,7 +148,7 @@ def engine_options(drafter, shape: TreeShape, cfg: RuntimeConfig, tokenizer=None
                             tree_scorer=_tree_scorer(drafter, cfg, chain=shape.topk == 1), judge=_judge(drafter, cfg),
                             sample_drafts=cfg.sample_drafts, prune_at=cfg.prune_at, prune_verify=cfg.prune_verify,
                             policy=drafting_policy(cfg, tokenizer), intermediate=intermediate,
-                            sampling_shape=sampling_tree_shape(cfg))
+                            sampling_shape=None if drafter.caps.block_size else sampling_tree_shape(cfg))
     if shape.topk != 1:
         if (cfg.exit_threshold or 0) > 0 or cfg.dynamic_exit or cfg.more_exits:
             raise SpecdraftError("--exit-threshold, --dynamic-exit and --more-exits apply to chains: add --chain")
@@ -290,10 +296,10 @@ def build_runtime(loaded: Optional[LoadedDraft], target: LoadedTarget,
                   cfg: RuntimeConfig = RuntimeConfig()) -> Runtime:
     """A ready SpecEngine over loaded parts (`loaded` None: runtime.draft_model drafts). It copies the target's
     weights, so one loaded target serves several runtimes (one per tree shape, say) without loading it again."""
-    shape = tree_shape(cfg)
     max_len = min(cfg.max_len, target.info.max_position_embeddings)
     target_model: VerifierModel = from_hf(target.model, target.info)
     drafter = _runtime_drafter(loaded, target, target_model, cfg, max_len)
+    shape = tree_shape(cfg, drafter.caps.block_size)
     if cfg.more_exits:
         drafter = _exit_choice(drafter, cfg, target, target_model)
     options = engine_options(drafter, shape, cfg, target.tokenizer, _intermediate(cfg, target, target_model, max_len))

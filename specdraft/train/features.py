@@ -145,7 +145,7 @@ class ShardedOnlineFeatures(OnlineFeatures):
 
     def __call__(self, batch: Dict) -> TargetFeatures:
         features = super().__call__(batch)
-        features.lm_head = self.lm_head
+        features.lm_head, features.embed_tokens = self.lm_head, None  # the table's partitions: empty here
         return features
 
 
@@ -182,7 +182,7 @@ class OfflineFeatures:
             hidden_states[0] = torch.nn.functional.embedding(batch["input_ids"], self.embed_tokens)  # [B, T, H]
         final_hidden = stored[FINAL].to(self.lm_head.dtype)  # [B, T, H]
         return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden, lm_head=self.lm_head,
-                              logit_softcap=self.logit_softcap)
+                              logit_softcap=self.logit_softcap, embed_tokens=self.embed_tokens)
 
 
 class HybridFeatures:

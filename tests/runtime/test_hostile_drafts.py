@@ -1,8 +1,9 @@
 """The runtime trusts nothing a draft returns (CPU, fp32, a tiny random target): a drafter whose logits hold NaN,
 +inf or nothing but -inf at random rows of every drafting stage (`first`, every `step` depth), whose hidden states
-are NaN, whose vocabulary map (d2t) sends ids outside the target's vocabulary and onto one another, and a tree
-scorer that answers NaN, inf and random scores, cost acceptance only: at T=0 every chain and tree decodes the
-target's greedy output exactly (with and without a scorer, both prune places, both verify sizes), at T > 0 the
+are NaN, whose vocabulary map (d2t) sends ids outside the target's vocabulary and onto one another, a block drafter
+whose proposals are broken the same ways (with that map), and a tree scorer that answers NaN, inf and random
+scores, cost acceptance only: at T=0 every chain and tree (a block drafter's too) decodes the target's greedy output
+exactly (with and without a scorer, both prune places, both verify sizes), at T > 0 the
 first token of a cycle follows the target's distribution (the chi-square the chain tests use). Without the guards
 (the selection's root, the draft top-k's trust of a row) the same drafts change the output: the test can fail."""
 from __future__ import annotations
@@ -19,6 +20,7 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.vocabulary import checked_d2t
+from tests.runtime.block_drafter import RandomBlockDrafter
 from tests.runtime.oracle import OracleDrafter
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
 from tests.tiny import tiny_llama_config
@@ -94,6 +96,19 @@ class HostileDrafter(Drafter):
         return _break(logits, self.generator), torch.full_like(hidden, float("nan"))
 
 
+class HostileBlockDrafter(RandomBlockDrafter):
+    """A block drafter (DrafterCaps.block_size) whose proposals are broken as HostileDrafter's logits are (random
+    rows of every block), with the same broken vocabulary map."""
+
+    def __init__(self, sequence, seed: int = 0):
+        super().__init__(sequence, VOCAB, block_size=4, wrong_every=4, seed=seed)
+        self.d2t = HostileDrafter(sequence).d2t
+        self.breaks = torch.Generator().manual_seed(seed)
+
+    def propose(self, root_token, prefix_len):
+        return _break(super().propose(root_token, prefix_len), self.breaks)
+
+
 class HostileScorer:
     """A tree scorer whose answers are garbage: each child's score NaN, +inf, -inf (dropped), a random number or
     its own log-probability."""
@@ -110,9 +125,9 @@ class HostileScorer:
         return torch.where(choice == 4, child_logprobs, garbage)
 
 
-def _engine(model, shape, prompt, max_len=256, **options):
+def _engine(model, shape, prompt, max_len=256, drafter_type=None, **options):
     info = TargetInfo.from_hf_config(model.config, "tiny")
-    drafter = HostileDrafter(prompt + _greedy(model, prompt, 64))
+    drafter = (drafter_type or HostileDrafter)(prompt + _greedy(model, prompt, 64))
     return SpecEngine(from_hf(model, info), drafter, shape, max_len, hf_rope_tables(model, max_len), **options)
 
 
@@ -125,6 +140,10 @@ CASES = {  # name: (shape, engine options)
     "tree_scorer_expansion_kept": (TREE, {"tree_scorer": HostileScorer(), "prune_at": "expansion"}),
     "tree_scorer_expansion_budget": (TREE, {"tree_scorer": HostileScorer(), "prune_at": "expansion",
                                             "prune_verify": "budget"}),
+    "block_chain": (CHAIN, {"drafter_type": HostileBlockDrafter}),
+    "block_tree": (TREE, {"drafter_type": HostileBlockDrafter}),
+    "block_tree_scorer": (TREE, {"drafter_type": HostileBlockDrafter, "tree_scorer": HostileScorer(),
+                                 "prune_at": "expansion", "prune_verify": "budget"}),
 }
 
 
@@ -187,7 +206,7 @@ def _first_tokens(engine, prompt, trials):
     return root, torch.tensor(firsts)
 
 
-@pytest.mark.parametrize("name", ["chain", "tree", "tree_scorer_expansion_kept"])
+@pytest.mark.parametrize("name", ["chain", "tree", "tree_scorer_expansion_kept", "block_chain", "block_tree"])
 @torch.no_grad()
 def test_broken_drafts_at_t1_keep_the_targets_distribution(name):
     model = _tiny_target()

@@ -22,7 +22,10 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
              "positions_per_specialist": 1},
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
     "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts: tests/test_vispec.py has images
+    "peagle": {"draft_vocab_size": 200, "init_std": 0.3, "num_depths": 5},
 }
+VARIANTS = {"eagle3.1": ("eagle3", {**CASES["eagle3"], "fc_norm": True, "norm_output": True})}
+"""Recipe switches of a method whose drafter runs another path (EAGLE-3.1's normed features and fed-back state)."""
 RUNTIME_METHODS = sorted(name for name in DRAFT_METHODS if METHODS[name].runtime is not None)
 """Drafts of their own; an add-on's drafter extends its base's (tests/test_methods_contract.py decodes with it)."""
 
@@ -73,8 +76,9 @@ def _trained(method):
     model = LlamaForCausalLM(tiny_llama_config(layers=4)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # a peaked, repetitive target
+    method, settings = VARIANTS.get(method, (method, CASES.get(method)))
     info, spec = _info(model), METHODS[method]
-    cfg = spec.config(**CASES[method])
+    cfg = spec.config(**settings)
     sequence = torch.tensor(PROMPT + _hf_greedy(model, PROMPT, 40))
     counts = torch.randint(0, 50, (info.vocab_size,)) + 1000 * torch.bincount(sequence, minlength=info.vocab_size)
     draft = spec.build(cfg, DraftContext(info, counts))
@@ -99,7 +103,7 @@ def _propose(model, spec, draft, confirmed, k):
     return chain_of(spec.name)(draft, state, k).tolist()
 
 
-@pytest.mark.parametrize("method", RUNTIME_METHODS)
+@pytest.mark.parametrize("method", RUNTIME_METHODS + sorted(VARIANTS))
 @torch.no_grad()
 def test_chain_drafts_equal_the_training_side_drafter(method):
     model, spec, draft, engine = _setup(method, TreeShape.chain(4))
@@ -114,7 +118,7 @@ def test_chain_drafts_equal_the_training_side_drafter(method):
     assert sum(result.accepted) > 0  # the comparison covered multi-token ingests, not only first drafts
 
 
-@pytest.mark.parametrize("method", RUNTIME_METHODS)
+@pytest.mark.parametrize("method", RUNTIME_METHODS + sorted(VARIANTS))
 @pytest.mark.parametrize("shape", [TreeShape.chain(5), TreeShape(depth=4, topk=3, budget=10)],
                          ids=["chain", "tree"])
 @torch.no_grad()
@@ -153,7 +157,13 @@ def test_ingesting_in_pieces_equals_ingesting_at_once(method):
     prompt = torch.tensor(torch.randint(0, 300, (12,)).tolist())
     engine.prefill(prompt, 0.0)
     drafter = engine.drafter
-    whole = build_tree(drafter, engine.shape, engine.root, engine.prefix_len).tokens.clone()
+
+    def drafts():  # a block drafter's proposals, else the tree the drafter drafts
+        if drafter.caps.block_size:
+            return drafter.propose(engine.root, engine.prefix_len).clone()
+        return build_tree(drafter, engine.shape, engine.root, engine.prefix_len).tokens.clone()
+
+    whole = drafts()
     _, captured = engine.target.run_layers(engine.target.embed(prompt), torch.arange(12),
                                            torch.zeros(1, dtype=torch.long), None, capture=drafter.feature_layers)
     next_tokens = torch.cat([prompt[1:], engine.root])
@@ -161,7 +171,7 @@ def test_ingesting_in_pieces_equals_ingesting_at_once(method):
         rows = torch.arange(start, start + 8).clamp(max=11)
         drafter.ingest({i: h[rows] for i, h in captured.items()}, next_tokens[rows], torch.tensor([start]),
                        torch.tensor([stop - start]))
-    assert torch.equal(build_tree(drafter, engine.shape, engine.root, engine.prefix_len).tokens, whole)
+    assert torch.equal(drafts(), whole)
 
 
 @pytest.mark.triton_kernels

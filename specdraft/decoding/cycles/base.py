@@ -24,14 +24,14 @@ Optional, with defaults here:
     begin()                 a new generation starts
     observe(run, accepted)  the host has read one of its cycles: `accepted` drafted tokens were accepted
 
-The engine picks a kind per cycle (its own: `EngineOptions.cycle_kind` when the caller gives one, else its shape's
-chain or tree; or the drafting policy's choice, decoding/policies/) and runs it. A block drafter (one drafter pass
-proposing B positions, verified as a chain or a static-shape tree) is one more module here: its `run` calls the
-drafter, builds the `DraftTree` of its proposals (tree.py's DraftTree: tokens, parents, depths, valid, tree_mask,
-joint_logprobs; ids through `kernels.draft_topk` and `context.d2t`, so that a broken draft names no token outside
-the target's vocabulary), then `context.verify` and `context.accept_and_commit(acceptance, tree, verified,
-depth_limit, randomness)`; the engine runs it given as `EngineOptions(cycle_kind=BlockCycle)` (tests/runtime/
-test_engine.py runs a kind of one draft written against this interface alone).
+The engine picks a kind per cycle (its own: `EngineOptions.cycle_kind` when the caller gives one, else
+`BlockCycle` for a drafter declaring `DrafterCaps.block_size`, else its shape's chain or tree; or the drafting
+policy's choice, decoding/policies/) and runs it. The block drafter's kind (block.py: one drafter pass proposing B
+positions, verified as a chain or a static-shape tree) shows the pattern: its `run` calls the drafter, builds the
+`DraftTree` of its proposals (tree.py's DraftTree: tokens, parents, depths, valid, tree_mask, joint_logprobs; ids
+through `kernels.draft_topk` and `context.d2t`, so that a broken draft names no token outside the target's
+vocabulary), then `context.verify` and `context.accept_and_commit(acceptance, tree, verified, depth_limit,
+randomness)` (tests/runtime/test_engine.py runs a kind of one draft written against this interface alone).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ its layers), `ttt` (the unroll), `loss`, `export` (SGLang and vLLM layouts, warm
 runtime's drafter).
 """
 from specdraft.methods.base import ExportFormat, MethodSpec
-from specdraft.methods.eagle3.config import Eagle3Config, eagle3_feature_layers
+from specdraft.methods.eagle3.config import EAGLE31_FLAGS, Eagle3Config, eagle3_feature_layers, refuse_eagle31
 from specdraft.methods.eagle3.drafter import Eagle3Drafter, eagle3_runtime
 from specdraft.methods.eagle3.export import (
     check_source,
@@ -49,8 +49,8 @@ SPEC = MethodSpec(
     graph_safe_loss=True,
 )
 
-__all__ = ["KV", "SPEC", "Eagle3Config", "Eagle3DecoderLayer", "Eagle3Draft", "Eagle3Drafter", "TTTInputs",
-           "check_source", "eagle3_export_config", "eagle3_export_tensors", "eagle3_feature_layers",
+__all__ = ["EAGLE31_FLAGS", "KV", "SPEC", "Eagle3Config", "Eagle3DecoderLayer", "Eagle3Draft", "Eagle3Drafter",
+           "TTTInputs", "check_source", "eagle3_export_config", "eagle3_export_tensors", "eagle3_feature_layers",
            "eagle3_hf_config", "eagle3_hf_keys", "eagle3_initialize", "eagle3_loss", "eagle3_runtime",
            "eagle3_speculators_keys", "eagle3_to_hf", "eagle3_to_speculators", "eagle3_warm_start", "fused_features",
-           "load_initial_state", "ttt_inputs", "ttt_unroll"]
+           "load_initial_state", "refuse_eagle31", "ttt_inputs", "ttt_unroll"]

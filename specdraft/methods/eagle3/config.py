@@ -50,6 +50,14 @@ class Eagle3Config:
     each chunk's logits recomputed in the backward instead of kept (2 bytes x draft vocabulary a row and TTT step:
     28 GiB at 65,536 tokens, 7 steps and a 32k vocabulary); a batch of at most this many rows runs as one chunk, as
     without chunks. 0: never chunked."""
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm of its own on each fused target feature before `fc`, fc(concat(norm_i(h_i))), so that
+    layers of different scales enter the fusion alike (tensors fc_norm.{i}.weight). Exported under this name, the
+    key vLLM's and SGLang's EAGLE-3 configs read."""
+    norm_output: bool = False
+    """EAGLE-3.1: a draft step hands the next one its output after the final norm (what the LM head reads) rather
+    than before it, so the fed-back state keeps one scale at every depth. Exported under this name, the key vLLM's
+    and SGLang's EAGLE-3 configs read."""
 
     def __post_init__(self):
         if self.ttt_steps < 1:
@@ -65,6 +73,18 @@ class Eagle3Config:
     def ttt_window(self) -> TTTWindow:
         """The draft's attention window (TTTWindow: size 0 is full attention)."""
         return TTTWindow(size=self.attention_window, sinks=self.attention_sinks if self.attention_window else 0)
+
+
+EAGLE31_FLAGS = ("fc_norm", "norm_output")
+"""EAGLE-3.1's recipe switches on the EAGLE-3 head (Eagle3Config's fields of these names)."""
+
+
+def refuse_eagle31(cfg, method: str) -> None:
+    """A head built on EAGLE-3's whose own parts (an unroll, a drafter) do not implement EAGLE-3.1's switches: one
+    line naming the key that is on."""
+    for flag in EAGLE31_FLAGS:
+        if getattr(cfg, flag):
+            raise SpecdraftError(f"method.{flag}=true (EAGLE-3.1) is not supported by {method}; set it to false")
 
 
 def eagle3_feature_layers(cfg: Eagle3Config, target: TargetInfo) -> List[int]:

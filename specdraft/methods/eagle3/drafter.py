@@ -79,7 +79,7 @@ class Eagle3Drafter(Drafter):
         """`ingest` with each row's keys at its target slot less `shift` [1] (None: at it), its rotary position the
         target's: for a drafter whose cache dropped some of the prompt's positions (ViSpec's image columns)."""
         aux = torch.cat([features[i] for i in self.feature_layers], dim=-1)  # [M, 3H]
-        hidden = self.draft_input(self.draft.fc(aux.to(self.draft.fc.weight.dtype)))  # [M, H]
+        hidden = self.draft_input(self.draft.fuse(aux))  # [M, H]
         if self.ring is not None:
             return self.ingest_ring(hidden, next_tokens, start, count)
         positions = ingest_slots(start, next_tokens.shape[0], next_tokens.device)  # [M]
@@ -109,7 +109,8 @@ class Eagle3Drafter(Drafter):
         return hidden
 
     def first(self, root_token, position):
-        return self.draft.lm_head(fused_norm(self.draft.norm, self.last_hidden)), self.last_hidden
+        normed = fused_norm(self.draft.norm, self.last_hidden)
+        return self.draft.lm_head(normed), normed if self.draft.norm_output else self.last_hidden
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         hidden = self.draft_input(hidden)
@@ -117,7 +118,7 @@ class Eagle3Drafter(Drafter):
         attended = draft_attention(q, self.k_cache, self.v_cache, self.visible_len, scratch_visible,
                                    root_written=False)
         normed, out = self.tail(hidden, attended)
-        return self.draft.lm_head(normed), out
+        return self.draft.lm_head(normed), normed if self.draft.norm_output else out  # the fed-back state
 
 
 def ring_layout(draft: Eagle3Draft, max_len: int, scratch: int) -> Optional[RingLayout]:

@@ -60,8 +60,14 @@ def eagle3_hf_config(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, 
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in draft.feature_layers],
             "use_aux_hidden_state": True,
         },
+        **eagle31_flags(draft),
         "specdraft": {"method": "eagle3", "method_config": asdict(cfg), **provenance},
     }
+
+
+def eagle31_flags(draft: Eagle3Draft) -> Dict[str, bool]:
+    """EAGLE-3.1's switches as vLLM's and SGLang's EAGLE-3 configs read them (top-level keys of config.json)."""
+    return {"fc_norm": draft.fc_norm is not None, "norm_output": draft.norm_output}
 
 
 def eagle3_to_hf(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):
@@ -74,7 +80,8 @@ def eagle3_hf_keys(draft: Eagle3Draft, target: TargetInfo) -> List[str]:
     return ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight",
             "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight",
             *[f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"],
-            *[f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]]
+            *[f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")],
+            *([f"fc_norm.{i}.weight" for i in range(len(draft.fc_norm))] if draft.fc_norm is not None else [])]
 
 
 def verifier_name(provenance: Dict[str, Any], target: TargetInfo) -> str:
@@ -109,6 +116,7 @@ def eagle3_to_speculators(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetI
         "draft_vocab_size": hf_config["draft_vocab_size"],
         "target_hidden_size": target.hidden_size,
         "norm_before_residual": False,
+        **eagle31_flags(draft),
         "eagle_aux_hidden_state_layer_ids": list(draft.feature_layers),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -134,7 +142,8 @@ def eagle3_export_config(config: Dict[str, Any]) -> Eagle3Config:
     sliding = "sliding_attention" in (config.get("layer_types") or []) and config.get("sliding_window")
     return Eagle3Config(draft_vocab_size=config["draft_vocab_size"], intermediate_size=config.get("intermediate_size"),
                         feature_layers=[i + 1 for i in aux_ids] if aux_ids else None,
-                        attention_window=int(sliding or 0), attention_sinks=0)
+                        attention_window=int(sliding or 0), attention_sinks=0,
+                        fc_norm=bool(config.get("fc_norm", False)), norm_output=bool(config.get("norm_output", False)))
 
 
 def eagle3_export_tensors(tensors: Dict[str, torch.Tensor], draft: Eagle3Draft) -> Dict[str, torch.Tensor]:

@@ -127,6 +127,9 @@ class Eagle3Draft(DraftVocab, nn.Module):
         for module in self.modules():
             if isinstance(module, Eagle3DecoderLayer):
                 module.window = self.attention_window if self.attention_window.size else None
+        self.fc_norm = nn.ModuleList([RMSNorm(hidden, target.rms_norm_eps) for _ in self.feature_layers]) \
+            if cfg.fc_norm else None  # EAGLE-3.1 (Eagle3Config.fc_norm)
+        self.norm_output = cfg.norm_output  # EAGLE-3.1 (Eagle3Config.norm_output)
 
     def step(self, hidden, embeds, positions, query_cols, cache, mask=None, weights_for=None):
         """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV.
@@ -138,6 +141,19 @@ class Eagle3Draft(DraftVocab, nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, Vd]
         return self.lm_head(self.norm(hidden))
 
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The feature layers' states joined, aux [..., A*H] -> fc's output [..., H] (with fc_norm: each state
+        normed first, EAGLE-3.1), computed in fc's compute dtype."""
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux.to(compute_dtype(self.fc.weight)))
+
+    def fed_back(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A step's output [..., H] as the next step reads it: itself, or (norm_output, EAGLE-3.1) after the final
+        norm. The LM head reads norm(output) either way."""
+        return self.norm(hidden) if self.norm_output else hidden
+
 
 def compute_dtype(weight: torch.Tensor) -> torch.dtype:
     """The dtype a linear layer computes in: autocast's where it is on, else the weight's."""
@@ -148,4 +164,4 @@ def compute_dtype(weight: torch.Tensor) -> torch.dtype:
 def fused_features(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor]) -> torch.Tensor:
     """The feature layers' hidden states {i: [B, T, H]} through the draft's fc -> [B, T, H]."""
     aux = torch.cat([hidden_states[i] for i in draft.feature_layers], dim=-1)  # [B, T, 3H]
-    return draft.fc(aux.to(compute_dtype(draft.fc.weight)))  # [B, T, H]
+    return draft.fuse(aux)  # [B, T, H]

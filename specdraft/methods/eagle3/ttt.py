@@ -123,8 +123,9 @@ def ttt_unroll(draft: Eagle3Draft, hidden_states: Dict[int, torch.Tensor], steps
     within it); None is one document per row. `attention`: see specdraft.kernels.ttt_attention.ttt_mask.
     logits=False yields each step's hidden state [B, T, H] instead (draft.logits of it are the logits)."""
     ttt = ttt_inputs(draft, hidden_states, steps, position_ids, document_ids, attention)
-    hidden, cache = ttt.fused, []
+    fed, cache = ttt.fused, []
     for step in range(steps):
-        hidden, kv = ttt.run_step(hidden, ttt.embeds(step + 1), ttt.positions + step, ttt.cols, cache, mask=ttt.mask)
+        hidden, kv = ttt.run_step(fed, ttt.embeds(step + 1), ttt.positions + step, ttt.cols, cache, mask=ttt.mask)
         cache.append(kv)
+        fed = draft.fed_back(hidden)  # what step + 1 reads (EAGLE-3.1's norm_output: normed)
         yield draft.logits(hidden) if logits else hidden

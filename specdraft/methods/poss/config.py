@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.methods.eagle3 import Eagle3Config
+from specdraft.methods.eagle3 import Eagle3Config, refuse_eagle31
 
 
 @dataclass
@@ -21,6 +21,7 @@ class PossConfig(Eagle3Config):
 
     def __post_init__(self):
         super().__post_init__()
+        refuse_eagle31(self, "PosS")  # its unroll and drafter fuse and feed back as EAGLE-3 does
         if self.num_specialists < 1 or self.positions_per_specialist < 1:
             raise SpecdraftError(f"method.num_specialists and method.positions_per_specialist must be >= 1, got "
                                  f"{self.num_specialists} and {self.positions_per_specialist}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.methods.eagle3 import Eagle3Config
+from specdraft.methods.eagle3 import Eagle3Config, refuse_eagle31
 
 
 @dataclass
@@ -15,6 +15,7 @@ class VispecConfig(Eagle3Config):
 
     def __post_init__(self):
         super().__post_init__()
+        refuse_eagle31(self, "ViSpec")  # its unroll and drafter fuse and feed back as EAGLE-3 does
         if self.num_queries < 2:
             raise SpecdraftError(f"method.num_queries must be at least 2 (stand-ins and a global feature), "
                                  f"got {self.num_queries}")
