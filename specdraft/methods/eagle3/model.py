@@ -118,6 +118,9 @@ class Eagle3Draft(DraftVocab, nn.Module):
         self.compile_layers = ctx.compile
         self.init_draft_vocab(ctx.token_counts, vocab, target.vocab_size)
         init_linear_normal_(self, cfg.init_std)  # gathers ZeRO-3 partitions: zero.Init split them as built
+        self.fc_norm = nn.ModuleList([RMSNorm(hidden, target.rms_norm_eps) for _ in self.feature_layers]) \
+            if cfg.fc_norm else None  # EAGLE-3.1 (Eagle3Config.fc_norm)
+        self.norm_output = cfg.norm_output  # EAGLE-3.1 (Eagle3Config.norm_output)
         self.attention_window = cfg.ttt_window()
         self.share_attention_window()
 
@@ -127,9 +130,6 @@ class Eagle3Draft(DraftVocab, nn.Module):
         for module in self.modules():
             if isinstance(module, Eagle3DecoderLayer):
                 module.window = self.attention_window if self.attention_window.size else None
-        self.fc_norm = nn.ModuleList([RMSNorm(hidden, target.rms_norm_eps) for _ in self.feature_layers]) \
-            if cfg.fc_norm else None  # EAGLE-3.1 (Eagle3Config.fc_norm)
-        self.norm_output = cfg.norm_output  # EAGLE-3.1 (Eagle3Config.norm_output)
 
     def step(self, hidden, embeds, positions, query_cols, cache, mask=None, weights_for=None):
         """One draft step: hidden, embeds [B, Tq, H] -> new hidden [B, Tq, H] (pre-norm) and this step's KV.
