@@ -267,8 +267,9 @@ class DistillConfig:
     """How answers are generated: static (the runtime's compact target for many prompts at once: a static KV
     cache, CUDA graphs, batch_size rows kept busy as answers finish; greedy answers identical to hf's in float32,
     sampled ones from the same distribution), hf (Hugging Face `generate`, batch_size prompts a call) or auto:
-    static on a GPU for a target it reproduces (Llama, Qwen2, Mistral: no sliding window shorter than
-    data.max_length + max_new_tokens, no o_proj or MLP biases), else hf. static hands each shard's turn to the
+    static on a GPU for a target it reproduces (a family the runtime runs, decoding/verifier/families/: Llama,
+    Qwen2/3, Mistral, Gemma 3, Qwen2/3-MoE, Mixtral, sliding windows included; unquantized or, dense, int8/int4
+    weight-only; no o_proj or MLP biases), else hf. static hands each shard's turn to the
     engine at once: give it shards of several batches (shard_size). server: an OpenAI-compatible server that
     already runs the target (vLLM, SGLang, llama.cpp; distill.server), only the target's tokenizer loaded here
     (docs/usage.md); auto never picks it."""

@@ -1,7 +1,8 @@
 """The static batched engine (decoding/batched.py) against Hugging Face `generate`, float32 on the CPU, on tiny
 random Llama and Qwen2 targets built here: greedy answers identical for many prompts of mixed lengths, with rows
 refilled as answers end (EOS or max_new_tokens), at any batch size; sampling by HF's temperature / top-p
-distribution; and the targets it refuses to reproduce."""
+distribution; a sliding window; and the targets it refuses to reproduce (tests/test_families_runtime.py: every
+other family)."""
 import pytest
 import torch
 
@@ -143,15 +144,25 @@ def test_what_the_static_engine_reproduces(updates, reason):
     assert got == reason if reason is None else reason in got
 
 
-def test_a_sliding_window_shorter_than_the_sequences_is_refused():
+def test_a_sliding_window_shorter_than_the_sequences_is_honoured():
+    """Mistral with an 8-token window, prompts and answers well past it: HF's greedy answers, which full
+    attention would not give."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=256)
-    model = MistralForCausalLM(config)
+    config = MistralConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
+    torch.manual_seed(3)
+    model = MistralForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
     info = TargetInfo.from_hf_config(config, "tiny")
-    assert "sliding-window attention (256 tokens" in unsupported_reason(model, info, 512)
-    assert unsupported_reason(model, info, 256) is None
+    assert unsupported_reason(model, info, 512) is None
+    prompts = mixed_prompts(6, seed=4, longest=30)
+    expected = hf_greedy(model, prompts, 16, [])
+    with torch.no_grad():
+        assert generator_for(model, 4).generate(prompts, 16) == expected
+    model.config.sliding_window = None  # the same weights with full attention answer otherwise
+    assert hf_greedy(model, prompts, 16, []) != expected
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
 """The MoE suite, tools/bench/moe.py, on the tiny geometry on a CPU (eager: a check that it runs and tables what it
-timed, not a measurement), and its router against Hugging Face Qwen3-MoE's."""
+timed, not a measurement), and the runtime's router (which its layer part runs) against Hugging Face Qwen3-MoE's."""
 import json
 
 import pytest
@@ -21,6 +21,8 @@ def test_moe_suite_tables_both_parts_per_row_count(tmp_path, monkeypatch, capsys
     assert [(r["rows"], r["nodes"]) for r in report["layer"]] == [("random", 1), ("random", 4), ("siblings", 1),
                                                                   ("siblings", 4)]
     assert all(r["us"] > 0 and r["model_ms"] > 0 for r in report["layer"]) and report["layer"][0]["x_decode"] == 1
+    assert [r["touched_experts"] for r in report["layer"] if r["nodes"] == 1] == [2, 2]  # one row: its top 2
+    assert all(2 <= r["touched_experts"] <= 8 for r in report["layer"])
     assert report["sweep"] == [] and report["copy_gbps"] > 0
     out = capsys.readouterr().out
     assert "| routing | N | experts touched |" in out and "| rows | N | experts touched |" in out
@@ -60,6 +62,8 @@ def test_route_is_hugging_face_qwen3_moes_router(norm_topk_prob):
     torch.nn.init.normal_(router.weight)
     hidden = torch.randn(5, 32)
     _, expected_weights, expected_ids = router(hidden)
-    expert_ids, expert_weights = suite.route(hidden @ router.weight.T, 4, norm_topk_prob)
+    from specdraft.decoding.verifier.layer import route
+
+    expert_ids, expert_weights = route(hidden @ router.weight.T, 4, norm_topk_prob)
     assert torch.equal(expert_ids, expected_ids)
     torch.testing.assert_close(expert_weights, expected_weights)

@@ -34,7 +34,9 @@ from specdraft.kernels.launch import next_power_of_2
 from specdraft.kernels.ragged_attention import ragged_attention
 from specdraft.decoding.graphs import CallGraph
 from specdraft.decoding.sampling import sample_rows
-from specdraft.decoding.verifier import SUPPORTED, VerifierModel, from_hf, hf_rope_tables
+from specdraft.decoding.verifier import VerifierModel, from_hf, hf_rope_tables
+from specdraft.decoding.verifier import unsupported_reason as verifier_unsupported
+from specdraft.decoding.verifier.model import effective_windows, rope_kinds
 
 SMALLEST_BUCKET = 8  # decode steps run 8, 16, 32, ... rows (or all rows): one graph each
 PREFILL_TOKENS = 16384  # the most prompt tokens one packed prefill runs (its activations' memory)
@@ -64,7 +66,9 @@ class BatchedDecoder:
         shape = (info.num_layers, info.num_kv_heads, (self.rows + 1) * self.row_len, info.head_dim)
         self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
-        self.rope = tuple(table.to(self.device, self.dtype) for table in self.rope_tables(self.row_len))
+        cos, sin = (table.to(self.device, self.dtype) for table in self.rope_tables(self.row_len))
+        self.ropes = list(zip(*rope_kinds(cos, sin)))  # [(cos, sin) [row_len, D]] per rotary kind
+        self.sliding_windows = effective_windows(self.target.architecture, self.row_len)
         self.scratch = self.rows  # the padding row
         self.row_token = torch.zeros(self.rows + 1, dtype=torch.long, device=self.device)  # newest token per row
         self.row_pos = torch.zeros_like(self.row_token)  # its position (the cache slot it goes to)
@@ -77,9 +81,12 @@ class BatchedDecoder:
         starts = rows * self.row_len  # [N]
         slots, lengths = starts + positions, positions + 1  # [N]
         hidden, pending = self.target.embed(tokens), None
-        for layer, k_cache, v_cache in zip(self.target.layers, self.k_cache, self.v_cache):
-            hidden, q = layer.attention_input(hidden, pending, self.rope, positions, k_cache, v_cache, slots)
-            attn = ragged_attention(q, k_cache, v_cache, starts, lengths, layer.head_dim ** -0.5, self.row_len)
+        for layer, k_cache, v_cache, window in zip(self.target.layers, self.k_cache, self.v_cache,
+                                                   self.sliding_windows):
+            hidden, q = layer.attention_input(hidden, pending, self.ropes[layer.kind.rope], positions, k_cache,
+                                              v_cache, slots)
+            attn = ragged_attention(q, k_cache, v_cache, starts, lengths, layer.scale, self.row_len,
+                                    sliding_window=window)
             hidden, pending = layer.attention_output(attn, hidden)
         return hidden + pending
 
@@ -268,27 +275,14 @@ class BatchedGenerator:
 
 def unsupported_reason(hf_model, info: TargetInfo, max_len: int) -> Optional[str]:
     """Why the compact target would not compute what this Hugging Face causal LM computes for sequences of up to
-    `max_len` tokens, in a few words; None when it does."""
-    config = hf_model.config
-    if info.model_type not in SUPPORTED:
-        return f"model type {info.model_type!r} (it runs {', '.join(SUPPORTED)})"
+    `max_len` tokens, in a few words; None when it does (every family the verifier runs, sliding windows and
+    mixtures of experts included)."""
     if getattr(hf_model, "hf_quantizer", None) is not None:
         return "quantized weights"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r} (it runs silu)"
-    window = getattr(config, "sliding_window", None)
-    sliding = any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []) or bool(
-        window and getattr(config, "use_sliding_window", True))
-    if sliding and (window or 0) < max_len:
-        return f"sliding-window attention ({window} tokens, sequences up to {max_len})"
-    layer = hf_model.get_decoder().layers[0]
-    if layer.self_attn.o_proj.bias is not None or any(
-            getattr(layer.mlp, name).bias is not None for name in ("gate_proj", "up_proj", "down_proj")):
-        return "biases on o_proj or the MLP"
-    return None
+    return verifier_unsupported(hf_model, info)
 
 
 def batched_generator(hf_model, info: TargetInfo, batch_size: int) -> BatchedGenerator:
-    """A BatchedGenerator over a Hugging Face Llama-family causal LM's weights (fused copies, same device and
+    """A BatchedGenerator over a Hugging Face causal LM's weights (the verifier's fused copies, same device and
     dtype) and its own rotary tables."""
     return BatchedGenerator(BatchedDecoder(from_hf(hf_model, info), partial(hf_rope_tables, hf_model)), batch_size)

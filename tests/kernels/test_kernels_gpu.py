@@ -218,6 +218,49 @@ def test_tree_attention_over_a_window_on_gpu_and_in_a_graph(num_nodes, window, f
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("num_nodes, sliding_window", [(1, 512), (24, 512), (64, 16), (9, 4096)])
+def test_tree_attention_with_a_sliding_window_on_gpu_and_in_a_graph(num_nodes, sliding_window):
+    """A sliding-window layer's verify and decoding step, replayed as the prefix grows past the window."""
+    parents = random_parents(num_nodes, torch.Generator().manual_seed(1))
+    depths = ancestor_mask(parents).sum(1).to(CUDA) - 1  # [N]
+    q = torch.randn(16, num_nodes, 128, device=CUDA).bfloat16()
+    k_cache = torch.randn(8, 4096, 128, device=CUDA).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    prefix_len = torch.zeros(1, dtype=torch.int64, device=CUDA)
+    positions = torch.zeros(num_nodes, dtype=torch.int64, device=CUDA)
+    tree_mask = ancestor_mask(parents).to(CUDA)
+    graph, out = _captured(lambda: tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, 128 ** -0.5,
+                                                  sliding_window=sliding_window, positions=positions))
+    for prefix in (0, 300, 2000, 4096 - num_nodes):
+        prefix_len.fill_(prefix)
+        positions.copy_(prefix + depths)
+        graph.replay()
+        expected = tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, 128 ** -0.5,
+                                            sliding_window=sliding_window, positions=positions)
+        torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 64, 1024])
+def test_ragged_attention_with_a_sliding_window_on_gpu_and_in_a_graph(sliding_window):
+    from specdraft.kernels.ragged_attention import ragged_attention, ragged_attention_reference, window_range
+
+    rows, row_len = 32, 2048
+    q = torch.randn(16, rows, 128, device=CUDA).bfloat16()
+    k_cache = torch.randn(8, rows * row_len, 128, device=CUDA).bfloat16()
+    v_cache = torch.randn_like(k_cache)
+    starts = torch.arange(rows, device=CUDA) * row_len
+    lengths = torch.ones(rows, dtype=torch.int64, device=CUDA)
+    graph, out = _captured(lambda: ragged_attention(q, k_cache, v_cache, starts, lengths, 128 ** -0.5, row_len,
+                                                    sliding_window=sliding_window))
+    for seed in range(3):
+        lengths.copy_(torch.randint(1, row_len + 1, (rows,), generator=torch.Generator().manual_seed(seed)))
+        graph.replay()
+        seen = (starts, lengths) if sliding_window is None else window_range(starts, lengths, sliding_window,
+                                                                             row_len)[:2]
+        expected = ragged_attention_reference(q, k_cache, v_cache, *seen, 128 ** -0.5, row_len)
+        torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
 def _within_one_bf16_step(got: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
 

@@ -89,3 +89,23 @@ def test_mismatched_shapes_are_one_line_errors():
     with pytest.raises(SpecdraftError, match=r"ragged_attention: q \(3, 2, 8\), k_cache \(2, 10, 8\)"):
         ragged_attention_triton(q, torch.randn(2, 10, 8), torch.randn(2, 10, 8), torch.zeros(2, dtype=torch.long),
                                 torch.ones(2, dtype=torch.long), 1.0, 10)
+
+
+
+@pytest.mark.parametrize("sliding_window, block_s, split_size", [(5, 16, 16), (17, 16, 16), (64, 16, None)])
+def test_a_sliding_window_keeps_each_querys_latest_slots(sliding_window, block_s, split_size):
+    """A sliding-window layer: query i sees the last min(length, w) slots of its range (the definition, float64),
+    in the reference and the kernel."""
+    from specdraft.kernels.ragged_attention import window_range
+
+    q, k_cache, v_cache, starts, lengths = _inputs(4, 2, 3, 40, 16, torch.float32, 4, seed=sliding_window)
+    kept = lengths.clamp(max=sliding_window)
+    expected = _slow_attention(q, k_cache, v_cache, starts + lengths - kept, kept, 0.25)
+    assert not torch.allclose(expected, _slow_attention(q, k_cache, v_cache, starts, lengths, 0.25)) \
+        or sliding_window >= int(lengths.max())
+    dispatched = ragged_attention(q, k_cache, v_cache, starts, lengths, 0.25, 40, sliding_window=sliding_window)
+    torch.testing.assert_close(dispatched.double(), expected, rtol=1e-5, atol=1e-5)
+    windowed_starts, windowed_lengths, longest = window_range(starts, lengths, sliding_window, 40)
+    got = ragged_attention_triton(q, k_cache, v_cache, windowed_starts, windowed_lengths, 0.25, longest,
+                                  block_s=block_s, split_size=split_size)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)

@@ -124,3 +124,91 @@ def test_cpu_dispatch_reads_only_the_slots_in_use(monkeypatch):
     out = tree_attention(q, k_cache, v_cache, prefix_len, tree_mask, 0.3)
     assert seen == [40 + 5]
     torch.testing.assert_close(out, tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask, 0.3))
+
+
+def _depths(parents: torch.Tensor) -> torch.Tensor:
+    depths = [0] * parents.shape[0]
+    for node in range(1, parents.shape[0]):
+        depths[node] = depths[int(parents[node])] + 1
+    return torch.tensor(depths)
+
+
+def _slow_windowed(q, k_cache, v_cache, prefix_len, tree_mask, positions, scale, sliding_window):
+    """Float64 by the definition: query i sees prefix slot s when s > positions[i] - w and node j (at slot
+    prefix_len + j) when it is an ancestor (or i) at a position > positions[i] - w."""
+    group = q.shape[0] // k_cache.shape[0]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for node in range(q.shape[1]):
+        low = int(positions[node]) - sliding_window
+        slots = [s for s in range(prefix_len) if s > low]
+        slots += [prefix_len + j for j in range(tree_mask.shape[1]) if tree_mask[node, j] and positions[j] > low]
+        for head in range(q.shape[0]):
+            keys, values = k_cache[head // group, slots].double(), v_cache[head // group, slots].double()
+            out[head, node] = torch.softmax(keys @ q[head, node].double() * scale, dim=0) @ values
+    return out
+
+
+def _windowed_inputs(num_nodes, prefix_len, seed, dtype=torch.float32, seq_len=96):
+    generator = torch.Generator().manual_seed(seed)
+    parents = random_parents(num_nodes, generator, max_children=2)
+    q = torch.randn(6, num_nodes, 16, generator=generator).to(dtype)
+    k_cache, v_cache = torch.randn(2, 2, seq_len, 16, generator=generator)
+    k_cache[:, prefix_len + num_nodes:] = 1e4  # stale slots: a single leak dominates the softmax
+    v_cache[:, prefix_len + num_nodes:] = 1e4
+    return (q, k_cache.to(dtype), v_cache.to(dtype), torch.tensor([prefix_len]), ancestor_mask(parents),
+            prefix_len + _depths(parents))
+
+
+@pytest.mark.parametrize("num_nodes, prefix_len, sliding_window, block_s, split_size", [
+    (9, 40, 3, 16, 16),  # the window cuts the prefix and the deeper nodes' ancestors; early splits skipped
+    (5, 20, 8, 16, 32),
+    (1, 50, 8, 16, 16),  # plain decoding's step, past the window
+    (12, 2, 4, 16, 16),  # a short prefix, every prefix slot seen by the shallow nodes
+    (7, 60, 100, None, None),  # a window wider than the sequence: the tree attention's own
+])
+def test_sliding_windows_hide_what_lies_before_them(num_nodes, prefix_len, sliding_window, block_s, split_size):
+    """A sliding-window layer's verify: the reference and the kernel equal the float64 definition."""
+    q, k_cache, v_cache, prefix, tree_mask, positions = _windowed_inputs(num_nodes, prefix_len, seed=num_nodes)
+    expected = _slow_windowed(q, k_cache, v_cache, prefix_len, tree_mask, positions, 0.25, sliding_window)
+    reference = tree_attention_reference(q, k_cache, v_cache, prefix, tree_mask, 0.25,
+                                         sliding_window=sliding_window, positions=positions)
+    torch.testing.assert_close(reference.double(), expected, rtol=1e-5, atol=1e-5)
+    got = tree_attention_triton(q, k_cache, v_cache, prefix, tree_mask, 0.25, block_s=block_s,
+                                split_size=split_size, sliding_window=sliding_window, positions=positions)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    dispatched = tree_attention(q, k_cache, v_cache, prefix, tree_mask, 0.25, sliding_window=sliding_window,
+                                positions=positions)
+    torch.testing.assert_close(dispatched.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sliding_window_in_bfloat16():
+    q, k_cache, v_cache, prefix, tree_mask, positions = _windowed_inputs(10, 33, seed=2, dtype=torch.bfloat16)
+    expected = tree_attention_reference(q, k_cache, v_cache, prefix, tree_mask, 0.25, sliding_window=5,
+                                        positions=positions)
+    got = tree_attention_triton(q, k_cache, v_cache, prefix, tree_mask, 0.25, block_s=16, split_size=16,
+                                sliding_window=5, positions=positions)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_sliding_window_needs_positions_and_a_square_mask():
+    q, k_cache, v_cache, prefix, tree_mask, positions = _windowed_inputs(4, 10, seed=1)
+    with pytest.raises(SpecdraftError, match="needs its N queries' positions"):
+        tree_attention_triton(q, k_cache, v_cache, prefix, tree_mask, 0.25, sliding_window=4)
+    with pytest.raises(SpecdraftError, match=r"mask \(4, 6\)"):
+        tree_attention_triton(q, k_cache, v_cache, prefix, torch.ones(4, 6, dtype=torch.bool), 0.25,
+                              sliding_window=4, positions=positions)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 6])
+def test_one_query_on_the_cpu_is_one_attention_over_its_slots(monkeypatch, sliding_window):
+    """Plain decoding's step on the CPU (one row seeing the prefix and itself) skips the reference's mask: the same
+    function over the slots in use (those of its window), stale slots unseen."""
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    monkeypatch.setattr("specdraft.kernels.tree_attention.tree_attention_reference",
+                        lambda *args, **kwargs: pytest.fail("the one-row step took the masked reference"))
+    q, k_cache, v_cache, prefix, tree_mask, positions = _windowed_inputs(1, 40, seed=7, seq_len=128)
+    expected = _slow_windowed(q, k_cache, v_cache, 40, tree_mask, positions, 0.3, sliding_window or 10 ** 6)
+    got = tree_attention(q, k_cache, v_cache, prefix, tree_mask, 0.3, sliding_window=sliding_window,
+                         positions=positions)
+    assert got.shape == q.shape
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)

@@ -16,11 +16,11 @@ the previous one's experts in L2); the time is the median over --reps replays, p
 output is checked against the reference in float32 on the way. --sweep (the default on a GPU) also times every
 launch config of SWEEP on the same inputs: which tiles suit which N.
 
-layer: one decoder layer's step at N rows after --context cached tokens, as the runtime's dense layer runs it
-plus the MoE block: add + RMSNorm, the qkv projection, (Qwen3) q/k RMSNorm, rotary + the KV-cache write, tree
-attention over the cache and a random tree's ancestors, the o projection, add + RMSNorm, the router (softmax,
-top-k, renormalised where norm_topk_prob) and the grouped experts, whose output the next layer's first norm adds.
-Built here from the runtime's kernels and plain torch: the runtime's target model has no MoE layer to call. Rows
+layer: one decoder layer's step at N rows after --context cached tokens, as the runtime's MoE layer runs it:
+add + RMSNorm, the qkv projection, (Qwen3) q/k RMSNorm, rotary + the KV-cache write, tree attention over the cache
+and a random tree's ancestors, the o projection, add + RMSNorm, the router (softmax, top-k, renormalised where
+norm_topk_prob) and the grouped experts, whose output the next layer's first norm adds.
+The layer is the runtime's own (the verifier's `DecoderLayer` of a Qwen3-MoE-style `Architecture`). Rows
 are random (`random`) or one row plus --skew times noise each (`siblings`: similar rows, which the router sends to
 shared experts); the experts they touched are read back from an eager run of the same inputs. Must-read bytes: the
 attention, norm and router weights, the KV cache up to the tree's last slot, the touched experts, the rows in and
@@ -215,66 +215,63 @@ def sweep_rows(case: ExpertCase, gate_up, down, reps: int, ceiling: float) -> Li
 
 @dataclass
 class Layer:
-    """One MoE decoder layer's weights and KV cache."""
+    """One MoE decoder layer of the runtime (the verifier's `DecoderLayer`, its routed experts included) and its KV
+    cache."""
 
-    attn_norm: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
-    q_norm: torch.Tensor  # [D]
-    k_norm: torch.Tensor  # [D]
-    wo: torch.Tensor  # [H, Hq D]
-    mlp_norm: torch.Tensor  # [H]
-    router: torch.Tensor  # [E, H]
-    gate_up: torch.Tensor  # [E, 2I, H]
-    down: torch.Tensor  # [E, H, I]
+    module: torch.nn.Module
     k_cache: torch.Tensor  # [Hkv, S, D]
     v_cache: torch.Tensor  # [Hkv, S, D]
 
 
+def layer_architecture(geometry: dict):
+    """(TargetInfo, Architecture) of one MoE layer of the geometry, as its family's description gives it: Qwen3-MoE's
+    q/k norms where qk_norm, the router's top k renormalised where norm_topk_prob."""
+    from specdraft.core.types import TargetInfo
+    from specdraft.decoding.verifier import Architecture, Experts, LayerKind
+
+    info = TargetInfo(name_or_path="random MoE layer", model_type="moe", hidden_size=geometry["hidden"], num_layers=1,
+                      num_heads=geometry["heads"], num_kv_heads=geometry["kv_heads"], head_dim=geometry["head_dim"],
+                      intermediate_size=geometry["inter"], vocab_size=geometry["vocab"], rms_norm_eps=geometry["eps"],
+                      rope_theta=geometry["rope_theta"], max_position_embeddings=4096)
+    experts = Experts(geometry["experts"], geometry["top_k"], geometry["inter"], geometry["norm_topk_prob"])
+    kind = LayerKind(geometry["inter"], experts=experts)
+    return info, Architecture(layers=(kind,), qk_norm=geometry["qk_norm"])
+
+
 def random_layer(geometry: dict, max_len: int, device, dtype) -> Layer:
-    hidden, heads, kv_heads, head_dim = (geometry[key] for key in ("hidden", "heads", "kv_heads", "head_dim"))
+    """The runtime's layer with random weights (norms 1) and a random KV cache, built in place in `dtype`."""
+    from specdraft.decoding.verifier import DecoderLayer
 
-    def weight(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype).mul_(shape[-1] ** -0.5)
-
-    def norm(width):
-        return torch.ones(width, device=device, dtype=dtype)
-    cache = torch.randn(2, kv_heads, max_len, head_dim, device=device, dtype=dtype)
-    return Layer(norm(hidden), weight((heads + 2 * kv_heads) * head_dim, hidden), norm(head_dim), norm(head_dim),
-                 weight(hidden, heads * head_dim), norm(hidden), weight(geometry["experts"], hidden),
-                 *random_experts(geometry, device, dtype), cache[0], cache[1])
-
-
-def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool):
-    """router_logits [N, E] -> (expert_ids [N, k], expert_weights [N, k] float32): softmax over the experts, the
-    top k, renormalised to sum 1 where norm_topk_prob (Qwen3-MoE's and Mixtral's routing). Renormalised, that is a
-    softmax over the top k logits: two launches instead of four."""
-    if norm_topk_prob:
-        top_logits, expert_ids = router_logits.topk(top_k, dim=-1)
-        return expert_ids, torch.softmax(top_logits, dim=-1, dtype=torch.float32)
-    expert_weights, expert_ids = torch.softmax(router_logits, dim=-1, dtype=torch.float32).topk(top_k, dim=-1)
-    return expert_ids, expert_weights
+    info, architecture = layer_architecture(geometry)
+    with torch.device("meta"):
+        module = DecoderLayer(info, architecture, architecture.layers[0]).to(dtype)
+    module.to_empty(device=device).eval().requires_grad_(False)
+    for param in module.parameters():
+        param.fill_(1.0) if param.dim() == 1 else param.normal_().mul_(param.shape[-1] ** -0.5)
+    cache = torch.randn(2, geometry["kv_heads"], max_len, geometry["head_dim"], device=device, dtype=dtype)
+    return Layer(module, cache[0], cache[1])
 
 
-def layer_step(layer: Layer, geometry: dict, hidden, pending, rope, positions, slots, prefix_len, tree_mask):
+def layer_step(layer: Layer, hidden, pending, rope, positions, slots, prefix_len, tree_mask):
     """hidden [N, H] and pending [N, H] (the previous layer's MoE output, added in the first norm's launch, as the
-    runtime's layers do) -> (hidden after attention, the MoE output, the expert_ids [N, k] its rows routed to)."""
-    from specdraft.kernels.grouped_experts import grouped_experts
-    from specdraft.kernels.rms_norm import rms_norm
-    from specdraft.kernels.rope_cache import rope_cache
-    from specdraft.kernels.tree_attention import tree_attention
+    runtime's layers do) -> (hidden after attention, the MoE output): the runtime's layer forward of a verify."""
+    _, attended, out = layer.module(hidden, pending, rope, positions, layer.k_cache, layer.v_cache, slots,
+                                    prefix_len, tree_mask, causal_prefill=False)
+    return attended, out
 
-    n, heads, kv_heads, head_dim = hidden.shape[0], geometry["heads"], geometry["kv_heads"], geometry["head_dim"]
-    eps = geometry["eps"]
-    normed, hidden = rms_norm(pending, layer.attn_norm, eps, hidden)
-    q, k, v = F.linear(normed, layer.wqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q, k, v = q.view(n, heads, head_dim), k.view(n, kv_heads, head_dim), v.view(n, kv_heads, head_dim)
-    if geometry["qk_norm"]:
-        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-    q = rope_cache(q, k, v, *rope, positions, layer.k_cache, layer.v_cache, slots)  # [Hq, N, D]
-    attn = tree_attention(q, layer.k_cache, layer.v_cache, prefix_len, tree_mask, head_dim ** -0.5)
-    normed, attended = rms_norm(F.linear(attn.transpose(0, 1).reshape(n, -1), layer.wo), layer.mlp_norm, eps, hidden)
-    expert_ids, expert_weights = route(F.linear(normed, layer.router), geometry["top_k"], geometry["norm_topk_prob"])
-    return attended, grouped_experts(normed, layer.gate_up, layer.down, expert_ids, expert_weights), expert_ids
+
+def routed_ids(layer: Layer, step: Callable[[], object]) -> torch.Tensor:
+    """The expert_ids [N, k] a step's rows route to: the experts' input read by a hook on an eager run of it."""
+    from specdraft.decoding.verifier.layer import route
+
+    seen = []
+    handle = layer.module.experts.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    try:
+        step()
+    finally:
+        handle.remove()
+    experts = layer.module.experts
+    return route(F.linear(seen[0], experts.router), experts.top_k, experts.renormalize)[0]
 
 
 def rope_tables(geometry: dict, max_len: int, device, dtype):
@@ -333,9 +330,10 @@ def layer_rows(geometry, args, device, dtype, ceiling) -> List[dict]:
             inputs = [layer_input(geometry, nodes, kind, args.skew, generator).to(device, dtype)
                       for _ in range(args.calls)]
             pending = torch.randn(nodes, geometry["hidden"], generator=generator).mul_(0.1).to(device, dtype)
-            calls = [lambda i=i: layer_step(layers[i % len(layers)], geometry, inputs[i], pending, rope, *tree)
+            calls = [lambda i=i: layer_step(layers[i % len(layers)], inputs[i], pending, rope, *tree)
                      for i in range(args.calls)]
-            touched = [touched_experts(call()[2], geometry["experts"]) for call in calls]  # eager: read back
+            touched = [touched_experts(routed_ids(layers[i % len(layers)], call), geometry["experts"])
+                       for i, call in enumerate(calls)]  # eager: read back
             us = launch_us(calls, args.reps, device)
             head_us = launch_us([lambda x=x: F.linear(rms_norm(x, final_norm, geometry["eps"]), lm_head)
                                  for x in inputs[:4]], args.reps, device)

@@ -1,9 +1,12 @@
-"""`VerifierModel`: the target as the runtime runs it, batch 1, over a static KV cache.
+"""`VerifierModel`: the target as the runtime runs it, batch 1, over a static KV cache, its layout as its family's
+`Architecture` says (architecture.py; the plain Llama layout by default).
 
 Rotary tables come in at `allocate` (weights.py takes them from the Hugging Face model's own rotary module, so every
-rope scaling it supports is reproduced). A prompt may bring tables of its own (`use_rope`: an M-RoPE target's image
-prompt, whose positions differ from its slots), copied over the default ones in place, so that captured CUDA
-graphs read them. `run_layers` writes the keys and values of its N tokens at cache slots prefix_len..prefix_len+N-1;
+rope scaling it supports is reproduced; one table per `rope_kinds` entry, each layer reading its own). A prompt may
+bring tables of its own (`use_rope`: an M-RoPE target's image prompt, whose positions differ from its slots),
+copied over the default ones in place, so that captured CUDA graphs read them. A sliding-window layer honours its
+window wherever it attends; a window of at least the cache's length never cuts anything, so it is dropped there.
+`run_layers` writes the keys and values of its N tokens at cache slots prefix_len..prefix_len+N-1;
 a drafter's pass over tree nodes scattered in the cache (`run_layers_at`) writes at the slots it is given and
 attends by a mask over every slot instead.
 """
@@ -16,21 +19,28 @@ from torch import nn
 
 from specdraft.core.types import TargetInfo
 from specdraft.kernels.rms_norm import rms_norm
+from specdraft.decoding.verifier.architecture import Architecture
 from specdraft.decoding.verifier.layer import DecoderLayer, linear_layer
 
 
 class VerifierModel(nn.Module):
     """Batch-1 decoder with a static KV cache of `max_len` slots: [L, Hkv, S, D] keys and values. With `bits`
-    (8 or 4) its linear layers and LM head are weight-only quantized (QuantizedLinear)."""
+    (8 or 4) its linear layers and LM head are weight-only quantized (QuantizedLinear). `architecture`: the
+    family's layout (None: the plain Llama layout, `qkv_bias` its q/k/v biases)."""
 
-    def __init__(self, info: TargetInfo, qkv_bias: bool = False, bits: Optional[int] = None):
+    def __init__(self, info: TargetInfo, qkv_bias: bool = False, bits: Optional[int] = None,
+                 architecture: Optional[Architecture] = None):
         super().__init__()
-        self.info, self.bits = info, bits
+        architecture = architecture or Architecture.llama(info, qkv_bias)
+        self.info, self.bits, self.architecture = info, bits, architecture
         self.embed_tokens = nn.Embedding(info.vocab_size, info.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(info, qkv_bias, bits) for _ in range(info.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(info, architecture, kind, bits) for kind in architecture.layers)
         self.norm = nn.Parameter(torch.ones(info.hidden_size))
         self.lm_head = linear_layer(info.hidden_size, info.vocab_size, False, bits)
+        if architecture.embed_scale is not None:  # a buffer: cast with the model, rounded to its dtype as HF's is
+            self.register_buffer("embed_scale", torch.tensor(architecture.embed_scale), persistent=False)
         self.max_len = 0
+        self.sliding_windows: Tuple[Optional[int], ...] = tuple(kind.sliding_window for kind in architecture.layers)
 
     @property
     def device(self) -> torch.device:
@@ -46,15 +56,19 @@ class VerifierModel(nn.Module):
         return self.lm_head.weight
 
     def allocate(self, max_len: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
-        """Static caches for `max_len` slots; rope tables [max_len, D]."""
+        """Static caches for `max_len` slots; rope tables [max_len, D], or [R, max_len, D] for a family of R kinds
+        (`Architecture.rope_kinds`)."""
         info, weight = self.info, self.embed_tokens.weight
         shape = (info.num_layers, info.num_kv_heads, max_len, info.head_dim)
         self.k_cache = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
         self.v_cache = torch.zeros_like(self.k_cache)
-        self.rope_cos, self.rope_sin = rope_cos.to(weight), rope_sin.to(weight)
+        tables = [(cos.to(weight), sin.to(weight)) for cos, sin in zip(*rope_kinds(rope_cos, rope_sin))]
+        self.rope_tables = tables  # [(cos, sin) [max_len, D]] per rope kind
+        self.rope_cos, self.rope_sin = tables[0]  # the first kind's: what `use_rope` replaces
         self.default_rope = (self.rope_cos.clone(), self.rope_sin.clone())
         self.own_rope = False  # the tables hold a prompt's own (use_rope), not the defaults
         self.max_len = max_len
+        self.sliding_windows = effective_windows(self.architecture, max_len)
 
     def use_rope(self, tables: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> None:
         """A prompt's rotary tables cos, sin [max_len, D] (indexed by position = cache slot), or None: the
@@ -66,14 +80,17 @@ class VerifierModel(nn.Module):
         self.rope_sin.copy_(sin[:self.max_len])
         self.own_rope = tables is not None
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [N] -> [N, H]
-        return self.embed_tokens(tokens)
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:  # [N] -> [N, H], the input of layer 0
+        embeds = self.embed_tokens(tokens)
+        return embeds if self.architecture.embed_scale is None else embeds * self.embed_scale
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, H]
-        return rms_norm(hidden, self.norm, self.info.rms_norm_eps)
+        return rms_norm(hidden, self.norm, self.info.rms_norm_eps, weight_in_fp32=self.architecture.norm.weight_in_fp32)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] (pre-norm) -> [N, V]
-        return self.lm_head(self.final_norm(hidden))
+        logits = self.lm_head(self.final_norm(hidden))
+        cap = self.architecture.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, prefix_len: torch.Tensor,
                    tree_mask: Optional[torch.Tensor], start_layer: int = 0, end_layer: Optional[int] = None,
@@ -100,9 +117,10 @@ class VerifierModel(nn.Module):
         capture = set(capture)
         captured, pending = {}, None
         for index in range(start_layer, end_layer):  # each layer adds the previous one's MLP output
-            layer_input, hidden, pending = self.layers[index](
-                hidden, pending, (self.rope_cos, self.rope_sin), positions, self.k_cache[index], self.v_cache[index],
-                slots, **attention)
+            layer = self.layers[index]
+            layer_input, hidden, pending = layer(
+                hidden, pending, self.rope_tables[layer.kind.rope], positions, self.k_cache[index],
+                self.v_cache[index], slots, sliding_window=self.sliding_windows[index], **attention)
             if index in capture:
                 captured[index] = layer_input
         if pending is not None:
@@ -110,3 +128,17 @@ class VerifierModel(nn.Module):
         if end_layer in capture:
             captured[end_layer] = hidden
         return hidden, captured
+
+
+def rope_kinds(cos: torch.Tensor, sin: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]:
+    """Rotary tables [S, D] (one kind) or [R, S, D] -> (the cos tables, the sin tables), one [S, D] per kind."""
+    if cos.dim() == 2:
+        return (cos,), (sin,)
+    return tuple(cos.unbind(0)), tuple(sin.unbind(0))
+
+
+def effective_windows(architecture: Architecture, length: int) -> Tuple[Optional[int], ...]:
+    """Each layer's sliding window over sequences of up to `length` tokens: None where it has none, or where it
+    is at least `length` (it never cuts there)."""
+    return tuple(kind.sliding_window if kind.sliding_window is not None and kind.sliding_window < length else None
+                 for kind in architecture.layers)

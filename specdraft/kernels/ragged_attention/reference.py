@@ -3,8 +3,9 @@ slots starts[i] .. starts[i] + lengths[i] - 1 and nothing else (its sequence's k
 own key included, written before the attention). Grouped-query: query head h reads kv head h // (Hq / Hkv).
 
 A batch of decode steps (one query per sequence) and a packed prefill (every prompt token of several prompts,
-each query seeing its prompt's slots up to itself: causal within the prompt) are both this one function."""
-from typing import Optional
+each query seeing its prompt's slots up to itself: causal within the prompt) are both this one function. A
+sliding-window layer's query sees the last w slots of its range alone (`window_range`)."""
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,15 @@ def visible_range(starts: torch.Tensor, lengths: torch.Tensor, seq_len: int) -> 
     """starts, lengths [N] int64 -> [N, S] bool: which of the cache's S slots each query sees."""
     slots = torch.arange(seq_len, device=starts.device)  # [S]
     return (slots >= starts[:, None]) & (slots < (starts + lengths)[:, None])
+
+
+def window_range(starts: torch.Tensor, lengths: torch.Tensor, sliding_window: int,
+                 max_length: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """A sliding-window layer's ranges: query i sees the last min(lengths[i], sliding_window) slots of its range
+    (Hugging Face's sliding-window mask: the w latest positions, its own included) -> (starts, lengths [N],
+    the longest range)."""
+    dropped = (lengths - sliding_window).clamp(min=0)  # [N] slots before the window
+    return starts + dropped, lengths - dropped, min(max_length, sliding_window)
 
 
 def ragged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, starts: torch.Tensor,
