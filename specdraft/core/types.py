@@ -130,6 +130,9 @@ class TargetFeatures:
     """[B, T, H] the last hidden state after the final norm (training only): logits = final_hidden @ lm_head.T."""
     lm_head: Optional[torch.Tensor] = None
     """[V, H] the target's LM head weight, so that a method computes only the logits it needs."""
+    embed_tokens: Optional[torch.Tensor] = None
+    """[V, H] the target's input embedding table, for a method that embeds tokens besides the batch's own (a block
+    drafter's mask token); None where the source keeps none."""
     context: Dict[str, torch.Tensor] = field(default_factory=dict)
     """The prompts' extra context by name, as the runtime hands it to `Drafter.begin` (a vision-language target's
     IMAGE_EMBEDS [B, T, H] and IMAGE_MASK [B, T]); empty for text targets. hidden_states[0] stays the token

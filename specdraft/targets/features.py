@@ -135,7 +135,8 @@ def capture_features(model, input_ids: torch.Tensor, attention_mask: Optional[to
     with causal_attention(model) if unmasked else contextlib.nullcontext(), torch_linear():
         hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
     return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
-                          lm_head=model.get_output_embeddings().weight)
+                          lm_head=model.get_output_embeddings().weight,
+                          embed_tokens=model.get_input_embeddings().weight)
 
 
 def embeddings_from_table(model, input_ids: torch.Tensor) -> bool:

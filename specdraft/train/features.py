@@ -178,7 +178,8 @@ class OfflineFeatures:
         if 0 not in hidden_states and self.embed_tokens is not None:
             hidden_states[0] = torch.nn.functional.embedding(batch["input_ids"], self.embed_tokens)  # [B, T, H]
         final_hidden = stored[FINAL].to(self.lm_head.dtype)  # [B, T, H]
-        return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden, lm_head=self.lm_head)
+        return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden, lm_head=self.lm_head,
+                              embed_tokens=self.embed_tokens)
 
 
 class HybridFeatures:
