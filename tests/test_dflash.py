@@ -141,16 +141,32 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(model, monke
     monkeypatch.setattr(loss_module, "HEAD_CHUNK_ROWS", 7)  # several checkpointed head chunks
     cfg = DFlashConfig(block_size=4, num_layers=2, num_anchors=6)
     runs = []
-    for mode in ("none", "full"):
+    for mode in ("none", "swiglu", "full"):
         torch.manual_seed(0)
         draft = SPEC.build(cfg, DraftContext(_info(model), activation_checkpointing=mode))
         torch.manual_seed(1)
         loss = SPEC.loss(draft, _batch(model, cfg), cfg).loss
         loss.backward()
         runs.append((loss.detach(), {n: p.grad for n, p in draft.named_parameters()}))
-    torch.testing.assert_close(runs[1][0], runs[0][0])
-    for name, grad in runs[0][1].items():
-        torch.testing.assert_close(runs[1][1][name], grad, msg=name)
+    for loss, grads in runs[1:]:
+        torch.testing.assert_close(loss, runs[0][0])
+        for name, grad in runs[0][1].items():
+            torch.testing.assert_close(grads[name], grad, msg=name)
+
+
+def test_swiglu_checkpointing_keeps_only_gate_and_up_of_the_mlp(model):
+    """swiglu (train's default) keeps the MLP's gate and up for the backward, not silu(gate) and its product."""
+    cfg = DFlashConfig(block_size=4, num_layers=2, num_anchors=6)
+    kept = {}
+    for mode in ("none", "swiglu"):
+        torch.manual_seed(0)
+        draft = SPEC.build(cfg, DraftContext(_info(model), activation_checkpointing=mode))
+        batch, width = _batch(model, cfg), draft.layers[0].mlp.gate_proj.out_features
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+            SPEC.loss(draft, batch, cfg).loss.backward()
+        kept[mode] = sum(1 for shape in saved if len(shape) == 3 and shape[-1] == width)  # [B, Q, I] tensors
+    assert kept["swiglu"] == 2 * cfg.num_layers < kept["none"], kept
 
 
 @pytest.mark.parametrize("settings, key", [({"block_size": 1}, "method.block_size"),

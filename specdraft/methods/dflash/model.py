@@ -16,6 +16,8 @@ from torch.utils.checkpoint import checkpoint
 from specdraft.config import checkpointing_mode
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from specdraft.layers.blocks import swiglu
+from specdraft.layers.cast import compute_weight
 from specdraft.layers.compile import maybe_compiled
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.dflash.blocks import BlockMask, block_attention
@@ -60,14 +62,21 @@ class DFlashAttention(nn.Module):
 
 
 def _mlp_residual(layer: "DFlashDecoderLayer", hidden: torch.Tensor) -> torch.Tensor:  # [B, Q, H] -> [B, Q, H]
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    normed = layer.post_attention_layernorm(hidden)
+    if layer.recompute_pointwise and torch.is_grad_enabled():  # keeps gate and up only, not silu(gate) * up
+        mlp = layer.mlp
+        gate_up = compute_weight(mlp.gate_proj.weight, mlp.up_proj.weight)  # [2I, H]
+        return hidden + swiglu(normed, gate_up, compute_weight(mlp.down_proj.weight), recompute_pointwise=True)
+    return hidden + layer.mlp(normed)
 
 
 class DFlashDecoderLayer(nn.Module):
     """input_layernorm -> attention (block queries, context + block keys) -> residual -> post-attention norm ->
-    SwiGLU -> residual. `compiled` (train.compile) runs the MLP residual under torch.compile."""
+    SwiGLU -> residual. `compiled` (train.compile) runs the MLP residual under torch.compile; `recompute_pointwise`
+    (activation checkpointing from swiglu on) recomputes the MLP's silu and product in the backward."""
 
     compiled = False
+    recompute_pointwise = False
 
     def __init__(self, target: TargetInfo, intermediate_size: int):
         super().__init__()
@@ -102,6 +111,7 @@ class DFlashDraft(DraftVocab, nn.Module):
         self.activation_checkpointing = ctx.activation_checkpointing
         for layer in self.layers:
             layer.compiled = bool(ctx.compile)
+            layer.recompute_pointwise = checkpointing_mode(ctx.activation_checkpointing) != "none"
         if vocab is not None:
             self.init_draft_vocab(ctx.token_counts, vocab, target.vocab_size)
         else:  # the target's vocabulary: identity maps, never saved (the layouts of SGLang and vLLM carry none)
