@@ -224,3 +224,22 @@ def test_a_draft_vocabulary_decodes_losslessly(model):
     for shape in (TreeShape.chain(4), TreeShape(depth=4, topk=2, budget=7)):
         engine = SpecEngine(verifier, SPEC.runtime(draft, cfg, verifier), shape, 128, hf_rope_tables(target, 128))
         assert engine.generate(prompt, 20).tokens == expected
+
+
+@pytest.mark.slow  # 400 sampled cycles a shape
+@pytest.mark.parametrize("shape", [TreeShape.chain(5), TreeShape(depth=4, topk=3, budget=10)], ids=["chain", "tree"])
+@torch.no_grad()
+def test_dflash_cycles_at_t1_keep_the_targets_distribution(shape, monkeypatch):
+    """The trained DFlash drafter through the engine's block cycle at T=1: each cycle's first token follows the
+    target's distribution (chi-square over the top tokens), accepted draft or resampled."""
+    from specdraft.decoding.cycles.block import BlockCycle
+    from tests.runtime.test_block_cycle import _first_tokens
+    from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
+    from tests.runtime.test_method_drafters import PROMPT, _setup
+
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    target, _, _, engine = _setup("dflash", shape)
+    assert isinstance(engine.own_kind, BlockCycle)
+    root, firsts = _first_tokens(engine, PROMPT, 400)
+    probs = torch.softmax(target(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
+    assert _chi_square_top(firsts, probs) < CRITICAL
