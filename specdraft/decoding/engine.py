@@ -354,6 +354,8 @@ class SpecEngine:
 
     # ---- the phases, for profiling and counting (runtime/profile.py, tools/count_cycle_launches.py) ----------
     def build_tree(self, draws: Optional[DraftDraws] = None, shape: Optional[TreeShape] = None) -> DraftTree:
+        if shape is None and isinstance(self.own_kind, BlockCycle):  # a block drafter drafts by its proposals
+            return self.own_kind.draft(draws)
         return self.context.build_tree(shape or self.shape, draws)
 
     def verify_forward(self, tree: DraftTree) -> Verified:
