@@ -154,6 +154,7 @@ def test_the_cycle_profiler_drafts_by_the_blocks_proposals():
     from specdraft.runtime.profile import profile_cycles
 
     model = _tiny_target()
-    drafter = RandomBlockDrafter(PROMPT + _greedy(model, PROMPT, 64), VOCAB, BLOCK)
-    profile = profile_cycles(SimpleNamespace(engine=_engine(model, SHAPES["tree"], drafter)), PROMPT, cycles=3)
-    assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"} and profile["eager_cycle_ms"] > 0
+    for name in ("chain", "tree"):
+        drafter = RandomBlockDrafter(PROMPT + _greedy(model, PROMPT, 64), VOCAB, BLOCK)
+        profile = profile_cycles(SimpleNamespace(engine=_engine(model, SHAPES[name], drafter)), PROMPT, cycles=3)
+        assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"} and profile["eager_cycle_ms"] > 0
