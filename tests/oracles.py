@@ -6,11 +6,13 @@ returns the [k] greedy target-vocabulary ids it drafts after `state.tokens`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from specdraft.core.types import DraftBatch, TargetFeatures
+from specdraft.methods.dflash import DFlashDraft
+from specdraft.methods.dflash.blocks import BlockMask
 from specdraft.methods.eagle3 import Eagle3Draft, fused_features
 from specdraft.methods.kangaroo import KangarooDraft
 from specdraft.methods.peagle import PEagleDraft, Rollout, rollout_hidden
@@ -24,6 +26,7 @@ class ChainState:
     tokens: torch.Tensor  # [1, n + 1] every token so far, the newest (not yet seen by the target) last
     features: TargetFeatures  # hidden_states over the first n tokens: [1, n, H] each
     embed: Callable[[torch.Tensor], torch.Tensor]  # target embedding: [1, k] ids -> [1, k, H]
+    lm_head: Optional[torch.Tensor] = None  # [V, H] the target's LM head (a draft that shares it reads it)
 
 
 def _to_target(draft, draft_logits: torch.Tensor) -> torch.Tensor:
@@ -143,8 +146,24 @@ def peagle_chain(draft: PEagleDraft, state: ChainState, num_tokens: int) -> torc
     return draft_index + draft.d2t[draft_index]
 
 
+
+def dflash_chain(draft: DFlashDraft, state: ChainState, num_tokens: int) -> torch.Tensor:
+    """One block with its anchor at the root x_n (position n) through the training forward: the context of the n
+    confirmed positions, the block [x_n, mask, ...] seeing all of it and itself -> the argmax of positions 1..k."""
+    n, block = state.tokens.shape[1] - 1, draft.block_size
+    context = draft.context(state.features.hidden_states)  # [1, n, H]
+    tokens = torch.full((1, block), draft.mask_token_id, dtype=torch.long, device=state.tokens.device)
+    tokens[0, 0] = state.tokens[0, n]
+    positions = torch.arange(n, n + block, device=tokens.device)[None]  # [1, B]
+    sees = BlockMask(dense=torch.ones(1, block, n + block, dtype=torch.bool, device=tokens.device))
+    normed = draft.blocks(state.embed(tokens), positions, context, positions.new_tensor(range(n))[None], sees)
+    logits = draft.logits(normed[:, 1:1 + num_tokens], state.lm_head)  # [1, k, Vd]
+    best = logits[0].argmax(-1)
+    return best + draft.d2t[best]
+
+
 CHAINS = {"eagle3": eagle3_chain, "poss": poss_chain, "kangaroo": kangaroo_chain, "vispec": vispec_chain,
-          "peagle": peagle_chain}
+          "peagle": peagle_chain, "dflash": dflash_chain}
 
 
 def chain_of(method: str):

@@ -53,6 +53,33 @@ def test_flop_counts_match_issue_6_at_llama_8b():
     assert 14.5e9 < target < 16.5e9 and 15.5e9 < draft < 18e9
 
 
+def test_dflash_rows_run_and_count_their_own_flops(tmp_path):
+    out = tmp_path / "bench.json"
+    bench.main(["--config", "tiny", "--device", "cpu", "--seq-lens", "32", "--warmup", "1", "--steps", "1",
+                "--rows", "dflash", "dflash-selective", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["row"], r["method"], r["checkpointing"], r["status"]) for r in rows] == [
+        ("dflash", "dflash", "swiglu", "ok"), ("dflash-selective", "dflash", "selective", "ok")]
+    for row in rows:
+        assert row["phases_ms"]["loss"] > 0  # the timer wraps DFlash's own soft cross-entropy
+        assert {"draft_context", "draft_layers", "draft_lm_head", "target_layers"} <= set(row["flop_per_token"])
+        assert row["flop_per_token"]["issue"] == row["flop_per_token"]["shapes"] > 0
+
+
+def test_dflash_flop_count_at_llama_8b():
+    """By hand: 512 blocks of 16 over 2048 tokens are 4 block positions a token; five layers of about 0.45 GFLOP
+    a position (projections 0.08, MLP 0.35, attention 0.02), the 128K head 1.05 a position: 3 x (9.1 + 4.2) for
+    forward and backward, the teacher's head 4.2 once and the context 0.75, about 44.8 GFLOP per token."""
+    from transformers import LlamaConfig
+
+    from specdraft.core.types import TargetInfo
+
+    config = bench.train_rows.CONFIGS["llama3-8b"]
+    info = TargetInfo.from_hf_config(LlamaConfig(**config["model"]), "8b")
+    draft = bench.train_rows.dflash_flops_per_token(info, 2048, config["dflash"])
+    assert 43e9 < sum(draft.values()) < 46.5e9, draft
+
+
 def test_out_of_memory_is_a_status_not_a_crash(monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise bench.torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")

@@ -38,6 +38,7 @@ CASES = {  # small settings per method trained on the target's features; every r
     "kangaroo": {"ttt_steps": 3, "draft_vocab_size": 256, "exit_layer": 2},
     "vispec": {"ttt_steps": 3, "draft_vocab_size": 256, "num_queries": 3},
     "peagle": {"num_depths": 4, "draft_vocab_size": 256},
+    "dflash": {"block_size": 4, "num_layers": 2, "num_anchors": 8},
 }
 READS_IMAGES = {"vispec"}  # trained and served on the tiny VLM (tiny_vlm_dir, distilled_images)
 LABELS = [{"prefix": "ab", "candidate": "c", "label": 1}, {"prefix": "a", "candidate_id": 7, "label": 0}]
@@ -115,7 +116,8 @@ def _outputs(loaded, target, probe):
     prefix = ids.shape[1] - 4
     state = ChainState(tokens=ids[:, :prefix + 1], embed=target.model.get_input_embeddings(),
                        features=TargetFeatures({i: h[:, :prefix] for i, h in feats.hidden_states.items()},
-                                               context={k: v[:, :prefix] for k, v in feats.context.items()}))
+                                               context={k: v[:, :prefix] for k, v in feats.context.items()}),
+                       lm_head=target.model.get_output_embeddings().weight)
     return loss, chain_of(spec.name)(draft, state, 3)
 
 

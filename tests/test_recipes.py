@@ -58,7 +58,7 @@ BASE = "method: {name: eagle3}\n"
     (BASE + "train: {max_stepz: 3}\n", [], "unknown recipe key 'train.max_stepz'; valid keys in 'train': output_dir"),
     (BASE, ["method.ttt_stepz=3"], "unknown recipe key 'method.ttt_stepz'; valid keys in 'method': name, ttt_steps"),
     (BASE + "train: {max_steps: lots}\n", [], "train.max_steps"),
-    ("method: {name: medusa}\n", [], "unknown method 'medusa'; valid: c2t, eagle3"),
+    ("method: {name: medusa}\n", [], "unknown method 'medusa'; valid: c2t, dflash, eagle3"),
     (BASE + "trainer: {}\n", [], "unknown recipe section 'trainer'; valid: target"),
     (BASE + "train: {strategy: fsdp9}\n", [], "unknown train.strategy 'fsdp9'; valid: auto, ddp, deepspeed_stage_1"),
     ("data: {}\n", [], "recipe has no method.name"),

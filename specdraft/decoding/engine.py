@@ -159,8 +159,9 @@ class SpecEngine:
         return context
 
     def _chain(self, options: EngineOptions) -> Optional[ChainCycle]:
-        """The chain cycle kind when the engine drafts chains (shape.topk == 1), with its exits."""
-        if self.drafter is None or self.shape.topk != 1:
+        """The chain cycle kind when the engine drafts chains (shape.topk == 1), with its exits; none for a block
+        drafter (its chains are BlockCycle's)."""
+        if self.drafter is None or self.shape.topk != 1 or self.drafter.caps.block_size:
             return None
         reuse = options.reuse_shallow
         start = self.drafter.verify_start_layer if reuse and self.drafter.caps.shallow_layers else 0
@@ -354,6 +355,8 @@ class SpecEngine:
 
     # ---- the phases, for profiling and counting (runtime/profile.py, tools/count_cycle_launches.py) ----------
     def build_tree(self, draws: Optional[DraftDraws] = None, shape: Optional[TreeShape] = None) -> DraftTree:
+        if shape is None and isinstance(self.own_kind, BlockCycle):  # a block drafter drafts by its proposals
+            return self.own_kind.draft(draws)
         return self.context.build_tree(shape or self.shape, draws)
 
     def verify_forward(self, tree: DraftTree) -> Verified:

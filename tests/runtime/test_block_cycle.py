@@ -143,3 +143,18 @@ def test_a_block_drafters_default_shape_is_the_chain_of_its_proposals():
     assert tree_shape(RuntimeConfig(depth=6), block_size=16) == TreeShape.chain(6)  # a depth alone: its chain
     assert tree_shape(RuntimeConfig(topk=4, budget=32), block_size=16) == TreeShape(15, 4, 32)
     assert tree_shape(RuntimeConfig()) == TreeShape()  # a drafter of depth steps: as before
+
+
+@torch.no_grad()
+def test_the_cycle_profiler_drafts_by_the_blocks_proposals():
+    """`bench`'s cycle profile times the block cycle's own draft phase (one propose, its tree), not a step drafter's
+    tree expansion, which a block drafter does not have."""
+    from types import SimpleNamespace
+
+    from specdraft.runtime.profile import profile_cycles
+
+    model = _tiny_target()
+    for name in ("chain", "tree"):
+        drafter = RandomBlockDrafter(PROMPT + _greedy(model, PROMPT, 64), VOCAB, BLOCK)
+        profile = profile_cycles(SimpleNamespace(engine=_engine(model, SHAPES[name], drafter)), PROMPT, cycles=3)
+        assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"} and profile["eager_cycle_ms"] > 0

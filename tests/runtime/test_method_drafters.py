@@ -23,6 +23,7 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
     "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts: tests/test_vispec.py has images
     "peagle": {"draft_vocab_size": 200, "init_std": 0.3, "num_depths": 5},
+    "dflash": {"block_size": 6, "num_layers": 2, "init_std": 0.3, "num_anchors": 16},
 }
 VARIANTS = {"eagle3.1": ("eagle3", {**CASES["eagle3"], "fc_norm": True, "norm_output": True})}
 """Recipe switches of a method whose drafter runs another path (EAGLE-3.1's normed features and fed-back state)."""
@@ -99,7 +100,8 @@ def _propose(model, spec, draft, confirmed, k):
     tokens = torch.tensor([confirmed])
     out = model(tokens[:, :-1], output_hidden_states=True)
     features = TargetFeatures(hidden_states={i: h for i, h in enumerate(out.hidden_states)})
-    state = ChainState(tokens=tokens, features=features, embed=model.get_input_embeddings())
+    state = ChainState(tokens=tokens, features=features, embed=model.get_input_embeddings(),
+                       lm_head=model.get_output_embeddings().weight)
     return chain_of(spec.name)(draft, state, k).tolist()
 
 

@@ -5,10 +5,11 @@
     python -m tools.bench.train --rows baseline ours-swiglu ours-swiglu-8bit-fused   # the rows docs/benchmarks.md has
     python -m tools.bench.train --config tiny --device cpu --out /tmp/bench           # the same rows, tiny, CPU
     python -m tools.bench.train --seq-lens 2048 --rows ours-no-ckpt --profile 2      # and where its step goes
+    python -m tools.bench.train --rows dflash dflash-selective --out runs/bench       # DFlash's step, one GPU
     python -m tools.bench.train activations --seq-len 256 --out runs/bench            # CPU, about 2 minutes
 
-`step`: one step is the frozen target's forward (no grad, bf16), the draft's 7 TTT steps forward and backward,
-AdamW. The target is built from Llama-3.1-8B's configuration with random weights (speed and memory do not depend
+`step`: one step is the frozen target's forward (no grad, bf16), the draft's 7 TTT steps forward and backward
+(a DFlash row: all its blocks in one forward and backward), AdamW. The target is built from Llama-3.1-8B's configuration with random weights (speed and memory do not depend
 on their values); the draft comes from the method registry. Each row runs a few warm-up steps, then timed ones.
 
 Rows (--rows, in this order at each sequence length):
@@ -29,6 +30,11 @@ Rows (--rows, in this order at each sequence length):
   ours-swiglu-8bit-fused  ours-swiglu with specdraft's AdamW8bitFused (the same 8-bit state, one fused Triton kernel
                     per tensor: train.optimizer=adamw8bit_fused)
   offline-swiglu-8bit-fused  ours-swiglu-8bit-fused fed precomputed hidden states (data.features=offline)
+  dflash            a DFlash draft (its settings: the config's; Llama-3.1-8B: block 16, 5 layers, 512 anchors a
+                    sequence, the target's LM head shared) on the ours-swiglu-8bit-fused path: flex block mask,
+                    compiled, the Triton soft cross-entropy over the full vocabulary, AdamW8bitFused
+  dflash-selective  dflash with selective checkpointing (each layer recomputed, the LM head and loss in chunks of
+                    4096 rows recomputed: no [rows, V] logits kept)
 Compiling rows compile on CUDA only (train.compile=auto): on a CPU they run eagerly, and the report's
 `compiled` says which ran compiled.
 A row that runs out of memory is reported as OOM; any other failure is reported and the next row runs.
@@ -64,6 +70,7 @@ OUT/activations.json.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -73,7 +80,6 @@ from tools.bench.suite import finish, fmt, machine, markdown_table, run_parts
 import torch
 
 from specdraft.config import CHECKPOINTING
-from specdraft.methods.eagle3 import loss as eagle3_loss  # the module whose soft_cross_entropy the loss calls
 from specdraft.methods import get_method
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.train.profiling import op_report, print_op_tables
@@ -108,8 +114,9 @@ def phase_breakdown(spans_ms: Dict[str, float]) -> Dict[str, float]:
 def _timed_steps(trainee: train_rows.Trainee, cuda: bool, warmup: int, steps: int):
     """-> (mean phase ms per step, peak bytes allocated during the timed steps or None on CPU)."""
     timer = train_rows.PhaseTimer(cuda)
-    soft_ce = eagle3_loss.soft_cross_entropy
-    eagle3_loss.soft_cross_entropy = timer.wrap("loss", soft_ce)
+    loss_module = sys.modules[trainee.spec.loss.__module__]  # the module whose soft_cross_entropy the loss calls
+    soft_ce = loss_module.soft_cross_entropy
+    loss_module.soft_cross_entropy = timer.wrap("loss", soft_ce)
     try:
         for _ in range(warmup):
             trainee.step(timer)
@@ -122,7 +129,7 @@ def _timed_steps(trainee: train_rows.Trainee, cuda: bool, warmup: int, steps: in
         totals = {name: value / steps for name, value in timer.read_ms().items()}  # one sync, after the last
         totals["wall"] = (time.perf_counter() - start) * 1e3 / steps
     finally:
-        eagle3_loss.soft_cross_entropy = soft_ce
+        loss_module.soft_cross_entropy = soft_ce
     return totals, (torch.cuda.max_memory_allocated() if cuda else None)
 
 
@@ -145,8 +152,8 @@ def run_row(bench: train_rows.Bench, row: train_rows.Row, seq_len: int, warmup: 
     tables from that many more steps under torch.profiler ("ops")."""
     train_rows.free_memory(bench.cuda)
     resident = torch.cuda.memory_allocated() if bench.cuda else 0
-    result = {"row": row.name, "seq_len": seq_len, "tokens_per_step": seq_len, "status": "ok",
-              "checkpointing": row.checkpointing, "optimizer": row.optimizer,
+    result = {"row": row.name, "method": row.method, "seq_len": seq_len, "tokens_per_step": seq_len,
+              "status": "ok", "checkpointing": row.checkpointing, "optimizer": row.optimizer,
               "compiled": train_rows.row_compiles(row, bench.cuda)}
     try:
         compiled_target = train_rows.compiled_target(bench.target, result["compiled"] and row.features == "online")
@@ -238,7 +245,8 @@ def run(config_name: str, device: str, seq_lens: List[int], rows: List[str], war
 
 
 def step_main(argv: Optional[List[str]] = None) -> dict:
-    parser = argparse.ArgumentParser(description="one EAGLE-3 training step at real scale: tokens/s, MFU, memory")
+    parser = argparse.ArgumentParser(
+        description="one draft training step (EAGLE-3, DFlash) at real scale: tokens/s, MFU, memory")
     parser.add_argument("--config", choices=sorted(train_rows.CONFIGS), default="llama3-8b")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seq-lens", type=int, nargs="+", help="default: the config's (2048 8192 for the 8B)")

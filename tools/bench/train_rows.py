@@ -20,6 +20,7 @@ import torch
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods import get_method
+from specdraft.methods.dflash import default_feature_layers
 from specdraft.train.features import OnlineFeatures
 from specdraft.train.module import build_optimizer
 
@@ -32,14 +33,17 @@ CONFIGS = {
     "llama3-8b": {"model": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                 rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072),
-                  "draft_vocab": 32000, "seq_lens": [2048, 8192], "ceiling_size": 8192},
+                  "draft_vocab": 32000, "seq_lens": [2048, 8192], "ceiling_size": 8192,
+                  "dflash": dict(block_size=16, num_layers=5, num_anchors=512)},
     "smollm2": {"model": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                               num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
                               max_position_embeddings=8192),
-                "draft_vocab": 8192, "seq_lens": [1024], "ceiling_size": 8192},
+                "draft_vocab": 8192, "seq_lens": [1024], "ceiling_size": 8192,
+                "dflash": dict(block_size=16, num_layers=3, num_anchors=256)},
     "tiny": {"model": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                            num_key_value_heads=2, vocab_size=512, rope_theta=10000.0, max_position_embeddings=4096),
-             "draft_vocab": 256, "seq_lens": [32, 64], "ceiling_size": 256},
+             "draft_vocab": 256, "seq_lens": [32, 64], "ceiling_size": 256,
+             "dflash": dict(block_size=4, num_layers=2, num_anchors=8)},
 }
 
 
@@ -57,6 +61,9 @@ class Row:
     """train.compile=auto (compiled on CUDA) instead of false."""
     optimizer: str = "adamw"
     """adamw (PyTorch's, fused on CUDA), adamw8bit (bitsandbytes) or adamw8bit_fused (kernels/adamw8bit)."""
+    method: str = "eagle3"
+    """The registered method whose draft the row trains: eagle3 (7 TTT steps, the config's draft vocabulary) or
+    another, with the config's settings under the method's name (CONFIGS)."""
 
 
 ROWS = {row.name: row for row in (
@@ -71,6 +78,9 @@ ROWS = {row.name: row for row in (
     Row("ours-swiglu-8bit", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit"),
     Row("ours-swiglu-8bit-fused", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused"),
     Row("offline-swiglu-8bit-fused", "offline", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused"),
+    Row("dflash", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused", method="dflash"),
+    Row("dflash-selective", "online", "auto", "selective", compile=True, optimizer="adamw8bit_fused",
+        method="dflash"),
 )}
 
 
@@ -162,6 +172,22 @@ def draft_flops_per_token(info: TargetInfo, seq_len: int, draft_vocab: int, step
     return {"fc": 3 * 2 * 3 * hidden * hidden, "layer": 3 * steps * layer, "attention": 3 * attention,
             "lm_head": 3 * steps * 2 * hidden * draft_vocab}
 
+
+def dflash_flops_per_token(info: TargetInfo, seq_len: int, settings: dict) -> Dict[str, float]:
+    """Forward + backward (3x forward) FLOPs per sequence token of the DFlash draft (its `settings`: block_size,
+    num_layers, num_anchors, every anchor a block): the fc over the context, each layer's context keys and values
+    over it, the layers over the A * Bk block positions (attention: the context before the anchor, on average half,
+    and the block), the shared LM head over the block positions; the teacher's head rows run once, forward only."""
+    hidden, q_width, kv_width = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
+    layers, blocks = settings["num_layers"], settings["num_anchors"] * settings["block_size"]
+    features = len(default_feature_layers(info.num_layers, layers))
+    context = seq_len * (2 * features * hidden * hidden + layers * 2 * hidden * 2 * kv_width)
+    layer = 2 * hidden * (2 * q_width + 2 * kv_width) + 6 * hidden * info.intermediate_size
+    attention = 4 * q_width * (seq_len / 2 + settings["block_size"])
+    return {"context": 3 * context / seq_len, "layers": 3 * layers * blocks * (layer + attention) / seq_len,
+            "lm_head": 3 * blocks * 2 * hidden * info.vocab_size / seq_len,
+            "teacher_head": blocks * 2 * hidden * info.vocab_size / seq_len}
+
 @dataclass
 class FullLogitsFeatures(TargetFeatures):
     """The first implementation's features: the Hugging Face forward's full [B, T, V] logits."""
@@ -198,19 +224,36 @@ class Bench:
     def __init__(self, config: dict, device: str, attention: str = "auto"):
         self.device, self.cuda, self.attention = device, device == "cuda", attention
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
-        self.draft_vocab = config["draft_vocab"]
+        self.config, self.draft_vocab = config, config["draft_vocab"]
         self.target = build_target(config["model"], device, self.dtype)
         self.info = TargetInfo.from_hf_config(self.target.config, "random weights")
         self.spec = get_method("eagle3")
         self.layers = self.spec.feature_layers(self.spec.config(), self.info)
 
+    def method_config(self, row: Row):
+        """-> (the row's method spec, its config): EAGLE-3's with TTT_STEPS and the config's draft vocabulary,
+        another method's with the config's settings under its name."""
+        spec = get_method(row.method)
+        attention = "dense" if row.kernels == "reference" else self.attention
+        settings = {"ttt_steps": TTT_STEPS, "draft_vocab_size": self.draft_vocab} if row.method == "eagle3" else \
+            self.config[row.method]
+        return spec, spec.config(**settings, attention=attention)
+
     def autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda else nullcontext()
 
     def flops_per_token(self, row: Row, seq_len: int) -> Dict[str, float]:
+        """FLOPs per token: "issue" (issue 6's EAGLE-3 count; a DFlash row's is its shapes' count), "shapes" (by
+        the tensors' shapes) and their parts."""
         target = target_flops_per_token(self.info, seq_len, self.draft_vocab)
         if row.features == "offline":  # no target layers run; the teacher head and the argmax scan still do
             target = {"teacher_head": target["teacher_head"], "argmax_scan": target["argmax_scan"]}
+        if row.method == "dflash":  # its teacher rows are in its own count; it needs no argmax scan (its own head)
+            target = {"layers": target["layers"], "attention": target["attention"]}
+            draft = dflash_flops_per_token(self.info, seq_len, self.config["dflash"])
+            shapes = sum(target.values()) + sum(draft.values())
+            return {"issue": shapes, "shapes": shapes, **{f"target_{k}": v for k, v in target.items()},
+                    **{f"draft_{k}": v for k, v in draft.items()}}
         draft = draft_flops_per_token(self.info, seq_len, self.draft_vocab, TTT_STEPS)
         issue = ISSUE_DRAFT_FLOP_PER_TOKEN + (0 if row.features == "offline" else ISSUE_TARGET_FLOP_PER_TOKEN)
         return {"issue": issue, "shapes": sum(target.values()) + sum(draft.values()),
@@ -223,18 +266,17 @@ class Bench:
         return {"input_ids": input_ids, "loss_mask": ones, "attention_mask": ones, "position_ids": position_ids,
                 "document_ids": document_ids}
 
-    def feature_source(self, row: Row, batch: dict) -> Callable[[], TargetFeatures]:
-        """What the step calls to get the target's features for `batch`."""
+    def feature_source(self, row: Row, batch: dict, layers: List[int]) -> Callable[[], TargetFeatures]:
+        """What the step calls to get the target's features (its `layers`) for `batch`."""
         if row.features == "full-logits":
-            return lambda: full_logits_features(self.target, batch["input_ids"], batch["attention_mask"],
-                                                self.layers)
+            return lambda: full_logits_features(self.target, batch["input_ids"], batch["attention_mask"], layers)
         if row.features == "online":
-            return functools.partial(OnlineFeatures(self.target, self.layers), batch)  # as `train` runs it
+            return functools.partial(OnlineFeatures(self.target, layers), batch)  # as `train` runs it
         shape = (*batch["input_ids"].shape, self.info.hidden_size)
-        hidden = {i: torch.randn(shape, device=self.device, dtype=self.dtype) for i in sorted({0, *self.layers})}
+        hidden = {i: torch.randn(shape, device=self.device, dtype=self.dtype) for i in sorted({0, *layers})}
         final = torch.randn(shape, device=self.device, dtype=self.dtype)
-        lm_head = self.target.get_output_embeddings().weight
-        return lambda: TargetFeatures(hidden_states=hidden, final_hidden=final, lm_head=lm_head)
+        lm_head, embed = self.target.get_output_embeddings().weight, self.target.get_input_embeddings().weight
+        return lambda: TargetFeatures(hidden_states=hidden, final_hidden=final, lm_head=lm_head, embed_tokens=embed)
 
 
 @contextmanager
@@ -276,20 +318,19 @@ class Trainee:
 
     def __init__(self, bench: Bench, row: Row, seq_len: int):
         self.bench, self.row = bench, row
-        self.cfg = bench.spec.config(ttt_steps=TTT_STEPS, draft_vocab_size=bench.draft_vocab,
-                                     attention="dense" if row.kernels == "reference" else bench.attention)
+        self.spec, self.cfg = bench.method_config(row)
         counts = torch.randint(0, 1000, (bench.info.vocab_size,))
         context = DraftContext(bench.info, counts, activation_checkpointing=row.checkpointing,
                                compile=row_compiles(row, bench.cuda))
         with torch.device(bench.device):
-            self.draft = bench.spec.build(self.cfg, context)
+            self.draft = self.spec.build(self.cfg, context)
         if row.optimizer == "adamw":
             self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=1e-4, betas=(0.9, 0.95),
                                                fused=bench.cuda)
         else:
             self.optimizer = build_optimizer(row.optimizer, self.draft.parameters(), lr=1e-4, weight_decay=0.0)
         self.batch = bench.inputs(row, seq_len)
-        self.features = bench.feature_source(row, self.batch)
+        self.features = bench.feature_source(row, self.batch, self.spec.feature_layers(self.cfg, bench.info))
 
     def step(self, timer: PhaseTimer) -> None:
         """Target features, loss (draft forward), backward, gradient clip and AdamW; phases into `timer`."""
@@ -303,7 +344,7 @@ class Trainee:
                 draft_batch = DraftBatch(batch["input_ids"], batch["loss_mask"], batch["attention_mask"], features,
                                          position_ids=batch["position_ids"], document_ids=batch["document_ids"])
                 with timer.phase("forward"):
-                    loss = self.bench.spec.loss(self.draft, draft_batch, self.cfg).loss
+                    loss = self.spec.loss(self.draft, draft_batch, self.cfg).loss
             with timer.phase("backward"):
                 loss.backward()
             with timer.phase("optimizer"):

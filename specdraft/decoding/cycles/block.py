@@ -71,10 +71,16 @@ class BlockCycle(TreeCycle):
         shape = self.shape
         return self.context.scored_key(f"block:{acceptance.key}:{shape.depth},{shape.topk},{shape.budget}")
 
+    def draft(self, draws=None):
+        """The cycle's drafting: one propose, the tree of its proposals under the shape (draws None: point
+        masses) -> the DraftTree the verify reads (also the profiler's draft phase, engine.build_tree)."""
+        context = self.context
+        rows = context.drafter.propose(context.root, context.prefix_len)  # [B - 1, Vd]
+        return build_tree(BlockRows(rows, context.d2t), self.shape, context.root, context.prefix_len, False,
+                          context.scorer, draws, context.prune_at, context.d2t)
+
     def body(self, acceptance: Acceptance, randomness=None, noise=None) -> CycleOutput:
         """The graph's body: propose, build the tree of the proposals, verify, accept, commit."""
-        context, shape = self.context, self.shape
-        rows = context.drafter.propose(context.root, context.prefix_len)  # [B - 1, Vd]
-        tree = build_tree(BlockRows(rows, context.d2t), shape, context.root, context.prefix_len, False,
-                          context.scorer, context.draws(acceptance, noise), context.prune_at, context.d2t)
-        return context.accept_and_commit(acceptance, tree, context.verify(tree), shape.depth, randomness)
+        context = self.context
+        tree = self.draft(context.draws(acceptance, noise))
+        return context.accept_and_commit(acceptance, tree, context.verify(tree), self.shape.depth, randomness)
