@@ -149,6 +149,16 @@ class TargetFeatures:
             return logits
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
+    def logits_into(self, vocab_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """logits_for(vocab_ids), rows flattened, written into `out` [B*T, Vd] (in `out`'s dtype, no autocast): the
+        loss's teacher without a second [B*T, Vd] copy."""
+        hidden = self.final_hidden.flatten(0, 1).to(out.dtype)  # [B*T, H]
+        with torch.autocast(hidden.device.type, enabled=False):
+            torch.matmul(hidden, self.lm_head[vocab_ids].to(out.dtype).T, out=out)
+        if self.logit_softcap is not None:
+            out.div_(self.logit_softcap).tanh_().mul_(self.logit_softcap)
+        return out
+
     def argmax_in(self, vocab_mask: torch.Tensor, vocab_chunk: int = 16384) -> torch.Tensor:
         """Whether the target's argmax over its whole vocabulary lies in `vocab_mask` [V] -> [B, T] bool.
 

@@ -197,6 +197,9 @@ class FullLogitsFeatures(TargetFeatures):
     def logits_for(self, vocab_ids: torch.Tensor) -> torch.Tensor:
         return self.logits[..., vocab_ids]
 
+    def logits_into(self, vocab_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.copy_(self.logits[..., vocab_ids].flatten(0, 1))
+
     def argmax_in(self, vocab_mask: torch.Tensor, vocab_chunk: int = 0) -> torch.Tensor:
         return vocab_mask[self.logits.argmax(-1)]
 

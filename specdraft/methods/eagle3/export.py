@@ -29,9 +29,10 @@ def sliding_window_config(cfg: Eagle3Config) -> Dict[str, Any]:
     "sliding_attention" (vLLM's Llama attention reads both, in a speculators export's transformer_layer_config;
     SGLang's Llama EAGLE-3 layer reads neither and attends to the whole context). The sinks have no engine field:
     specdraft's runtime reads them from the method config. {} for full attention."""
-    if not cfg.attention_window:
+    window = cfg.ttt_window()
+    if not window.size:
         return {}
-    return {"sliding_window": cfg.attention_window, "layer_types": ["sliding_attention"]}
+    return {"sliding_window": window.size, "layer_types": ["sliding_attention"]}
 
 
 def eagle3_hf_config(draft: Eagle3Draft, cfg: Eagle3Config, target: TargetInfo, provenance: Dict[str, Any]):

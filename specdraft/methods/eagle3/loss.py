@@ -26,17 +26,15 @@ def _same_document(document_ids: Optional[torch.Tensor], shift: int):
 
 
 @torch.no_grad()
-def _teacher_rows(features: TargetFeatures, vocab_ids: torch.Tensor, pad: int) -> torch.Tensor:
+def _teacher_rows(features: TargetFeatures, vocab_ids: torch.Tensor, count: int, pad: int) -> torch.Tensor:
     """The target's logits over the draft vocabulary (TargetFeatures.logits_for), rows flattened, `pad` zero rows
-    after: [B*T + pad, Vd], written in place (no second [B*T, Vd] copy: 4 GiB at 65,536 tokens and a 32k vocabulary).
+    after: [count + pad, Vd] (count = B*T), written in place (no second [B*T, Vd] copy: 4 GiB at 65,536 tokens and a 32k vocabulary).
 
     Computed once per batch; each TTT step reads a shifted view of it (no per-step copies)."""
     dtype = compute_dtype(features.lm_head)  # autocast's, as logits_for's matmul would compute in
-    hidden = features.final_hidden.flatten(0, 1).to(dtype)  # [B*T, H]
-    rows = hidden.new_empty(hidden.shape[0] + pad, vocab_ids.shape[0])
-    with torch.autocast(hidden.device.type, enabled=False):
-        torch.matmul(hidden, features.lm_head[vocab_ids].to(dtype).T, out=rows[:hidden.shape[0]])
-    rows[hidden.shape[0]:].zero_()
+    rows = features.lm_head.new_empty(count + pad, vocab_ids.shape[0], dtype=dtype)
+    features.logits_into(vocab_ids, rows[:count])
+    rows[count:].zero_()
     return rows
 
 
@@ -85,7 +83,7 @@ def eagle3_loss(draft: Eagle3Draft, batch: DraftBatch, cfg: Eagle3Config, unroll
     only tokens of its own document. `unroll` yields each step's hidden state (PosS passes its own, which
     routes steps through its specialists) and takes ttt_unroll's arguments."""
     feats, shape = batch.features, batch.input_ids.shape
-    teacher = _teacher_rows(feats, draft.draft_ids(), cfg.ttt_steps + 1)  # [B*T + K + 1, Vd] target's dtype
+    teacher = _teacher_rows(feats, draft.draft_ids(), shape.numel(), cfg.ttt_steps + 1)  # [B*T + K + 1, Vd] target's dtype
     teacher_best = teacher.argmax(-1)  # [B*T + K + 1]
     in_vocab_all = feats.argmax_in(draft.t2d)  # [B, T]
     valid_all = (batch.loss_mask * batch.attention_mask).float()  # [B, T]

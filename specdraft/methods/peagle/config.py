@@ -8,6 +8,7 @@ from typing import List, Optional
 from specdraft.core.errors import SpecdraftError, choices_error
 from specdraft.core.types import TargetInfo
 from specdraft.kernels.rollout_attention import IMPLS as ATTENTION_IMPLS
+from specdraft.kernels.ttt_attention import TTTWindow
 
 
 @dataclass
@@ -61,6 +62,11 @@ class PEagleConfig:
     def ttt_steps(self) -> int:
         """The tokens a cycle drafts, under the name EAGLE-3's export helpers read (num_depths)."""
         return self.num_depths
+
+    def ttt_window(self):
+        """The head's attention window under the name EAGLE-3's model reads: full attention (P-EAGLE's rollout
+        attention has no window)."""
+        return TTTWindow(size=0, sinks=0)
 
     @property
     def norm_output(self) -> bool:
