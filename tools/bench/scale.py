@@ -41,7 +41,6 @@ ran alone (exposed: what the step waits for), beside the device's idle time. `ov
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import re
 import subprocess
@@ -50,59 +49,12 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from tools.bench import scale_host
-from tools.bench.suite import REPO, child_env, finish, kill_group, machine, markdown_table, run_parts, write_report
+from tools.bench import scale_host, train_cli
+from tools.bench.scale_runs import (CONFIGS, MULTICAST_OFF, log_tail, run_process_group, train_env, write_rows,
+                                    write_target)
+from tools.bench.suite import finish, machine, markdown_table, run_parts, write_report
 
 import numpy as np
-
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
-CONFIGS = {
-    "llama8b": {"target": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                               intermediate_size=14336, vocab_size=128256, rope_theta=500000.0,
-                               rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072, rms_norm_eps=1e-5),
-                "seq_len": 2048, "draft_vocab_size": 32000, "ttt_steps": 7},
-    "smollm2": {"target": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                               intermediate_size=1536, vocab_size=49152, rope_theta=100000.0,
-                               max_position_embeddings=8192, rms_norm_eps=1e-5),
-                "seq_len": 1024, "draft_vocab_size": 8192, "ttt_steps": 7},
-    "tiny": {"target": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                            intermediate_size=128, vocab_size=320, rope_theta=500000.0,
-                            rope_scaling={**LLAMA3_ROPE, "original_max_position_embeddings": 256},
-                            max_position_embeddings=2048, rms_norm_eps=1e-5),
-             "seq_len": 128, "draft_vocab_size": 256, "ttt_steps": 7},
-}
-
-
-def write_target(directory: Path, shape: dict) -> Path:
-    """config.json + a tokenizer with a chat template: all `target.random_init` needs."""
-    from transformers import LlamaConfig
-
-    from tests.tiny import byte_tokenizer
-
-    tokenizer = byte_tokenizer()
-    config = LlamaConfig(**copy.deepcopy(shape), tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, architectures=["LlamaForCausalLM"])
-    config.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-def write_rows(distill_dir: Path, num_rows: int, seq_len: int, vocab_size: int) -> Path:
-    """Synthetic distilled rows in the on-disk format: random ids, the last 3/4 of each row an answer."""
-    from datasets import Dataset
-
-    from specdraft.data.format import ROW_FEATURES, dataset_dir
-
-    ids = np.random.default_rng(0).integers(0, vocab_size, size=(num_rows, seq_len))  # [rows, T]
-    mask = np.zeros(seq_len, dtype=np.int64)
-    mask[seq_len // 4:] = 1
-    rows = [{"input_ids": row.tolist(), "loss_mask": mask.tolist(), "source": "synthetic", "index": i, "turns": 1,
-             "target": "random", "target_revision": "", "temperature": 0.0, "top_p": 1.0, "seed": 0,
-             "max_new_tokens": seq_len} for i, row in enumerate(ids)]
-    Dataset.from_list(rows, features=ROW_FEATURES).save_to_disk(str(dataset_dir(distill_dir)))
-    return distill_dir
-
 
 def write_recipe(work: Path, spec: dict, dtype: str) -> Path:
     path = work / "recipe.yaml"
@@ -114,11 +66,6 @@ distill: {{output_dir: {work / 'data'}}}
 train: {{micro_batch_size: 1, lr: 1.0e-4, warmup_steps: 1, log_every_steps: 1, seed: 0}}
 """)
     return path
-
-
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""NVLink multicast off in NCCL, PyTorch's symmetric memory and NVSHMEM, in every process the suite starts (a
-program using it can take a shared host's GPUs out of service: tools/gpu/README.md)."""
 
 
 def config_name(strategy: str, gpus: int, channels: Optional[int] = None) -> str:
@@ -163,34 +110,6 @@ def train_argv(work: Path, recipe: Path, strategy: str, gpus: int, args, channel
         + ["--pin-cores"] * args.pin_cores + ["--split-forward"] * args.split_forward
     return [sys.executable, "-m", "tools.profile_train", str(recipe), *overrides, "--warmup", str(warmup),
             "--steps", str(timed), "--out", str(run_dir(work, strategy, gpus, channels)), *flags]
-
-
-def train_env(device: str, channels: Optional[int] = None) -> dict:
-    """The environment of a configuration's `specdraft train` process: NVLink multicast off, NCCL_MAX_NCHANNELS
-    when `channels` is given (else whatever this environment says), and on a CPU no GPU and one thread each."""
-    env = child_env(drop=["SLURM_"], HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **MULTICAST_OFF)
-    if channels:
-        env["NCCL_MAX_NCHANNELS"] = str(channels)
-    if device == "cpu":
-        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    return env
-
-
-def run_process_group(argv: list, env: dict, log, timeout: float) -> int:
-    """Run `argv` in a process group of its own -> its exit code; whatever is left of the group afterwards (the
-    ranks Lightning started, after a crash or the timeout) is killed, so the GPUs are free for the next run.
-    Raises subprocess.TimeoutExpired after `timeout` seconds."""
-    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    try:
-        return process.wait(timeout=timeout)
-    finally:
-        kill_group(process)
-
-
-def log_tail(path: Path, lines: int = 8) -> str:
-    """The last `lines` lines of a run's log ("" before it exists)."""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
 def measure(work: Path, strategy: str, gpus: int, args, channels: Optional[int] = None) -> dict:
@@ -492,8 +411,6 @@ def train_main(argv=None) -> dict:
 
 
 def cli_main(argv) -> dict:
-    from tools.bench import train_cli  # it imports this module
-
     return train_cli.main(argv)
 
 

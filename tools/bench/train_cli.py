@@ -63,7 +63,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from tools.bench import scale
+from tools.bench import scale_runs
 from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, write_report
 
 HARNESS_CONFIGS = {"llama8b": "llama3-8b", "smollm2": "smollm2", "tiny": "tiny"}
@@ -133,10 +133,10 @@ def run_logged(args, argv: List[str], log_name: str) -> Tuple[int, str]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         try:
-            code = scale.run_process_group(argv, scale.train_env(args.device), log, args.timeout)
+            code = scale_runs.run_process_group(argv, scale_runs.train_env(args.device), log, args.timeout)
         except subprocess.TimeoutExpired:
             code = -1
-    return code, scale.log_tail(log_path, 12)
+    return code, scale_runs.log_tail(log_path, 12)
 
 
 def failure(code: int, tail: str, timeout: int) -> str:
@@ -238,11 +238,11 @@ def main(argv=None) -> dict:
     from specdraft.recipes import load_recipe
 
     args = parse_args(argv)
-    spec = scale.CONFIGS[args.config]
+    spec = scale_runs.CONFIGS[args.config]
     work = args.work
-    scale.write_target(work / "target", spec["target"])
+    scale_runs.write_target(work / "target", spec["target"])
     for seq_len in args.seq_lens:
-        scale.write_rows(work / f"data-{seq_len}", args.rows, seq_len, spec["target"]["vocab_size"])
+        scale_runs.write_rows(work / f"data-{seq_len}", args.rows, seq_len, spec["target"]["vocab_size"])
     recipe = load_recipe(args.recipe, [] if args.log_every is None else [f"train.log_every_steps={args.log_every}"])
     weights = target_weight_bytes(spec["target"], args.device == "cuda")
     report = {"machine": machine(args.device), "recipe": str(args.recipe), "harness_row": args.harness_row,
