@@ -90,7 +90,7 @@ def chunked_block_mask(mask_mod, batch: int, cols: int, device: torch.device, ch
 def unpacked_block_mask(batch: int, cols: int, device: torch.device, window: Optional[TTTWindow] = None):
     """The BlockMask of `batch` rows of one document each (causal; within `window`, or at a sink, when one is
     given), built once per (batch, cols, device, window) and shared by every later unroll of that shape: building
-    it is about 60 small ops and 2.5 ms of host time a step for T = 2048 (seen on an H200). Kept for the whole
+    it takes dozens of small host-side ops, too many to repeat every step. Kept for the whole
     process (a few KB a shape): a training step's CUDA graph (train.cuda_graphs) reads the mask it was captured
     with at every replay. Under a capture it is built anew and not kept: a mask made during a capture holds its
     values only when the graph replays."""
