@@ -82,5 +82,9 @@ def test_zero3_with_whole_weights_trains_without_module_hooks_or_gathers():
     ZeRO-3 hook on any module of the engine or of the frozen target held beside it, PyTorch's linear, no all-gather
     in a forward or backward, the weights still whole after the validation's `gathered` read and a `gathered`
     write (before, DeepSpeed's context partitioned them on exit and nothing gathered them again) and after a
-    checkpoint's save and load, and after 3 steps the plain draft's weights."""
-    assert differences("whole_weights", json.dumps(CASES), ranks=2) == []
+    checkpoint's save and load, and after 3 steps the plain draft's weights. P-EAGLE keeps every column and DFlash
+    anchors every position here: their draws run over the rows they are given, which two ranks of one row each
+    split differently."""
+    cases = {**CASES, "peagle": {**CASES["peagle"], "keep_ratio": 1.0, "keep_floor": 1.0},
+             "dflash": {**CASES["dflash"], "num_anchors": 16}}  # the test rows' 16 columns
+    assert differences("whole_weights", json.dumps(cases), ranks=2) == []

