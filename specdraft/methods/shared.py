@@ -9,6 +9,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from specdraft.core.types import TargetInfo
+
 
 def build_draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:
     """[V] counts -> [size] target ids of the most frequent tokens, ascending (ties: lower id first)."""
@@ -53,3 +55,18 @@ def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
     if n == 0:
         return x
     return torch.cat([x[:, n:], torch.zeros_like(x[:, :n])], dim=1)
+
+
+class GQAProjections(nn.Module):
+    """The q/k/v/o projections of a draft attention with the target's head geometry (grouped-query, no bias), and
+    that geometry (heads, kv_heads, head_dim, rope_theta): the base of a method's own attention."""
+
+    def __init__(self, target: TargetInfo):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = target.num_heads, target.num_kv_heads, target.head_dim
+        self.rope_theta = target.rope_theta
+        hidden = target.hidden_size
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)

@@ -22,21 +22,14 @@ from specdraft.layers.compile import maybe_compiled
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.dflash.blocks import BlockMask, block_attention
 from specdraft.methods.dflash.config import DFlashConfig, dflash_feature_layers, draft_vocab_size, mask_token_id
-from specdraft.methods.shared import DraftVocab
+from specdraft.methods.shared import DraftVocab, GQAProjections
 
 
-class DFlashAttention(nn.Module):
+class DFlashAttention(GQAProjections):
     """GQA attention of a block's queries over [context ; block] keys, q and k RMS-normed per head."""
 
     def __init__(self, target: TargetInfo):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = target.num_heads, target.num_kv_heads, target.head_dim
-        self.rope_theta = target.rope_theta
-        hidden = target.hidden_size
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        super().__init__(target)
         self.q_norm = RMSNorm(self.head_dim, target.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, target.rms_norm_eps)
 

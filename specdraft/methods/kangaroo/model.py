@@ -9,27 +9,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.types import DraftContext, TargetInfo
+from specdraft.core.types import DraftContext
 from specdraft.layers import RMSNorm, apply_rope, repeat_kv, rope_cos_sin
 from specdraft.layers.zero import init_linear_normal_
 from specdraft.methods.kangaroo.config import KangarooConfig, kangaroo_exit_layer
-from specdraft.methods.shared import DraftVocab
+from specdraft.methods.shared import DraftVocab, GQAProjections
 
 KV = Tuple[torch.Tensor, torch.Tensor]  # keys, values: [B, kv_heads, T, D]
 
 
-class AdapterAttention(nn.Module):
+class AdapterAttention(GQAProjections):
     """Causal GQA attention with the target's head geometry and rotary positions, over an optional KV cache."""
-
-    def __init__(self, target: TargetInfo):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = target.num_heads, target.num_kv_heads, target.head_dim
-        self.rope_theta = target.rope_theta
-        hidden = target.hidden_size
-        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, T, heads*D] -> [B, heads, T, D]
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
