@@ -96,6 +96,15 @@ def test_the_campaign_trains_benches_and_resumes_stage_by_stage(campaign, capsys
     assert [c["variant"] for c in third["comparison"]] == variants[:2] and third["exports"]["head"] == str(work / "export")
 
 
+def test_train_only_stops_after_the_export_without_the_draft_model(campaign, tmp_path):
+    work, args = campaign
+    at = args.index("--draft-model")
+    args[at + 1] = str(tmp_path / "not_there_yet")
+    report = suite.main([*args, "--train-only"])
+    assert report["export"] == str(work / "export") and (work / "export" / "config.json").is_file()
+    assert not (work / "bench").exists() and "stopped after export" in (work / "progress.log").read_text()
+
+
 def test_detach_starts_the_same_command_in_its_own_session(campaign, monkeypatch):
     work, args = campaign
     started = {}

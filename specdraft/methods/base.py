@@ -131,6 +131,10 @@ class MethodSpec:
     reads_embeddings: bool = True
     """Whether the loss reads hidden_states[0] (the target's token embeddings): offline training then keeps
     the target's embedding table to recompute them from the token ids."""
+    train_flops: Optional[Callable[[Any, TargetInfo, int], Dict[str, float]]] = None
+    """(cfg, target, tokens a sequence) -> the draft's training FLOPs a sequence token, by part: its forward and
+    backward, and what it reads of the target's LM head (the teacher rows, forward only), not the target's layers.
+    The training suite's efficiency figures divide by it; None: the method's training is not counted."""
 
     def __post_init__(self):
         if self.from_export is None:

@@ -70,3 +70,30 @@ class GQAProjections(nn.Module):
         self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+
+
+# ---- training FLOPs (MethodSpec.train_flops) ------------------------------------------------------------------------
+BACKWARD = 3
+"""A trained matmul's forward and backward cost about three forwards."""
+
+
+def layer_matmul_flops(target: TargetInfo, input_width: int, intermediate: int) -> float:
+    """Forward FLOPs a row of one draft decoder layer's matmuls: q, k and v from an `input_width`-wide input, the
+    output projection, and the gated MLP `intermediate` wide (the target's head geometry)."""
+    q_width, kv_width = target.num_heads * target.head_dim, target.num_kv_heads * target.head_dim
+    hidden = target.hidden_size
+    return 2 * input_width * (q_width + 2 * kv_width) + 2 * q_width * hidden + 6 * hidden * intermediate
+
+
+def attention_flops(target: TargetInfo, keys: float) -> float:
+    """Forward FLOPs of a query row's attention over `keys` keys (QK^T and PV)."""
+    return 4 * target.num_heads * target.head_dim * keys
+
+
+def causal_keys(seq_len: int, window: int = 0, sinks: int = 0) -> float:
+    """Keys a query attends to on average in a causal sequence of `seq_len` tokens: (T + 1) / 2, or under a sliding
+    window of `window` keys (with `sinks` first ones kept beside it) the window's share of that."""
+    if not window or window >= seq_len:
+        return (seq_len + 1) / 2
+    inside = window * (window + 1) / 2 + (seq_len - window) * (window + min(sinks, seq_len - window))
+    return inside / seq_len

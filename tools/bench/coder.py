@@ -17,6 +17,7 @@ end, stage by stage:
     python -m tools.bench.coder recipes/eagle3_qwen25coder15b.yaml --work $HOME/coder --detach   # then, polled:
     python -m tools.bench.coder recipes/eagle3_qwen25coder15b.yaml --work $HOME/coder --status
 
+`--train-only` stops after the export (the draft model need not be there yet; the same command without it benches).
 A stage whose output is there is skipped (distill: counts.json; train: train_summary.json; export: config.json;
 a set's bench at a temperature: its complete JSON of the same variants), so the same command goes on where a run stopped (a distill or a
 training stopped midway resumes inside itself: its written shards, its last checkpoint). `--detach` starts the suite
@@ -420,6 +421,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="the bench's dtype (auto: bf16 on a GPU)")
     parser.add_argument("--max-len", type=int, default=4096, help="KV-cache slots (Spec-Bench's long prompts)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="distill, train and export, then stop (the same command without it benches)")
     parser.add_argument("--detach", action="store_true", help="run in the background (WORK/coder.log) and return")
     parser.add_argument("--status", action="store_true", help="print what a (detached) run has done, and return")
     args = parser.parse_args(argv)
@@ -440,6 +443,9 @@ def run(args, sets, variants, exports: Dict[str, Path], overrides) -> dict:
     progress(work, f"suite started: {args.recipe} {' '.join(overrides)}")
     if any(text.split(",")[0] == "eagle3" for text, _, _ in variants):  # the suite's own head: trained here
         run_training_stages(args.recipe, work, overrides)
+    if args.train_only:
+        progress(work, "suite stopped after export (--train-only)")
+        return {"work": str(work), "export": str(paths(work)["export"])}
     prompt_file = write_prompt_file(set_sources(args), [name for name, _ in sets], work / "prompts.jsonl")
     from specdraft.recipes import load_recipe
 

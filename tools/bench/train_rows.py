@@ -17,33 +17,40 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures, TargetInfo
 from specdraft.layers.compile import compile_decoder_layers, compile_enabled
 from specdraft.methods import get_method
-from specdraft.methods.dflash import default_feature_layers
 from specdraft.train.features import OnlineFeatures
 from specdraft.train.module import build_optimizer
 
 TTT_STEPS = 7
-ISSUE_TARGET_FLOP_PER_TOKEN = 15.6e9
-ISSUE_DRAFT_FLOP_PER_TOKEN = 17.4e9
+ISSUE_FLOP_PER_TOKEN = {"eagle3": (15.6e9, 17.4e9)}
+"""Issue 6's count of a method's training, (target, draft) GFLOP a token at 8B shapes: the "issue" figure of its
+rows (another method's is its shapes' count)."""
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 CONFIGS = {
     "llama3-8b": {"model": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                 rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072),
-                  "draft_vocab": 32000, "seq_lens": [2048, 8192], "ceiling_size": 8192,
-                  "dflash": dict(block_size=16, num_layers=5, num_anchors=512)},
+                  "draft_vocab": 32000, "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=32000),
+                  "seq_lens": [2048, 8192], "ceiling_size": 8192,
+                  "dflash": dict(block_size=16, num_layers=5, num_anchors=512),
+                  "peagle": dict(num_depths=TTT_STEPS, draft_vocab_size=32000)},
     "smollm2": {"model": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                               num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
                               max_position_embeddings=8192),
-                "draft_vocab": 8192, "seq_lens": [1024], "ceiling_size": 8192,
-                "dflash": dict(block_size=16, num_layers=3, num_anchors=256)},
+                "draft_vocab": 8192, "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=8192),
+                "seq_lens": [1024], "ceiling_size": 8192,
+                "dflash": dict(block_size=16, num_layers=3, num_anchors=256),
+                "peagle": dict(num_depths=TTT_STEPS, draft_vocab_size=8192)},
     "tiny": {"model": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                            num_key_value_heads=2, vocab_size=512, rope_theta=10000.0, max_position_embeddings=4096),
-             "draft_vocab": 256, "seq_lens": [32, 64], "ceiling_size": 256,
-             "dflash": dict(block_size=4, num_layers=2, num_anchors=8)},
+             "draft_vocab": 256, "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=256),
+             "seq_lens": [32, 64], "ceiling_size": 256,
+             "dflash": dict(block_size=4, num_layers=2, num_anchors=8),
+             "peagle": dict(num_depths=4, draft_vocab_size=256)},
 }
 
 
@@ -62,8 +69,8 @@ class Row:
     optimizer: str = "adamw"
     """adamw (PyTorch's, fused on CUDA), adamw8bit (bitsandbytes) or adamw8bit_fused (kernels/adamw8bit)."""
     method: str = "eagle3"
-    """The registered method whose draft the row trains: eagle3 (7 TTT steps, the config's draft vocabulary) or
-    another, with the config's settings under the method's name (CONFIGS)."""
+    """The registered method whose draft the row trains: eagle3 (TTT_STEPS steps, the config's draft vocabulary) or
+    another, with the config's settings under the method's name (CONFIGS); its FLOPs are its MethodSpec.train_flops."""
 
 
 ROWS = {row.name: row for row in (
@@ -81,6 +88,7 @@ ROWS = {row.name: row for row in (
     Row("dflash", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused", method="dflash"),
     Row("dflash-selective", "online", "auto", "selective", compile=True, optimizer="adamw8bit_fused",
         method="dflash"),
+    Row("peagle", "online", "auto", "swiglu", compile=True, optimizer="adamw8bit_fused", method="peagle"),
 )}
 
 
@@ -154,39 +162,13 @@ def build_target(model_shape: dict, device: str, dtype: torch.dtype):
     return model.requires_grad_(False).eval()
 
 
-def target_flops_per_token(info: TargetInfo, seq_len: int, draft_vocab: int) -> Dict[str, float]:
-    """Forward FLOPs per token of the target, by part: decoder matmuls, causal attention, the LM head's draft
-    rows (teacher) and its full-vocabulary scan (whether the target's argmax is in the draft vocabulary)."""
+def target_flops_per_token(info: TargetInfo, seq_len: int) -> Dict[str, float]:
+    """Forward FLOPs per token of the target's decoder: its layers' matmuls and causal attention (what a draft's
+    training reads of its LM head is in the method's own count, MethodSpec.train_flops)."""
     hidden, q_width, kv_width = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
     matmuls = 2 * hidden * (2 * q_width + 2 * kv_width) + 6 * hidden * info.intermediate_size
     attention = 4 * q_width * (seq_len + 1) / 2  # QK^T and PV over the average causal context
-    return {"layers": info.num_layers * matmuls, "attention": info.num_layers * attention,
-            "teacher_head": 2 * hidden * draft_vocab, "argmax_scan": 2 * hidden * info.vocab_size}
-
-
-def draft_flops_per_token(info: TargetInfo, seq_len: int, draft_vocab: int, steps: int) -> Dict[str, float]:
-    """Forward + backward (3x forward) FLOPs per token of the EAGLE-3 draft over `steps` TTT steps."""
-    hidden, q_width, kv_width = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    layer = 2 * (2 * hidden) * (q_width + 2 * kv_width) + 2 * q_width * hidden + 6 * hidden * info.intermediate_size
-    attention = sum(4 * q_width * ((seq_len + 1) / 2 + step) for step in range(steps))  # causal + diagonal keys
-    return {"fc": 3 * 2 * 3 * hidden * hidden, "layer": 3 * steps * layer, "attention": 3 * attention,
-            "lm_head": 3 * steps * 2 * hidden * draft_vocab}
-
-
-def dflash_flops_per_token(info: TargetInfo, seq_len: int, settings: dict) -> Dict[str, float]:
-    """Forward + backward (3x forward) FLOPs per sequence token of the DFlash draft (its `settings`: block_size,
-    num_layers, num_anchors, every anchor a block): the fc over the context, each layer's context keys and values
-    over it, the layers over the A * Bk block positions (attention: the context before the anchor, on average half,
-    and the block), the shared LM head over the block positions; the teacher's head rows run once, forward only."""
-    hidden, q_width, kv_width = info.hidden_size, info.num_heads * info.head_dim, info.num_kv_heads * info.head_dim
-    layers, blocks = settings["num_layers"], settings["num_anchors"] * settings["block_size"]
-    features = len(default_feature_layers(info.num_layers, layers))
-    context = seq_len * (2 * features * hidden * hidden + layers * 2 * hidden * 2 * kv_width)
-    layer = 2 * hidden * (2 * q_width + 2 * kv_width) + 6 * hidden * info.intermediate_size
-    attention = 4 * q_width * (seq_len / 2 + settings["block_size"])
-    return {"context": 3 * context / seq_len, "layers": 3 * layers * blocks * (layer + attention) / seq_len,
-            "lm_head": 3 * blocks * 2 * hidden * info.vocab_size / seq_len,
-            "teacher_head": blocks * 2 * hidden * info.vocab_size / seq_len}
+    return {"layers": info.num_layers * matmuls, "attention": info.num_layers * attention}
 
 @dataclass
 class FullLogitsFeatures(TargetFeatures):
@@ -234,33 +216,28 @@ class Bench:
         self.layers = self.spec.feature_layers(self.spec.config(), self.info)
 
     def method_config(self, row: Row):
-        """-> (the row's method spec, its config): EAGLE-3's with TTT_STEPS and the config's draft vocabulary,
-        another method's with the config's settings under its name."""
+        """-> (the row's method spec, its config): the config's settings under the method's name (CONFIGS)."""
         spec = get_method(row.method)
         attention = "dense" if row.kernels == "reference" else self.attention
-        settings = {"ttt_steps": TTT_STEPS, "draft_vocab_size": self.draft_vocab} if row.method == "eagle3" else \
-            self.config[row.method]
-        return spec, spec.config(**settings, attention=attention)
+        return spec, spec.config(**self.config[row.method], attention=attention)
 
     def autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda else nullcontext()
 
     def flops_per_token(self, row: Row, seq_len: int) -> Dict[str, float]:
-        """FLOPs per token: "issue" (issue 6's EAGLE-3 count; a DFlash row's is its shapes' count), "shapes" (by
-        the tensors' shapes) and their parts."""
-        target = target_flops_per_token(self.info, seq_len, self.draft_vocab)
-        if row.features == "offline":  # no target layers run; the teacher head and the argmax scan still do
-            target = {"teacher_head": target["teacher_head"], "argmax_scan": target["argmax_scan"]}
-        if row.method == "dflash":  # its teacher rows are in its own count; it needs no argmax scan (its own head)
-            target = {"layers": target["layers"], "attention": target["attention"]}
-            draft = dflash_flops_per_token(self.info, seq_len, self.config["dflash"])
-            shapes = sum(target.values()) + sum(draft.values())
-            return {"issue": shapes, "shapes": shapes, **{f"target_{k}": v for k, v in target.items()},
-                    **{f"draft_{k}": v for k, v in draft.items()}}
-        draft = draft_flops_per_token(self.info, seq_len, self.draft_vocab, TTT_STEPS)
-        issue = ISSUE_DRAFT_FLOP_PER_TOKEN + (0 if row.features == "offline" else ISSUE_TARGET_FLOP_PER_TOKEN)
-        return {"issue": issue, "shapes": sum(target.values()) + sum(draft.values()),
-                **{f"target_{k}": v for k, v in target.items()}, **{f"draft_{k}": v for k, v in draft.items()}}
+        """FLOPs per token: "shapes" (by the tensors' shapes: the target's layers, none for offline features, and
+        the method's MethodSpec.train_flops), "issue" (issue 6's count where ISSUE_FLOP_PER_TOKEN has the method,
+        else the shapes' count) and their parts."""
+        spec, cfg = self.method_config(row)
+        if spec.train_flops is None:
+            raise SpecdraftError(f"method {row.method!r} declares no train_flops: its rows cannot be counted")
+        target = {} if row.features == "offline" else target_flops_per_token(self.info, seq_len)
+        draft = spec.train_flops(cfg, self.info, seq_len)
+        shapes = sum(target.values()) + sum(draft.values())
+        issue = ISSUE_FLOP_PER_TOKEN.get(row.method)
+        issue = shapes if issue is None else issue[1] + (0 if row.features == "offline" else issue[0])
+        return {"issue": issue, "shapes": shapes, **{f"target_{k}": v for k, v in target.items()},
+                **{f"draft_{k}": v for k, v in draft.items()}}
 
     def inputs(self, row: Row, seq_len: int) -> dict:
         input_ids = torch.randint(0, self.info.vocab_size, (1, seq_len), device=self.device)

@@ -21,6 +21,7 @@ from specdraft.methods.dflash.config import DFlashConfig, default_feature_layers
 from specdraft.methods.dflash.drafter import DFlashDrafter, dflash_runtime
 from specdraft.methods.dflash.export import dflash_export_config, dflash_export_tensors, dflash_keys, dflash_to_hf, \
     dflash_to_speculators
+from specdraft.methods.dflash.flops import dflash_train_flops
 from specdraft.methods.dflash.loss import block_inputs, dflash_loss
 from specdraft.methods.dflash.model import DFlashDecoderLayer, DFlashDraft
 
@@ -35,9 +36,11 @@ SPEC = MethodSpec(
     runtime=dflash_runtime,
     export_config=dflash_export_config,
     export_tensors=dflash_export_tensors,
+    train_flops=dflash_train_flops,
 )
 
 __all__ = ["SPEC", "Anchors", "DFlashConfig", "DFlashDecoderLayer", "DFlashDraft", "DFlashDrafter",
            "anchor_candidates", "block_inputs", "block_mask", "default_feature_layers", "dense_block_mask",
            "dflash_export_config", "dflash_export_tensors", "dflash_feature_layers", "dflash_keys", "dflash_loss",
-           "dflash_runtime", "dflash_to_hf", "dflash_to_speculators", "flex_block_mask", "sample_anchors"]
+           "dflash_runtime", "dflash_to_hf", "dflash_to_speculators", "dflash_train_flops", "flex_block_mask",
+           "sample_anchors"]

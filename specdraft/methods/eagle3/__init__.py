@@ -29,6 +29,7 @@ from specdraft.methods.eagle3.export import (
     eagle3_warm_start,
     load_initial_state,
 )
+from specdraft.methods.eagle3.flops import eagle3_train_flops
 from specdraft.methods.eagle3.loss import eagle3_loss
 from specdraft.methods.eagle3.model import KV, Eagle3DecoderLayer, Eagle3Draft, fused_features
 from specdraft.methods.eagle3.ttt import TTTInputs, ttt_inputs, ttt_unroll
@@ -47,10 +48,11 @@ SPEC = MethodSpec(
     warm_start=eagle3_warm_start,
     initialize=eagle3_initialize,
     graph_safe_loss=True,
+    train_flops=eagle3_train_flops,
 )
 
 __all__ = ["EAGLE31_FLAGS", "KV", "SPEC", "Eagle3Config", "Eagle3DecoderLayer", "Eagle3Draft", "Eagle3Drafter",
            "TTTInputs", "check_source", "eagle3_export_config", "eagle3_export_tensors", "eagle3_feature_layers",
            "eagle3_hf_config", "eagle3_hf_keys", "eagle3_initialize", "eagle3_loss", "eagle3_runtime",
-           "eagle3_speculators_keys", "eagle3_to_hf", "eagle3_to_speculators", "eagle3_warm_start", "fused_features",
-           "load_initial_state", "refuse_eagle31", "ttt_inputs", "ttt_unroll"]
+           "eagle3_speculators_keys", "eagle3_to_hf", "eagle3_to_speculators", "eagle3_train_flops", "eagle3_warm_start",
+           "fused_features", "load_initial_state", "refuse_eagle31", "ttt_inputs", "ttt_unroll"]

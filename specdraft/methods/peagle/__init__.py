@@ -27,6 +27,7 @@ from specdraft.methods.peagle.export import (
     peagle_to_hf,
     peagle_to_speculators,
 )
+from specdraft.methods.peagle.flops import peagle_train_flops
 from specdraft.methods.peagle.loss import peagle_loss, rollout_forward, rollout_hidden
 from specdraft.methods.peagle.model import MaskInput, PEagleDraft, RolloutRunner, rollout_layer
 from specdraft.methods.peagle.rollout import Rollout, rollout_inputs, sample_rollout
@@ -43,9 +44,10 @@ SPEC = MethodSpec(
     export_requires=("num_depths",),
     export_tensors=peagle_export_tensors,
     graph_safe_loss=True,
+    train_flops=peagle_train_flops,
 )
 
 __all__ = ["SPEC", "MaskInput", "PEagleConfig", "PEagleDraft", "PEagleDrafter", "Rollout", "RolloutRunner",
            "cod_sizes", "peagle_export_tensors", "peagle_hf_keys", "peagle_loss", "peagle_runtime",
-           "peagle_speculators_keys", "peagle_to_hf", "peagle_to_speculators", "resolve_mask_token",
-           "rollout_forward", "rollout_hidden", "rollout_inputs", "rollout_layer", "sample_rollout"]
+           "peagle_speculators_keys", "peagle_to_hf", "peagle_to_speculators", "peagle_train_flops",
+           "resolve_mask_token", "rollout_forward", "rollout_hidden", "rollout_inputs", "rollout_layer", "sample_rollout"]
