@@ -1,5 +1,5 @@
 """The families suite, tools/bench/families.py, on the test models (--quick) on a CPU: a check that it runs, compares
-the runtime with HF greedy and tables what it timed (not a measurement)."""
+the runtime and distill-data's static engine with HF greedy and tables what it timed (not a measurement)."""
 import json
 
 import torch
@@ -34,6 +34,48 @@ def test_a_changed_verifier_is_counted_as_not_identical(tmp_path, monkeypatch, o
     monkeypatch.setattr(verifier, "from_hf", broken)
     report = suite.main(["--quick", "--device", "cpu", "--families", "llama", "--out", str(tmp_path)])
     assert report["rows"][0]["identical"] < 3 and not report["rows"][0]["lossless"]
+
+
+def test_the_static_part_answers_a_batch_as_hf_generate(tmp_path, monkeypatch, capsys, one_thread):
+    """The static engine and HF generate on one batch of 8 mixed-length prompts: every row identical, the rows
+    checked alone too, both timed; the other parts' fields absent."""
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    report = suite.main(["--quick", "--device", "cpu", "--parts", "static", "--families", "mistral", "qwen2_moe",
+                         "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "families.json").read_text()) == report
+    assert report["parts"] == ["static"] and report["batch"] == 8
+    for row in report["rows"]:
+        assert row["static_identical"] == row["static_batch"] == 8
+        assert row["static_single_identical"] == row["static_single_rows"] == 3
+        assert row["static_tokens_per_s"] > 0 and row["hf_batch_tokens_per_s"] > 0 and row["static_x_hf"] > 0
+        assert not row["static_cuda_graphs"] and "identical" not in row and "x_hf" not in row
+    out = capsys.readouterr().out
+    assert "| static == HF batch | static == HF alone |" in out and "| 8/8 | 3/3 |" in out
+    assert "runtime tokens/s" not in out
+
+
+def test_a_changed_static_engine_is_counted_as_not_identical(tmp_path, monkeypatch, one_thread):
+    """The static check can fail: the static engine over a verifier whose final norm is off."""
+    from specdraft.decoding import batched
+
+    real = batched.from_hf
+
+    def broken(model, info):
+        target = real(model, info)
+        target.norm.data.mul_(-1.0)
+        return target
+    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+    monkeypatch.setattr(batched, "from_hf", broken)
+    report = suite.main(["--quick", "--device", "cpu", "--parts", "static", "--families", "llama", "--out",
+                         str(tmp_path)])
+    row = report["rows"][0]
+    assert row["static_identical"] < 8 and row["static_single_identical"] < 3
+
+
+def test_rows_checked_alone_spread_from_the_shortest_prompt_to_the_longest():
+    prompts = [[1] * n for n in (5, 1, 9, 3, 7)]
+    assert suite.spread_rows(prompts, 3) == [1, 0, 2]  # lengths 1, 5 and 9
+    assert suite.spread_rows(prompts, 1) == [1] and suite.spread_rows(prompts, 9) == [1, 3, 0, 4, 2]
 
 
 def test_prompts_spread_up_to_the_longest():
