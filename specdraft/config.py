@@ -350,6 +350,12 @@ class TrainConfig:
     LM head with its loss are recomputed: their gate, up and LM-head matmuls run twice); full (the whole step,
     about a quarter more draft compute). true is full, false is none. docs/training.md gives what each keeps
     at Llama-3.1-8B widths (`python -m tools.bench.train activations`)."""
+    activation_offload: bool = False
+    """Move what the draft's forward keeps for its backward to pinned host memory as it is made, and back as the
+    backward needs it (specdraft.train.offload: tensors of 1 MiB and more, not the weights; copies on a side
+    stream). It costs PCIe time (about twice the moved bytes a step) for GPU memory: for sequences that would not
+    fit otherwise (tools.bench.scale cli --variant offload:train.activation_offload=true reports both). A CUDA
+    graph cannot capture the copies: train.cuda_graphs=auto then runs eager steps, true is an error."""
     optimizer: str = "auto"
     """adamw (PyTorch's, float32 moments: 8 bytes of state per parameter), adamw8bit (bitsandbytes'
     AdamW8bit, blockwise 8-bit moments: 2 bytes per parameter, about 2.5 GB less for an 8B-target EAGLE-3
@@ -449,6 +455,9 @@ class TrainConfig:
         if self.shard_target == "true" and self.strategy != "deepspeed_stage_3":
             raise SpecdraftError(f"train.shard_target=true partitions the target with ZeRO-3: it needs "
                                  f"train.strategy=deepspeed_stage_3, got {self.strategy} (or train.shard_target=false)")
+        if self.activation_offload and self.cuda_graphs == "true":
+            raise SpecdraftError("train.activation_offload=true copies tensors to the host inside the step, which a "
+                                 "CUDA graph cannot capture: set train.cuda_graphs=auto or false")
         if self.prefetch_features == "true" and self.cuda_graphs == "true":
             raise prefetch_refusal("eager", got="train.cuda_graphs=true")
 

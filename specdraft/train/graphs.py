@@ -48,6 +48,7 @@ class GraphNeeds:
     features_graph_safe: bool
     method_graph_safe: bool
     unpacked_rows: bool = True
+    offload: bool = False
 
     def unmet(self) -> List[str]:
         checks = [(self.cuda, "a CUDA device"), (self.single_device, "one device (not DDP)"),
@@ -57,7 +58,8 @@ class GraphNeeds:
                   (self.features_graph_safe, "data.features=online on a text target, not sharded"),
                   (self.method_graph_safe, "a method whose loss declares graph_safe_loss"),
                   (self.unpacked_rows, "unpacked rows (data.pack_length=null: with packed rows the target reads "
-                                       "their position ids back to the host)")]
+                                       "their position ids back to the host)"),
+                  (not self.offload, "train.activation_offload=false (its copies to the host are not capturable)")]
         return [reason for met, reason in checks if not met]
 
 

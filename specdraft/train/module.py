@@ -23,6 +23,7 @@ from specdraft.methods.base import MethodSpec
 from specdraft.train.device_reads import Deferred
 from specdraft.train.features import OnlineFeatures, ShardedOnlineFeatures
 from specdraft.train.graphs import GraphNeeds, StepGraphs, graphs_enabled
+from specdraft.train.offload import Offload
 from specdraft.train.prefetch import PREFETCH_KEY, FeaturePrefetch, PrefetchNeeds, pop_seq, prefetch_enabled
 from specdraft.train.timing import is_logged_step
 
@@ -56,6 +57,8 @@ class DraftModule(L.LightningModule):
         (`batch_stream`), dropped at the first step if the setting resolves off; None: each step computes its own."""
         self._step_seq: Optional[int] = None
         """The number of the batch the current training step holds (None: an unnumbered batch)."""
+        self.offload: Optional[Offload] = Offload() if train_cfg.activation_offload else None
+        """The step's kept activations moved to host memory (train.activation_offload); None: they stay."""
 
     @property
     def target_model(self):
@@ -150,7 +153,11 @@ class DraftModule(L.LightningModule):
             self._set_up_prefetch()
         if self.step_graphs is not None:
             return self.step_graphs(batch)
-        return self._loss(batch, None if self.prefetch is None else self.prefetch.take(self._step_seq))
+        features = None if self.prefetch is None else self.prefetch.take(self._step_seq)
+        if self.offload is None:
+            return self._loss(batch, features)
+        with self.offload.context():
+            return self._loss(batch, features)
 
     def _set_up_step_graphs(self, packed: bool) -> None:
         """train.cuda_graphs resolved for this run (at its first step: `packed`, whether its rows are packed)."""
@@ -158,7 +165,8 @@ class DraftModule(L.LightningModule):
         needs = GraphNeeds(cuda=torch.device(device).type == "cuda", single_device=self.trainer.world_size == 1,
                            strategy=cfg.strategy, checkpointing=cfg.activation_checkpointing,
                            features_graph_safe=self.features is not None and self.features.graph_safe,
-                           method_graph_safe=self.spec.graph_safe_loss, unpacked_rows=not packed)
+                           method_graph_safe=self.spec.graph_safe_loss, unpacked_rows=not packed,
+                           offload=cfg.activation_offload)
         if graphs_enabled(cfg.cuda_graphs, needs):
             params = [param for group in self._param_groups() for param in group["params"]]
             self.step_graphs = StepGraphs(self._loss, params, strict=cfg.cuda_graphs == "true")
