@@ -20,18 +20,23 @@ def test_families_suite_checks_and_times_each_family(tmp_path, monkeypatch, caps
     assert "| family | model type |" in out and "| 3/3 |" in out
 
 
-def test_a_changed_verifier_is_counted_as_not_identical(tmp_path, monkeypatch, one_thread):
-    """The check can fail: a verifier whose final norm is off answers otherwise on every prompt."""
-    from specdraft.decoding import verifier
-
-    real = verifier.from_hf
+def flip_final_norm(monkeypatch, module):
+    """`module.from_hf` builds a verifier whose final norm is negated: it answers otherwise on every prompt."""
+    real = module.from_hf
 
     def broken(model, info):
         target = real(model, info)
         target.norm.data.mul_(-1.0)
         return target
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    monkeypatch.setattr(verifier, "from_hf", broken)
+    monkeypatch.setattr(module, "from_hf", broken)
+
+
+def test_a_changed_verifier_is_counted_as_not_identical(tmp_path, monkeypatch, one_thread):
+    """The check can fail: a verifier whose final norm is off answers otherwise on every prompt."""
+    from specdraft.decoding import verifier
+
+    flip_final_norm(monkeypatch, verifier)
     report = suite.main(["--quick", "--device", "cpu", "--families", "llama", "--out", str(tmp_path)])
     assert report["rows"][0]["identical"] < 3 and not report["rows"][0]["lossless"]
 
@@ -58,14 +63,7 @@ def test_a_changed_static_engine_is_counted_as_not_identical(tmp_path, monkeypat
     """The static check can fail: the static engine over a verifier whose final norm is off."""
     from specdraft.decoding import batched
 
-    real = batched.from_hf
-
-    def broken(model, info):
-        target = real(model, info)
-        target.norm.data.mul_(-1.0)
-        return target
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    monkeypatch.setattr(batched, "from_hf", broken)
+    flip_final_norm(monkeypatch, batched)
     report = suite.main(["--quick", "--device", "cpu", "--parts", "static", "--families", "llama", "--out",
                          str(tmp_path)])
     row = report["rows"][0]
