@@ -18,7 +18,7 @@ from specdraft.methods.dflash.blocks import (Anchors, BlockMask, anchor_candidat
                                              dense_block_mask, flex_block_mask, sample_anchors)
 from specdraft.methods.dflash.loss import block_inputs, position_weights
 from specdraft.targets import capture_features
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 SPEC = get_method("dflash")
 

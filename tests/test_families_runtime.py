@@ -3,9 +3,9 @@ transformers' own config classes, float32 on the CPU: the verifier's logits are 
 prefill, then one token at a time, well past every sliding window), plain decoding is HF greedy `generate`,
 speculative decoding (chain and tree; a random EAGLE-3 draft and a drafter that knows the answer) is plain
 decoding token for token, a T = 1 cycle's first token follows the target's distribution, and distill-data's
-static engine answers as HF greedy `generate` does. The models (tests/families.py) mix what the families differ
-in: sliding windows of 8 tokens, q/k norms, Gemma 3's norms, activation, scales and two rotary bases, routed
-experts."""
+static engine answers as HF greedy `generate` does. The models (specdraft/testing/families.py) mix what the
+families differ in: sliding windows of 8 tokens, q/k norms, Gemma 3's norms, activation, scales and two rotary
+bases, routed experts."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,7 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables, quantized_verifier
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
-from tests.families import FAMILIES, VOCAB, WINDOW, family_config, tiny_family
+from specdraft.testing.families import FAMILIES, VOCAB, WINDOW, family_config, tiny_family
 from tests.runtime.oracle import OracleDrafter
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
 

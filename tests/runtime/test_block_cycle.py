@@ -16,9 +16,9 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.runtime.load import tree_shape
+from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.block_drafter import RandomBlockDrafter
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-from tests.tiny import tiny_llama_config
 
 VOCAB, BLOCK = 320, 5
 SHAPES = {"chain": TreeShape.chain(BLOCK - 1), "short_chain": TreeShape.chain(2),

@@ -20,10 +20,10 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.runtime.draft_model import tokenizer_mismatch
+from specdraft.testing.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
 from tests.runtime.test_hostile_drafts import _break, _first_tokens
-from tests.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small ops: two threads of a busy host ran them 10x slower
 

@@ -20,10 +20,10 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.vocabulary import checked_d2t
+from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.block_drafter import RandomBlockDrafter
 from tests.runtime.oracle import OracleDrafter
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-from tests.tiny import tiny_llama_config
 
 VOCAB = 320
 CHAIN, TREE = TreeShape.chain(3), TreeShape(depth=3, topk=3, budget=10)
