@@ -12,8 +12,8 @@ if not torch.cuda.is_available():  # Triton kernels are tested on the CPU throug
 
 import pytest  # noqa: E402
 
+from specdraft.testing.tiny import save_tiny_target  # noqa: E402
 from tests.distilled import train_chat_base, write_distilled, write_distilled_images  # noqa: E402
-from tests.tiny import save_tiny_target  # noqa: E402
 from tests.tiny_vlm import save_tiny_vlm  # noqa: E402
 
 

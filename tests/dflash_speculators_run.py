@@ -19,7 +19,7 @@ def main(vocab: int) -> None:
     from specdraft.methods.dflash import DFlashConfig, block_inputs, block_mask, dflash_to_speculators
     from specdraft.methods.dflash.blocks import Anchors
     from specdraft.targets import capture_features
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     torch.manual_seed(0)
     target = LlamaForCausalLM(tiny_llama_config(layers=4)).eval()

@@ -1,6 +1,6 @@
 """Tiny random targets of every family specdraft trains drafts for, saved by transformers' own classes with the byte
-tokenizer of tests.tiny: hidden 64, 2 layers unless asked (MoE: 4 experts, top 2), windows short enough (16) that a
-row of distilled tokens runs past them."""
+tokenizer of specdraft.testing.tiny: hidden 64, 2 layers unless asked (MoE: 4 experts, top 2), windows short
+enough (16) that a row of distilled tokens runs past them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from typing import Callable, Dict
 
 import torch
 
-from tests.tiny import CHATML, byte_tokenizer
+from specdraft.testing.tiny import CHATML, byte_tokenizer
 
 WINDOW = 16
 """Sliding window of the families that have one (Mistral, Gemma 3's local layers): shorter than the test rows."""
@@ -96,7 +96,7 @@ def save_family_target(directory: Path, family: str, layers: int = 2, seed: int 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     assert type(model).__name__ == ARCHITECTURES[family], type(model).__name__
-    with torch.no_grad():  # a peaked, repetitive distribution, as tests.tiny's: easy for a draft to learn
+    with torch.no_grad():  # a peaked, repetitive distribution, as specdraft.testing.tiny's: easy for a draft to learn
         model.get_output_embeddings().weight.mul_(40.0)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)

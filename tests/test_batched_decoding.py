@@ -9,7 +9,7 @@ import torch
 from specdraft.core.types import TargetInfo
 from specdraft.decoding.batched import batched_generator, unsupported_reason
 from specdraft.decoding.sampling import sample_rows, top_p_filter
-from tests.tiny import tiny_llama_config, tiny_qwen2_config
+from specdraft.testing.tiny import tiny_llama_config, tiny_qwen2_config
 
 
 def tiny_model(family: str, seed: int = 0, **config_updates):

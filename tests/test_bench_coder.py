@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.tiny import save_tiny_target
+from specdraft.testing.tiny import save_tiny_target
 from tools.bench import coder as suite
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.llama_server import missing_reason
+from specdraft.testing.llama_server import missing_reason
 from tools.bench import distill_server
 
 

@@ -18,7 +18,7 @@ from specdraft.methods.dflash.blocks import (Anchors, BlockMask, anchor_candidat
                                              dense_block_mask, flex_block_mask, sample_anchors)
 from specdraft.methods.dflash.loss import block_inputs, position_weights
 from specdraft.targets import capture_features
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 SPEC = get_method("dflash")
 
@@ -233,13 +233,13 @@ def test_dflash_cycles_at_t1_keep_the_targets_distribution(shape, monkeypatch):
     """The trained DFlash drafter through the engine's block cycle at T=1: each cycle's first token follows the
     target's distribution (chi-square over the top tokens), accepted draft or resampled."""
     from specdraft.decoding.cycles.block import BlockCycle
-    from tests.runtime.test_block_cycle import _first_tokens
+    from tests.runtime.sampled_cycles import first_tokens_from_prefix
     from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
     from tests.runtime.test_method_drafters import PROMPT, _setup
 
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
     target, _, _, engine = _setup("dflash", shape)
     assert isinstance(engine.own_kind, BlockCycle)
-    root, firsts = _first_tokens(engine, PROMPT, 400)
+    root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     probs = torch.softmax(target(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL

@@ -11,7 +11,7 @@ from specdraft.distill.run import run_distill
 from specdraft.recipes import load_recipe
 from specdraft.data.format import ROW_FEATURES, counts_path, dataset_dir, read_counts, shards_dir
 from specdraft.core.errors import SpecdraftError
-from tests.tiny import byte_tokenizer, save_tiny_target
+from specdraft.testing.tiny import byte_tokenizer, save_tiny_target
 
 RECORDS = [{"prompt": "hello"}, {"turns": ["first question", "second one"]},
            {"conversations": [{"from": "gpt", "value": "no question here"}]},

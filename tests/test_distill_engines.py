@@ -10,8 +10,8 @@ from datasets import load_from_disk
 from specdraft.distill.run import run_distill
 from specdraft.core.errors import SpecdraftError
 from specdraft.data.format import dataset_dir, shards_dir
+from specdraft.testing.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
 from tests.test_distill import RECORDS, make_recipe
-from tests.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
 
 MULTI_TURN = RECORDS + [{"turns": ["tell me more", "and more", "once again"]},
                         {"prompt": "a somewhat longer question that makes a longer prompt than the others"},

@@ -14,7 +14,7 @@ from specdraft.data.format import IMAGE_ROW_FEATURES, dataset_dir, shards_dir
 from specdraft.data.images import load_image, resolve_image
 from specdraft.recipes import load_recipe
 from specdraft.targets.vision import image_model_inputs
-from tests.tiny import save_tiny_target
+from specdraft.testing.tiny import save_tiny_target
 from tests.tiny_vlm import drawn_image, save_tiny_vlm, tiny_vlm
 
 LONG = "Please answer with at least 1000 words."

@@ -1,7 +1,7 @@
 """distill.engine=server against a real server: llama.cpp's OpenAI-compatible server (llama-cpp-python) serving the
-embedded SmolLM2 GGUF on the CPU, on a loopback port (tests/llama_server.py). A few prompts distilled through it,
-greedy answers equal to the server's own when asked directly, a prompt longer than its context as that prompt's
-error, and the server killed mid-run, then a resume: every prompt accounted once. Skipped without
+embedded SmolLM2 GGUF on the CPU, on a loopback port (specdraft/testing/llama_server.py). A few prompts distilled
+through it, greedy answers equal to the server's own when asked directly, a prompt longer than its context as that
+prompt's error, and the server killed mid-run, then a resume: every prompt accounted once. Skipped without
 llama-cpp-python[server]."""
 import json
 import threading
@@ -14,7 +14,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.distill.run import run_distill
 from specdraft.recipes import load_recipe
-from tests.llama_server import SMOLLM2, LlamaServer, missing_reason
+from specdraft.testing.llama_server import SMOLLM2, LlamaServer, missing_reason
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
 

@@ -14,9 +14,9 @@ from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.distill.run import run_distill
 from specdraft.distill.server import request_seed
 from specdraft.recipes import load_recipe
-from tests.fake_openai import FakeServer, completion
 from specdraft.targets.chat import template_ids
-from tests.tiny import byte_tokenizer, tiny_llama_config
+from specdraft.testing.tiny import byte_tokenizer, tiny_llama_config
+from tests.fake_openai import FakeServer, completion
 
 TOKENIZER = byte_tokenizer()
 EOS = TOKENIZER.eos_token_id

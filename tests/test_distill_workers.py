@@ -18,7 +18,7 @@ from tests.test_distill import RECORDS
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    from tests.tiny import save_tiny_target
+    from specdraft.testing.tiny import save_tiny_target
 
     return save_tiny_target(tmp_path_factory.mktemp("workers_target"))
 

@@ -3,9 +3,9 @@ transformers' own config classes, float32 on the CPU: the verifier's logits are 
 prefill, then one token at a time, well past every sliding window), plain decoding is HF greedy `generate`,
 speculative decoding (chain and tree; a random EAGLE-3 draft and a drafter that knows the answer) is plain
 decoding token for token, a T = 1 cycle's first token follows the target's distribution, and distill-data's
-static engine answers as HF greedy `generate` does. The models (tests/families.py) mix what the families differ
-in: sliding windows of 8 tokens, q/k norms, Gemma 3's norms, activation, scales and two rotary bases, routed
-experts."""
+static engine answers as HF greedy `generate` does. The models (specdraft/testing/families.py) mix what the
+families differ in: sliding windows of 8 tokens, q/k norms, Gemma 3's norms, activation, scales and two rotary
+bases, routed experts."""
 from __future__ import annotations
 
 import pytest
@@ -18,8 +18,9 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables, quantized_verifier
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
-from tests.families import FAMILIES, VOCAB, WINDOW, family_config, tiny_family
+from specdraft.testing.families import FAMILIES, VOCAB, WINDOW, family_config, tiny_family
 from tests.runtime.oracle import OracleDrafter
+from tests.runtime.sampled_cycles import first_tokens
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
 
 CHAIN, TREE = TreeShape.chain(4), TreeShape(depth=4, topk=2, budget=10)
@@ -122,18 +123,6 @@ def test_speculative_decoding_is_plain_decoding(family, shape):
     assert max(result.accepted) >= 2  # paths of several drafted tokens were verified and kept
 
 
-def _first_tokens(engine, prompt, trials):
-    """Prefill at T=0, then one cycle at T=1 from the same state, `trials` times -> (root, first tokens)."""
-    generator, firsts = torch.Generator().manual_seed(0), []
-    root = engine.prefill(torch.tensor(prompt), 0.0)
-    saved = [t.clone() for t in engine.state_tensors()]
-    for _ in range(trials):
-        for tensor, value in zip(engine.state_tensors(), saved):
-            tensor.copy_(value)
-        firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
-    return root, torch.tensor(firsts)
-
-
 @pytest.mark.parametrize("family", ["gemma3", pytest.param("qwen3_moe", marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_sampled_cycles_keep_the_target_distribution(family):
@@ -144,7 +133,7 @@ def test_sampled_cycles_keep_the_target_distribution(family):
         model.lm_head.weight.div_(4.0)  # a spread distribution: several likely tokens
     prompt = prompt_of(16, seed=6)
     engine = engine_for(model, eagle3_drafter(model), TREE)
-    root, firsts = _first_tokens(engine, prompt, 400)
+    root, firsts = first_tokens(engine, prompt, 400)
     probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
 

@@ -2,7 +2,7 @@
 
 Layers, bottom to top; a module imports only from layers below its own, or from its own package:
     core -> kernels -> layers, config -> data, targets -> decoding -> methods -> recipes -> drafts
-    -> runtime, launch -> eval, export, train, distill, vlm -> cli
+    -> runtime, launch -> eval, export, train, distill, vlm -> cli, testing
 No circle among modules either, and no private name (`_x`) imported from another module.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ LAYERS: List[Set[str]] = [
     {"specdraft.drafts"},
     {"specdraft.runtime", "specdraft.launch"},
     {"specdraft.eval", "specdraft.export", "specdraft.train", "specdraft.distill", "specdraft.vlm"},
-    {"specdraft.cli"},
+    {"specdraft.cli", "specdraft.testing"},  # testing: for the tests and the suites, imported by no module here
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 

@@ -10,8 +10,8 @@ from specdraft.methods import get_method
 from specdraft.core.types import DraftBatch, DraftContext, TargetFeatures
 from specdraft.methods.kangaroo import KangarooConfig, chain_metrics, kangaroo_exit_layer
 from specdraft.targets import capture_features, load_target
+from specdraft.testing.tiny import tiny_llama_config
 from tests.partial_layers import new_layer_cache, run_first_layers
-from tests.tiny import tiny_llama_config
 from tests.oracles import ChainState, kangaroo_chain
 
 SPEC = get_method("kangaroo")

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from specdraft.runtime.bench import context_bucket, tau_by_context
-from tests.tiny import byte_tokenizer
+from specdraft.testing.tiny import byte_tokenizer
 from tools import long_prompts
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()

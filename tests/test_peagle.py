@@ -7,7 +7,7 @@ import torch
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetInfo
 from specdraft.methods.peagle import PEagleConfig, cod_sizes, resolve_mask_token, sample_rollout
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 
 @pytest.mark.parametrize("settings, key", [({"num_depths": 0}, "method.num_depths"),

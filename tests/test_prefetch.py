@@ -215,9 +215,9 @@ def test_true_without_a_feature_source_that_runs_ahead_is_an_error_before_traini
     from specdraft.config import TrainConfig
     from specdraft.core.types import DraftContext, TargetInfo
     from specdraft.methods import get_method
+    from specdraft.testing.tiny import tiny_llama_config
     from specdraft.train.features import ShardedOnlineFeatures
     from specdraft.train.module import DraftModule
-    from tests.tiny import tiny_llama_config
 
     spec, ctx = get_method("eagle3"), DraftContext(TargetInfo.from_hf_config(tiny_llama_config(), "tiny"))
     module = DraftModule(spec, spec.config(), TrainConfig(prefetch_features="true"), ctx, None)

@@ -11,7 +11,7 @@ from specdraft.config import TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.targets import load_target
 from specdraft.targets.chat import PlainChat
-from tests.tiny import byte_tokenizer, save_tiny_target
+from specdraft.testing.tiny import byte_tokenizer, save_tiny_target
 
 FORM = "Q: {prompt}\nA:"
 

@@ -17,8 +17,8 @@ from specdraft.layers.quantized import QuantizedLinear
 from specdraft.recipes import load_recipe
 from specdraft.targets import load_target
 from specdraft.targets.heads import load_target_heads
+from specdraft.testing.tiny import byte_tokenizer
 from tests.test_train_export_eval import make_recipe
-from tests.tiny import byte_tokenizer
 
 PROMPTS = ["hello", "z", "add 2 and 2", "what is a cat?"]
 

@@ -9,7 +9,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.methods import METHODS
 from specdraft.methods.base import read_export
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 INFO = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
 SETTINGS = {"eagle3": {"draft_vocab_size": 256}, "poss": {"draft_vocab_size": 256},

@@ -6,8 +6,8 @@ import torch
 from specdraft.recipes import load_recipe
 from specdraft.core.types import TargetInfo
 from specdraft.targets.load import estimated_weight_bytes
+from specdraft.testing.tiny import tiny_llama_config
 from specdraft.train.trainer import shard_target
-from tests.tiny import tiny_llama_config
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from specdraft.config import TrainConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import DraftBatch, DraftContext, LossOutput, TargetFeatures, TargetInfo
 from specdraft.methods import get_method
+from specdraft.testing.tiny import tiny_llama_config
 from specdraft.train.graphs import GraphNeeds, StepGraphs, graphs_enabled, rerun_capture
-from tests.tiny import tiny_llama_config
 
 
 def tiny_draft_and_loss(device="cpu", compiled=False):

@@ -5,7 +5,7 @@ import torch
 from specdraft.config import TargetConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.targets import load_target, load_target_info
-from tests.tiny import save_tiny_target
+from specdraft.testing.tiny import save_tiny_target
 
 
 def test_directory_target_geometry_comes_from_its_config(tiny_target_dir):
@@ -37,7 +37,7 @@ def test_target_without_chat_template_is_refused(tmp_path):
 
 
 def test_random_init_needs_only_config_and_tokenizer(tmp_path):
-    from tests.tiny import byte_tokenizer, tiny_llama_config
+    from specdraft.testing.tiny import byte_tokenizer, tiny_llama_config
 
     tiny_llama_config(layers=3).save_pretrained(tmp_path)
     byte_tokenizer().save_pretrained(tmp_path)
@@ -57,7 +57,7 @@ def test_a_gguf_head_left_on_meta_is_tied_to_the_embedding(tmp_path):
     from transformers import LlamaForCausalLM
 
     from specdraft.targets.load import _tie_meta_head
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     config = tiny_llama_config()
     config.tie_word_embeddings = False

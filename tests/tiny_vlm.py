@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tests.tiny import byte_tokenizer
+from specdraft.testing.tiny import byte_tokenizer
 
 FAMILIES = ("llava", "llava_next", "idefics3", "qwen2_5_vl")
 IMAGE_TOKENS = {"llava": ["<image>"], "llava_next": ["<image>"],

@@ -30,43 +30,19 @@ import sys
 
 import torch
 
-
-def _init() -> None:
-    import deepspeed
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["LOCAL_RANK"] = os.environ["RANK"]
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no C++ build: plain gloo is enough
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-
-
-def _plain_and_sharded(name: str, settings: dict, ctx, config: dict):
-    """-> (spec, cfg, the draft built plainly, the same draft (same seed) built under zero.Init as Lightning
-    enters it: dtype from the config)."""
-    import deepspeed
-
-    from specdraft.methods import get_method
-
-    spec = get_method(name)
-    cfg = spec.config(**settings)
-    torch.manual_seed(0)
-    plain = spec.build(cfg, ctx)
-    torch.manual_seed(0)
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        sharded = spec.build(cfg, ctx)
-    return spec, cfg, plain, sharded
+from specdraft.testing.zero3 import LossModule, init_gloo_rank, plain_and_sharded, random_batch
 
 
 def drafts(cases: dict) -> None:
     import deepspeed
 
     from specdraft.core.types import DraftContext, TargetInfo
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     ctx = DraftContext(target=TargetInfo.from_hf_config(tiny_llama_config(), "tiny"))
     for name, settings in cases.items():
-        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
+        spec, cfg, plain, sharded = plain_and_sharded(name, settings, ctx, config)
         params = dict(sharded.named_parameters())
         assert all(hasattr(p, "ds_id") for p in params.values()), name  # built partitioned
         with deepspeed.zero.GatheredParameters(list(params.values())):
@@ -75,25 +51,8 @@ def drafts(cases: dict) -> None:
                     print("differs", name, key, flush=True)
 
 
-def _random_batch(spec, cfg, info, generator, rows: int = 2, repeat: int = 1):
-    """Random token ids and target features: `rows` rows, each repeated `repeat` times (identical rows give
-    every rank of a data-parallel run the same loss normalization as one process with all of them)."""
-    from specdraft.core.types import DraftBatch, TargetFeatures
-
-    def rows_of(*shape):  # [rows * repeat, *shape]
-        return torch.randn(rows, *shape, generator=generator).repeat_interleave(repeat, dim=0)
-
-    ids = torch.randint(0, info.vocab_size, (rows, 16), generator=generator).repeat_interleave(repeat, 0)  # [B, T]
-    layers = sorted({0, *spec.feature_layers(cfg, info)})
-    hidden = {i: rows_of(16, info.hidden_size) for i in layers}  # [B, T, H] each
-    features = TargetFeatures(hidden_states=hidden, final_hidden=rows_of(16, info.hidden_size),
-                              lm_head=torch.randn(info.vocab_size, info.hidden_size, generator=generator),
-                              embed_tokens=torch.randn(info.vocab_size, info.hidden_size, generator=generator))
-    return DraftBatch(ids, torch.ones_like(ids), torch.ones_like(ids), features)
-
-
 def _rows(batch, start: int, stop: int):
-    """Rows start..stop-1 of a DraftBatch from _random_batch."""
+    """Rows start..stop-1 of a DraftBatch from random_batch."""
     from specdraft.core.types import DraftBatch, TargetFeatures
 
     feats = batch.features
@@ -109,7 +68,7 @@ def losses(cases: dict) -> None:
     from transformers import LlamaForCausalLM
 
     from specdraft.core.types import DraftContext, TargetInfo
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
@@ -117,12 +76,12 @@ def losses(cases: dict) -> None:
     ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
     target_model = LlamaForCausalLM(tiny_llama_config()).eval()  # for drafts that run the target's own parts
     for name, settings in cases.items():
-        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
+        spec, cfg, plain, sharded = plain_and_sharded(name, settings, ctx, config)
         if spec.bind_target is not None:
             spec.bind_target(plain, target_model)
             spec.bind_target(sharded, target_model)
         engine, *_ = deepspeed.initialize(model=sharded, config=config, model_parameters=sharded.parameters())
-        batch = _random_batch(spec, cfg, info, torch.Generator().manual_seed(0))
+        batch = random_batch(spec, cfg, info, torch.Generator().manual_seed(0))
         torch.manual_seed(1)  # a loss may draw (P-EAGLE's drop-token sampling): both calls draw the same
         expected = spec.loss(plain, batch, cfg).loss
         expected.backward()
@@ -161,7 +120,7 @@ def _two_rank_setup():
     """-> this rank, the AdamW settings, a ZeRO-3 config with every weight partitioned (as a large draft's), the
     tiny target's info and a draft context."""
     from specdraft.core.types import DraftContext, TargetInfo
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     adamw = {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0}
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0,  # DeepSpeed's default clips at 1
@@ -180,15 +139,15 @@ def two_ranks(cases: dict) -> None:
     rank, adamw, config, info, ctx = _two_rank_setup()
     counter = _Gathers()
     for name, settings in cases.items():
-        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
+        spec, cfg, plain, sharded = plain_and_sharded(name, settings, ctx, config)
         _bound_target(spec, plain, sharded)
-        engine, *_ = deepspeed.initialize(model=_LossModule(spec, cfg, sharded), config=config,
+        engine, *_ = deepspeed.initialize(model=LossModule(spec, cfg, sharded), config=config,
                                           model_parameters=sharded.parameters())
         optimizer = torch.optim.AdamW(plain.parameters(), **adamw)
         initial = {key: value.detach().clone() for key, value in plain.named_parameters()}
         generator = torch.Generator().manual_seed(0)
         for step in range(3):  # DeepSpeed records its trace in the first step, then prefetches and keeps
-            batch = _random_batch(spec, cfg, info, generator, rows=1, repeat=2)
+            batch = random_batch(spec, cfg, info, generator, rows=1, repeat=2)
             counter.counting, counter.elements = step == 2, 0
             engine.backward(engine(_rows(batch, rank, rank + 1)))
             engine.step()
@@ -209,9 +168,9 @@ def whole_weights(cases: dict) -> None:
     rank, adamw, config, info, ctx = _two_rank_setup()
     counter = _Gathers()
     for name, settings in cases.items():
-        spec, cfg, plain, sharded = _plain_and_sharded(name, settings, ctx, config)
+        spec, cfg, plain, sharded = plain_and_sharded(name, settings, ctx, config)
         target_model = _bound_target(spec, plain, sharded)
-        root = _LossModule(spec, cfg, sharded)
+        root = LossModule(spec, cfg, sharded)
         if not persist_weights("auto", root, device_memory=80 * 2 ** 30):
             print("differs", name, "auto keeps a tiny draft partitioned", flush=True)
         whole = {**config, "zero_optimization": {**config["zero_optimization"], **persistence_config(root)}}
@@ -224,7 +183,7 @@ def whole_weights(cases: dict) -> None:
         initial = {key: value.detach().clone() for key, value in plain.named_parameters()}
         generator = torch.Generator().manual_seed(0)
         for step in range(3):
-            batch = _random_batch(spec, cfg, info, generator, rows=1, repeat=2)
+            batch = random_batch(spec, cfg, info, generator, rows=1, repeat=2)
             counter.counting, counter.elements = True, 0
             engine.backward(engine(_rows(batch, rank, rank + 1)))
             counter.counting = False
@@ -265,7 +224,7 @@ def _bound_target(spec, plain, sharded):
     when the method runs parts of it."""
     from transformers import LlamaForCausalLM
 
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     target_model = LlamaForCausalLM(tiny_llama_config()).eval()
     if spec.bind_target is not None:
@@ -321,18 +280,6 @@ def _compare_two_ranks(name: str, plain, sharded, initial: dict, gathered: int) 
                 print("differs", name, "weight after 3 steps", key, flush=True)
 
 
-class _LossModule(torch.nn.Module):
-    """The engine's module whose forward is the training loss, as Lightning's DeepSpeed strategy calls it
-    (DeepSpeed starts each step's parameter trace in that forward's pre-hook)."""
-
-    def __init__(self, spec, cfg, draft):
-        super().__init__()
-        self.spec, self.cfg, self.draft = spec, cfg, draft
-
-    def forward(self, batch):
-        return self.spec.loss(self.draft, batch, self.cfg).loss
-
-
 def target(directory: str, guard: str = "guard") -> None:
     import deepspeed
     import torch._dynamo  # noqa: F401  (imported before zero.Init patches torch's constructors, as in training:
@@ -364,7 +311,7 @@ def target(directory: str, guard: str = "guard") -> None:
 
 
 if __name__ == "__main__":
-    _init()
+    init_gloo_rank()
     if sys.argv[1] == "drafts":
         drafts(json.loads(sys.argv[2]))
     elif sys.argv[1] == "losses":

@@ -17,29 +17,14 @@ from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.runtime.load import tree_shape
 from tests.runtime.block_drafter import RandomBlockDrafter
+from tests.runtime.peaked_target import greedy_tokens, peaked_llama
+from tests.runtime.sampled_cycles import first_tokens_from_prefix
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-from tests.tiny import tiny_llama_config
 
 VOCAB, BLOCK = 320, 5
 SHAPES = {"chain": TreeShape.chain(BLOCK - 1), "short_chain": TreeShape.chain(2),
           "tree": TreeShape(depth=BLOCK - 1, topk=3, budget=10), "wide_tree": TreeShape(depth=3, topk=4, budget=14)}
 PROMPT = torch.randint(0, 300, (13,), generator=torch.Generator().manual_seed(6)).tolist()
-
-
-def _tiny_target():
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_llama_config(layers=2)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # peaked: the boosted proposals land where they are right
-    return model
-
-
-def _greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def _engine(model, shape, drafter, use_graphs=False, max_len=256, **options):
@@ -57,8 +42,8 @@ def test_block_cycles_decode_the_targets_greedy_output(name, monkeypatch):
     from tests.runtime.replay import ReplayOnCpu
 
     monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
-    model, shape = _tiny_target(), SHAPES[name]
-    greedy = _greedy(model, PROMPT, 64)
+    model, shape = peaked_llama(), SHAPES[name]
+    greedy = greedy_tokens(model, PROMPT, 64)
     runs = []
     for use_graphs in (False, True):
         drafter = RandomBlockDrafter(PROMPT + greedy, VOCAB, BLOCK, wrong_every=7)
@@ -79,8 +64,8 @@ def test_block_cycles_decode_the_targets_greedy_output(name, monkeypatch):
 def test_a_block_tree_recovers_where_the_chain_is_cut():
     """Where a position's first choice is wrong (every third position here), the tree's second choice at that
     depth carries the path on: a block tree accepts more per cycle than the chain of the same proposals."""
-    model = _tiny_target()
-    greedy = _greedy(model, PROMPT, 64)
+    model = peaked_llama()
+    greedy = greedy_tokens(model, PROMPT, 64)
     taus = {}
     for name in ("chain", "tree"):
         drafter = RandomBlockDrafter(PROMPT + greedy, VOCAB, BLOCK, wrong_every=3)
@@ -93,34 +78,21 @@ def test_a_block_tree_recovers_where_the_chain_is_cut():
     assert taus["tree"] > taus["chain"]
 
 
-def _first_tokens(engine, prompt, trials):
-    """Prefill at T=0, then one cycle at T=1 from that same state `trials` times -> (root, the first token each
-    emitted). A block cycle writes cache slots from the prefix on only."""
-    generator, firsts = torch.Generator().manual_seed(0), []
-    root = engine.prefill(torch.tensor(prompt), 0.0)
-    saved = [engine.prefix_len.clone(), engine.root.clone()]
-    for _ in range(trials):
-        engine.prefix_len.copy_(saved[0])
-        engine.root.copy_(saved[1])
-        firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
-    return root, torch.tensor(firsts)
-
-
 @pytest.mark.parametrize("name", ["chain", "tree"])
 @torch.no_grad()
 def test_block_cycles_at_t1_keep_the_targets_distribution(name):
-    model = _tiny_target()
-    drafter = RandomBlockDrafter(PROMPT + _greedy(model, PROMPT, 64), VOCAB, BLOCK)
+    model = peaked_llama()
+    drafter = RandomBlockDrafter(PROMPT + greedy_tokens(model, PROMPT, 64), VOCAB, BLOCK)
     engine = _engine(model, SHAPES[name], drafter)
-    root, firsts = _first_tokens(engine, PROMPT, 400)
+    root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     probs = torch.softmax(model(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
 
 
 @torch.no_grad()
 def test_sampled_block_cycles_run_to_the_end_in_the_vocabulary():
-    model = _tiny_target()
-    drafter = RandomBlockDrafter(PROMPT + _greedy(model, PROMPT, 64), VOCAB, BLOCK)
+    model = peaked_llama()
+    drafter = RandomBlockDrafter(PROMPT + greedy_tokens(model, PROMPT, 64), VOCAB, BLOCK)
     result = _engine(model, SHAPES["tree"], drafter).generate(PROMPT, 30, temperature=0.7,
                                                               generator=torch.Generator().manual_seed(1))
     assert len(result.tokens) == 30 and all(0 <= t < VOCAB for t in result.tokens)
@@ -129,7 +101,7 @@ def test_sampled_block_cycles_run_to_the_end_in_the_vocabulary():
 def test_a_shape_deeper_than_the_block_and_a_policy_are_refused():
     from specdraft.decoding.policies.adaptive import AdaptivePolicy
 
-    model = _tiny_target()
+    model = peaked_llama()
     drafter = RandomBlockDrafter([1, 2, 3], VOCAB, BLOCK)
     with pytest.raises(SpecdraftError, match="deeper than the block drafter's 4 proposals"):
         _engine(model, TreeShape.chain(BLOCK), drafter)
@@ -153,8 +125,8 @@ def test_the_cycle_profiler_drafts_by_the_blocks_proposals():
 
     from specdraft.runtime.profile import profile_cycles
 
-    model = _tiny_target()
+    model = peaked_llama()
     for name in ("chain", "tree"):
-        drafter = RandomBlockDrafter(PROMPT + _greedy(model, PROMPT, 64), VOCAB, BLOCK)
+        drafter = RandomBlockDrafter(PROMPT + greedy_tokens(model, PROMPT, 64), VOCAB, BLOCK)
         profile = profile_cycles(SimpleNamespace(engine=_engine(model, SHAPES[name], drafter)), PROMPT, cycles=3)
         assert set(profile["eager_ms"]) == {"draft", "verify", "bookkeeping"} and profile["eager_cycle_ms"] > 0

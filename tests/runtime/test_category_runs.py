@@ -19,8 +19,8 @@ from specdraft.runtime.categories import (CategorySettings, categories_table, ca
                                           variant_configs)
 from specdraft.runtime.load import build_runtime
 from specdraft.targets.load import LoadedTarget
+from specdraft.testing.tiny import byte_tokenizer, tiny_llama_config
 from tests.runtime.replay import CaptureOnCpu
-from tests.tiny import byte_tokenizer, tiny_llama_config
 
 VARIANTS = ["fixed", "sam,sam_min_match=2", "sam,sam_min_match=2,sam_merge=true", "svip", "ddd", "ddd,depth=5",
             "adaptive,depth=4"]

@@ -167,7 +167,7 @@ def test_bad_runtime_inputs_are_one_line_errors(export_dir, tmp_path, capsys):
 
 
 def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
-    from tests.tiny import save_tiny_target, tiny_llama_config
+    from specdraft.testing.tiny import save_tiny_target, tiny_llama_config
     from transformers import LlamaForCausalLM
 
     other = save_tiny_target(tmp_path / "other")
@@ -179,7 +179,7 @@ def test_a_draft_for_another_target_is_refused(export_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("field_name, geometry", [("num_layers", {"layers": 6}), ("num_kv_heads", {"kv_heads": 4})])
 def test_a_draft_for_a_target_of_other_depth_or_heads_is_refused(export_dir, tmp_path, capsys, field_name, geometry):
-    from tests.tiny import save_tiny_target, tiny_llama_config
+    from specdraft.testing.tiny import save_tiny_target, tiny_llama_config
     from transformers import LlamaForCausalLM
 
     other = save_tiny_target(tmp_path / "other")
@@ -216,7 +216,7 @@ def test_an_export_from_another_machine_runs_with_target(export_dir, tiny_target
 
 
 def test_an_older_export_for_another_target_is_refused_cleanly(export_dir, tmp_path, capsys):
-    from tests.tiny import save_tiny_target, tiny_llama_config
+    from specdraft.testing.tiny import save_tiny_target, tiny_llama_config
     from transformers import LlamaForCausalLM
 
     other = save_tiny_target(tmp_path / "other")

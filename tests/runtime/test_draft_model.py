@@ -20,10 +20,12 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.shapes import TreeShape
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.runtime.draft_model import tokenizer_mismatch
+from specdraft.testing.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
+from tests.runtime.peaked_target import greedy_tokens
 from tests.runtime.replay import ReplayOnCpu
+from tests.runtime.sampled_cycles import first_tokens_from_prefix
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-from tests.runtime.test_hostile_drafts import _break, _first_tokens
-from tests.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
+from tests.runtime.test_hostile_drafts import _break
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small ops: two threads of a busy host ran them 10x slower
 
@@ -45,12 +47,6 @@ def _model(seed: int, layers: int = 2, hidden: int = 64):
 
 TARGET = _model(0)
 UNRELATED = _model(1, layers=3, hidden=32)
-
-
-def _greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 class BrokenDraftModel(DraftModelDrafter):
@@ -84,7 +80,7 @@ def test_the_target_as_its_own_draft_model_has_every_draft_accepted(name):
     target's next token)."""
     engine = _engine(TARGET, SHAPES[name])
     result = engine.generate(PROMPT, 30, trace=True)
-    assert result.tokens == _greedy(TARGET, PROMPT, 30)
+    assert result.tokens == greedy_tokens(TARGET, PROMPT, 30)
     if name == "chain":
         assert all(a == CHAIN.depth for a in result.accepted[:-1])  # the last cycle may stop at the 30th token
         return
@@ -108,7 +104,7 @@ def test_any_draft_model_decodes_the_targets_greedy_output(name, small):
     engine = _engine(model, SHAPES[name], kind=kind)
     for prompt in (PROMPT, PROMPT[5:]):
         result = engine.generate(prompt, 32)
-        assert result.tokens == _greedy(TARGET, prompt, 32)
+        assert result.tokens == greedy_tokens(TARGET, prompt, 32)
         assert result.tokens == engine.decode_plain(prompt, 32).tokens
         assert all(0 <= a <= d for a, d in zip(result.accepted, result.drafted))
     if small == "nan_weights":
@@ -125,9 +121,9 @@ def test_a_cycle_drafted_without_the_model_still_catches_its_cache_up():
     info = TargetInfo.from_hf_config(TARGET.config, "tiny")
     engine = SpecEngine(from_hf(TARGET, info), _drafter(TARGET), CHAIN, MAX_LEN, hf_rope_tables(TARGET, MAX_LEN),
                         policy=SamPolicy(Retrieval(6, 2)))
-    prompt = PROMPT + _greedy(TARGET, PROMPT, 24)  # the answer repeats what the prompt holds: retrieval matches
+    prompt = PROMPT + greedy_tokens(TARGET, PROMPT, 24)  # the answer repeats what the prompt holds: retrieval matches
     result = engine.generate(prompt, 40)
-    assert result.tokens == _greedy(TARGET, prompt, 40)
+    assert result.tokens == greedy_tokens(TARGET, prompt, 40)
     stats = engine.policy_stats()
     assert stats["retrieval_cycles"] > 0 and stats["model_cycles"] > 1
     model_cycles = [a for a, d in zip(result.accepted[:-1], result.drafted) if d == CHAIN.depth]
@@ -143,7 +139,7 @@ def test_static_buffer_replays_give_the_eager_tokens(monkeypatch, name):
     eager, replayed = _engine(UNRELATED, SHAPES[name]), _engine(UNRELATED, SHAPES[name], use_graphs=True)
     for prompt in (PROMPT, PROMPT[4:]):
         expected, got = eager.generate(prompt, 24), replayed.generate(prompt, 24)
-        assert got.tokens == expected.tokens == _greedy(TARGET, prompt, 24)
+        assert got.tokens == expected.tokens == greedy_tokens(TARGET, prompt, 24)
         assert got.accepted == expected.accepted
     assert any(str(key).startswith("ingest@") for key in replayed.graphs.keys())
 
@@ -153,7 +149,7 @@ def test_static_buffer_replays_give_the_eager_tokens(monkeypatch, name):
 @torch.no_grad()
 def test_sampled_cycles_keep_the_targets_distribution(name, small):
     engine = _engine(TARGET, SHAPES[name], kind=DraftModelDrafter if small == "itself" else BrokenDraftModel)
-    root, firsts = _first_tokens(engine, PROMPT, 400)
+    root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     assert ((firsts >= 0) & (firsts < TARGET.config.vocab_size)).all()
     probs = torch.softmax(TARGET(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL

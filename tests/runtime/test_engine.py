@@ -11,8 +11,8 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import DraftTree, TreeShape
 from specdraft.kernels.draft_topk import draft_topk
+from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.oracle import OracleDrafter
-from tests.tiny import tiny_llama_config
 
 
 def _tiny_hf(kind: str):

@@ -10,8 +10,8 @@ from specdraft.decoding.policies.dynamic_exit import ExitChoice
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
+from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.test_method_drafters import CASES
-from tests.tiny import tiny_llama_config
 
 pytestmark = pytest.mark.gpu
 

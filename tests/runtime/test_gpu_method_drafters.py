@@ -8,8 +8,8 @@ from specdraft.core.types import DraftContext, TargetInfo
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
+from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.test_method_drafters import CASES, RUNTIME_METHODS
-from tests.tiny import tiny_llama_config
 
 pytestmark = pytest.mark.gpu
 

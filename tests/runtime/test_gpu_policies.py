@@ -13,7 +13,7 @@ from specdraft.decoding.policies.svip import svip_policy
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 pytestmark = pytest.mark.gpu
 TREE, CHAIN = TreeShape(depth=4, topk=4, budget=16), TreeShape.chain(4)

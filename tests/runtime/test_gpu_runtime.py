@@ -7,7 +7,7 @@ from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
 from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 pytestmark = pytest.mark.gpu
 

@@ -22,28 +22,13 @@ from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.vocabulary import checked_d2t
 from tests.runtime.block_drafter import RandomBlockDrafter
 from tests.runtime.oracle import OracleDrafter
+from tests.runtime.peaked_target import greedy_tokens, peaked_llama
+from tests.runtime.sampled_cycles import first_tokens_from_prefix
 from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-from tests.tiny import tiny_llama_config
 
 VOCAB = 320
 CHAIN, TREE = TreeShape.chain(3), TreeShape(depth=3, topk=3, budget=10)
 BROKEN = ("nan_row", "nan_entry", "posinf", "all_neginf", "huge")
-
-
-def _tiny_target():
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(tiny_llama_config(layers=2)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # peaked and repetitive: the oracle's drafts land where they are intact
-    return model
-
-
-def _greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def _break(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -127,7 +112,7 @@ class HostileScorer:
 
 def _engine(model, shape, prompt, max_len=256, drafter_type=None, **options):
     info = TargetInfo.from_hf_config(model.config, "tiny")
-    drafter = (drafter_type or HostileDrafter)(prompt + _greedy(model, prompt, 64))
+    drafter = (drafter_type or HostileDrafter)(prompt + greedy_tokens(model, prompt, 64))
     return SpecEngine(from_hf(model, info), drafter, shape, max_len, hf_rope_tables(model, max_len), **options)
 
 
@@ -150,11 +135,11 @@ CASES = {  # name: (shape, engine options)
 @pytest.mark.parametrize("name", sorted(CASES))
 @torch.no_grad()
 def test_broken_drafts_at_t0_decode_the_targets_greedy_output(name):
-    model = _tiny_target()
+    model = peaked_llama()
     shape, options = CASES[name]
     engine = _engine(model, shape, PROMPT, **options)
     result = engine.generate(PROMPT, 40)
-    assert result.tokens == _greedy(model, PROMPT, 40)
+    assert result.tokens == greedy_tokens(model, PROMPT, 40)
     assert all(0 <= a <= d for a, d in zip(result.accepted, result.drafted))
 
 
@@ -187,32 +172,18 @@ def test_without_the_guards_the_same_drafts_change_the_output(monkeypatch):
 
     monkeypatch.setattr(tree_module, "draft_topk", unguarded_topk)
     monkeypatch.setattr(tree_module, "select_tree", unguarded_select)
-    model = _tiny_target()
+    model = peaked_llama()
     engine = _engine(model, TREE, PROMPT)
-    assert engine.generate(PROMPT, 40).tokens != _greedy(model, PROMPT, 40)
-
-
-def _first_tokens(engine, prompt, trials):
-    """Prefill at T=0 (a fixed root), then one cycle at T=1 from the same state, `trials` times -> (root, the first
-    token each cycle emitted). A cycle writes cache slots from the prefix on only: resetting the prefix and the root
-    resets it."""
-    generator, firsts = torch.Generator().manual_seed(0), []
-    root = engine.prefill(torch.tensor(prompt), 0.0)
-    saved = [engine.prefix_len.clone(), engine.root.clone()]
-    for _ in range(trials):
-        engine.prefix_len.copy_(saved[0])
-        engine.root.copy_(saved[1])
-        firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
-    return root, torch.tensor(firsts)
+    assert engine.generate(PROMPT, 40).tokens != greedy_tokens(model, PROMPT, 40)
 
 
 @pytest.mark.parametrize("name", ["chain", "tree", "tree_scorer_expansion_kept", "block_chain", "block_tree"])
 @torch.no_grad()
 def test_broken_drafts_at_t1_keep_the_targets_distribution(name):
-    model = _tiny_target()
+    model = peaked_llama()
     shape, options = CASES[name]
     engine = _engine(model, shape, PROMPT, **options)
-    root, firsts = _first_tokens(engine, PROMPT, 400)
+    root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     assert ((firsts >= 0) & (firsts < VOCAB)).all()
     probs = torch.softmax(model(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
@@ -233,9 +204,9 @@ def test_a_sampled_draft_from_a_broken_row_is_verified_as_a_point_mass(monkeypat
         return scores, ids, logprobs
 
     monkeypatch.setattr(chain_module, "sampled_topk", nan_q)
-    model = _tiny_target()
+    model = peaked_llama()
     engine = _engine(model, CHAIN, PROMPT)
-    root, firsts = _first_tokens(engine, PROMPT, 200)
+    root, firsts = first_tokens_from_prefix(engine, PROMPT, 200)
     probs = torch.softmax(model(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)
     outside = (firsts < 0) | (firsts >= VOCAB)
     assert outside.any() or _chi_square_top(firsts, probs) > CRITICAL

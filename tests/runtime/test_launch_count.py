@@ -10,7 +10,7 @@ import torch
 from specdraft.core.types import TargetInfo
 from specdraft.decoding.launches import LaunchCounter
 from specdraft.decoding.verifier import from_hf
-from tests.tiny import tiny_llama_config
+from specdraft.testing.tiny import tiny_llama_config
 
 FUSED_BOUND = 10  # add + norm, qkv, rope + cache, attention (2 kernels), o, add + norm, gate/up, silu * up, down
 UNFUSED_AT_LEAST = 35  # the references: the unfused layer's ops, with the attention's reference

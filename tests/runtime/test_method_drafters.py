@@ -12,8 +12,8 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.targets import capture_features
+from specdraft.testing.tiny import tiny_llama_config
 from tests.addons import DRAFT_METHODS
-from tests.tiny import tiny_llama_config
 from tests.oracles import ChainState, chain_of
 
 CASES = {  # random drafts with large enough weights to draft varied tokens

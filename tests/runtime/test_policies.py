@@ -18,6 +18,7 @@ from specdraft.decoding.policies.svip import svip_policy
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
+from tests.runtime.sampled_cycles import first_tokens
 from tests.runtime.test_chain_exits import CRITICAL, SAMPLING_TRIALS, _chi_square_top
 from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
 
@@ -138,21 +139,6 @@ def test_the_adaptive_policy_captures_every_depth_before_its_first_cycle_runs(mo
     assert sum(1 for count in engine.policy.counts.values() if count) > 1
 
 
-def _first_tokens(engine, prompt, trials):
-    """Prefill at T=0, then one cycle at T=1 from the same state, `trials` times -> (root, first tokens)."""
-    generator, firsts = torch.Generator().manual_seed(0), []
-    root = engine.prefill(torch.tensor(prompt), 0.0)
-    saved = [t.clone() for t in engine.state_tensors()]
-    for _ in range(trials):
-        for tensor, value in zip(engine.state_tensors(), saved):
-            tensor.copy_(value)
-        if engine.policy is not None:
-            engine.policy.begin(prompt)
-            engine.policy.observe([root])
-        firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
-    return root, torch.tensor(firsts)
-
-
 @pytest.mark.slow  # 400 cycles each
 @pytest.mark.parametrize("name", ["fixed_tree", "fixed_chain", "sam_merge", "sam_chain", "ddd_tree", "adaptive_tree"])
 @torch.no_grad()
@@ -166,7 +152,7 @@ def test_sampled_cycles_keep_the_target_distribution(name):
                             hf_rope_tables(model, 256))
     else:
         model, engine = _engine(name)
-    root, firsts = _first_tokens(engine, REPEATING, SAMPLING_TRIALS)
+    root, firsts = first_tokens(engine, REPEATING, SAMPLING_TRIALS)
     probs = torch.softmax(model(torch.tensor([REPEATING + [root]])).logits[0, -1], -1)  # [V]
     assert _chi_square_top(firsts, probs) < CRITICAL
 

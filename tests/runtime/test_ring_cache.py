@@ -13,8 +13,8 @@ from specdraft.decoding.tree import TreeShape, build_tree
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.layers.draft_cache import RingLayout, ring_commit
 from specdraft.methods import METHODS
+from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.test_method_drafters import CASES, PROMPT, _hf_greedy, _info, _memorise, _propose
-from tests.tiny import tiny_llama_config
 
 WINDOWED = ("eagle3", "poss")
 

@@ -1,6 +1,6 @@
 """Server-engine suite: `distill-data` with distill.engine=server against llama.cpp's OpenAI-compatible server
-(llama-cpp-python serving the embedded SmolLM2 GGUF on the CPU, tests/llama_server.py), beside what that server
-delivers on its own.
+(llama-cpp-python serving the embedded SmolLM2 GGUF on the CPU, specdraft/testing/llama_server.py), beside what
+that server delivers on its own.
 
 `throughput`: the same first-turn prompts, templated, asked by a plain concurrent client (a pool of --concurrency
 threads posting each templated prompt with the sampling fields distill-data sends, greedy) and by distill-data (in
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List
 
-from tests.llama_server import SMOLLM2, LlamaServer, missing_reason
+from specdraft.testing.llama_server import SMOLLM2, LlamaServer, missing_reason
 from tools.bench.suite import fmt, machine, markdown_table, run_parts, write_report
 
 TOPICS = ["the sea", "a city at night", "bread", "rain", "a library", "mountains", "a train", "music", "winter",

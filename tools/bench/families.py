@@ -1,7 +1,7 @@
 """Families suite: every target family the verifier runs (decoding/verifier/families/), each as a small random
-model built from transformers' own config class (tests/families.py: sliding windows short enough to cut, q/k
-norms, Gemma 3's norms and two rotary bases, routed experts), float32, on one device. Per family, the parts
-(--parts, all by default):
+model built from transformers' own config class (specdraft/testing/families.py: sliding windows short enough to
+cut, q/k norms, Gemma 3's norms and two rotary bases, routed experts), float32, on one device. Per family, the
+parts (--parts, all by default):
 
 - lossless: the runtime's plain decoding (`SpecEngine.decode_plain`: the verifier, CUDA graphs on a GPU) of
   --prompts random prompts (lengths spread from 1 to past the window), token for token against Hugging Face's
@@ -34,7 +34,7 @@ import torch
 
 from tools.bench.suite import finish, fmt, machine, markdown_table, write_report
 
-SIZES = {  # COMMON's overrides (tests/families.py) per size; windows cut every prompt and answer of the suite
+SIZES = {  # COMMON's overrides (specdraft/testing/families.py) per size; windows cut every prompt and answer
     "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                   num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024),
     "tiny": {},
@@ -183,7 +183,7 @@ MODEL_COLUMNS = [("family", lambda r: r["family"]), ("model type", lambda r: r["
 def family_row(family: str, args, device: torch.device) -> dict:
     """Build `family`'s model and run each of args.parts on it."""
     from specdraft.core.types import TargetInfo
-    from tests.families import tiny_family
+    from specdraft.testing.families import tiny_family
 
     model = tiny_family(family, seed=0, window=WINDOWS[args.size], **SIZES[args.size]).to(device)
     config = model.config
@@ -209,7 +209,7 @@ def summary(row: dict, parts: List[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
-    from tests.families import FAMILIES
+    from specdraft.testing.families import FAMILIES
 
     parser = argparse.ArgumentParser(description="every target family: the runtime's float32 plain decoding "
                                                  "against HF greedy, its tokens/s against HF generate's, and "

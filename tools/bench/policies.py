@@ -214,7 +214,7 @@ def _tiny_pair(steps: int, scale: float, sequences: int = 24, held_out: int = 4)
     from specdraft.core.types import DraftBatch, DraftContext, TargetInfo
     from specdraft.methods import METHODS
     from specdraft.targets import capture_features
-    from tests.tiny import tiny_llama_config
+    from specdraft.testing.tiny import tiny_llama_config
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(layers=4)).eval()

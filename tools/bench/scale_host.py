@@ -49,13 +49,13 @@ def zero3_worker(engine_name: str, steps: int) -> dict:
     import torch
 
     from specdraft.core.types import DraftContext, TargetInfo
+    from specdraft.testing.tiny import tiny_llama_config
+    from specdraft.testing.zero3 import LossModule, init_gloo_rank, plain_and_sharded, random_batch
     from specdraft.train.zero3 import drop_module_hooks, persistence_config
-    from tests import zero_init_run
-    from tests.tiny import tiny_llama_config
     from tools.profile_train import host_canary_ms
 
     torch.set_num_threads(1)
-    zero_init_run._init()
+    init_gloo_rank()
     import deepspeed
 
     stage = int(engine_name[0])
@@ -64,18 +64,18 @@ def zero3_worker(engine_name: str, steps: int) -> dict:
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
     info = TargetInfo.from_hf_config(tiny_llama_config(), "tiny")
     ctx = DraftContext(target=info, token_counts=torch.arange(info.vocab_size))
-    spec, cfg, plain, partitioned = zero_init_run._plain_and_sharded(
+    spec, cfg, plain, partitioned = plain_and_sharded(
         "eagle3", {"ttt_steps": 7, "draft_vocab_size": 256}, ctx, {**config, "zero_optimization": {"stage": 3}})
     if stage == 2:  # zero.Init above put DeepSpeed's linear in place: ZeRO-2 runs PyTorch's
         torch.nn.functional.linear = torch._C._nn.linear
-    module = zero_init_run._LossModule(spec, cfg, partitioned if stage == 3 else plain)
+    module = LossModule(spec, cfg, partitioned if stage == 3 else plain)
     if engine_name == "3-whole":
         zero.update(persistence_config(module))
     engine, zero_optimizer, *_ = deepspeed.initialize(model=module, config=config,
                                                       model_parameters=module.parameters())
     if engine_name == "3-whole":
         drop_module_hooks(zero_optimizer, engine.module)
-    batch = zero_init_run._random_batch(spec, cfg, info, torch.Generator().manual_seed(0), rows=1)
+    batch = random_batch(spec, cfg, info, torch.Generator().manual_seed(0), rows=1)
     forward_ms, canary_ms, calls = [], [], []
     for step in range(steps):
         canary_ms.append(host_canary_ms())

@@ -35,7 +35,7 @@ def write_target(directory: Path, shape: dict) -> Path:
     """config.json + a tokenizer with a chat template: all `target.random_init` needs."""
     from transformers import LlamaConfig
 
-    from tests.tiny import byte_tokenizer
+    from specdraft.testing.tiny import byte_tokenizer
 
     tokenizer = byte_tokenizer()
     config = LlamaConfig(**copy.deepcopy(shape), tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,

@@ -2,7 +2,7 @@
 environment of the processes it starts, and the parts of a suite that holds several tables.
 
 A suite runs from the repository's root as a module, `python -m tools.bench.SUITE`, so that this checkout's
-specdraft, tests.tiny and the other suites import by their package names (`from tools.bench.suite import ...`).
+specdraft and the other suites import by their package names (`from tools.bench.suite import ...`).
 """
 from __future__ import annotations
 

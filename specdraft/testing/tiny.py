@@ -1,4 +1,5 @@
-"""Tiny random targets built in the test: a byte-level tokenizer with a ChatML template and a small Llama."""
+"""Tiny random targets built in place: a byte-level tokenizer with a ChatML template, small Llama and Qwen2 configs,
+and a small random target saved as a Hugging Face directory."""
 from __future__ import annotations
 
 from pathlib import Path
