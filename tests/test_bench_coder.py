@@ -105,6 +105,38 @@ def test_train_only_stops_after_the_export_without_the_draft_model(campaign, tmp
     assert not (work / "bench").exists() and "stopped after export" in (work / "progress.log").read_text()
 
 
+def test_addons_train_after_the_head_on_its_data_and_bench_beside_it(campaign, tmp_path):
+    """A PosS draft warm-started from the suite's EAGLE-3 export and trained on the head's conversations ({data},
+    {export}): its own train and export under WORK/poss, no distill of its own, benched as the variant `poss`."""
+    work, args = campaign
+    addon = tmp_path / "poss.yaml"
+    recipe = (tmp_path / "recipe.yaml").read_text()
+    addon.write_text(recipe.replace("{name: eagle3, ttt_steps: 2, draft_vocab_size: 128}",
+                                    "{name: poss, ttt_steps: 3, draft_vocab_size: 128, num_specialists: 2, "
+                                    "positions_per_specialist: 2}"))
+    at = args.index("--variants")
+    more = [*args[:at], "--addons", f"poss={addon},distill.output_dir={{data}},method.init_from={{export}}",
+            "--variants", "eagle3,chain=true,depth=3", "poss,chain=true,depth=3", *args[at + 3:]]
+    at = more.index("--sets")
+    more[at:at + 4] = ["--sets", "humaneval"]
+    at = more.index("--temperatures")
+    more[at:at + 3] = ["--temperatures", "0"]
+    report = suite.main(more)
+    assert (work / "poss" / "export" / "config.json").is_file() and not (work / "poss" / "data").exists()
+    log = (work / "progress.log").read_text()
+    assert "poss distill: done before, skipped" in log and "poss train: done in" in log
+    poss = next(row for row in report["rows"] if row["variant"] == "poss,chain=true,depth=3")
+    assert poss["same_as_plain"] == poss["prompts"] == 1 and report["exports"]["poss"] == str(work / "poss" / "export")
+
+
+def test_bad_addons_are_named():
+    for text in ("eagle3=r.yaml", "poss", "poss=r.yaml,notakeyvalue"):
+        with pytest.raises(SystemExit, match="--addons"):
+            suite.parse_addons([text])
+    with pytest.raises(SystemExit, match="each once"):
+        suite.parse_addons(["a=r.yaml", "a=s.yaml"])
+
+
 def test_detach_starts_the_same_command_in_its_own_session(campaign, monkeypatch):
     work, args = campaign
     started = {}

@@ -32,6 +32,14 @@ runtime: key), e.g. `draft_model_chain,depth=3`; NAME is one of VARIANTS or a na
 
     python -m tools.bench.coder RECIPE --work W --exports poss=runs/poss/export judge=runs/judge/export \
         --variants eagle3 poss judge draft_model_chain draft_model_tree
+
+or trained here, after the head, by `--addons NAME=RECIPE[,KEY=VALUE...]` (stages under WORK/NAME, resumable as the
+head's; {data} and {export} in a VALUE stand for the head's distilled data and export; distill.output_dir={data}
+trains on the head's conversations, with no distill of its own):
+
+    python -m tools.bench.coder recipes/eagle3_qwen25coder15b.yaml --work W --addons \
+        poss=recipes/poss_qwen25coder15b.yaml,distill.output_dir={data},method.init_from={export} \
+        c2t=recipes/c2t_qwen25coder15b.yaml,method.draft={export}
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -97,22 +105,76 @@ STAGE_DONE = {"distill": lambda p: p["data"] / "counts.json", "train": lambda p:
 """The file whose presence says a stage finished."""
 
 
-def run_training_stages(recipe: str, work: Path, overrides: List[str]) -> None:
-    """distill -> train -> export, each skipped when its output is there (STAGE_DONE)."""
-    where = paths(work)
+def run_training_stages(recipe: str, work: Path, overrides: List[str], where: Optional[Dict[str, Path]] = None,
+                        label: str = "") -> None:
+    """distill -> train -> export into `where` (default: paths(work), the suite's EAGLE-3 head), each skipped when
+    its output is there (STAGE_DONE); `label` names the draft in the progress lines."""
+    where = where or paths(work)
     data = [f"distill.output_dir={where['data']}"]
     argvs = {"distill": ["distill-data", recipe, *data, *overrides],
              "train": ["train", recipe, *data, f"train.output_dir={where['train']}", "train.resume=auto", *overrides],
              "export": ["export", str(where["train"]), "--format", "hf", "--out", str(where["export"])]}
     for stage, argv in argvs.items():
+        name = f"{label} {stage}" if label else stage
         if STAGE_DONE[stage](where).is_file():
-            progress(work, f"{stage}: done before, skipped")
+            progress(work, f"{name}: done before, skipped")
             continue
-        progress(work, f"{stage}: started (specdraft {' '.join(argv)})")
+        progress(work, f"{name}: started (specdraft {' '.join(argv)})")
         started = time.time()
         _cli(argv)
         _free_device_memory()
-        progress(work, f"{stage}: done in {time.time() - started:.0f} s")
+        progress(work, f"{name}: done in {time.time() - started:.0f} s")
+
+
+@dataclass(frozen=True)
+class Addon:
+    """Another method's draft trained in the suite beside its EAGLE-3 head (PosS, C2T, Judge): its variant name,
+    its recipe and the recipe overrides, with {data} (the head's distilled data) and {export} (the head's export)
+    filled in."""
+    name: str
+    recipe: str
+    overrides: Tuple[str, ...]
+
+    def where(self, work: Path) -> Dict[str, Path]:
+        """Its stages' directories: WORK/NAME/{data,train,export}; its data the head's where an override says
+        distill.output_dir={data} (PosS trains on the head's conversations; C2T and Judge distill records of their
+        own)."""
+        own = {stage: work / self.name / stage for stage in ("data", "train", "export")}
+        shares = SHARED_DATA in self.overrides
+        return {**own, "data": paths(work)["data"]} if shares else own
+
+    def filled(self, work: Path) -> List[str]:
+        """Its overrides with {data} and {export} filled in (distill.output_dir is `where`'s)."""
+        where = paths(work)
+        return [text.replace("{data}", str(where["data"])).replace("{export}", str(where["export"]))
+                for text in self.overrides if text != SHARED_DATA]
+
+
+SHARED_DATA = "distill.output_dir={data}"
+
+
+def parse_addons(texts: Sequence[str]) -> List[Addon]:
+    """`NAME=RECIPE[,KEY=VALUE...]` each -> Addon; NAME none of VARIANTS, and each once."""
+    addons = []
+    for text in texts:
+        name, _, rest = text.partition("=")
+        recipe, *overrides = rest.split(",")
+        if not name or not recipe or name in VARIANTS or name in {a.name for a in addons} or \
+                any("=" not in o for o in overrides):
+            raise SystemExit(f"--addons {text!r}: NAME=RECIPE[,KEY=VALUE...] with NAME none of {', '.join(VARIANTS)} "
+                             f"and each once")
+        addons.append(Addon(name, recipe, tuple(overrides)))
+    return addons
+
+
+def train_addons(work: Path, addons: Sequence[Addon]) -> Dict[str, Path]:
+    """Each add-on's distill (skipped where it reads the head's data), train and export -> {NAME: its export}."""
+    exports = {}
+    for addon in addons:
+        where = addon.where(work)
+        run_training_stages(addon.recipe, work, addon.filled(work), where=where, label=addon.name)
+        exports[addon.name] = where["export"]
+    return exports
 
 
 # ---- prompt sets and variants ------------------------------------------------------------------------------------
@@ -405,6 +467,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
                                                                    f"{DRAFT_MODEL})")
     parser.add_argument("--exports", nargs="+", default=[], metavar="NAME=DIR",
                         help="other methods' exports of the same target, benched as variants named NAME")
+    parser.add_argument("--addons", nargs="+", default=[], metavar="NAME=RECIPE[,KEY=VALUE...]",
+                        help="other methods' drafts trained here after the EAGLE-3 head and benched as variants "
+                             "named NAME; {data} and {export} in a VALUE stand for the head's distilled data and "
+                             "export (e.g. c2t=recipes/c2t_qwen25coder15b.yaml,method.draft={export})")
     parser.add_argument("--variants", nargs="+", default=None, metavar="NAME[,FIELD=VALUE...]",
                         help=f"what drafts: {', '.join(VARIANTS)} or an --exports NAME, each with runtime fields of "
                              f"its own (default: those and every --exports NAME)")
@@ -427,22 +493,27 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--status", action="store_true", help="print what a (detached) run has done, and return")
     args = parser.parse_args(argv)
     exports = parse_exports(args.exports)
+    addons = parse_addons(args.addons)
+    named = [*exports, *(addon.name for addon in addons)]
+    if len(set(named)) < len(named):
+        raise SystemExit(f"--exports and --addons name one variant twice: {', '.join(named)}")
     sets = parse_sets(args.sets)
-    variants = [parse_variant(text, exports) for text in args.variants or [*VARIANTS, *exports]]
+    variants = [parse_variant(text, named) for text in args.variants or [*VARIANTS, *named]]
     overrides = args.overrides + ([f"data.max_samples={args.max_prompts}"] if args.max_prompts else [])
     if args.status:
         return status(args.work, sets, args.temperatures)
     if args.detach:
         return detach(argv, args.work)
-    return run(args, sets, variants, exports, overrides)
+    return run(args, sets, variants, exports, overrides, addons)
 
 
-def run(args, sets, variants, exports: Dict[str, Path], overrides) -> dict:
+def run(args, sets, variants, exports: Dict[str, Path], overrides, addons: Sequence[Addon] = ()) -> dict:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     progress(work, f"suite started: {args.recipe} {' '.join(overrides)}")
-    if any(text.split(",")[0] == "eagle3" for text, _, _ in variants):  # the suite's own head: trained here
+    if addons or any(text.split(",")[0] == "eagle3" for text, _, _ in variants):  # the suite's own head
         run_training_stages(args.recipe, work, overrides)
+    exports = {**exports, **train_addons(work, addons)}
     if args.train_only:
         progress(work, "suite stopped after export (--train-only)")
         return {"work": str(work), "export": str(paths(work)["export"])}
