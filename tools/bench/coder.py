@@ -126,6 +126,10 @@ def run_training_stages(recipe: str, work: Path, overrides: List[str], where: Op
         progress(work, f"{name}: done in {time.time() - started:.0f} s")
 
 
+SHARED_DATA = "distill.output_dir={data}"
+"""An add-on's override that makes it train on the head's distilled conversations (no distill of its own)."""
+
+
 @dataclass(frozen=True)
 class Addon:
     """Another method's draft trained in the suite beside its EAGLE-3 head (PosS, C2T, Judge): its variant name,
@@ -149,8 +153,6 @@ class Addon:
         return [text.replace("{data}", str(where["data"])).replace("{export}", str(where["export"]))
                 for text in self.overrides if text != SHARED_DATA]
 
-
-SHARED_DATA = "distill.output_dir={data}"
 
 
 def parse_addons(texts: Sequence[str]) -> List[Addon]:

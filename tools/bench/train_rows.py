@@ -34,20 +34,20 @@ CONFIGS = {
     "llama3-8b": {"model": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                                 rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, max_position_embeddings=131072),
-                  "draft_vocab": 32000, "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=32000),
+                  "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=32000),
                   "seq_lens": [2048, 8192], "ceiling_size": 8192,
                   "dflash": dict(block_size=16, num_layers=5, num_anchors=512),
                   "peagle": dict(num_depths=TTT_STEPS, draft_vocab_size=32000)},
     "smollm2": {"model": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                               num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
                               max_position_embeddings=8192),
-                "draft_vocab": 8192, "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=8192),
+                "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=8192),
                 "seq_lens": [1024], "ceiling_size": 8192,
                 "dflash": dict(block_size=16, num_layers=3, num_anchors=256),
                 "peagle": dict(num_depths=TTT_STEPS, draft_vocab_size=8192)},
     "tiny": {"model": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                            num_key_value_heads=2, vocab_size=512, rope_theta=10000.0, max_position_embeddings=4096),
-             "draft_vocab": 256, "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=256),
+             "eagle3": dict(ttt_steps=TTT_STEPS, draft_vocab_size=256),
              "seq_lens": [32, 64], "ceiling_size": 256,
              "dflash": dict(block_size=4, num_layers=2, num_anchors=8),
              "peagle": dict(num_depths=4, draft_vocab_size=256)},
@@ -209,7 +209,7 @@ class Bench:
     def __init__(self, config: dict, device: str, attention: str = "auto"):
         self.device, self.cuda, self.attention = device, device == "cuda", attention
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
-        self.config, self.draft_vocab = config, config["draft_vocab"]
+        self.config, self.draft_vocab = config, config["eagle3"]["draft_vocab_size"]
         self.target = build_target(config["model"], device, self.dtype)
         self.info = TargetInfo.from_hf_config(self.target.config, "random weights")
         self.spec = get_method("eagle3")
