@@ -297,3 +297,28 @@ def test_cli_rows_log_every_sets_the_timed_steps(tmp_path):
     assert "train.log_every_steps=2" in argv and "train.max_steps=8" in argv
     assert "train.log_every_steps=2" not in train_cli.cli_argv(
         train_cli.parse_args(["--out", str(tmp_path)]), load_recipe(args.recipe), 2048, "cli", [], profile=False)[0]
+
+
+def test_cli_rows_count_the_shapes_flops_as_the_harness_does(tmp_path):
+    """A cli row's FLOPs a token are the harness's count by shapes for the recipe's method (the target's forward and
+    MethodSpec.train_flops); a window cuts them, the more the longer the sequence; 790 TFLOP/s is the reference."""
+    from tools.bench import train_cli, train_rows
+
+    args = train_cli.parse_args(["--out", str(tmp_path)])
+    full = {seq_len: train_cli.shapes_flop_per_token(args, seq_len, []) for seq_len in (2048, 32768)}
+    window = ["method.attention_window=2048", "method.attention_sinks=4"]
+    windowed = {seq_len: train_cli.shapes_flop_per_token(args, seq_len, window) for seq_len in (2048, 32768)}
+    assert windowed[2048] == pytest.approx(full[2048], rel=1e-3) and windowed[32768] < 0.95 * full[32768]
+    assert full[2048] == pytest.approx(sum(train_rows.ISSUE_FLOP_PER_TOKEN["eagle3"]), rel=0.05)  # issue 6's count
+    row = train_cli.compare({"row": "cli", "seq_len": 32768, "status": "ok", "tokens_per_s": 10_000.0,
+                             "peak_bytes": None}, {"rows": {}}, 0, full[32768])
+    assert row["mfu_shapes_vs_790"] == pytest.approx(10_000 * full[32768] / 790e12) and row["share_of_harness"] is None
+
+
+def test_cli_rows_without_the_harness(tmp_path):
+    """--harness-row none: no harness process; the table says so and the cli rows keep their own columns."""
+    from tools.bench import train_cli
+
+    args = train_cli.parse_args(["--harness-row", "none", "--out", str(tmp_path)])
+    assert train_cli.run_harness(args) == {"status": "not run (--harness-row none)", "rows": {}}
+    assert not (tmp_path / "logs").exists()

@@ -20,9 +20,11 @@ pip install -q --no-deps --upgrade --target .venv/speculators speculators==0.9.0
     || echo "WARNING: speculators did not install; tests/test_dflash_speculators.py will skip" >&2
 # Opt-in: llama-cpp-python[server], the real server of distill.engine=server's tests and bench suite
 # (tests/test_distill_llamacpp.py, python -m tools.bench.distill_server). pip builds llama.cpp from source; if the
-# build fails, setup goes on and those tests skip, saying why.
+# build fails, setup goes on and those tests skip, saying why. Built portable (GGML_NATIVE=OFF: AVX2, no
+# -march=native) and never from pip's wheel cache: a wheel built natively on another CPU loads its model, then dies
+# of SIGILL on its first completion.
 if [ "${1:-}" = "--llama-server" ]; then
-    pip install -q -c tools/constraints.txt 'llama-cpp-python[server]' \
+    CMAKE_ARGS="-DGGML_NATIVE=OFF ${CMAKE_ARGS:-}" pip install -q --no-cache-dir -c tools/constraints.txt 'llama-cpp-python[server]' \
         || echo "WARNING: llama-cpp-python[server] did not build; the llama.cpp server tests will skip" >&2
 fi
 python -c "import specdraft, torch, lightning, transformers; print('specdraft ready: torch', torch.__version__)"

@@ -75,11 +75,39 @@ class LlamaServer:
             try:
                 with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as reply:
                     if reply.status == 200:
-                        return self
+                        return self._check_completes()
             except OSError:
                 time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"the llama.cpp server did not answer within {self.ready_timeout:g} s")
+
+    def _check_completes(self) -> "LlamaServer":
+        """One token asked for before anyone relies on the server: a llama.cpp built for another CPU loads its model
+        and answers /v1/models, then dies on its first matmul."""
+        try:
+            self.complete("Hi", 1, timeout=120)
+            return self
+        except OSError as err:
+            try:
+                code = self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # alive but not answering
+                code = None
+            self.kill()
+            raise RuntimeError(f"the llama.cpp server failed its first one-token completion ({err}); {self._exit(code)}"
+                               + (f"; its log ends: {self._log_tail()}" if self.log else "")) from None
+
+    @staticmethod
+    def _exit(code: Optional[int]) -> str:
+        if code is None:
+            return "it is still running"
+        if code == -signal.SIGILL:
+            return ("it died of SIGILL: its llama.cpp was built for another CPU; rebuild it portable: "
+                    "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install --no-cache-dir --force-reinstall 'llama-cpp-python[server]'")
+        return f"it exited with {code}"
+
+    def _log_tail(self, lines: int = 5) -> str:
+        text = self.log.read_text(errors="replace").strip().splitlines() if self.log and self.log.exists() else []
+        return " | ".join(text[-lines:]) or "(empty)"
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

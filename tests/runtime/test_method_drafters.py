@@ -173,7 +173,12 @@ def test_ingesting_in_pieces_equals_ingesting_at_once(method):
         rows = torch.arange(start, start + 8).clamp(max=11)
         drafter.ingest({i: h[rows] for i, h in captured.items()}, next_tokens[rows], torch.tensor([start]),
                        torch.tensor([stop - start]))
-    assert torch.equal(drafts(), whole)
+    pieces = drafts()
+    if drafter.caps.block_size:  # logits: padded rows are other matmul shapes, other sums on some CPUs
+        torch.testing.assert_close(pieces, whole, rtol=1e-5, atol=1e-5)
+        assert torch.equal(pieces.argmax(-1), whole.argmax(-1))
+    else:
+        assert torch.equal(pieces, whole)
 
 
 @pytest.mark.triton_kernels

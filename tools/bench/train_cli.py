@@ -25,7 +25,9 @@ Rows, at each length T of --seq-lens:
             sliding window: the TTT attention's work linear in T, its memory unchanged)
 tokens/s: the harness's timed steps; a cli row's steady rate from its RUN/logs/step_times.csv after --warmup
 steps (both rounded up to multiples of the recipe's train.log_every_steps, the steps it times). % of harness:
-against the harness row of the same T in this call. GiB beyond the weights: the harness's peak beyond what was
+against the harness row of the same T in this call (--harness-row none: the cli rows alone). % of 790 TFLOP/s by
+shapes: the row's tokens/s times its FLOPs a token (the target's forward and the method's MethodSpec.train_flops
+under the row's overrides, as the harness counts), against an H200's bf16 matmul ceiling. GiB beyond the weights: the harness's peak beyond what was
 resident before its row (the target's weights); a cli row's peak allocated (train_summary.json) less the target's
 weights. A row that runs out of memory says OOM. With --profile N, the harness profiles N more steps and each
 length gets a `cli-profile` row (tools/profile_train.py, N steps after --warmup): device busy ms, kernel launches
@@ -65,6 +67,7 @@ from typing import List, Optional, Tuple
 
 from tools.bench import scale_runs
 from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, write_report
+from tools.bench.train import REFERENCE_PEAK_TFLOPS
 
 HARNESS_CONFIGS = {"llama8b": "llama3-8b", "smollm2": "smollm2", "tiny": "tiny"}
 """The scaling suite's target shapes -> tools/bench/train.py's configuration of the same target."""
@@ -80,7 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=0, metavar="W",
                         help="one more row a length with method.attention_window=W (LongSpec's sliding window)")
     parser.add_argument("--sinks", type=int, default=4, help="its method.attention_sinks")
-    parser.add_argument("--harness-row", default="ours-swiglu-8bit-fused")
+    parser.add_argument("--harness-row", default="ours-swiglu-8bit-fused",
+                        help="tools/bench/train.py's row beside the cli rows, or none (the cli rows alone)")
     parser.add_argument("--harness-warmup", type=int, default=2)
     parser.add_argument("--harness-steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=20, help="cli steps not timed (compiles, DeepSpeed's start)")
@@ -147,6 +151,8 @@ def failure(code: int, tail: str, timeout: int) -> str:
 
 def run_harness(args) -> dict:
     """tools/bench/train.py's row at every length -> its report (rows keyed by length), or {"status": error}."""
+    if args.harness_row == "none":
+        return {"status": "not run (--harness-row none)", "rows": {}}
     out = args.out / "harness.json"
     argv = [sys.executable, "-m", "tools.bench.train", "--config", HARNESS_CONFIGS[args.config],
             "--device", args.device, "--rows", args.harness_row, "--seq-lens", *map(str, args.seq_lens),
@@ -201,11 +207,31 @@ def profile_cli(args, recipe, seq_len: int) -> dict:
     return {"row": "cli-profile", "seq_len": seq_len, "status": "ok", "ops": report}
 
 
-def compare(result: dict, harness: dict, weights_bytes: int) -> dict:
-    """A cli row with its share of the harness row at its length and its memory beyond the target's weights."""
+def shapes_flop_per_token(args, seq_len: int, overrides: List[str]) -> float:
+    """Training FLOPs per token by the tensors' shapes: the target's forward and the recipe's method's own count
+    (MethodSpec.train_flops) under the row's overrides (a window cuts the attention's share), as the harness counts."""
+    from transformers import LlamaConfig
+
+    from specdraft.core.types import TargetInfo
+    from specdraft.methods import get_method
+    from specdraft.recipes import load_recipe
+    from tools.bench.train_rows import target_flops_per_token
+
+    recipe = load_recipe(args.recipe, overrides)
+    info = TargetInfo.from_hf_config(LlamaConfig(**scale_runs.CONFIGS[args.config]["target"]), "random weights")
+    draft = get_method(recipe.method_name).train_flops(recipe.method, info, seq_len)
+    return sum(target_flops_per_token(info, seq_len).values()) + sum(draft.values())
+
+
+def compare(result: dict, harness: dict, weights_bytes: int, flop_per_token: float) -> dict:
+    """A cli row with its share of the harness row at its length, of the 790 TFLOP/s reference by the shapes'
+    FLOPs, and its memory beyond the target's weights."""
     base = harness["rows"].get(result["seq_len"], {})
     ok = result["status"] == "ok" and result.get("tokens_per_s") and base.get("status") == "ok"
     result["share_of_harness"] = result["tokens_per_s"] / base["tokens_per_s"] if ok else None
+    result["flop_per_token_shapes"] = flop_per_token
+    rate = result.get("tokens_per_s") if result["status"] == "ok" else None
+    result["mfu_shapes_vs_790"] = rate * flop_per_token / 1e12 / REFERENCE_PEAK_TFLOPS if rate else None
     peak = result.get("peak_bytes")
     result["gib_beyond_weights"] = None if peak is None else (peak - weights_bytes) / 2 ** 30
     return result
@@ -222,15 +248,20 @@ def table(report: dict) -> str:
     rows = []
     for seq_len in report["seq_lens"]:
         base = report["harness"]["rows"].get(seq_len, {"status": report["harness"]["status"]})
+        mfu = base.get("mfu_shapes_vs_790")
         rows.append([f"harness ({report['harness_row']})", seq_len, base["status"],
                      fmt(base.get("tokens_per_s"), ",.0f"), "100%" if base.get("status") == "ok" else "",
+                     "" if mfu is None else f"{100 * mfu:.1f}%",
                      fmt(base.get("peak_gib_beyond_resident"), ".2f"), *profile_cells(base.get("ops"))])
         for r in (r for r in report["results"] if r["seq_len"] == seq_len):
             share = fmt(None if r.get("share_of_harness") is None else 100 * r["share_of_harness"], ".1f")
+            mfu = fmt(None if r.get("mfu_shapes_vs_790") is None else 100 * r["mfu_shapes_vs_790"], ".1f")
             rows.append([r["row"], seq_len, r["status"][:80], fmt(r.get("tokens_per_s"), ",.0f"),
-                         share + ("%" if share != "-" else ""), fmt(r.get("gib_beyond_weights"), ".2f"),
+                         share + ("%" if share != "-" else ""), mfu + ("%" if mfu != "-" else ""),
+                         fmt(r.get("gib_beyond_weights"), ".2f"),
                          *profile_cells((r.get("ops") or {}) if r["row"] == "cli-profile" else None)])
-    return markdown_table(["row", "T", "status", "tokens/s", "% of harness", "GiB beyond the weights",
+    return markdown_table(["row", "T", "status", "tokens/s", "% of harness", "% of 790 TFLOP/s by shapes",
+                           "GiB beyond the weights",
                            "device busy ms", "launches", "host waits"], rows)
 
 
@@ -252,7 +283,7 @@ def main(argv=None) -> dict:
     for seq_len in args.seq_lens:
         for name, overrides in variants(args.variant, args.window, args.sinks):
             report["results"].append(compare(measure_cli(args, recipe, seq_len, name, overrides),
-                                             report["harness"], weights))
+                                             report["harness"], weights, shapes_flop_per_token(args, seq_len, overrides)))
             print(f"{name} T={seq_len}: {report['results'][-1]['status'][:200]}", flush=True)
             write_report(args.out, report, "cli")
         if args.profile:
