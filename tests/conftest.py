@@ -36,7 +36,11 @@ def _kernels_on_cpu(request, monkeypatch):
     """On a CPU the Triton kernels run through Triton's interpreter, far too slowly for whole trainings and
     generations: the process runs the kernels' PyTorch references (SPECDRAFT_KERNELS=reference, set above for
     every fixture and subprocess) except in tests/kernels, which compares each kernel with its reference, and the
-    tests marked `triton_kernels`, which decode through them."""
+    tests marked `triton_kernels`, which decode through them. A module marked `reference_kernels` runs the
+    references on any device: its tests are about what the kernels feed (tests/kernels checks the kernels)."""
+    if "reference_kernels" in request.keywords:
+        monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+        return
     if torch.cuda.is_available() or not ("triton_kernels" in request.keywords
                                          or request.node.path.parent.name == "kernels"):
         return

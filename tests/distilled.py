@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 import torch
 
 from specdraft.data.format import ROW_FEATURES, dataset_dir
@@ -102,3 +104,18 @@ def train_chat_base(work: Path, target_dir: Path, steps: int = 40) -> Path:
     assert cli.main(["train", str(recipe)]) == 0
     assert cli.main(["export", str(work / "run"), "--out", str(work / "export"), "--dtype", "float32"]) == 0
     return work / "export"
+
+
+PACKED_LENGTHS = (9, 14, 6, 11)
+"""The conversations' lengths in random_conversation_rows: two or three of them fit a packed row of 24."""
+
+
+def random_conversation_rows(lengths=PACKED_LENGTHS) -> list:
+    """Tokenized conversations of random ids (a third of each the prompt, loss_mask 0), for packing tests."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for length in lengths:
+        loss_mask = np.ones(length, dtype=np.int64)
+        loss_mask[: length // 3] = 0  # the prompt
+        rows.append({"input_ids": rng.integers(0, 250, length), "loss_mask": loss_mask})
+    return rows

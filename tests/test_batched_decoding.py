@@ -11,6 +11,8 @@ from specdraft.decoding.batched import batched_generator, unsupported_reason
 from specdraft.decoding.sampling import sample_rows, top_p_filter
 from specdraft.testing.tiny import tiny_llama_config, tiny_qwen2_config
 
+pytestmark = [pytest.mark.reference_kernels, pytest.mark.usefixtures("one_thread")]
+
 
 def tiny_model(family: str, seed: int = 0, **config_updates):
     """A tiny random causal LM in float32 with a peaked next-token distribution (no near ties)."""
@@ -44,13 +46,6 @@ def hf_greedy(model, prompts, max_new_tokens, eos_ids):
 
 def generator_for(model, batch_size):
     return batched_generator(model, TargetInfo.from_hf_config(model.config, "tiny"), batch_size)
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch, one_thread):
-    """The kernels' PyTorch references (their Triton twins are compared with them in tests/kernels; one test
-    below runs the interpreted kernels end to end)."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

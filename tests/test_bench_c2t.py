@@ -9,10 +9,7 @@ import pytest
 from tests.distilled import CHAT_PROMPTS
 from tools.bench import c2t as suite
 
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+pytestmark = pytest.mark.reference_kernels
 
 
 def _prompts(path, texts):

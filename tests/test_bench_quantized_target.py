@@ -10,10 +10,7 @@ import torch
 from tests.test_train_export_eval import make_recipe
 from tools.bench import quantization as suite
 
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+pytestmark = pytest.mark.reference_kernels
 
 
 @pytest.fixture(autouse=True, scope="module")

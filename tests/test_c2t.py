@@ -24,14 +24,10 @@ from specdraft.methods.c2t.traces import TraceRecorder
 from specdraft.runtime.load import load_runtime
 from tests.distilled import CHAT_PROMPTS
 
+pytestmark = pytest.mark.reference_kernels
+
 TRACE = {"trace_depth": 3, "trace_topk": 3}
 SHAPE = {"depth": 3, "topk": 3, "budget": 10}
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    """The plain PyTorch kernels (tests/kernels/ checks the Triton ones, which the CPU would only interpret)."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 def write_recipe(path, target, draft, prompts, work, **method):

@@ -13,13 +13,10 @@ from specdraft.decoding.tree import DraftTree, kept_first, tree_rows, verify_siz
 from specdraft.runtime.load import load_runtime
 from tests.distilled import CHAT_PROMPTS
 
+pytestmark = pytest.mark.reference_kernels
+
 SHAPE = {"depth": 3, "topk": 4, "budget": 20}  # 37 candidates; verified at 8, 16 or 20 rows
 PROMPTS = CHAT_PROMPTS[:3] + ["an unseen question?"]
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 class JointCut:

@@ -3,7 +3,6 @@ ending with a typical invocation that parses, and a command missing what it need
 choice at once: `import specdraft.cli` imports no torch, argparse holds every choice, a recipe's keys and types are
 checked before a stage's heavy imports. CPU, no model."""
 import argparse
-import json
 import os
 import shlex
 import subprocess

@@ -3,7 +3,6 @@ accelerator guess, no library deprecation, no bar for a model load that takes a 
 progress bar's line (ours, Lightning's or DeepSpeed's), bars redrawn on time, a loading line while a model loads.
 The smoke path's whole log is checked with its run (test_smoke_smollm2.py) by `log_problems` (logs.py)."""
 import io
-import logging
 import os
 import subprocess
 import sys

@@ -3,7 +3,6 @@ the trainer gives DeepSpeed, and a ZeRO-2 rank on the CPU (gloo, bf16) stepping 
 settings: no host read and no device sync a step, and the same weights."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from specdraft.config import TrainConfig
 from specdraft.train.deepspeed_step import clip_scale, mask_invalid_norm, step_config
+from specdraft.testing.ports import free_port
 from tests.host_reads import HostReads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,14 +82,8 @@ def test_the_group_norms_combine_as_deepspeeds():
     assert torch.equal(combine_norms([2.0, torch.tensor(1.5)]), combine_grad_norm_groups([2.0, torch.tensor(1.5)]))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_zero2_step_reads_nothing_back_and_matches_deepspeeds():
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "tests.deepspeed_step_run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)

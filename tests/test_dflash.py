@@ -234,12 +234,12 @@ def test_dflash_cycles_at_t1_keep_the_targets_distribution(shape, monkeypatch):
     target's distribution (chi-square over the top tokens), accepted draft or resampled."""
     from specdraft.decoding.cycles.block import BlockCycle
     from tests.runtime.sampled_cycles import first_tokens_from_prefix
-    from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-    from tests.runtime.test_method_drafters import PROMPT, _setup
+    from tests.runtime.sampled_cycles import CRITICAL, chi_square_top
+    from tests.runtime.drafts import PROMPT, trained_engine
 
     monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
-    target, _, _, engine = _setup("dflash", shape)
+    target, _, _, engine = trained_engine("dflash", shape)
     assert isinstance(engine.own_kind, BlockCycle)
     root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     probs = torch.softmax(target(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL

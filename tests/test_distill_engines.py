@@ -13,15 +13,11 @@ from specdraft.data.format import dataset_dir, shards_dir
 from specdraft.testing.tiny import byte_tokenizer, save_tiny_target, tiny_llama_config
 from tests.test_distill import RECORDS, make_recipe
 
+pytestmark = [pytest.mark.reference_kernels, pytest.mark.usefixtures("one_thread")]
+
 MULTI_TURN = RECORDS + [{"turns": ["tell me more", "and more", "once again"]},
                         {"prompt": "a somewhat longer question that makes a longer prompt than the others"},
                         {"prompt": "z"}]
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch, one_thread):
-    """The kernels' references (the static engine's interpreted Triton run is tests/test_batched_decoding.py's)."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

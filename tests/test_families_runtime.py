@@ -21,7 +21,9 @@ from specdraft.methods.eagle3 import Eagle3Config, Eagle3Draft, Eagle3Drafter
 from specdraft.testing.families import FAMILIES, VOCAB, WINDOW, family_config, tiny_family
 from tests.runtime.oracle import OracleDrafter
 from tests.runtime.sampled_cycles import first_tokens
-from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
+from tests.runtime.sampled_cycles import CRITICAL, chi_square_top
+
+pytestmark = [pytest.mark.reference_kernels, pytest.mark.usefixtures("one_thread")]
 
 CHAIN, TREE = TreeShape.chain(4), TreeShape(depth=4, topk=2, budget=10)
 
@@ -56,12 +58,6 @@ def hf_greedy(model, prompt, new_tokens):
 
 def prompt_of(length: int, seed: int = 0):
     return torch.randint(0, 300, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch, one_thread):
-    """The kernels' PyTorch references (one test below runs the interpreted Triton kernels end to end)."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -135,7 +131,7 @@ def test_sampled_cycles_keep_the_target_distribution(family):
     engine = engine_for(model, eagle3_drafter(model), TREE)
     root, firsts = first_tokens(engine, prompt, 400)
     probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,7 +1,6 @@
 """tools/host_step.py: a `specdraft train` step's host work by region, ZeRO-2 on the CPU (gloo), tiny target."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from specdraft.testing.ports import free_port
 from tools import host_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,14 +22,8 @@ def test_the_table_leaves_the_loop_what_no_region_holds():
     assert ms["loop rest"] == pytest.approx(10.0)  # within-backward regions are not subtracted twice
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_zero2_run_on_the_cpu_times_every_region(tmp_path):
-    env = {**os.environ, "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, "MASTER_PORT": str(free_port())}
     done = subprocess.run([sys.executable, "-m", "tools.host_step", "--warmup", "2", "--steps", "3",
                            "--work", str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

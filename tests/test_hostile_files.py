@@ -18,6 +18,8 @@ from specdraft.train import manifest
 from specdraft.train.resharding import ReshardingDeepSpeedStrategy
 from tests.test_train_export_eval import make_recipe
 
+pytestmark = pytest.mark.reference_kernels
+
 PAYLOAD = '''
 import pathlib
 pathlib.Path({marker!r}).write_text("ran")
@@ -41,12 +43,6 @@ class Payload:
 
     def __reduce__(self):
         return exec, (f"open({self.marker!r}, 'w').write('ran')",)
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    """The runtime's PyTorch references: the Triton interpreter would take minutes for `generate` on the CPU."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 def tree(path: Path) -> dict:

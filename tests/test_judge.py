@@ -34,13 +34,10 @@ from specdraft.targets.generate import greedy_continuations
 from specdraft.targets.load import eos_token_ids
 from tests.addons import judge_miner, mine_labels, train_base_export, write_prompts
 
+pytestmark = pytest.mark.reference_kernels
+
 SPEC = METHODS["judge"]
 MAX_NEW = 12
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,10 @@ from specdraft.methods.judge.on_policy import judge_accepted
 from specdraft.recipes import load_recipe, save_recipe
 from specdraft.targets.generate import greedy_continuations
 from tests.addons import judge_miner, mine_labels
-from tests.test_judge import _reference_kernels, base, target  # noqa: F401  the same fixtures
+from tests.test_judge import base, target  # noqa: F401  the same fixtures
 from tools.bench import judge as suite
+
+pytestmark = pytest.mark.reference_kernels
 
 SPEC = METHODS["judge"]
 MAX_NEW = 12

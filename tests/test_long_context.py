@@ -189,7 +189,7 @@ def test_long_context_resumes_at_the_stage_it_was_in(tmp_path, monkeypatch):
         (work / name / "export.done").write_text("")
     (work / "longspec" / "bench-long" / "bench.json").unlink()
     calls = []
-    monkeypatch.setattr(long_context, "_cli", calls.append)
+    monkeypatch.setattr(long_context, "specdraft_stage", calls.append)
     long_context.main(["--work", str(work), "--data", str(tmp_path / "data"), "--prompts", str(work / "prompts"),
                        "--cache-lengths", "1024"])
     assert [argv[:2] for argv in calls] == [["bench", str(work / "longspec" / "export")]]

@@ -32,6 +32,8 @@ from tests.distilled import CHAT_PROMPTS
 from tests.oracles import ChainState, chain_of
 from tests.tiny_vlm import drawn_image
 
+pytestmark = pytest.mark.reference_kernels
+
 CASES = {  # small settings per method trained on the target's features; every registered method needs one
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 256},
     "poss": {"ttt_steps": 3, "draft_vocab_size": 256, "num_specialists": 2, "positions_per_specialist": 2},
@@ -50,13 +52,6 @@ ADDON_CASES = {  # add-on methods trained on records of their own, over the chat
               [{"prompt": "a label without its candidate", "labels": [{"prefix": "x", "label": 1}]}],
               {"input": 5, "ok": 4, "error": 1, "skipped": 0}),
 }
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    """The plain PyTorch kernels: these tests are about the methods (tests/kernels/ checks the Triton ones,
-    which the CPU would only interpret, slowly)."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 def test_every_method_has_a_case():

@@ -19,10 +19,7 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.train import checkpoints
 from tests.test_hostile_files import copy_export, copy_run, one_line_error, trained, tree  # noqa: F401 (fixture)
 
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+pytestmark = pytest.mark.reference_kernels
 
 
 def dead_pid() -> int:

@@ -3,7 +3,6 @@ EAGLE-3 loss, gradients and metrics as one conversation per row; flex attention 
 give the same loss as the dense path. CPU, tiny target."""
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,24 +12,15 @@ from specdraft.methods import get_method
 from specdraft.core.types import DraftBatch, DraftContext
 from specdraft.targets import capture_features, load_target
 from specdraft.train.data import collate, collate_packed, pack_rows
+from tests.distilled import PACKED_LENGTHS, random_conversation_rows
 
 SPEC = get_method("eagle3")
-LENGTHS = (9, 14, 6, 11)
+LENGTHS = PACKED_LENGTHS
 
 
 @pytest.fixture(scope="module")
 def target(tiny_target_dir):
     return load_target(TargetConfig(path=str(tiny_target_dir)))
-
-
-def _conversations():
-    rng = np.random.default_rng(0)
-    rows = []
-    for length in LENGTHS:
-        loss_mask = np.ones(length, dtype=np.int64)
-        loss_mask[: length // 3] = 0  # the prompt
-        rows.append({"input_ids": rng.integers(0, 250, length), "loss_mask": loss_mask})
-    return rows
 
 
 def _setup(target, batch):
@@ -60,7 +50,7 @@ def test_pack_rows_first_fit_decreasing():
 
 
 def test_collate_packed_positions_documents_and_padding():
-    batch = collate_packed(_conversations(), max_length=16, pack_length=24)
+    batch = collate_packed(random_conversation_rows(), max_length=16, pack_length=24)
     assert batch["input_ids"].shape == (2, 24)
     assert batch["attention_mask"].sum() == sum(LENGTHS)
     for row in range(2):
@@ -73,7 +63,7 @@ def test_collate_packed_positions_documents_and_padding():
 
 
 def test_packed_and_unpacked_give_the_same_loss_gradients_and_metrics(target):
-    rows = _conversations()
+    rows = random_conversation_rows()
     unpacked, unpacked_grads = _run(target, collate(rows, max_length=16))
     packed_batch = collate_packed(rows, max_length=16, pack_length=24)
     assert packed_batch["input_ids"].shape[0] < len(rows)
@@ -87,7 +77,7 @@ def test_packed_and_unpacked_give_the_same_loss_gradients_and_metrics(target):
 
 
 def test_flex_attention_gives_the_dense_loss_on_packed_rows(target):
-    batch = collate_packed(_conversations(), max_length=16, pack_length=24)
+    batch = collate_packed(random_conversation_rows(), max_length=16, pack_length=24)
     draft, cfg, draft_batch = _setup(target, batch)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
@@ -99,7 +89,7 @@ def test_flex_attention_gives_the_dense_loss_on_packed_rows(target):
 
 @pytest.mark.parametrize("checkpointing", ["swiglu", "selective", "full", True])
 def test_activation_checkpointing_gives_the_same_loss_and_gradients(target, checkpointing):
-    batch = collate_packed(_conversations(), max_length=16, pack_length=24)
+    batch = collate_packed(random_conversation_rows(), max_length=16, pack_length=24)
     plain, plain_grads = _run(target, batch)
     recomputed, recomputed_grads = _run(target, batch, checkpointing=checkpointing)
     torch.testing.assert_close(recomputed.loss, plain.loss)
@@ -140,7 +130,7 @@ def test_training_on_packed_rows_with_checkpointing(tmp_path, tiny_target_dir, d
 @pytest.mark.parametrize("packed", [False, True])
 def test_cuda_fast_paths_give_the_reference_loss_and_gradients(target, monkeypatch, packed):
     """On CUDA: flex attention (compiled) and the Triton soft cross-entropy against the dense reference path."""
-    rows = _conversations()
+    rows = random_conversation_rows()
     batch = collate_packed(rows, max_length=16, pack_length=24) if packed else collate(rows, max_length=16)
     target.model.to("cuda")
     batch = {k: v.cuda() for k, v in batch.items()}

@@ -63,7 +63,7 @@ def test_a_model_is_assembled_once_checked_and_marked(site, monkeypatch, capsys)
 
 
 def test_a_later_load_reuses_the_cached_file_without_the_parts_or_a_hash(site, monkeypatch):
-    from specdraft.targets.load import _gguf_cache_dir, resolve_source
+    from specdraft.targets.load import gguf_cache_dir, resolve_source
 
     model = use(monkeypatch, fake_model())
     install(site, model)
@@ -78,7 +78,7 @@ def test_a_later_load_reuses_the_cached_file_without_the_parts_or_a_hash(site, m
     monkeypatch.setattr(parts_module, "file_sha256", no_reading)
     monkeypatch.setattr("specdraft.targets.load.file_sha256", no_reading)
     assert resolve_source("pkg:fake-model") == (str(first.parent), first)
-    assert _gguf_cache_dir(first).name == f"fake-model-{model.sha256[:16]}"  # the GGUF cache key from the marker
+    assert gguf_cache_dir(first).name == f"fake-model-{model.sha256[:16]}"  # the GGUF cache key from the marker
 
 
 def test_a_changed_cached_file_is_checked_and_assembled_again(site, monkeypatch):

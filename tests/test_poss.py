@@ -225,9 +225,9 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(target, attention, che
     """Several conversations per row (per-document positions and attention, prefix keys of every specialist
     included), flex attention and activation checkpointing: the loss of one conversation per row."""
     from specdraft.train.data import collate, collate_packed
-    from tests.test_packing import _conversations
+    from tests.distilled import random_conversation_rows
 
-    rows = _conversations()
+    rows = random_conversation_rows()
     unpacked, unpacked_grads = _packing_run(target, collate(rows, max_length=16))
     packed, packed_grads = _packing_run(target, collate_packed(rows, max_length=16, pack_length=24), attention,
                                         checkpointing)

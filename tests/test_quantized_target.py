@@ -20,13 +20,9 @@ from specdraft.targets.heads import load_target_heads
 from specdraft.testing.tiny import byte_tokenizer
 from tests.test_train_export_eval import make_recipe
 
+pytestmark = pytest.mark.reference_kernels
+
 PROMPTS = ["hello", "z", "add 2 and 2", "what is a cat?"]
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    """The kernels' references (tests/kernels/test_quant_linear.py runs the Triton kernel against them)."""
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 def _answers(out) -> dict:

@@ -3,7 +3,6 @@ read from the checkpoint, the conversion, and one more AdamW step that equals th
 takes (so the Adam moments came back, not just the weights). DeepSpeed engines on the CPU (gloo), no GPU,
 several processes (about 30 s). The same path through Lightning on GPUs: tests/test_multi_gpu.py."""
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,19 +17,14 @@ from specdraft.train.resharding import (
     universal_is_current,
     zero_layout,
 )
+from specdraft.testing.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_ranks(world: int, *args) -> None:
     """tests/zero_run.py on `world` ranks at once; fails with their output if any rank fails."""
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_PORT": port, "PYTHONPATH": str(REPO),
            "OMP_NUM_THREADS": "1"}
     ranks = [subprocess.Popen([sys.executable, "-m", "tests.zero_run", *map(str, args)], cwd=REPO,

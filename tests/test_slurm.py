@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from specdraft.config import TrainConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.data.format import dataset_dir
 from specdraft.train.cluster import cluster_plugins, node_layout
+from specdraft.testing.ports import free_port
 from tests.test_train_export_eval import make_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,12 +283,6 @@ def test_distill_array_of_three_equals_one_worker(tmp_path, tiny_target_dir):
 TWO_RANKS = {"strategy": "ddp", "micro_batch_size": 2}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _assert_same_weights(run: Path, expected: Path) -> None:
     weights, expected_weights = (load_file(path / "last" / "draft.safetensors") for path in (run, expected))
     assert weights.keys() == expected_weights.keys()
@@ -320,7 +314,7 @@ def test_torchrun_two_nodes_equal_one_node(tmp_path, tiny_target_dir, distilled,
     127.0.0.1: two ranks on two nodes, gloo, the weights of the one-node run."""
     recipe_path = make_recipe(tmp_path, tiny_target_dir, distilled, max_steps=STEPS, val_every_steps=CHECKPOINT_EVERY,
                               **TWO_RANKS)
-    port = str(_free_port())
+    port = str(free_port())
     env = {k: v for k, v in _env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     launchers = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                                    "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", "127.0.0.1",

@@ -56,14 +56,14 @@ def test_a_gguf_head_left_on_meta_is_tied_to_the_embedding(tmp_path):
     conversion ties it before saving, and the saved target's head is the embedding."""
     from transformers import LlamaForCausalLM
 
-    from specdraft.targets.load import _tie_meta_head
+    from specdraft.targets.load import tie_meta_head
     from specdraft.testing.tiny import tiny_llama_config
 
     config = tiny_llama_config()
     config.tie_word_embeddings = False
     model = LlamaForCausalLM(config)
     model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight, device="meta"))
-    _tie_meta_head(model, "smol.gguf", tied=True)
+    tie_meta_head(model, "smol.gguf", tied=True)
     model.save_pretrained(tmp_path)
     saved = LlamaForCausalLM.from_pretrained(tmp_path)
     assert saved.config.tie_word_embeddings

@@ -16,7 +16,7 @@ from specdraft.config import TrainConfig
 from specdraft.core.errors import SpecdraftError
 from specdraft.train.checkpoints import AtomicCheckpointIO
 from specdraft.train.data import ResumableSampler
-from specdraft.train.trainer import _check_resume_format, _plugins, _resume_path
+from specdraft.train.trainer import check_resume_format, trainer_plugins, resume_path
 from tests.test_train_export_eval import make_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,35 +55,35 @@ def test_too_few_rows_for_the_ranks():
 
 def test_resume_auto_picks_the_newest_checkpoint(tmp_path):
     cfg = TrainConfig(resume="auto")
-    assert _resume_path(cfg, tmp_path) is None
+    assert resume_path(cfg, tmp_path) is None
     last = tmp_path / "checkpoints" / "last.ckpt"
     last.parent.mkdir()
     last.write_bytes(b"x")
-    assert _resume_path(cfg, tmp_path) == str(last)
+    assert resume_path(cfg, tmp_path) == str(last)
     hpc = tmp_path / "hpc_ckpt_1.ckpt"
     hpc.write_bytes(b"x")
     os.utime(last, (time.time() - 60, time.time() - 60))
-    assert _resume_path(cfg, tmp_path) == str(hpc)  # SIGUSR1 saved after the last periodic checkpoint
+    assert resume_path(cfg, tmp_path) == str(hpc)  # SIGUSR1 saved after the last periodic checkpoint
     os.utime(hpc, (time.time() - 120, time.time() - 120))
-    assert _resume_path(cfg, tmp_path) == str(last)
+    assert resume_path(cfg, tmp_path) == str(last)
     deepspeed_dir = tmp_path / "hpc_ckpt_2.ckpt"  # a DeepSpeed checkpoint: a directory written in place
     (deepspeed_dir / "checkpoint").mkdir(parents=True)
     os.utime(deepspeed_dir, (time.time() - 300, time.time() - 300))
     (deepspeed_dir / "latest").write_text("checkpoint")
-    assert _resume_path(cfg, tmp_path) == str(deepspeed_dir)
+    assert resume_path(cfg, tmp_path) == str(deepspeed_dir)
     with pytest.raises(SpecdraftError, match="saved by a DeepSpeed strategy; train.strategy=ddp cannot resume"):
-        _check_resume_format(TrainConfig(strategy="ddp"), str(deepspeed_dir))
+        check_resume_format(TrainConfig(strategy="ddp"), str(deepspeed_dir))
     with pytest.raises(SpecdraftError, match="saved by auto or ddp; train.strategy=deepspeed_stage_2 cannot"):
-        _check_resume_format(TrainConfig(strategy="deepspeed_stage_2"), str(last))
+        check_resume_format(TrainConfig(strategy="deepspeed_stage_2"), str(last))
 
 
 def test_slurm_plugin_only_under_srun(monkeypatch):
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
-    assert [type(p) for p in _plugins()] == [AtomicCheckpointIO]
+    assert [type(p) for p in trainer_plugins()] == [AtomicCheckpointIO]
     monkeypatch.setenv("SLURM_NTASKS", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "specdraft-train")
-    atomic, plugin = _plugins()
+    atomic, plugin = trainer_plugins()
     assert isinstance(atomic, AtomicCheckpointIO) and isinstance(plugin, SLURMEnvironment)
     assert plugin.auto_requeue and plugin.requeue_signal == signal.SIGUSR1
 

@@ -15,10 +15,7 @@ from specdraft.targets.vision import image_model_inputs, image_prompt, vision_fe
 from tests.runtime.oracle import OracleDrafter
 from tests.tiny_vlm import FAMILIES, drawn_image, save_tiny_vlm, tiny_processor
 
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+pytestmark = pytest.mark.reference_kernels
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,7 @@ from tests.oracles import ChainState, vispec_chain, vispec_prefix_step
 from tests.test_distill_images import image_prompt_sets
 from tests.tiny_vlm import drawn_image, save_tiny_vlm, tiny_vlm
 
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+pytestmark = pytest.mark.reference_kernels
 
 
 def test_each_image_keeps_its_last_positions_as_stand_ins_and_lends_its_global_feature_to_what_follows():

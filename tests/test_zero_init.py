@@ -10,29 +10,23 @@ floating-point tensor that torch.arange, torch.zeros, ... make to its dtype. Two
   evaluation and serving run (float32)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from specdraft.testing.ports import free_port
 from tests.addons import DRAFT_METHODS
 from tests.test_methods_contract import CASES
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def differences(*args: str, ranks: int = 1) -> list:
     """tests/zero_init_run.py on `ranks` ranks -> the differences rank 0 found."""
     pytest.importorskip("deepspeed")
-    env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_PORT": str(_free_port()), "PYTHONPATH": str(REPO),
+    env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_PORT": str(free_port()), "PYTHONPATH": str(REPO),
            "OMP_NUM_THREADS": "1"}
     runs = [subprocess.Popen([sys.executable, "-m", "tests.zero_init_run", *args], cwd=REPO,
                              env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -95,7 +95,7 @@ def deepspeed_on_cpu() -> None:
 
     DeepSpeedEngine._set_distributed_vars = _set_distributed_vars
     trainer._strategy = _strategy
-    trainer._precision = lambda cfg: "bf16-mixed"  # what a GPU run trains in
+    trainer.lightning_precision = lambda cfg: "bf16-mixed"  # what a GPU run trains in
 
 
 def wrap_regions(regions: Regions) -> None:

@@ -51,7 +51,7 @@ from specdraft.core.errors import Interrupted, SpecdraftError, error_summary
 from specdraft.core.io import check_output_dir, directory_lock, make_dirs, reading, write_json
 from specdraft.methods import get_method
 from specdraft.methods.base import RecordContext
-from specdraft.targets.chat import TextChat, template_ids  # noqa: F401 (template_ids: this module's name for it)
+from specdraft.targets.chat import TextChat
 from specdraft.targets.generate import GREEDY, cut_at_eos, left_pad
 from specdraft.targets.load import eos_token_ids, is_vision_target, load_chat_tokenizer
 from specdraft.targets.vision import image_model_inputs

@@ -71,7 +71,7 @@ def profile_cycles(runtime, prompt: List[int], cycles: int = 16) -> Dict:
             "cycles": cycles, "cuda_graphs": engine.use_graphs}
 
 
-def _phases(engine):
+def cycle_phases(engine):
     """The greedy cycle (no exits) as three functions of nothing, each reading what the one before left in
     `handoff` -> [(phase, fn)]. Captured one graph each, the last capture leaves the graphs' static tensors there."""
     handoff, chain, depth, greedy = {}, engine.chain, engine.shape.depth, engine.acceptance(0.0)
@@ -105,7 +105,7 @@ def _graph_split(engine, prompt: List[int], cycles: int) -> Dict[str, float]:
     """Each phase in its own CUDA graph, the three replayed in order `cycles` times with events between them ->
     the device's ms per phase (a graph's launch gap included: they sum to a little over `cycle_ms`)."""
     state = engine.state_tensors() + (engine.chain.state() if engine.chain is not None else [])
-    graphs = [(name, engine.graph(engine.scored_key(f"phase:{name}"), fn, state)) for name, fn in _phases(engine)]
+    graphs = [(name, engine.graph(engine.scored_key(f"phase:{name}"), fn, state)) for name, fn in cycle_phases(engine)]
     engine.prefill(torch.tensor(prompt, device=engine.device), 0.0)
     for _, graph in graphs:  # captured in order: each one's warm-up reads the outputs of the one before
         graph()

@@ -91,7 +91,7 @@ def _keep_input(store: Dict[int, torch.Tensor], index: int):
     return hook
 
 
-def _run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[int]):
+def run_decoder(decoder, input_ids, attention_mask, position_ids, keep: List[int]):
     """-> ({i: [B, T, H]} for i in keep, final normed hidden state [B, T, H])."""
     if position_ids is not None:  # no attention mask: Hugging Face masks per document from the position ids
         inputs = {"input_ids": input_ids, "position_ids": position_ids}
@@ -138,7 +138,7 @@ def capture_features(model, input_ids: torch.Tensor, attention_mask: Optional[to
     keep = sorted(set(layers) | {0})
     unmasked = attention_mask is None and position_ids is None
     with causal_attention(model) if unmasked else contextlib.nullcontext(), torch_linear():
-        hidden_states, final_hidden = _run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
+        hidden_states, final_hidden = run_decoder(model.get_decoder(), input_ids, attention_mask, position_ids, keep)
     return TargetFeatures(hidden_states=hidden_states, final_hidden=final_hidden,
                           lm_head=model.get_output_embeddings().weight, logit_softcap=logit_softcap(model.config),
                           embed_tokens=model.get_input_embeddings().weight)

@@ -90,12 +90,12 @@ def resolve_source(path: str) -> Tuple[str, Optional[Path]]:
     return (str(local) if local.is_dir() else path), None
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
+def gguf_cache_dir(gguf: Path) -> Path:
     digest = verified_sha256(gguf) or file_sha256(gguf)  # an assembled model's marker spares reading it again
     return cache_root() / "gguf" / f"{gguf.stem}-{digest[:16]}"
 
 
-def _tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
+def tie_meta_head(model: torch.nn.Module, source: str, tied: bool) -> None:
     """A tied LM head that loading left on the meta device is tied to the token embedding again; any weight
     still without data is a clear error rather than a failure deep inside `.to()` or save_pretrained.
 
@@ -117,7 +117,7 @@ def _convert_gguf(gguf: Path) -> Path:
     """Dequantize a GGUF target once into an HF directory (safetensors + tokenizer); atomic."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cached = _gguf_cache_dir(gguf)
+    cached = gguf_cache_dir(gguf)
     if (cached / "config.json").is_file():
         return cached
     log.info("dequantizing %s once into %s", gguf, cached)
@@ -128,7 +128,7 @@ def _convert_gguf(gguf: Path) -> Path:
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as err:  # transformers raises many kinds for a corrupt file
         raise SpecdraftError(f"cannot read GGUF target {gguf}: {type(err).__name__}: {err}") from None
-    _tie_meta_head(model, str(gguf), tied=True)
+    tie_meta_head(model, str(gguf), tied=True)
     model.hf_quantizer = None  # the weights are plain dequantized tensors now; save them as such
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -367,7 +367,7 @@ def _loaded_target(cfg: TargetConfig, device: torch.device | str, dtype: Optiona
                              f"unpickled whole (convert them to safetensors where they come from)") from None
     model.requires_grad_(False).eval()
     if not is_quantized(model):
-        _tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
+        tie_meta_head(model, source, tied=bool(getattr(model.config, "tie_word_embeddings", False)))
         model.to(device)
     if cfg.quantization in WEIGHT_ONLY:
         quantize_decoder(model, cfg.quantization)

@@ -110,7 +110,7 @@ def full_draft_state(draft: torch.nn.Module) -> dict:
 
 
 def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bool = False):
-    _check_resume_format(cfg, resume_from)
+    check_resume_format(cfg, resume_from)
     if not cfg.strategy.startswith("deepspeed"):
         return cfg.strategy
     if not torch.cuda.is_available():
@@ -121,12 +121,12 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bo
     strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
                                            zero3_persist=persist, single_rank_zero=single_rank_zero,
                                            exclude_frozen_parameters=True)
-    merge_config(strategy.config, step_config(stage, _precision(cfg)))  # no host syncs a step (deepspeed_step.py)
+    merge_config(strategy.config, step_config(stage, lightning_precision(cfg)))  # no host syncs a step (deepspeed_step.py)
     merge_config(strategy.config, cfg.deepspeed)
     return strategy
 
 
-def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
+def check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
     """DeepSpeed checkpoints are directories of partitions, the others single files: no crossing over."""
     if resume_from is None or is_deepspeed_checkpoint(resume_from) == cfg.strategy.startswith("deepspeed"):
         return
@@ -135,7 +135,7 @@ def _check_resume_format(cfg: TrainConfig, resume_from: Optional[str]) -> None:
                          f"cannot resume it (resume with the kind of strategy that saved it)")
 
 
-def _precision(cfg: TrainConfig) -> str:
+def lightning_precision(cfg: TrainConfig) -> str:
     if cfg.precision != "auto":
         return cfg.precision
     return "bf16-mixed" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "32-true"
@@ -150,7 +150,7 @@ def _newest(paths: List[Path]) -> Optional[Path]:
     return max(existing, key=written) if existing else None
 
 
-def _resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
+def resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
     """train.resume: None, a path, or auto: the newest of checkpoints/last.ckpt (saved every val_every_steps)
     and the hpc_ckpt_N.ckpt Lightning saves when SLURM signals a preemption."""
     if cfg.resume is None:
@@ -163,7 +163,7 @@ def _resume_path(cfg: TrainConfig, run_dir: Path) -> Optional[str]:
     return cfg.resume
 
 
-def _plugins() -> list:
+def trainer_plugins() -> list:
     """Checkpoint files written atomically (AtomicCheckpointIO); under SLURM (srun, not torchrun) Lightning's SLURM
     environment with auto-requeue (specdraft.train.cluster)."""
     return [AtomicCheckpointIO(), *cluster_plugins()]
@@ -180,7 +180,7 @@ def build_trainer(cfg: TrainConfig, run_dir: Path, recipe: Recipe, resume_from: 
     trainer = L.Trainer(
         accelerator="auto", devices=devices, num_nodes=num_nodes,
         strategy=_strategy(cfg, resume_from, trust_checkpoint),
-        precision=_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=_plugins(),
+        precision=lightning_precision(cfg), max_steps=cfg.max_steps, max_epochs=-1, plugins=trainer_plugins(),
         accumulate_grad_batches=cfg.accumulate_grad_batches, gradient_clip_val=cfg.grad_clip or None,
         val_check_interval=cfg.val_every_steps * cfg.accumulate_grad_batches, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, log_every_n_steps=cfg.log_every_steps, use_distributed_sampler=False,
@@ -297,7 +297,7 @@ def run_train(recipe: Recipe, extra_callbacks: Sequence[Callback] = (), trust_ch
     claim_run_dir(run_dir)
     distill_dirs = [recipe.distill.output_dir, *cfg.extra_distilled]
     dataset = load_distilled(distill_dirs, all_columns=spec.records is not None)
-    resume_from = _resume_path(cfg, run_dir)
+    resume_from = resume_path(cfg, run_dir)
     if resume_from is None and (run_dir / "checkpoints").is_dir():
         log.warning("%s holds a run: this new run replaces its checkpoints, best/ and last/ as it goes "
                     "(train.resume=auto would continue it)", run_dir)

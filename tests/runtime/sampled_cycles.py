@@ -34,3 +34,14 @@ def first_tokens_from_prefix(engine, prompt: List[int], trials: int) -> Tuple[in
         engine.root.copy_(saved[1])
         firsts.append(int(engine.cycle(1.0, generator).output.emitted[0]))
     return root, torch.tensor(firsts)
+
+
+SAMPLING_TRIALS, TOP, CRITICAL = 400, 4, 18.5  # chi-square, TOP + 1 bins (4 degrees of freedom), p = 0.001
+
+
+def chi_square_top(samples, probs):
+    """Chi-square of samples against probs [V] over the TOP most likely tokens and one bin for the rest."""
+    top = probs.topk(TOP).indices
+    expected = torch.cat([probs[top], 1 - probs[top].sum(0, keepdim=True)]) * samples.shape[0]
+    counts = torch.stack([(samples == t).sum() for t in top] + [(~torch.isin(samples, top)).sum()]).float()
+    return float(((counts - expected) ** 2 / expected).sum())

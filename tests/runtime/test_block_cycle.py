@@ -19,7 +19,7 @@ from specdraft.runtime.load import tree_shape
 from tests.runtime.block_drafter import RandomBlockDrafter
 from tests.runtime.peaked_target import greedy_tokens, peaked_llama
 from tests.runtime.sampled_cycles import first_tokens_from_prefix
-from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
+from tests.runtime.sampled_cycles import CRITICAL, chi_square_top
 
 VOCAB, BLOCK = 320, 5
 SHAPES = {"chain": TreeShape.chain(BLOCK - 1), "short_chain": TreeShape.chain(2),
@@ -86,7 +86,7 @@ def test_block_cycles_at_t1_keep_the_targets_distribution(name):
     engine = _engine(model, SHAPES[name], drafter)
     root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     probs = torch.softmax(model(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL
 
 
 @torch.no_grad()

@@ -15,15 +15,16 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
-from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
+from tests.runtime.drafts import PROMPT, hf_greedy, target_info, trained_case
+from tests.runtime.sampled_cycles import CRITICAL, SAMPLING_TRIALS, chi_square_top
 
 DEPTH = 5
 PROMPTS = (PROMPT, PROMPT[3:] + PROMPT[:3])  # learnt, and not learnt
 
 
 def _engine(use_graphs=False, max_len=256, **options):
-    model, spec, cfg, draft = _trained("kangaroo")
-    target = from_hf(model, _info(model))
+    model, spec, cfg, draft = trained_case("kangaroo")
+    target = from_hf(model, target_info(model))
     engine = SpecEngine(target, spec.runtime(draft, cfg, target), TreeShape.chain(DEPTH), max_len,
                         hf_rope_tables(model, max_len), use_graphs, **options)
     return model, engine
@@ -49,7 +50,7 @@ def test_chain_with_exits_is_lossless(eta, reuse_shallow):
     assert engine.chain.start_layer == (engine.drafter.exit_layer if reuse_shallow else 0)
     for prompt in PROMPTS:
         result = engine.generate(prompt, 24)
-        assert result.tokens == _hf_greedy(model, prompt, 24)
+        assert result.tokens == hf_greedy(model, prompt, 24)
         assert all(0 <= a <= d for a, d in zip(result.accepted, result.drafted))
 
 
@@ -58,7 +59,7 @@ def test_dynamic_exit_is_lossless_and_varies_the_length():
     model, engine = _engine(exit_threshold=0.3, dynamic_exit=True)
     for prompt in PROMPTS:
         result = engine.generate(prompt, 32)
-        assert result.tokens == _hf_greedy(model, prompt, 32)
+        assert result.tokens == hf_greedy(model, prompt, 32)
     assert engine.dynamic_exit is not None and engine.dynamic_exit.rates != [engine.dynamic_exit.prior] * DEPTH
 
 
@@ -88,14 +89,14 @@ def test_a_short_chain_with_exits_through_the_triton_kernels_is_lossless(monkeyp
     model, engine = _engine(max_len=48, exit_threshold=0.3)
     monkeypatch.setenv("SPECDRAFT_KERNELS", "auto")
     result = engine.generate(PROMPTS[0], 8)
-    assert result.tokens == _hf_greedy(model, PROMPTS[0], 8) and sum(result.accepted) > 0
+    assert result.tokens == hf_greedy(model, PROMPTS[0], 8) and sum(result.accepted) > 0
 
 
 @torch.no_grad()
 def test_a_verify_starting_at_the_wrong_layer_is_caught():
     model, engine = _engine()
     engine.chain.start_layer = engine.drafter.exit_layer - 1  # states at ℓ fed to layer ℓ-1
-    assert engine.generate(PROMPTS[0], 24).tokens != _hf_greedy(model, PROMPTS[0], 24)
+    assert engine.generate(PROMPTS[0], 24).tokens != hf_greedy(model, PROMPTS[0], 24)
 
 
 @torch.no_grad()
@@ -105,7 +106,7 @@ def test_a_reuse_that_skips_the_last_drafts_shallow_pass_is_caught(monkeypatch):
     real = drafter.chain_verify_states
     monkeypatch.setattr(drafter, "chain_verify_states", lambda tokens, positions, computed:
                         torch.cat([real(tokens[:-1], positions[:-1], computed), drafter.shallow_states[:1]]))
-    assert engine.generate(PROMPTS[0], 24).tokens != _hf_greedy(model, PROMPTS[0], 24)
+    assert engine.generate(PROMPTS[0], 24).tokens != hf_greedy(model, PROMPTS[0], 24)
 
 
 def test_dynamic_exit_prefers_short_chains_when_drafts_fail_and_long_ones_when_they_land():
@@ -150,9 +151,6 @@ def _chain_graph_keys(engine):
     return [key for key in engine.graphs.keys() if isinstance(key, tuple) and key[0] == "chain"]
 
 
-SAMPLING_TRIALS, TOP, CRITICAL = 400, 4, 18.5  # chi-square, TOP + 1 bins (4 degrees of freedom), p = 0.001
-
-
 def _first_cycle_tokens(engine, prompt, trials):
     """Prefill at T=0 (a fixed root), then one cycle at T=1 from the same state -> (root, its first emitted token
     per trial). A cycle writes cache slots from the prefix on only, so resetting the prefix and root resets it."""
@@ -166,27 +164,19 @@ def _first_cycle_tokens(engine, prompt, trials):
     return root, torch.tensor(firsts)
 
 
-def _chi_square_top(samples, probs):
-    """Chi-square of samples against probs [V] over the TOP most likely tokens and one bin for the rest."""
-    top = probs.topk(TOP).indices
-    expected = torch.cat([probs[top], 1 - probs[top].sum(0, keepdim=True)]) * samples.shape[0]
-    counts = torch.stack([(samples == t).sum() for t in top] + [(~torch.isin(samples, top)).sum()]).float()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
 def assert_first_cycles_keep_the_target_distribution(model, engine, prompt, monkeypatch) -> None:
     """The first sampled cycle's first token follows the target's distribution (chi-square), and a sampler that
     resamples a rejected point-mass draft (no ban) fails the same test. (A rejected sampled draft leaves the
     residual max(0, p - q), which bans nothing: the broken sampler drafts point masses.)"""
     root, firsts = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS)
     probs = torch.softmax(model(torch.tensor([prompt + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL
     from specdraft.kernels.tree_sample import reference as acceptance
 
     monkeypatch.setattr(acceptance, "_ban_rejected", lambda probs, tokens, rejected: probs)
     monkeypatch.setattr(engine, "sample_drafts", False)
     _, broken = _first_cycle_tokens(engine, prompt, SAMPLING_TRIALS // 2)  # resamples the rejected draft
-    assert _chi_square_top(broken, probs) > CRITICAL
+    assert chi_square_top(broken, probs) > CRITICAL
 
 
 @torch.no_grad()
@@ -197,11 +187,11 @@ def test_sampled_chain_cycles_with_exits_keep_the_target_distribution(monkeypatc
 
 def _exit_choice_engine(use_graphs=False):
     """Drafts at ℓ = 2 (trained) and ℓ = 1 (untrained: its drafts fail) over one target, DEL choosing."""
-    model, spec, cfg, trained = _trained("kangaroo")
+    model, spec, cfg, trained = trained_case("kangaroo")
     shallow_cfg = dataclasses.replace(cfg, exit_layer=1)
     torch.manual_seed(1)
-    untrained = spec.build(shallow_cfg, DraftContext(_info(model))).eval()
-    target = from_hf(model, _info(model))
+    untrained = spec.build(shallow_cfg, DraftContext(target_info(model))).eval()
+    target = from_hf(model, target_info(model))
     choice = ExitChoice([spec.runtime(trained, cfg, target), spec.runtime(untrained, shallow_cfg, target)])
     engine = SpecEngine(target, choice, TreeShape.chain(DEPTH), 256, hf_rope_tables(model, 256), use_graphs,
                         exit_threshold=0.2, dynamic_exit=True)
@@ -216,7 +206,7 @@ def test_choosing_the_exit_layer_per_cycle_is_lossless(monkeypatch):
     assert engine.chain.start_layer == 1 and engine.drafter.caps.exit_layers == (1, 2)
     results = [engine.generate(prompt, 32) for prompt in PROMPTS]
     for prompt, result in zip(PROMPTS, results):
-        assert result.tokens == _hf_greedy(model, prompt, 32)
+        assert result.tokens == hf_greedy(model, prompt, 32)
     assert chosen[0] == 1 and set(chosen) == {1, 2}  # the cheap exit first, the one whose drafts land later
     monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)  # the prefill's graphs too, padded as on a GPU
     _, replayed, replayed_chosen = _exit_choice_engine(use_graphs=True)

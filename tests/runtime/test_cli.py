@@ -291,8 +291,7 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
 
     from specdraft.config import RuntimeConfig
     from specdraft.runtime.load import load_runtime
-    from specdraft.runtime.profile import _phases
-    from specdraft.decoding.tree import TreeShape
+    from specdraft.runtime.profile import cycle_phases
 
     shape = dict(depth=3, chain=True) if chain else dict(depth=3, topk=2, budget=6)
     engines = [load_runtime(export_dir, RuntimeConfig(device="cpu", dtype="float32", max_len=256, **shape)).engine
@@ -303,7 +302,7 @@ def test_the_profile_phases_make_one_cycle(export_dir, chain):
     for _ in range(3):
         with torch.no_grad():  # as the engine's loops run
             expected = engines[0].cycle(0.0, None).output
-            got = [fn() for _, fn in _phases(engines[1])][-1]
+            got = [fn() for _, fn in cycle_phases(engines[1])][-1]
         assert torch.equal(got.for_host, expected.for_host)
         assert torch.equal(engines[1].prefix_len, engines[0].prefix_len)
         assert torch.equal(engines[1].root, engines[0].root)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from specdraft import cli
-from specdraft.core.errors import SpecdraftError
 from specdraft.core.types import TargetInfo
 from specdraft.decoding import graphs
 from specdraft.decoding.draft_model import DraftModelDrafter, cost_in_target_layers
@@ -24,8 +23,8 @@ from specdraft.testing.tiny import byte_tokenizer, save_tiny_target, tiny_llama_
 from tests.runtime.peaked_target import greedy_tokens
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.sampled_cycles import first_tokens_from_prefix
-from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
-from tests.runtime.test_hostile_drafts import _break
+from tests.runtime.sampled_cycles import CRITICAL, chi_square_top
+from tests.runtime.hostile_logits import break_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small ops: two threads of a busy host ran them 10x slower
 
@@ -57,7 +56,7 @@ class BrokenDraftModel(DraftModelDrafter):
         self.generator = torch.Generator().manual_seed(seed)
 
     def _logits(self, hidden):
-        return _break(super()._logits(hidden), self.generator)
+        return break_rows(super()._logits(hidden), self.generator)
 
 
 def _drafter(small, kind=DraftModelDrafter):
@@ -152,7 +151,7 @@ def test_sampled_cycles_keep_the_targets_distribution(name, small):
     root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     assert ((firsts >= 0) & (firsts < TARGET.config.vocab_size)).all()
     probs = torch.softmax(TARGET(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL
 
 
 def test_a_draft_pass_costs_its_weights_in_target_layers():

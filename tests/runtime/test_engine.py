@@ -11,35 +11,8 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import DraftTree, TreeShape
 from specdraft.kernels.draft_topk import draft_topk
-from specdraft.testing.tiny import tiny_llama_config
 from tests.runtime.oracle import OracleDrafter
-
-
-def _tiny_hf(kind: str):
-    torch.manual_seed(0)
-    if kind == "qwen2":
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        config = Qwen2Config(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-        model = Qwen2ForCausalLM(config)
-        with torch.no_grad():  # random biases, so that a dropped bias shows
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(std=0.5)
-    else:
-        from transformers import LlamaForCausalLM
-
-        config = tiny_llama_config(layers=3)
-        config.tie_word_embeddings = kind == "llama_tied"
-        if kind == "llama3_rope":
-            config.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                      "original_max_position_embeddings": 64}
-        model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0) if not config.tie_word_embeddings else None
-    return model.eval()
+from tests.runtime.drafts import hf_greedy, tiny_hf
 
 
 def _engine(model, drafter=None, shape=TreeShape.chain(3), max_len=256):
@@ -47,30 +20,24 @@ def _engine(model, drafter=None, shape=TreeShape.chain(3), max_len=256):
     return SpecEngine(from_hf(model, info), drafter, shape, max_len, hf_rope_tables(model, max_len))
 
 
-def _hf_greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "llama3_rope"])
 def test_target_matches_hugging_face(kind):
-    model = _tiny_hf(kind)
+    model = tiny_hf(kind)
     prompt = torch.randint(0, 300, (40,))
     engine = _engine(model)
     hidden, _ = engine.target.run_layers(engine.target.embed(prompt), torch.arange(40), engine.prefix_len, None)
     expected = model(prompt[None]).logits[0]
     torch.testing.assert_close(engine.target.logits(hidden), expected, atol=1e-4, rtol=1e-4)
-    assert engine.decode_plain(prompt.tolist(), 30).tokens == _hf_greedy(model, prompt.tolist(), 30)
+    assert engine.decode_plain(prompt.tolist(), 30).tokens == hf_greedy(model, prompt.tolist(), 30)
 
 
 SHAPES = [TreeShape.chain(4), TreeShape(depth=4, topk=2, budget=9), TreeShape(depth=3, topk=3, budget=12)]
 
 
 def _run_oracle(shape, wrong_every):
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (17,), generator=torch.Generator().manual_seed(1)).tolist()
-    greedy = _hf_greedy(model, prompt, 48)
+    greedy = hf_greedy(model, prompt, 48)
     drafter = OracleDrafter(prompt + greedy, 320, wrong_every)
     result = _engine(model, drafter, shape).generate(prompt, 40)
     assert result.tokens == greedy[:40]  # lossless whatever the drafts
@@ -106,12 +73,12 @@ def _count_plain_steps(engine):
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_plain_decoding_queues_no_step_past_the_last_token_asked_for(overlap):
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     engine = _engine(model)
     engine.overlap = overlap
     steps = _count_plain_steps(engine)
-    greedy = _hf_greedy(model, prompt, 12)
+    greedy = hf_greedy(model, prompt, 12)
     assert engine.decode_plain(prompt, 12).tokens == greedy and len(steps) == 11  # the prefill gives the first
     steps.clear()
     eos = greedy[5]
@@ -122,9 +89,9 @@ def test_plain_decoding_queues_no_step_past_the_last_token_asked_for(overlap):
 
 @pytest.mark.parametrize("shape", SHAPES[:2])
 def test_the_cycle_in_flight_changes_no_token_and_no_statistic(shape):
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (17,), generator=torch.Generator().manual_seed(1)).tolist()
-    greedy = _hf_greedy(model, prompt, 48)
+    greedy = hf_greedy(model, prompt, 48)
     runs = {}
     for overlap in (True, False):
         drafter = OracleDrafter(prompt + greedy, 320, wrong_every=3)
@@ -147,9 +114,9 @@ def test_host_reader_reads_each_slot_as_staged():
 
 
 def test_speculative_sampling_runs_and_stays_in_vocabulary():
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,)).tolist()
-    drafter = OracleDrafter(prompt + _hf_greedy(model, prompt, 48), 320)
+    drafter = OracleDrafter(prompt + hf_greedy(model, prompt, 48), 320)
     generator = torch.Generator().manual_seed(0)
     result = _engine(model, drafter, TreeShape(depth=3, topk=2, budget=7)).generate(
         prompt, 30, temperature=1.0, generator=generator, trace=True)
@@ -163,9 +130,9 @@ def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatc
     from specdraft.decoding import graphs
     from tests.runtime.replay import ReplayOnCpu
 
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,)).tolist()
-    drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
+    drafter_tokens = prompt + hf_greedy(model, prompt, 48)
     runs = []
     for use_graphs in (False, True):
         monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
@@ -178,9 +145,9 @@ def test_sampled_cycles_replayed_from_static_buffers_equal_eager_ones(monkeypatc
 def test_a_sampling_shape_drafts_its_own_tree_at_t_above_zero_and_the_shape_at_zero():
     """An engine with a tree of its own for T > 0: greedy cycles verify `shape` and stay lossless; sampled ones
     draw exactly what an engine of that tree alone draws from the same seed."""
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(3)).tolist()
-    greedy = _hf_greedy(model, prompt, 48)
+    greedy = hf_greedy(model, prompt, 48)
     shape, sampling = TreeShape(depth=3, topk=3, budget=12), TreeShape(depth=2, topk=2, budget=5)
     both = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
                       OracleDrafter(prompt + greedy, 320, wrong_every=3), shape, 256, hf_rope_tables(model, 256),
@@ -200,9 +167,9 @@ def test_sampled_cycles_of_a_sampling_shape_replayed_from_static_buffers_equal_e
     from tests.runtime.replay import ReplayOnCpu
 
     monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,)).tolist()
-    drafter_tokens = prompt + _hf_greedy(model, prompt, 48)
+    drafter_tokens = prompt + hf_greedy(model, prompt, 48)
     runs = []
     for use_graphs in (False, True):
         engine = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
@@ -217,7 +184,7 @@ def test_sampled_cycles_of_a_sampling_shape_replayed_from_static_buffers_equal_e
 def test_a_sampling_shape_for_a_chain_is_refused():
     from specdraft.core.errors import SpecdraftError
 
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     with pytest.raises(SpecdraftError, match="fixed tree"):
         SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")), OracleDrafter([1, 2], 320),
                    TreeShape.chain(3), 64, hf_rope_tables(model, 64), sampling_shape=TreeShape(2, 2, 5))
@@ -226,20 +193,19 @@ def test_a_sampling_shape_for_a_chain_is_refused():
 def test_prompt_longer_than_the_cache_is_a_clear_error():
     from specdraft.core.errors import SpecdraftError
 
-    engine = _engine(_tiny_hf("llama"), max_len=64)
+    engine = _engine(tiny_hf("llama"), max_len=64)
     with pytest.raises(SpecdraftError, match="cache"):
         engine.decode_plain(list(range(60)), 10)
 
 
 @pytest.mark.triton_kernels
 def test_a_short_generation_through_the_triton_kernels_is_lossless():
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (6,), generator=torch.Generator().manual_seed(2)).tolist()
-    greedy = _hf_greedy(model, prompt, 16)
+    greedy = hf_greedy(model, prompt, 16)
     drafter = OracleDrafter(prompt + greedy, 320, wrong_every=3)
     result = _engine(model, drafter, TreeShape(depth=2, topk=2, budget=4), max_len=32).generate(prompt, 8)
     assert result.tokens == greedy[:8]
-
 
 
 @pytest.mark.triton_kernels
@@ -247,9 +213,9 @@ def test_a_short_generation_through_the_triton_kernels_is_lossless():
 def test_sampled_cycles_through_the_triton_kernels_draw_the_references_tokens(monkeypatch, shape):
     """T > 0 with sampled drafts: the Triton kernels (sampled children, rejection sampling) draw the references'
     tokens from the same seed (they could differ only where float rounding decides a draw)."""
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (6,), generator=torch.Generator().manual_seed(2)).tolist()
-    drafter_tokens = prompt + _hf_greedy(model, prompt, 24)
+    drafter_tokens = prompt + hf_greedy(model, prompt, 24)
     runs = []
     for kernels in ("reference", "auto"):
         monkeypatch.setenv("SPECDRAFT_KERNELS", kernels)
@@ -306,9 +272,9 @@ def test_a_cycle_kind_of_its_own_runs_through_the_engine_unchanged(monkeypatch, 
     from tests.runtime.replay import ReplayOnCpu
 
     monkeypatch.setattr(graphs, "CallGraph", ReplayOnCpu)
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(5)).tolist()
-    greedy = _hf_greedy(model, prompt, 24)
+    greedy = hf_greedy(model, prompt, 24)
     engine = SpecEngine(from_hf(model, TargetInfo.from_hf_config(model.config, "tiny")),
                         OracleDrafter(prompt + greedy, 320), TreeShape.chain(1), 128, hf_rope_tables(model, 128),
                         use_graphs, cycle_kind=OneDraftCycle)

@@ -11,7 +11,7 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.testing.tiny import tiny_llama_config
-from tests.runtime.test_method_drafters import CASES
+from tests.runtime.drafts import CASES
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,8 @@ from specdraft.decoding.engine import SpecEngine
 from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.testing.tiny import tiny_llama_config
-from tests.runtime.test_method_drafters import CASES, RUNTIME_METHODS
+from tests.runtime.drafts import CASES
+from tests.runtime.test_method_drafters import RUNTIME_METHODS
 
 pytestmark = pytest.mark.gpu
 

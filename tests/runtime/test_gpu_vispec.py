@@ -13,12 +13,7 @@ from specdraft.targets.vision import image_prompt
 from tests.test_vispec import image_ids, memorised_vlm_draft, vlm_info
 from tests.tiny_vlm import drawn_image
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
+pytestmark = [pytest.mark.gpu, pytest.mark.reference_kernels]
 
 
 def _engines(dtype, shape, max_len=256):

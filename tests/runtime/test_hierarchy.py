@@ -14,8 +14,8 @@ from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from specdraft.layers.quantized import quantize_decoder
 from tests.runtime.oracle import OracleDrafter
-from tests.runtime.test_engine import _hf_greedy, _tiny_hf
-from tests.runtime.test_method_drafters import PROMPT, _trained
+from tests.runtime.drafts import hf_greedy, tiny_hf
+from tests.runtime.drafts import PROMPT, trained_case
 
 SHAPE = TreeShape(depth=4, topk=2, budget=9)
 
@@ -30,10 +30,10 @@ def _engine(model, drafter, small, shape=SHAPE, max_len=128):
 @pytest.mark.parametrize("small_kind", ["itself", "unrelated"])
 @torch.no_grad()
 def test_lossless_whatever_the_small_model(small_kind):
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     prompt = torch.randint(0, 300, (11,), generator=torch.Generator().manual_seed(1)).tolist()
-    greedy = _hf_greedy(model, prompt, 24)
-    small = model if small_kind == "itself" else _tiny_hf("llama_tied")
+    greedy = hf_greedy(model, prompt, 24)
+    small = model if small_kind == "itself" else tiny_hf("llama_tied")
     result = _engine(model, OracleDrafter(prompt + greedy, 320, wrong_every=3), small).generate(prompt, 20,
                                                                                                trace=True)
     assert result.tokens == greedy[:20]
@@ -47,9 +47,9 @@ def test_lossless_whatever_the_small_model(small_kind):
 @torch.no_grad()
 def test_int4_target_with_a_kangaroo_intermediate():
     """An EAGLE-3 head drafts, a Kangaroo adapter on the target's first layers narrows, an int4 target verifies."""
-    float_model, _, _, _ = _trained("kangaroo")
-    _, eagle_spec, eagle_cfg, eagle_draft = _trained("eagle3")
-    _, kangaroo_spec, kangaroo_cfg, adapter = _trained("kangaroo")
+    float_model, _, _, _ = trained_case("kangaroo")
+    _, eagle_spec, eagle_cfg, eagle_draft = trained_case("eagle3")
+    _, kangaroo_spec, kangaroo_cfg, adapter = trained_case("kangaroo")
     model = quantize_decoder(copy.deepcopy(float_model), "int4")
     info = TargetInfo.from_hf_config(model.config, "tiny")
     target = from_hf(model, info)
@@ -58,12 +58,12 @@ def test_int4_target_with_a_kangaroo_intermediate():
                                                                                             target))
     assert engine.capture == sorted(set(eagle_spec.feature_layers(eagle_cfg, info)) | {adapter.exit_layer})
     result = engine.generate(PROMPT, 24)
-    assert result.tokens == _hf_greedy(model, PROMPT, 24)
+    assert result.tokens == hf_greedy(model, PROMPT, 24)
     assert result.tokens == engine.decode_plain(PROMPT, 24).tokens
 
 
 def test_chains_and_sampling_are_refused():
-    model = _tiny_hf("llama")
+    model = tiny_hf("llama")
     with pytest.raises(SpecdraftError, match="narrows a tree: drop --chain"):
         _engine(model, OracleDrafter([1, 2, 3], 320), model, TreeShape.chain(3))
     engine = _engine(model, OracleDrafter([1, 2, 3], 320), model)

@@ -24,32 +24,11 @@ from tests.runtime.block_drafter import RandomBlockDrafter
 from tests.runtime.oracle import OracleDrafter
 from tests.runtime.peaked_target import greedy_tokens, peaked_llama
 from tests.runtime.sampled_cycles import first_tokens_from_prefix
-from tests.runtime.test_chain_exits import CRITICAL, _chi_square_top
+from tests.runtime.sampled_cycles import CRITICAL, chi_square_top
+from tests.runtime.hostile_logits import break_rows
 
 VOCAB = 320
 CHAIN, TREE = TreeShape.chain(3), TreeShape(depth=3, topk=3, budget=10)
-BROKEN = ("nan_row", "nan_entry", "posinf", "all_neginf", "huge")
-
-
-def _break(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """logits [r, Vd] with about half of the rows broken, each in one of the BROKEN ways."""
-    logits = logits.clone()
-    for row in range(logits.shape[0]):
-        if torch.rand((), generator=generator) < 0.5:
-            continue
-        how = BROKEN[int(torch.randint(len(BROKEN), (), generator=generator))]
-        column = int(torch.randint(logits.shape[1], (), generator=generator))
-        if how == "nan_row":
-            logits[row] = float("nan")
-        elif how == "nan_entry":
-            logits[row, column] = float("nan")
-        elif how == "posinf":
-            logits[row, column] = float("inf")
-        elif how == "all_neginf":
-            logits[row] = float("-inf")
-        else:  # finite, but far out of scale: a draft that names one garbage token with certainty
-            logits[row, column] = 1e30
-    return logits
 
 
 class HostileDrafter(Drafter):
@@ -74,11 +53,11 @@ class HostileDrafter(Drafter):
 
     def first(self, root_token, position):
         logits, hidden = self.oracle.first(root_token, position)
-        return _break(logits, self.generator), torch.full_like(hidden, float("nan"))
+        return break_rows(logits, self.generator), torch.full_like(hidden, float("nan"))
 
     def step(self, depth, hidden, tokens, positions, scratch_slots, scratch_visible):
         logits, hidden = self.oracle.step(depth, hidden, tokens, positions, scratch_slots, scratch_visible)
-        return _break(logits, self.generator), torch.full_like(hidden, float("nan"))
+        return break_rows(logits, self.generator), torch.full_like(hidden, float("nan"))
 
 
 class HostileBlockDrafter(RandomBlockDrafter):
@@ -91,7 +70,7 @@ class HostileBlockDrafter(RandomBlockDrafter):
         self.breaks = torch.Generator().manual_seed(seed)
 
     def propose(self, root_token, prefix_len):
-        return _break(super().propose(root_token, prefix_len), self.breaks)
+        return break_rows(super().propose(root_token, prefix_len), self.breaks)
 
 
 class HostileScorer:
@@ -186,7 +165,7 @@ def test_broken_drafts_at_t1_keep_the_targets_distribution(name):
     root, firsts = first_tokens_from_prefix(engine, PROMPT, 400)
     assert ((firsts >= 0) & (firsts < VOCAB)).all()
     probs = torch.softmax(model(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL
 
 
 @torch.no_grad()
@@ -209,7 +188,7 @@ def test_a_sampled_draft_from_a_broken_row_is_verified_as_a_point_mass(monkeypat
     root, firsts = first_tokens_from_prefix(engine, PROMPT, 200)
     probs = torch.softmax(model(torch.tensor([PROMPT + [root]])).logits[0, -1], -1)
     outside = (firsts < 0) | (firsts >= VOCAB)
-    assert outside.any() or _chi_square_top(firsts, probs) > CRITICAL
+    assert outside.any() or chi_square_top(firsts, probs) > CRITICAL
 
 
 def test_a_vocabulary_map_is_used_as_it_is_or_repaired_into_distinct_ids_of_the_target(caplog):

@@ -19,8 +19,8 @@ from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.sampled_cycles import first_tokens
-from tests.runtime.test_chain_exits import CRITICAL, SAMPLING_TRIALS, _chi_square_top
-from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
+from tests.runtime.sampled_cycles import CRITICAL, SAMPLING_TRIALS, chi_square_top
+from tests.runtime.drafts import PROMPT, hf_greedy, target_info, trained_case
 
 TREE, CHAIN = TreeShape(depth=4, topk=3, budget=10), TreeShape.chain(4)
 REPEATING = PROMPT + PROMPT[:9]  # the prompt's start again: its continuation can be retrieved
@@ -47,8 +47,8 @@ def _sharpened(drafter, factor):
 
 def _engine(name, use_graphs=False):
     shape, options = POLICIES[name]
-    model, spec, cfg, draft = _trained("eagle3")
-    target = from_hf(model, _info(model))
+    model, spec, cfg, draft = trained_case("eagle3")
+    target = from_hf(model, target_info(model))
     drafter = spec.runtime(draft, cfg, target)
     if name.startswith("svip"):
         drafter = _sharpened(drafter, SHARPEN)
@@ -72,7 +72,7 @@ def test_every_policy_gives_greedy_decodings_output(name):
     model, engine = _engine(name)
     results = [engine.generate(prompt, 32) for prompt in (PROMPT, REPEATING)]
     for prompt, result in zip((PROMPT, REPEATING), results):
-        assert result.tokens == _hf_greedy(model, prompt, 32)
+        assert result.tokens == hf_greedy(model, prompt, 32)
         assert all(0 <= a <= d for a, d in zip(result.accepted, result.drafted))
     assert _varied(name, engine, results)
 
@@ -146,15 +146,15 @@ def test_sampled_cycles_keep_the_target_distribution(name):
     """The first token of a T=1 cycle (sampled drafts; a retrieval draft where the prompt repeats) follows the
     target's distribution (chi-square over the 4 likeliest tokens and the rest)."""
     if name.startswith("fixed"):
-        model, spec, cfg, draft = _trained("eagle3")
-        target = from_hf(model, _info(model))
+        model, spec, cfg, draft = trained_case("eagle3")
+        target = from_hf(model, target_info(model))
         engine = SpecEngine(target, spec.runtime(draft, cfg, target), TREE if name == "fixed_tree" else CHAIN, 256,
                             hf_rope_tables(model, 256))
     else:
         model, engine = _engine(name)
     root, firsts = first_tokens(engine, REPEATING, SAMPLING_TRIALS)
     probs = torch.softmax(model(torch.tensor([REPEATING + [root]])).logits[0, -1], -1)  # [V]
-    assert _chi_square_top(firsts, probs) < CRITICAL
+    assert chi_square_top(firsts, probs) < CRITICAL
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -174,8 +174,8 @@ def test_policy_parameters_out_of_range_are_one_line_errors(field, value, messag
 
 @torch.no_grad()
 def test_a_policy_that_cannot_run_with_the_shape_says_why():
-    model, spec, cfg, draft = _trained("eagle3")
-    target = from_hf(model, _info(model))
+    model, spec, cfg, draft = trained_case("eagle3")
+    target = from_hf(model, target_info(model))
     drafter = spec.runtime(draft, cfg, target)
     with pytest.raises(SpecdraftError, match="sam_merge grafts the retrieval draft onto a tree"):
         SpecEngine(target, drafter, CHAIN, 256, hf_rope_tables(model, 256),

@@ -14,14 +14,11 @@ from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.layers.draft_cache import RingLayout, ring_commit
 from specdraft.methods import METHODS
 from specdraft.testing.tiny import tiny_llama_config
-from tests.runtime.test_method_drafters import CASES, PROMPT, _hf_greedy, _info, _memorise, _propose
+from tests.runtime.drafts import CASES, PROMPT, hf_greedy, memorise, target_info, training_side_chain
+
+pytestmark = pytest.mark.reference_kernels
 
 WINDOWED = ("eagle3", "poss")
-
-
-@pytest.fixture(autouse=True)
-def _reference_kernels(monkeypatch):
-    monkeypatch.setenv("SPECDRAFT_KERNELS", "reference")
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,18 +29,18 @@ def _trained(method, window, sinks):
     model = LlamaForCausalLM(tiny_llama_config(layers=4)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)
-    info, spec = _info(model), METHODS[method]
+    info, spec = target_info(model), METHODS[method]
     cfg = spec.config(**CASES[method], attention_window=window, attention_sinks=sinks)
-    sequence = torch.tensor(PROMPT + _hf_greedy(model, PROMPT, 40))
+    sequence = torch.tensor(PROMPT + hf_greedy(model, PROMPT, 40))
     counts = torch.randint(0, 50, (info.vocab_size,)) + 1000 * torch.bincount(sequence, minlength=info.vocab_size)
     draft = spec.build(cfg, DraftContext(info, counts))
-    _memorise(spec, cfg, draft, model, sequence)
+    memorise(spec, cfg, draft, model, sequence)
     return model, spec, cfg, draft.eval()
 
 
 def _engine(method, shape, window=6, sinks=2, max_len=256):
     model, spec, cfg, draft = _trained(method, window, sinks)
-    target = from_hf(model, _info(model))
+    target = from_hf(model, target_info(model))
     return model, spec, draft, SpecEngine(target, spec.runtime(draft, cfg, target), shape, max_len,
                                           hf_rope_tables(model, max_len))
 
@@ -59,9 +56,9 @@ def test_ring_drafts_equal_the_windowed_training_side_drafter(method):
     generated, emitted = result.tokens, 1
     for cycle, row in enumerate(result.trace):
         confirmed = PROMPT + generated[:emitted]
-        assert row["tokens"][1:] == _propose(model, spec, draft, confirmed, 4), f"cycle {cycle}"
+        assert row["tokens"][1:] == training_side_chain(model, spec, draft, confirmed, 4), f"cycle {cycle}"
         emitted += result.accepted[cycle] + 1
-    assert sum(result.accepted) > 0 and result.tokens == _hf_greedy(model, PROMPT, 24)
+    assert sum(result.accepted) > 0 and result.tokens == hf_greedy(model, PROMPT, 24)
 
 
 @pytest.mark.parametrize("method", WINDOWED)
@@ -71,7 +68,7 @@ def test_ring_drafts_equal_the_windowed_training_side_drafter(method):
 def test_ring_decoding_is_lossless(method, shape, window, sinks):
     model, _, _, engine = _engine(method, shape, window, sinks)
     for prompt in (PROMPT, PROMPT[3:] + PROMPT[:3]):
-        assert engine.generate(prompt, 24).tokens == _hf_greedy(model, prompt, 24)
+        assert engine.generate(prompt, 24).tokens == hf_greedy(model, prompt, 24)
 
 
 @pytest.mark.parametrize("method", WINDOWED)
@@ -83,15 +80,15 @@ def test_a_covering_ring_drafts_what_the_full_cache_drafts(method):
     for window in (64, 0):
         model, spec, cfg, draft = _trained(method, 64, 4)
         served = spec.build(spec.config(**{**CASES[method], "attention_window": window}),
-                            DraftContext(_info(model), torch.ones(_info(model).vocab_size)))
+                            DraftContext(target_info(model), torch.ones(target_info(model).vocab_size)))
         served.load_state_dict(draft.state_dict())
-        target = from_hf(model, _info(model))
+        target = from_hf(model, target_info(model))
         engine = SpecEngine(target, spec.runtime(served.eval(), cfg, target), TreeShape(depth=3, topk=2, budget=6),
                             256, hf_rope_tables(model, 256))
         assert (engine.drafter.ring is None) == (window == 0)
         runs.append(engine.generate(PROMPT, 20, trace=True))
     ring, full = runs
-    assert ring.tokens == full.tokens == _hf_greedy(model, PROMPT, 20) and ring.accepted == full.accepted
+    assert ring.tokens == full.tokens == hf_greedy(model, PROMPT, 20) and ring.accepted == full.accepted
     for got, want in zip(ring.trace, full.trace):
         assert got["tokens"] == want["tokens"]
         assert got["draft_logprobs"] == pytest.approx(want["draft_logprobs"], abs=1e-4)
@@ -118,7 +115,7 @@ def test_ring_ingests_in_pieces_equal_one_ingest(method):
 @pytest.mark.parametrize("method", WINDOWED)
 def test_the_draft_cache_is_the_same_size_at_any_context_length(method):
     model, spec, cfg, draft = _trained(method, 6, 2)
-    target = from_hf(model, _info(model))
+    target = from_hf(model, target_info(model))
     drafter = spec.runtime(draft, cfg, target)
     sizes = []
     for max_len in (64, 1024, 8192):

@@ -15,7 +15,7 @@ from specdraft.decoding.verifier import from_hf, hf_rope_tables
 from specdraft.decoding.tree import TreeShape
 from tests.runtime.replay import ReplayOnCpu
 from tests.runtime.test_chain_exits import assert_first_cycles_keep_the_target_distribution
-from tests.runtime.test_method_drafters import PROMPT, _hf_greedy, _info, _trained
+from tests.runtime.drafts import PROMPT, hf_greedy, target_info, trained_case
 
 PROMPTS = (PROMPT, PROMPT[3:] + PROMPT[:3])  # learnt, and not learnt
 SHAPE = TreeShape(depth=4, topk=3, budget=10)
@@ -23,8 +23,8 @@ SHAPES = [SHAPE, TreeShape(depth=3, topk=2, budget=11), TreeShape(depth=1, topk=
 
 
 def _engine(shape=SHAPE, reuse=True, max_len=256, use_graphs=False):
-    model, spec, cfg, draft = _trained("kangaroo")
-    target = from_hf(model, _info(model))
+    model, spec, cfg, draft = trained_case("kangaroo")
+    target = from_hf(model, target_info(model))
     engine = SpecEngine(target, spec.runtime(draft, cfg, target), shape, max_len, hf_rope_tables(model, max_len),
                         use_graphs, reuse_shallow_tree=reuse)
     return model, engine
@@ -39,7 +39,7 @@ def test_tree_verify_from_the_shallow_states_is_lossless(shape):
     accepted = 0
     for prompt in PROMPTS:
         got, expected = reused.generate(prompt, 24, trace=True), full.generate(prompt, 24, trace=True)
-        assert got.tokens == expected.tokens == _hf_greedy(model, prompt, 24)
+        assert got.tokens == expected.tokens == hf_greedy(model, prompt, 24)
         assert [row["tokens"] for row in got.trace] == [row["tokens"] for row in expected.trace]  # same trees
         assert got.accepted == expected.accepted
         accepted += sum(got.accepted)
@@ -87,7 +87,7 @@ def _cache_matches_a_prefill(model, engine, sequence) -> bool:
     """Whether the engine's target cache over its confirmed slots equals (every layer, keys and values) a fresh
     prefill of the confirmed tokens, sequence[:prefix_len]."""
     prefix = int(engine.prefix_len)
-    fresh = from_hf(model, _info(model))
+    fresh = from_hf(model, target_info(model))
     fresh.allocate(engine.max_len, *hf_rope_tables(model, engine.max_len))
     tokens = torch.tensor(sequence[:prefix])
     fresh.run_layers(fresh.embed(tokens), torch.arange(prefix), torch.zeros(1, dtype=torch.long), None)
@@ -98,7 +98,7 @@ def _cache_matches_a_prefill(model, engine, sequence) -> bool:
 @torch.no_grad()
 def test_the_confirmed_cache_equals_a_prefill_of_the_confirmed_tokens():
     model, engine = _engine()
-    sequence = PROMPT + _hf_greedy(model, PROMPT, 48)
+    sequence = PROMPT + hf_greedy(model, PROMPT, 48)
     result = engine.generate(PROMPT, 24)
     assert len(result.accepted) < 24 and _cache_matches_a_prefill(model, engine, sequence)
 
@@ -106,7 +106,7 @@ def test_the_confirmed_cache_equals_a_prefill_of_the_confirmed_tokens():
 @torch.no_grad()
 def test_shallow_kv_left_at_the_candidate_slots_is_caught(monkeypatch):
     model, engine = _engine()
-    sequence = PROMPT + _hf_greedy(model, PROMPT, 48)
+    sequence = PROMPT + hf_greedy(model, PROMPT, 48)
     monkeypatch.setattr(kangaroo_drafter, "compact_kv", lambda *args: None)  # the verify's nodes keep candidate slots
     result = engine.generate(PROMPT, 24)
     assert not _cache_matches_a_prefill(model, engine, sequence) and result.tokens != sequence[len(PROMPT):][:24]
@@ -116,7 +116,7 @@ def test_shallow_kv_left_at_the_candidate_slots_is_caught(monkeypatch):
 def test_a_tree_verify_starting_at_the_wrong_layer_is_caught():
     model, engine = _engine()
     engine.context.tree_start_layer = engine.drafter.exit_layer - 1  # states at ℓ fed to layer ℓ-1
-    assert engine.generate(PROMPT, 24).tokens != _hf_greedy(model, PROMPT, 24)
+    assert engine.generate(PROMPT, 24).tokens != hf_greedy(model, PROMPT, 24)
 
 
 def test_the_candidate_slots_must_fit_the_cache():

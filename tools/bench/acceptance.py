@@ -17,11 +17,10 @@ filled before.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import List, Tuple
 
-from tools.bench.suite import finish, fmt, machine, markdown_table
+from tools.bench.suite import finish, fmt, machine, markdown_table, read_json, specdraft_stage
 
 import torch
 
@@ -43,33 +42,23 @@ def run_spec(text: str, recipes: Path) -> Tuple[str, str, List[str]]:
     return name, str(recipes / f"{method}_smollm2.yaml"), [*overrides, *filter(None, own.split(","))]
 
 
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _cli(argv: List[str]) -> None:
-    from specdraft import cli
-
-    if cli.main(argv) != 0:
-        raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
-
-
 def run_stages(runs: List[Tuple[str, str, List[str]]], work: Path, data: Path, overrides: List[str],
                distill: bool) -> None:
     if distill:
-        _cli(["distill-data", runs[0][1], f"distill.output_dir={data}", *overrides])
+        specdraft_stage(["distill-data", runs[0][1], f"distill.output_dir={data}", *overrides])
     for name, recipe, own in runs:
         run = work / name
-        _cli(["train", recipe, f"distill.output_dir={data}", f"train.output_dir={run / 'train'}", *overrides, *own])
-        _cli(["export", str(run / "train"), "--format", "hf", "--out", str(run / "export")])
-        _cli(["eval", str(run / "export"), *overrides])
+        specdraft_stage(["train", recipe, f"distill.output_dir={data}", f"train.output_dir={run / 'train'}", *overrides,
+                         *own])
+        specdraft_stage(["export", str(run / "train"), "--format", "hf", "--out", str(run / "export")])
+        specdraft_stage(["eval", str(run / "export"), *overrides])
 
 
 def collect_run(name: str, run: Path) -> dict:
     from specdraft.drafts import load_draft
 
-    train, best = _read(run / "train" / "train_summary.json"), _read(run / "train" / "best" / "meta.json")
-    evaluation = _read(run / "export" / "eval.json")
+    train, best = read_json(run / "train" / "train_summary.json"), read_json(run / "train" / "best" / "meta.json")
+    evaluation = read_json(run / "export" / "eval.json")
     params = sum(p.numel() for p in load_draft(run / "export").draft.parameters()) \
         if (run / "export" / "config.json").is_file() else None
     return {"run": name, "trainable_params": params, "train_steps": train.get("steps"),
@@ -107,7 +96,7 @@ def main(argv=None) -> dict:
     data = args.data or args.work / "data"
     if not args.collect:
         run_stages(runs, args.work, data, args.overrides, distill=args.data is None)
-    throughput, counts = _read(data / "throughput.json"), _read(data / "counts.json")
+    throughput, counts = read_json(data / "throughput.json"), read_json(data / "counts.json")
     report = {"machine": machine(), "torch": torch.__version__, "recipes": str(args.recipes),
               "overrides": args.overrides, "data": str(data),
               "distill": {"conversations": counts.get("ok"), "tokens_per_s": throughput.get("tokens_per_s")},

@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tools.bench.suite import REPO, child_env, fmt, machine, markdown_table, write_report
+from tools.bench.suite import REPO, child_env, fmt, machine, markdown_table, read_json, specdraft_stage, write_report
 from tools.prepare_prompts import SPEC_BENCH_TASKS
 
 DRAFT_MODEL = "pkg:qwen2.5-coder-0.5b-instruct"
@@ -73,17 +73,6 @@ def progress(work: Path, text: str) -> None:
     print(line, file=sys.stderr, flush=True)
     with open(work / "progress.log", "a", encoding="utf-8") as log:
         log.write(line + "\n")
-
-
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _cli(argv: List[str]) -> None:
-    from specdraft import cli
-
-    if cli.main(argv) != 0:
-        raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
 
 
 def _free_device_memory() -> None:
@@ -121,7 +110,7 @@ def run_training_stages(recipe: str, work: Path, overrides: List[str], where: Op
             continue
         progress(work, f"{name}: started (specdraft {' '.join(argv)})")
         started = time.time()
-        _cli(argv)
+        specdraft_stage(argv)
         _free_device_memory()
         progress(work, f"{name}: done in {time.time() - started:.0f} s")
 
@@ -327,7 +316,7 @@ def run_benches(work: Path, sets: List[Tuple[str, Optional[int]]], prompt_file: 
     for name, count in sets:
         for temperature in args.temperatures:
             out = bench_path(work, name, temperature)
-            done = _read(out)
+            done = read_json(out)
             if done.get("complete") and done.get("variants") == names:
                 progress(work, f"bench {name} T={temperature:g}: done before, skipped")
                 continue
@@ -350,13 +339,13 @@ def collect(work: Path, sets: List[Tuple[str, Optional[int]]], temperatures: Seq
     rows, errors, missing = [], [], []
     for name, _ in sets:
         for temperature in temperatures:
-            report = _read(bench_path(work, name, temperature))
+            report = read_json(bench_path(work, name, temperature))
             if not report.get("complete"):
                 missing.append(f"{name} T={temperature:g}")
             rows += report.get("rows", [])
             errors += report.get("errors", [])
     where = paths(work)
-    counts, train = _read(where["data"] / "counts.json"), _read(where["train"] / "train_summary.json")
+    counts, train = read_json(where["data"] / "counts.json"), read_json(where["train"] / "train_summary.json")
     return {"rows": rows, "errors": errors, "missing": missing, "comparison": comparison(rows),
             "distill": {"conversations": counts.get("ok"), "skipped": counts.get("skipped")},
             "train": {"steps": train.get("steps"), "tokens_per_s": train.get("tokens_per_s")}}

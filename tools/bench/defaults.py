@@ -30,14 +30,13 @@ mean, else "better" or "worse". OUT/defaults.json; each process's log in OUT/log
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tools.bench.suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, write_report
+from tools.bench.suite import REPO, child_env, finish, fmt, kill_group, machine, markdown_table, read_json, write_report
 
 SETTINGS = {"plain": ["train.compile=false", "train.activation_checkpointing=none", "train.optimizer=adamw",
                       "train.cuda_graphs=false"],
@@ -148,17 +147,13 @@ def steps_per_s(run_dir: Path) -> Optional[float]:
     return (rows[-1][0] - rows[start][0]) / (rows[-1][1] - rows[start][1])
 
 
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def collect(run: dict, args, codes: Dict[str, int]) -> dict:
     directory = args.work / "runs" / run["run"]
-    last = _read(directory / "last" / "meta.json")
+    last = read_json(directory / "last" / "meta.json")
     return {**run, "train_exit": codes.get(f"train-{run['run']}"), "bench_exit": codes.get(f"bench-{run['run']}"),
             "steps": last.get("step"), "steps_per_s": steps_per_s(directory),
             "tau_sim": last.get("metrics", {}).get("val/tau_sim"),
-            "tau": _read(directory / "bench" / "bench.json").get("tau")}
+            "tau": read_json(directory / "bench" / "bench.json").get("tau")}
 
 
 def verdict(results: List[dict]) -> dict:
@@ -209,7 +204,7 @@ def main(argv=None) -> dict:
     report = {"machine": machine(), "recipe": str(args.recipe), "data": str(data), "settings": SETTINGS,
               "steps": args.steps, "micro_batch": args.micro_batch, "parallel": args.parallel,
               "eval_prompts": args.eval_prompts, "overrides": args.overrides,
-              "distill": _read(data / "throughput.json"), "runs": results, "verdict": verdict(results)}
+              "distill": read_json(data / "throughput.json"), "runs": results, "verdict": verdict(results)}
     write_report(args.out, report, "defaults")
     return finish(table(report), args.out, report, "defaults")
 

@@ -53,12 +53,11 @@ same command runs again.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, split_overrides
+from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, read_json, split_overrides
 from tools.count_cycle_launches import check_shapes, parse_shape
 
 import torch
@@ -79,10 +78,6 @@ def _cli(argv: List[str], seconds: Dict[str, float]) -> None:
     if cli.main(argv) != 0:
         raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
     seconds[argv[0]] = time.perf_counter() - started
-
-
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def shape_flags(text: str) -> List[str]:
@@ -135,7 +130,7 @@ def run_round(args, work: Path, number: int) -> Dict[str, float]:
     if not (args.resume and (out / "export" / "config.json").is_file()):
         _cli(["train", str(args.recipe), *overrides], seconds)
         _cli(["export", str(out / "train"), "--format", "hf", "--out", str(out / "export")], seconds)
-    first_sweep = [] if number == 1 else sweep(args.thresholds, _read(work / "heldout_labels.json"))
+    first_sweep = [] if number == 1 else sweep(args.thresholds, read_json(work / "heldout_labels.json"))
     labels = heldout_labels(out, sorted({*args.thresholds, *first_sweep}), args.precision_targets)
     write_json(out / "heldout_labels.json", labels)
     thresholds = sorted({*first_sweep, *sweep(args.thresholds, labels)})
@@ -242,7 +237,7 @@ def label_stats(labels_dir: Path) -> dict:
     """What distill-data mined: prompts given and labelled, positives, negatives, failed checks."""
     from datasets import load_from_disk
 
-    counts = _read(labels_dir / "counts.json")
+    counts = read_json(labels_dir / "counts.json")
     dataset = load_from_disk(str(labels_dir / "dataset"))
     labels = [label for row in dataset["labels"] for label in row]
     unrecoverable = sum(dataset["unrecoverable"]) if "unrecoverable" in dataset.column_names else None
@@ -282,7 +277,7 @@ def set_summaries(args, out: Path) -> List[dict]:
     accuracy, exact τ, goal and sweep."""
     summaries = []
     for index, prompts in enumerate(args.heldout_prompts):
-        bench = _read(set_dir(out, index) / "bench.json")
+        bench = read_json(set_dir(out, index) / "bench.json")
         answers = exact_run(bench).get("answers") or {}
         summaries.append({"prompts": prompts, "count": exact_run(bench)["prompts"],
                           "accuracy_plain": answers.get("accuracy_plain"), **shape_summary(bench)})
@@ -324,13 +319,13 @@ def sets_report(args, out: Path) -> dict:
     """A round's held-out sets one by one and pooled ({} with one set: the main table is all of it)."""
     if len(args.heldout_prompts) < 2:
         return {}
-    benches = [_read(set_dir(out, index) / "bench.json") for index in range(len(args.heldout_prompts))]
+    benches = [read_json(set_dir(out, index) / "bench.json") for index in range(len(args.heldout_prompts))]
     return {"sets": set_summaries(args, out), "pooled": pooled(benches)}
 
 
 def head_metrics(out: Path) -> dict:
     """A round's head on its validation labels (the train stage's best snapshot)."""
-    head = _read(out / "train" / "best" / "meta.json").get("metrics", {})
+    head = read_json(out / "train" / "best" / "meta.json").get("metrics", {})
     return {name: head.get(f"val/{name}") for name in ("acc", "recall", "specificity", "balanced_acc")}
 
 
@@ -338,9 +333,9 @@ def round_summary(args, work: Path, number: int) -> dict:
     """One round on the first shape: how its labels were mined, the labels, its head, exact τ, the goal and per δ
     the τ ratio, retained accuracy and the held-out labels' precision."""
     out = round_dir(work, number)
-    heldout = _read(out / "heldout_labels.json")
-    summary = shape_summary(_read(out / "bench" / "bench.json"))
-    templates = _read(out / "template_labels.json")
+    heldout = read_json(out / "heldout_labels.json")
+    summary = shape_summary(read_json(out / "bench" / "bench.json"))
+    templates = read_json(out / "template_labels.json")
     for point in summary["sweep"]:
         point["label_precision"] = _label_point(heldout, point["judge_threshold"]).get("precision")
         if templates:
@@ -352,19 +347,19 @@ def round_summary(args, work: Path, number: int) -> dict:
 
 
 def collect(args, work: Path) -> dict:
-    bench, seconds = _read(work / "bench" / "bench.json"), _read(work / "stage_seconds.json")
-    others = {shape: shape_summary(_read(bench_dir(work, index, shape) / "bench.json"))
+    bench, seconds = read_json(work / "bench" / "bench.json"), read_json(work / "stage_seconds.json")
+    others = {shape: shape_summary(read_json(bench_dir(work, index, shape) / "bench.json"))
               for index, shape in enumerate(args.shape) if index > 0}
     report = {"machine": machine(), "torch": torch.__version__, "export": str(args.export), "target": args.target,
               "train_prompts": training_prompts(args), "heldout_prompts": args.heldout_prompts, "dtype": args.dtype,
               "max_new_tokens": args.max_new_tokens, "shape": args.shape, "overrides": args.overrides,
-              "labels": label_stats(work / "labels"), "heldout_labels": _read(work / "heldout_labels.json"),
+              "labels": label_stats(work / "labels"), "heldout_labels": read_json(work / "heldout_labels.json"),
               "head": head_metrics(work), "stage_seconds": seconds, "bench": bench, "goal": goal(bench),
               "other_shapes": others, "template_labels_prompts": args.template_labels,
               "heldout_sets": sets_report(args, work)}
     if args.template_labels:
         report["template_labels"] = {"mined": label_stats(work / "template_labels"),
-                                     **_read(work / "template_labels.json")}
+                                     **read_json(work / "template_labels.json")}
     if args.rounds > 1:
         report["rounds"] = [round_summary(args, work, number) for number in range(1, args.rounds + 1)]
     return report

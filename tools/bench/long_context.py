@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, split_overrides
+from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, read_json, specdraft_stage, split_overrides
 
 RUNS = ("full", "longspec")
 SETS = {"1k": "long_prompts_1k.jsonl", "long": "long_prompts.jsonl"}
@@ -64,17 +64,6 @@ def default_shared() -> Path:
     return beside if beside.is_dir() else REPO / "shared" / "data"
 
 
-def _cli(argv: List[str]) -> None:
-    from specdraft import cli
-
-    if cli.main(argv) != 0:
-        raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
-
-
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def resolved_recipe(args):
     from specdraft.recipes import load_recipe
 
@@ -114,19 +103,19 @@ def run_stages(args, recipe, sets: Dict[str, Path], data: Path) -> None:
     """Every stage whose output WORK lacks (a call cut short resumes at the stage it was in)."""
     args.work.mkdir(parents=True, exist_ok=True)
     if args.data is None and not (args.work / "distill.done").is_file():
-        _cli(["distill-data", str(args.recipe), f"distill.output_dir={data}", *args.overrides])
+        specdraft_stage(["distill-data", str(args.recipe), f"distill.output_dir={data}", *args.overrides])
         (args.work / "distill.done").write_text("")
     for name in RUNS:
         run = args.work / name
         if not (run / "train" / "train_summary.json").is_file():
-            _cli(["train", str(args.recipe), f"distill.output_dir={data}", f"train.output_dir={run / 'train'}",
-                  *args.overrides, *run_overrides(name, args, recipe)])
+            specdraft_stage(["train", str(args.recipe), f"distill.output_dir={data}",
+                             f"train.output_dir={run / 'train'}", *args.overrides, *run_overrides(name, args, recipe)])
         if not (run / "export.done").is_file():
-            _cli(["export", str(run / "train"), "--format", "hf", "--out", str(run / "export"), "--force"])
+            specdraft_stage(["export", str(run / "train"), "--format", "hf", "--out", str(run / "export"), "--force"])
             (run / "export.done").write_text("")
         for set_name, prompts in sets.items():
             if not (run / f"bench-{set_name}" / "bench.json").is_file():
-                _cli(bench_argv(args, run / "export", prompts, run / f"bench-{set_name}"))
+                specdraft_stage(bench_argv(args, run / "export", prompts, run / f"bench-{set_name}"))
         if not (run / "cache_bytes.json").is_file():
             cache = cache_bytes_by_length(run / "export", args)
             (run / "cache_bytes.json").write_text(json.dumps(cache))
@@ -163,11 +152,11 @@ def longspec_settings(recipe_yaml: Path) -> List[str]:
 
 
 def collect_run(name: str, run: Path) -> dict:
-    train = _read(run / "train" / "train_summary.json")
-    result = {"run": name, "train_steps": train.get("steps"), "sets": {}, **_read(run / "cache_bytes.json"),
+    train = read_json(run / "train" / "train_summary.json")
+    result = {"run": name, "train_steps": train.get("steps"), "sets": {}, **read_json(run / "cache_bytes.json"),
               "longspec_settings": longspec_settings(run / "train" / "recipe.yaml")}
     for set_name in SETS:
-        report = _read(run / f"bench-{set_name}" / "bench.json")
+        report = read_json(run / f"bench-{set_name}" / "bench.json")
         greedy = (report.get("runs") or [{}])[0]
         result["sets"][set_name] = {"tau": report.get("tau"), "lossless_float32": report.get("lossless_float32"),
                                     "tokens_per_s": report.get("tokens_per_s"),

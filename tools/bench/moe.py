@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from tools.bench.suite import finish, fmt, machine, markdown_table, write_report
+from tools.bench.verify_cost import random_tree
 
 import torch
 import torch.nn.functional as F
@@ -281,16 +282,6 @@ def rope_tables(geometry: dict, max_len: int, device, dtype):
     angles = torch.arange(max_len, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def random_tree(nodes: int, generator: torch.Generator):
-    """A random tree of N nodes (node 0 the root, each node's parent an earlier one) -> (depths [N], tree_mask
-    [N, N] bool: each node sees itself and its ancestors)."""
-    from specdraft.kernels.tree_select import ancestry
-
-    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)])
-    reach = ancestry(parents, nodes)
-    return reach.sum(1) - 1, reach
 
 
 def tree_inputs(nodes: int, context: int, device, generator: torch.Generator):

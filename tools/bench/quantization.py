@@ -106,7 +106,7 @@ def tau_against_unquantized(recipe, run_dir: Path) -> dict:
     from specdraft.targets import load_target
     from specdraft.train.data import DistilledData, answer_token_counts, load_distilled, split_distilled
     from specdraft.train.module import DraftModule
-    from specdraft.train.trainer import _precision
+    from specdraft.train.trainer import lightning_precision
 
     recipe = dataclasses.replace(recipe, target=dataclasses.replace(recipe.target, quantization="none"))
     distill_dirs = [recipe.distill.output_dir, *recipe.train.extra_distilled]
@@ -118,7 +118,7 @@ def tau_against_unquantized(recipe, run_dir: Path) -> dict:
     module.configure_model()
     module.draft.load_state_dict(load_file(run_dir / "last" / "draft.safetensors"))
     module.features.setup(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    trainer = L.Trainer(accelerator="auto", devices=1, precision=_precision(recipe.train), logger=False,
+    trainer = L.Trainer(accelerator="auto", devices=1, precision=lightning_precision(recipe.train), logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     metrics = trainer.validate(module, datamodule=DistilledData(dataset, recipe.data, recipe.train, train_idx, val_idx),
                                verbose=False)[0]

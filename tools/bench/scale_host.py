@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from specdraft.testing.ports import free_port
 from tools.bench.suite import REPO, child_env, finish, fmt, machine, markdown_table
 
 ZERO3_WARMUP = 10  # steps left out of the statistics (DeepSpeed records its parameter trace in the first)
@@ -100,14 +100,8 @@ def _python_calls(calls: list, counting: bool):
         sys.setprofile(None)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_zero3_engine(engine: str, steps: int) -> dict:
-    env = child_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    env = child_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     worker = [sys.executable, "-m", "tools.bench.scale", "zero3-host", "--worker", engine, "--steps", str(steps)]
     done = subprocess.run(worker, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -196,7 +190,7 @@ def measure_target_linear(steps: int, layers: int, hidden: int, tokens: int) -> 
     import torch.nn.functional as F
     from deepspeed.runtime.zero.linear import zero3_linear_wrap
 
-    from specdraft.targets.features import _run_decoder, capture_features, causal_attention
+    from specdraft.targets.features import run_decoder, capture_features, causal_attention
 
     model = random_target(layers, hidden)
     ids = torch.randint(0, 512, (1, tokens), generator=torch.Generator().manual_seed(0))  # [1, T]
@@ -205,7 +199,7 @@ def measure_target_linear(steps: int, layers: int, hidden: int, tokens: int) -> 
 
     def deepspeed():  # the target's forward through DeepSpeed's Function, without torch_linear
         with torch.no_grad(), causal_attention(model):
-            _run_decoder(model.get_decoder(), ids, None, None, [0, 2, layers // 2, layers - 3])
+            run_decoder(model.get_decoder(), ids, None, None, [0, 2, layers // 2, layers - 3])
 
     def torch_linear():
         capture_features(model, ids, None, [2, layers // 2, layers - 3])

@@ -6,6 +6,7 @@ specdraft and the other suites import by their package names (`from tools.bench.
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import signal
@@ -84,6 +85,20 @@ def kill_group(process: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass  # the whole group has exited already
     process.wait()
+
+
+
+def read_json(path: Path) -> dict:
+    """A stage's JSON file, or {} where the stage has not written it (yet)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def specdraft_stage(argv: List[str]) -> None:
+    """`specdraft ARGV` in this process; a stage that fails stops the suite, naming its command."""
+    from specdraft import cli
+
+    if cli.main(argv) != 0:
+        raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
 
 
 def run_parts(parts: Dict[str, Callable[[List[str]], object]], argv: Optional[List[str]] = None):
