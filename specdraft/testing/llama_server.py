@@ -97,7 +97,8 @@ class LlamaServer:
             return "it is still running"
         if code == -signal.SIGILL:
             return ("it died of SIGILL: its llama.cpp was built for another CPU; rebuild it portable: "
-                    "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install --no-cache-dir --force-reinstall 'llama-cpp-python[server]'")
+                    "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install --no-cache-dir --force-reinstall "
+                    "'llama-cpp-python[server]'")
         return f"it exited with {code}"
 
     def _log_tail(self, lines: int = 5) -> str:

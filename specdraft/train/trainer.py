@@ -121,7 +121,8 @@ def _strategy(cfg: TrainConfig, resume_from: Optional[str], trust_checkpoint: bo
     strategy = ReshardingDeepSpeedStrategy(stage=stage, resume_from=resume_from, trust_checkpoint=trust_checkpoint,
                                            zero3_persist=persist, single_rank_zero=single_rank_zero,
                                            exclude_frozen_parameters=True)
-    merge_config(strategy.config, step_config(stage, lightning_precision(cfg)))  # no host syncs a step (deepspeed_step.py)
+    # no host syncs a step (deepspeed_step.py)
+    merge_config(strategy.config, step_config(stage, lightning_precision(cfg)))
     merge_config(strategy.config, cfg.deepspeed)
     return strategy
 

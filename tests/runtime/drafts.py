@@ -18,7 +18,7 @@ CASES = {  # random drafts with large enough weights to draft varied tokens
     "poss": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4, "num_specialists": 3,
              "positions_per_specialist": 1},
     "kangaroo": {"draft_vocab_size": 200, "init_std": 0.3, "exit_layer": 2},
-    "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts: tests/test_vispec.py has images
+    "vispec": {"draft_vocab_size": 200, "init_std": 0.3, "ttt_steps": 4},  # text prompts (tests/test_vispec.py: images)
     "peagle": {"draft_vocab_size": 200, "init_std": 0.3, "num_depths": 5},
     "dflash": {"block_size": 6, "num_layers": 2, "init_std": 0.3, "num_anchors": 16},
 }

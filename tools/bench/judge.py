@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, read_json, split_overrides
+from tools.bench.suite import REPO, finish, fmt, machine, markdown_table, read_json, specdraft_stage, split_overrides
 from tools.count_cycle_launches import check_shapes, parse_shape
 
 import torch
@@ -71,12 +71,9 @@ MINE_THRESHOLD = 0.9
 
 
 def _cli(argv: List[str], seconds: Dict[str, float]) -> None:
-    """`specdraft ARGV` in this process, its wall time kept under its command's name."""
-    from specdraft import cli
-
+    """`specdraft ARGV` in this process (suite.specdraft_stage), its wall time kept under its command's name."""
     started = time.perf_counter()
-    if cli.main(argv) != 0:
-        raise SystemExit(f"stage failed: specdraft {' '.join(argv)}")
+    specdraft_stage(argv)
     seconds[argv[0]] = time.perf_counter() - started
 
 

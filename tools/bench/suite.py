@@ -87,7 +87,6 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-
 def read_json(path: Path) -> dict:
     """A stage's JSON file, or {} where the stage has not written it (yet)."""
     return json.loads(path.read_text()) if path.is_file() else {}

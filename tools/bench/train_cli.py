@@ -27,11 +27,11 @@ tokens/s: the harness's timed steps; a cli row's steady rate from its RUN/logs/s
 steps (both rounded up to multiples of the recipe's train.log_every_steps, the steps it times). % of harness:
 against the harness row of the same T in this call (--harness-row none: the cli rows alone). % of 790 TFLOP/s by
 shapes: the row's tokens/s times its FLOPs a token (the target's forward and the method's MethodSpec.train_flops
-under the row's overrides, as the harness counts), against an H200's bf16 matmul ceiling. GiB beyond the weights: the harness's peak beyond what was
-resident before its row (the target's weights); a cli row's peak allocated (train_summary.json) less the target's
-weights. A row that runs out of memory says OOM. With --profile N, the harness profiles N more steps and each
-length gets a `cli-profile` row (tools/profile_train.py, N steps after --warmup): device busy ms, kernel launches
-and host waits per step, side by side. OUT/cli.json; each process's log in OUT/logs.
+under the row's overrides, as the harness counts), against an H200's bf16 matmul ceiling. GiB beyond the weights:
+the harness's peak beyond what was resident before its row (the target's weights); a cli row's peak allocated
+(train_summary.json) less the target's weights. A row that runs out of memory says OOM. With --profile N, the
+harness profiles N more steps and each length gets a `cli-profile` row (tools/profile_train.py, N steps after
+--warmup): device busy ms, kernel launches and host waits per step, side by side. OUT/cli.json; each process's log in OUT/logs.
 
 Memory at long T, the arithmetic these rows test (Llama-3.1-8B shapes: H = 4096, I = 14336, 32 query and 8 KV
 heads of D = 128, draft vocabulary Vd = 32000, K = 7 TTT steps; bf16, one sequence of T tokens a step):
@@ -282,8 +282,9 @@ def main(argv=None) -> dict:
     print(f"harness: {report['harness']['status']}", flush=True)
     for seq_len in args.seq_lens:
         for name, overrides in variants(args.variant, args.window, args.sinks):
+            flops = shapes_flop_per_token(args, seq_len, overrides)
             report["results"].append(compare(measure_cli(args, recipe, seq_len, name, overrides),
-                                             report["harness"], weights, shapes_flop_per_token(args, seq_len, overrides)))
+                                             report["harness"], weights, flops))
             print(f"{name} T={seq_len}: {report['results'][-1]['status'][:200]}", flush=True)
             write_report(args.out, report, "cli")
         if args.profile:
